@@ -1,0 +1,157 @@
+//! `Scratch`: the activation buffers of the layer loop, carved from memory the caller owns.
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::kernels::TILE;
+use crate::quant::{BlockQ8_0, QK};
+
+/// Activation buffers for batches of up to `max_batch` tokens.
+pub struct Scratch<'a> {
+    pub(crate) max_batch: usize,
+    pub(crate) f: &'a mut [f32],
+    pub(crate) q8: &'a mut [u8],
+    layout: Layout,
+}
+
+/// Lengths (in f32) of each buffer, and of the Q8_0 activation buffer (in bytes).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Layout {
+    x: usize,
+    xb: usize,
+    q: usize,
+    k: usize,
+    v: usize,
+    att: usize,
+    gate: usize,
+    up: usize,
+    rope: usize,
+    tmp: usize,
+    q8: usize,
+}
+
+impl Layout {
+    fn new(c: &Config, b: usize) -> Result<Self> {
+        c.validate()?;
+        if b == 0 {
+            return Err(Error::InvalidConfig {
+                field: "max_batch",
+                reason: "must be greater than zero",
+            });
+        }
+        let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        // The mat-mul writes its output row-major by weight row before reordering it per token;
+        // the largest group is Q|K|V, gate|up, or the output projection of a tile of tokens.
+        let tmp = (b * (q + 2 * kv).max(2 * ff).max(h)).max(b.min(TILE) * c.vocab_size);
+        let widest = h.max(ff).max(q);
+        let q8 = if widest % QK == 0 { b * widest / QK * BlockQ8_0::BYTES } else { 0 };
+        Ok(Layout {
+            x: b * h,
+            xb: b * h,
+            q: b * q,
+            k: b * kv,
+            v: b * kv,
+            att: b * q,
+            gate: b * ff,
+            up: b * ff,
+            rope: b * c.head_dim,
+            tmp,
+            q8,
+        })
+    }
+
+    fn floats(&self) -> usize {
+        self.x + self.xb + self.q + self.k + self.v + self.att + self.gate + self.up + self.rope + self.tmp
+    }
+}
+
+impl<'a> Scratch<'a> {
+    /// Exactly how many bytes `new` needs for batches of up to `max_batch` tokens. Longer inputs
+    /// are processed `max_batch` tokens at a time.
+    pub fn bytes_needed(config: &Config, max_batch: usize) -> Result<usize> {
+        let l = Layout::new(config, max_batch)?;
+        Ok(l.floats() * 4 + l.q8)
+    }
+
+    /// Borrows `mem`, which must be 4-byte aligned (a `Vec<f32>` or `[f32; N]` viewed as bytes,
+    /// or any allocation of alignment 4) and at least `bytes_needed` long.
+    pub fn new(config: &Config, max_batch: usize, mem: &'a mut [u8]) -> Result<Self> {
+        let layout = Layout::new(config, max_batch)?;
+        let needed = layout.floats() * 4 + layout.q8;
+        if mem.len() < needed {
+            return Err(Error::ArenaTooSmall {
+                what: "scratch",
+                needed,
+                got: mem.len(),
+            });
+        }
+        let (f_bytes, rest) = mem.split_at_mut(layout.floats() * 4);
+        // SAFETY: every bit pattern is a valid f32, and `align_to_mut` only yields the part of
+        // the slice that is correctly aligned; we reject the arena if any prefix is left over.
+        let (prefix, f, _) = unsafe { f_bytes.align_to_mut::<f32>() };
+        if !prefix.is_empty() {
+            return Err(Error::Misaligned {
+                what: "scratch",
+                align: 4,
+            });
+        }
+        Ok(Scratch {
+            max_batch,
+            f,
+            q8: &mut rest[..layout.q8],
+            layout,
+        })
+    }
+
+    /// Checks that this scratch was made for `config`'s shape.
+    pub(crate) fn check_shape(&self, config: &Config) -> Result<()> {
+        if Layout::new(config, self.max_batch)? != self.layout {
+            return Err(Error::InvalidConfig {
+                field: "scratch",
+                reason: "was made for a model of another shape",
+            });
+        }
+        Ok(())
+    }
+
+    /// The buffers, each sized for `max_batch` tokens.
+    pub(crate) fn split(&mut self) -> Buffers<'_> {
+        let l = self.layout;
+        let f = &mut *self.f;
+        let (x, f) = f.split_at_mut(l.x);
+        let (xb, f) = f.split_at_mut(l.xb);
+        let (q, f) = f.split_at_mut(l.q);
+        let (k, f) = f.split_at_mut(l.k);
+        let (v, f) = f.split_at_mut(l.v);
+        let (att, f) = f.split_at_mut(l.att);
+        let (gate, f) = f.split_at_mut(l.gate);
+        let (up, f) = f.split_at_mut(l.up);
+        let (rope, tmp) = f.split_at_mut(l.rope);
+        Buffers {
+            x,
+            xb,
+            q,
+            k,
+            v,
+            att,
+            gate,
+            up,
+            rope,
+            tmp,
+            q8: &mut *self.q8,
+        }
+    }
+}
+
+pub(crate) struct Buffers<'s> {
+    pub x: &'s mut [f32],
+    pub xb: &'s mut [f32],
+    pub q: &'s mut [f32],
+    pub k: &'s mut [f32],
+    pub v: &'s mut [f32],
+    pub att: &'s mut [f32],
+    pub gate: &'s mut [f32],
+    pub up: &'s mut [f32],
+    /// cos then sin of each token's RoPE angles: `head_dim` per token.
+    pub rope: &'s mut [f32],
+    pub tmp: &'s mut [f32],
+    pub q8: &'s mut [u8],
+}

@@ -1,0 +1,264 @@
+//! The operations the layer loop is written against, and their CPU implementation.
+//!
+//! `model.rs` calls only these; a GPU backend implements the same trait, so the loop is never
+//! copied. The CPU backend splits every mat-mul and the attention across an `Exec`.
+use crate::config::{RopeStyle, MAX_HEAD_DIM};
+use crate::error::{Error, Result};
+use crate::exec::Exec;
+use crate::kernels::{Activations, Kernels};
+use crate::kv_cache::LayerKv;
+use crate::ops;
+use crate::quant::{self, BlockQ8_0, Format, QK};
+use crate::weights::Matrix;
+
+/// The shape of one attention call.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Each query sees itself and the `w - 1` positions before it.
+    pub window: Option<usize>,
+}
+
+pub trait Backend {
+    /// Row-wise RMSNorm of `x` into `out`.
+    fn rms_norm(&mut self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) -> Result<()>;
+    /// `outs[i] = x · mats[i]ᵀ` for `n_tok` rows of `x`, all matrices in one parallel job.
+    fn matmul(&mut self, x: &[f32], n_tok: usize, mats: &[&Matrix<'_>], outs: &mut [&mut [f32]]) -> Result<()>;
+    /// Rotates each token's heads; `angles` holds `cos` then `sin` (`head_dim / 2` each) per token.
+    fn rope(&mut self, x: &mut [f32], n_tok: usize, angles: &[f32], style: RopeStyle) -> Result<()>;
+    /// Causal attention of `n_tok` queries at positions `first_pos ..` over the cached K and V.
+    fn attention(
+        &mut self,
+        q: &[f32],
+        kv: LayerKv<'_>,
+        first_pos: usize,
+        shape: AttentionShape,
+        out: &mut [f32],
+    ) -> Result<()>;
+    fn add(&mut self, x: &mut [f32], y: &[f32]) -> Result<()>;
+    fn add_bias(&mut self, x: &mut [f32], bias: &[f32]) -> Result<()>;
+    fn silu_mul(&mut self, gate: &mut [f32], up: &[f32]) -> Result<()>;
+}
+
+/// The CPU backend: SIMD kernels from `Kernels`, threads from `Exec`, working memory from the
+/// caller's scratch arena.
+pub struct Cpu<'s, E: Exec + ?Sized> {
+    pub kernels: &'static Kernels,
+    pub exec: &'s E,
+    /// Q8_0 copy of the current mat-mul input.
+    pub q8: &'s mut [u8],
+    /// Mat-mul output before it is reordered per token.
+    pub tmp: &'s mut [f32],
+}
+
+impl<E: Exec + ?Sized> Backend for Cpu<'_, E> {
+    fn rms_norm(&mut self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) -> Result<()> {
+        ops::rms_norm(x, weight, eps, out)
+    }
+
+    fn matmul(&mut self, x: &[f32], n_tok: usize, mats: &[&Matrix<'_>], outs: &mut [&mut [f32]]) -> Result<()> {
+        let cols = mats.first().map_or(0, |m| m.cols);
+        if mats.len() != outs.len() || mats.iter().any(|m| m.cols != cols) || x.len() != n_tok * cols {
+            return Err(Error::Length {
+                what: "mat-mul input",
+                expected: n_tok * cols,
+                got: x.len(),
+            });
+        }
+        for (m, o) in mats.iter().zip(outs.iter()) {
+            if o.len() != n_tok * m.rows {
+                return Err(Error::Length {
+                    what: "mat-mul output",
+                    expected: n_tok * m.rows,
+                    got: o.len(),
+                });
+            }
+        }
+        let q8 = if mats.iter().any(|m| m.format.is_quantized()) {
+            let row = Format::Q8_0.row_bytes(cols)?;
+            let have = self.q8.len();
+            let q8 = self.q8.get_mut(..n_tok * row).ok_or(Error::ArenaTooSmall {
+                what: "scratch (Q8_0 activations)",
+                needed: n_tok * row,
+                got: have,
+            })?;
+            for (xr, qr) in x.chunks_exact(cols).zip(q8.chunks_exact_mut(row)) {
+                self.kernels.quantize_q8_0(xr, qr)?;
+            }
+            Some(&*q8)
+        } else {
+            None
+        };
+        let acts = Activations {
+            f32: x,
+            q8,
+            n_tok,
+            cols,
+        };
+        let total: usize = mats.iter().map(|m| m.rows).sum();
+        let have = self.tmp.len();
+        let tmp = self.tmp.get_mut(..total * n_tok).ok_or(Error::ArenaTooSmall {
+            what: "scratch (mat-mul output)",
+            needed: total * n_tok * 4,
+            got: have * 4,
+        })?;
+        // A few chunks per thread balance uneven progress; each chunk is a contiguous run of rows.
+        let rows_per_chunk = total.div_ceil(self.exec.threads() * 4).max(1);
+        let kernels = self.kernels;
+        self.exec.for_each_chunk(tmp, rows_per_chunk * n_tok, &|i, out| {
+            let mut row = i * rows_per_chunk;
+            let mut out = out;
+            let mut first = 0;
+            for m in mats {
+                if out.is_empty() {
+                    break;
+                }
+                if row >= first + m.rows {
+                    first += m.rows;
+                    continue;
+                }
+                let n = (first + m.rows - row).min(out.len() / n_tok);
+                let (here, rest) = out.split_at_mut(n * n_tok);
+                kernels.matmul_rows(m, &acts, row - first, here)?;
+                out = rest;
+                row += n;
+                first += m.rows;
+            }
+            Ok(())
+        })?;
+        // Reorder from [row][token] to [token][row], matrix by matrix.
+        let mut first = 0;
+        for (m, o) in mats.iter().zip(outs.iter_mut()) {
+            let src = &tmp[first * n_tok..(first + m.rows) * n_tok];
+            for (r, vals) in src.chunks_exact(n_tok).enumerate() {
+                for (t, v) in vals.iter().enumerate() {
+                    o[t * m.rows + r] = *v;
+                }
+            }
+            first += m.rows;
+        }
+        Ok(())
+    }
+
+    fn rope(&mut self, x: &mut [f32], n_tok: usize, angles: &[f32], style: RopeStyle) -> Result<()> {
+        if n_tok == 0 || x.len() % n_tok != 0 || angles.len() % n_tok != 0 {
+            return Err(Error::Length {
+                what: "rope input",
+                expected: n_tok,
+                got: x.len(),
+            });
+        }
+        let per_tok = x.len() / n_tok;
+        let half = angles.len() / n_tok / 2;
+        for (xt, a) in x.chunks_exact_mut(per_tok).zip(angles.chunks_exact(2 * half)) {
+            ops::rope(xt, &a[..half], &a[half..], style)?;
+        }
+        Ok(())
+    }
+
+    fn attention(
+        &mut self,
+        q: &[f32],
+        kv: LayerKv<'_>,
+        first_pos: usize,
+        shape: AttentionShape,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let hd = shape.head_dim;
+        if q.len() != out.len() || q.len() % (shape.n_heads * hd) != 0 || hd > MAX_HEAD_DIM {
+            return Err(Error::Length {
+                what: "attention input",
+                expected: out.len(),
+                got: q.len(),
+            });
+        }
+        let kernels = self.kernels;
+        self.exec.for_each_chunk(out, hd, &|i, o| {
+            let (t, h) = (i / shape.n_heads, i % shape.n_heads);
+            let pos = first_pos + t;
+            let lo = shape.window.map_or(0, |w| (pos + 1).saturating_sub(w));
+            let kv_head = h / (shape.n_heads / shape.n_kv_heads);
+            attend_one(kernels, &q[i * hd..(i + 1) * hd], &kv, kv_head, lo, pos, o)
+        })
+    }
+
+    fn add(&mut self, x: &mut [f32], y: &[f32]) -> Result<()> {
+        ops::add(x, y)
+    }
+
+    fn add_bias(&mut self, x: &mut [f32], bias: &[f32]) -> Result<()> {
+        ops::add_bias(x, bias)
+    }
+
+    fn silu_mul(&mut self, gate: &mut [f32], up: &[f32]) -> Result<()> {
+        ops::silu_mul(gate, up)
+    }
+}
+
+/// Keys scored per step of the online softmax.
+const KEY_STEP: usize = 32;
+
+/// One query head against cached positions `lo ..= pos`, into `out`.
+///
+/// An online softmax (keep the running maximum, rescale when it grows) visits every key once and
+/// needs no buffer as long as the context, so attention takes no scratch memory at all.
+fn attend_one(
+    kernels: &Kernels,
+    q: &[f32],
+    kv: &LayerKv<'_>,
+    kv_head: usize,
+    lo: usize,
+    pos: usize,
+    out: &mut [f32],
+) -> Result<()> {
+    let hd = q.len();
+    let scale = 1.0 / libm::sqrtf(hd as f32);
+    let mut q8 = [0u8; MAX_HEAD_DIM / QK * BlockQ8_0::BYTES];
+    let mut row = [0f32; MAX_HEAD_DIM];
+    if kv.format == Format::Q8_0 {
+        kernels.quantize_q8_0(q, &mut q8[..kv.row_bytes])?;
+    }
+    out.fill(0.0);
+    let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
+    let mut scores = [0f32; KEY_STEP];
+    let mut start = lo;
+    while start <= pos {
+        let end = (start + KEY_STEP).min(pos + 1);
+        let scores = &mut scores[..end - start];
+        for (j, s) in (start..end).zip(scores.iter_mut()) {
+            let k = kv.k_row(j, kv_head);
+            let dot = match kv.format {
+                Format::Q8_0 => kernels.dot_quantized(Format::Q8_0, k, &q8[..kv.row_bytes])?,
+                Format::F32 => kernels.dot_f32_bytes(k, q)?,
+                format => {
+                    quant::dequantize_row(format, k, &mut row[..hd])?;
+                    row[..hd].iter().zip(q).map(|(a, b)| a * b).sum()
+                }
+            };
+            *s = dot * scale;
+        }
+        let step_max = scores.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
+        if step_max > max {
+            let r = libm::expf(max - step_max);
+            out.iter_mut().for_each(|o| *o *= r);
+            sum *= r;
+            max = step_max;
+        }
+        for (j, s) in (start..end).zip(scores.iter()) {
+            let p = libm::expf(s - max);
+            sum += p;
+            quant::dequantize_row(kv.format, kv.v_row(j, kv_head), &mut row[..hd])?;
+            for (o, v) in out.iter_mut().zip(&row[..hd]) {
+                *o += p * v;
+            }
+        }
+        start = end;
+    }
+    if sum > 0.0 {
+        let inv = 1.0 / sum;
+        out.iter_mut().for_each(|o| *o *= inv);
+    }
+    Ok(())
+}

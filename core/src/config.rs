@@ -1,0 +1,170 @@
+//! The numbers a Llama-family model is made of. Plain data: parsing lives in the std frontend.
+use alloc::vec::Vec;
+
+use crate::error::{Error, Result};
+
+/// Which elements of a head RoPE rotates together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Pairs `(i, i + d/2)`: Hugging Face checkpoints of every architecture, and GGUF `qwen2`.
+    Halves,
+    /// Pairs `(2i, 2i + 1)`: GGUF `llama` tensors, whose Q/K rows llama.cpp's converter permuted.
+    Adjacent,
+}
+
+/// Llama-3 frequency scaling (`rope_type = "llama3"`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeScaling {
+    pub factor: f32,
+    pub low_freq_factor: f32,
+    pub high_freq_factor: f32,
+    pub original_max_position_embeddings: usize,
+}
+
+/// Upper bound on `head_dim`: attention keeps one head's row on the stack.
+pub const MAX_HEAD_DIM: usize = 512;
+/// Upper bound on any single dimension, far above any real model, so that products of dimensions
+/// cannot overflow `usize` on a 64-bit target.
+pub const MAX_DIM: usize = 1 << 24;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f32,
+    pub rope_theta: f32,
+    pub rope_style: RopeStyle,
+    pub rope_scaling: Option<RopeScaling>,
+    pub tie_word_embeddings: bool,
+    /// Qwen2: Q, K and V projections carry biases.
+    pub qkv_bias: bool,
+    /// Mistral: a query sees itself and the `w - 1` positions before it.
+    pub sliding_window: Option<usize>,
+    pub max_position_embeddings: usize,
+}
+
+impl Config {
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Rejects any configuration that could not run: zero or absurd sizes, heads that do not
+    /// group, an odd head dimension, non-finite constants.
+    pub fn validate(&self) -> Result<()> {
+        let dims = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.n_layers),
+            ("num_attention_heads", self.n_heads),
+            ("num_key_value_heads", self.n_kv_heads),
+            ("head_dim", self.head_dim),
+        ];
+        for (field, v) in dims {
+            if v == 0 {
+                return Err(Error::InvalidConfig {
+                    field,
+                    reason: "must be greater than zero",
+                });
+            }
+            if v > MAX_DIM {
+                return Err(Error::InvalidConfig {
+                    field,
+                    reason: "is too large",
+                });
+            }
+        }
+        if self.n_heads % self.n_kv_heads != 0 {
+            return Err(Error::InvalidConfig {
+                field: "num_key_value_heads",
+                reason: "must divide num_attention_heads",
+            });
+        }
+        if self.head_dim % 2 != 0 || self.head_dim > MAX_HEAD_DIM {
+            return Err(Error::InvalidConfig {
+                field: "head_dim",
+                reason: "must be even and at most 512",
+            });
+        }
+        if self.q_dim() > MAX_DIM {
+            return Err(Error::InvalidConfig {
+                field: "num_attention_heads",
+                reason: "times head_dim is too large",
+            });
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
+            return Err(Error::InvalidConfig {
+                field: "rms_norm_eps",
+                reason: "must be finite and non-negative",
+            });
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return Err(Error::InvalidConfig {
+                field: "rope_theta",
+                reason: "must be finite and positive",
+            });
+        }
+        if self.sliding_window == Some(0) {
+            return Err(Error::InvalidConfig {
+                field: "sliding_window",
+                reason: "must be greater than zero",
+            });
+        }
+        if let Some(s) = self.rope_scaling {
+            let ok = s.factor.is_finite()
+                && s.factor > 0.0
+                && s.low_freq_factor.is_finite()
+                && s.high_freq_factor.is_finite()
+                && s.high_freq_factor > s.low_freq_factor
+                && s.low_freq_factor > 0.0
+                && s.original_max_position_embeddings > 0;
+            if !ok {
+                return Err(Error::InvalidConfig {
+                    field: "rope_scaling",
+                    reason: "needs factor > 0, 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0",
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// RoPE inverse frequencies, one per pair, computed in f32 as transformers does, with Llama-3
+    /// scaling applied when configured.
+    pub fn rope_inv_freq(&self) -> Vec<f32> {
+        let d = self.head_dim;
+        (0..d / 2)
+            .map(|i| {
+                let f = 1.0 / libm::powf(self.rope_theta, (2 * i) as f32 / d as f32);
+                match self.rope_scaling {
+                    Some(s) => llama3_scale(f, s),
+                    None => f,
+                }
+            })
+            .collect()
+    }
+}
+
+/// transformers' `_compute_llama3_parameters` for one frequency.
+fn llama3_scale(inv_freq: f32, s: RopeScaling) -> f32 {
+    let old = s.original_max_position_embeddings as f32;
+    let low_freq_wavelen = old / s.low_freq_factor;
+    let high_freq_wavelen = old / s.high_freq_factor;
+    let wavelen = 2.0 * core::f32::consts::PI / inv_freq;
+    if wavelen < high_freq_wavelen {
+        inv_freq
+    } else if wavelen > low_freq_wavelen {
+        inv_freq / s.factor
+    } else {
+        let smooth = (old / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        (1.0 - smooth) * inv_freq / s.factor + smooth * inv_freq
+    }
+}

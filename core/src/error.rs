@@ -1,0 +1,137 @@
+//! One error type for the whole core. Variants carry numbers and static names, never allocated
+//! strings, so reporting an error costs nothing on the hot path.
+use core::fmt;
+
+pub type Result<T, E = Error> = core::result::Result<T, E>;
+
+/// Everything that can go wrong in the core, each naming what was wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Error {
+    /// A slice had the wrong length.
+    Length {
+        what: &'static str,
+        expected: usize,
+        got: usize,
+    },
+    /// A length that must be a multiple of a format's block size was not.
+    NotBlockMultiple {
+        what: &'static str,
+        len: usize,
+        block: usize,
+    },
+    /// A caller-provided arena is smaller than `bytes_needed` said.
+    ArenaTooSmall {
+        what: &'static str,
+        needed: usize,
+        got: usize,
+    },
+    /// A caller-provided arena does not start at the alignment its contents need.
+    Misaligned { what: &'static str, align: usize },
+    /// Writing past the end of the KV cache.
+    ContextFull {
+        pos: usize,
+        tokens: usize,
+        max_seq: usize,
+    },
+    /// A token id outside the vocabulary.
+    TokenOutOfRange { token: u32, vocab: usize },
+    /// A configuration value that cannot describe a working model.
+    InvalidConfig {
+        field: &'static str,
+        reason: &'static str,
+    },
+    /// A weight whose shape disagrees with the configuration.
+    Shape {
+        tensor: &'static str,
+        layer: Option<usize>,
+        expected: [usize; 2],
+        got: [usize; 2],
+    },
+    /// A weight format that an operation does not support.
+    UnsupportedFormat {
+        what: &'static str,
+        format: crate::quant::Format,
+    },
+    /// The architecture named by a model is not one sapient implements.
+    UnknownArchitecture(heapless::String<48>),
+    /// A sampling parameter out of its range.
+    InvalidSampling {
+        field: &'static str,
+        reason: &'static str,
+    },
+}
+
+impl Error {
+    /// An `UnknownArchitecture` error holding (a prefix of) `name`.
+    pub fn unknown_architecture(name: &str) -> Self {
+        let mut s = heapless::String::new();
+        for c in name.chars() {
+            if s.push(c).is_err() {
+                break;
+            }
+        }
+        Error::UnknownArchitecture(s)
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Length {
+                what,
+                expected,
+                got,
+            } => write!(f, "{what}: expected length {expected}, got {got}"),
+            Error::NotBlockMultiple { what, len, block } => {
+                write!(f, "{what}: length {len} is not a multiple of the block size {block}")
+            }
+            Error::ArenaTooSmall { what, needed, got } => write!(
+                f,
+                "{what} arena too small: needs {needed} bytes, was given {got}"
+            ),
+            Error::Misaligned { what, align } => {
+                write!(f, "{what} arena is not aligned to {align} bytes")
+            }
+            Error::ContextFull {
+                pos,
+                tokens,
+                max_seq,
+            } => write!(
+                f,
+                "context full: {tokens} token(s) at position {pos} do not fit in a KV cache of {max_seq} positions"
+            ),
+            Error::TokenOutOfRange { token, vocab } => {
+                write!(f, "token id {token} is outside the vocabulary of {vocab}")
+            }
+            Error::InvalidConfig { field, reason } => write!(f, "invalid config: {field} {reason}"),
+            Error::Shape {
+                tensor,
+                layer,
+                expected,
+                got,
+            } => {
+                write!(f, "tensor {tensor}")?;
+                if let Some(l) = layer {
+                    write!(f, " of layer {l}")?;
+                }
+                write!(
+                    f,
+                    " has shape [{}, {}], the config says [{}, {}]",
+                    got[0], got[1], expected[0], expected[1]
+                )
+            }
+            Error::UnsupportedFormat { what, format } => {
+                write!(f, "{what} does not support format {format}")
+            }
+            Error::UnknownArchitecture(name) => write!(
+                f,
+                "unknown architecture {name:?}: sapient runs llama, mistral, qwen2 and the idefics3 (SmolVLM) text backbone"
+            ),
+            Error::InvalidSampling { field, reason } => {
+                write!(f, "invalid sampling parameter: {field} {reason}")
+            }
+        }
+    }
+}
+
+impl core::error::Error for Error {}

@@ -1,0 +1,33 @@
+//! `Exec`: the one hook for parallelism. The core splits work into independent chunks of an
+//! output slice; an executor decides where they run. `Serial` runs them in order; the std
+//! frontend runs them on a rayon pool, and an embedded caller may use its RTOS threads.
+use crate::error::Result;
+
+/// The work of one chunk: its index and its part of the output.
+pub type ChunkFn<'f> = dyn Fn(usize, &mut [f32]) -> Result<()> + Sync + 'f;
+
+pub trait Exec: Sync {
+    /// How many chunks can usefully run at once.
+    fn threads(&self) -> usize;
+
+    /// Calls `f(i, chunk)` for every `chunk_len`-long chunk of `out` (the last may be shorter), in
+    /// any order and possibly at once, and returns the first error any call returned.
+    fn for_each_chunk(&self, out: &mut [f32], chunk_len: usize, f: &ChunkFn<'_>) -> Result<()>;
+}
+
+/// Runs every chunk on the calling thread.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Serial;
+
+impl Exec for Serial {
+    fn threads(&self) -> usize {
+        1
+    }
+
+    fn for_each_chunk(&self, out: &mut [f32], chunk_len: usize, f: &ChunkFn<'_>) -> Result<()> {
+        for (i, c) in out.chunks_mut(chunk_len.max(1)).enumerate() {
+            f(i, c)?;
+        }
+        Ok(())
+    }
+}

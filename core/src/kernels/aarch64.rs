@@ -1,0 +1,184 @@
+//! NEON twins of `scalar`. NEON is part of the aarch64 baseline, so no run-time check is needed;
+//! the i8 dot products use widening multiplies (`smull`) and pairwise adds, which every aarch64
+//! CPU has.
+use core::arch::aarch64::*;
+
+use super::{Kernels, TILE};
+use crate::quant::{f16_at, BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
+
+pub(super) static KERNELS: Kernels = Kernels {
+    name: "neon",
+    quantize_q8_0,
+    dot_q8_0: |w, x| dot_q8_0::<1>(w, [x])[0],
+    dot_q8_0_x4: dot_q8_0::<TILE>,
+    dot_q4_0: |w, x| dot_q4_0::<1>(w, [x])[0],
+    dot_q4_0_x4: dot_q4_0::<TILE>,
+    dot_q4_1: |w, x| dot_q4_1::<1>(w, [x])[0],
+    dot_q4_1_x4: dot_q4_1::<TILE>,
+    dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
+    dot_f32_x4: dot_f32::<TILE>,
+};
+
+fn blocks<const N: usize>(w: &[u8], w_block: usize, xs: &[&[u8]; N]) -> usize {
+    xs.iter()
+        .fold(w.len() / w_block, |n, x| n.min(x.len() / BlockQ8_0::BYTES))
+}
+
+/// Σ x·y of 16 + 16 signed bytes, as an i32.
+#[inline(always)]
+fn dot_i8x32(x0: int8x16_t, x1: int8x16_t, y0: int8x16_t, y1: int8x16_t) -> i32 {
+    // SAFETY: register-only NEON arithmetic; NEON is baseline on aarch64.
+    unsafe {
+        let p0 = vmull_s8(vget_low_s8(x0), vget_low_s8(y0));
+        let p1 = vmull_high_s8(x0, y0);
+        let p2 = vmull_s8(vget_low_s8(x1), vget_low_s8(y1));
+        let p3 = vmull_high_s8(x1, y1);
+        let s = vaddq_s32(
+            vaddq_s32(vpaddlq_s16(p0), vpaddlq_s16(p1)),
+            vaddq_s32(vpaddlq_s16(p2), vpaddlq_s16(p3)),
+        );
+        vaddvq_s32(s)
+    }
+}
+
+fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
+    let nb = (x.len() / QK).min(out.len() / BlockQ8_0::BYTES);
+    for b in 0..nb {
+        // SAFETY: block `b` < nb lies inside `x` (32 floats) and `out` (34 bytes).
+        unsafe {
+            let p = x.as_ptr().add(b * QK);
+            let v: [float32x4_t; 8] = core::array::from_fn(|i| vld1q_f32(p.add(4 * i)));
+            // maxnm ignores NaN, as the scalar fold does.
+            let mut m = vdupq_n_f32(0.0);
+            for vi in v {
+                m = vmaxnmq_f32(m, vabsq_f32(vi));
+            }
+            let amax = vmaxnmvq_f32(m);
+            let d = amax / 127.0;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let lo = vdupq_n_s32(-127);
+            let hi = vdupq_n_s32(127);
+            // fcvtas rounds half away from zero, saturates and maps NaN to 0, like the scalar path.
+            let ints = v.map(|vi| vminq_s32(vmaxq_s32(vcvtaq_s32_f32(vmulq_n_f32(vi, id)), lo), hi));
+            let o = out.as_mut_ptr().add(b * BlockQ8_0::BYTES);
+            let dh = half::f16::from_f32(d).to_bits().to_le_bytes();
+            *o = dh[0];
+            *o.add(1) = dh[1];
+            for k in 0..4 {
+                let s16 = vcombine_s16(vqmovn_s32(ints[2 * k]), vqmovn_s32(ints[2 * k + 1]));
+                vst1_s8(o.add(2 + 8 * k) as *mut i8, vqmovn_s16(s16));
+            }
+        }
+    }
+}
+
+fn dot_q8_0<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+    let mut acc = [0f32; N];
+    for b in 0..blocks(w, BlockQ8_0::BYTES, &xs) {
+        let wb = &w[b * BlockQ8_0::BYTES..(b + 1) * BlockQ8_0::BYTES];
+        let dw = f16_at(wb);
+        // SAFETY: `wb` holds a whole block, so 32 bytes follow its scale.
+        let (w0, w1) = unsafe {
+            let p = wb.as_ptr().add(2) as *const i8;
+            (vld1q_s8(p), vld1q_s8(p.add(16)))
+        };
+        for (a, x) in acc.iter_mut().zip(&xs) {
+            let xb = &x[b * BlockQ8_0::BYTES..(b + 1) * BlockQ8_0::BYTES];
+            // SAFETY: `xb` holds a whole block.
+            let (x0, x1) = unsafe {
+                let p = xb.as_ptr().add(2) as *const i8;
+                (vld1q_s8(p), vld1q_s8(p.add(16)))
+            };
+            *a += dot_i8x32(w0, w1, x0, x1) as f32 * (dw * f16_at(xb));
+        }
+    }
+    acc
+}
+
+/// The 32 nibbles of a Q4 block: elements 0..16 (low nibbles) and 16..32 (high nibbles).
+#[inline(always)]
+fn nibbles(qs: &[u8]) -> (uint8x16_t, uint8x16_t) {
+    // SAFETY: the callers pass a slice of 16 bytes.
+    unsafe {
+        let v = vld1q_u8(qs[..16].as_ptr());
+        (vandq_u8(v, vdupq_n_u8(0x0f)), vshrq_n_u8(v, 4))
+    }
+}
+
+fn dot_q4_0<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+    let mut acc = [0f32; N];
+    for b in 0..blocks(w, BlockQ4_0::BYTES, &xs) {
+        let wb = &w[b * BlockQ4_0::BYTES..(b + 1) * BlockQ4_0::BYTES];
+        let dw = f16_at(wb);
+        let (lo, hi) = nibbles(&wb[2..]);
+        // SAFETY: register-only NEON arithmetic.
+        let (w0, w1) = unsafe {
+            let eight = vdupq_n_s8(8);
+            (
+                vsubq_s8(vreinterpretq_s8_u8(lo), eight),
+                vsubq_s8(vreinterpretq_s8_u8(hi), eight),
+            )
+        };
+        for (a, x) in acc.iter_mut().zip(&xs) {
+            let xb = &x[b * BlockQ8_0::BYTES..(b + 1) * BlockQ8_0::BYTES];
+            // SAFETY: `xb` holds a whole block.
+            let (x0, x1) = unsafe {
+                let p = xb.as_ptr().add(2) as *const i8;
+                (vld1q_s8(p), vld1q_s8(p.add(16)))
+            };
+            *a += dot_i8x32(w0, w1, x0, x1) as f32 * (dw * f16_at(xb));
+        }
+    }
+    acc
+}
+
+fn dot_q4_1<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+    let mut acc = [0f32; N];
+    for b in 0..blocks(w, BlockQ4_1::BYTES, &xs) {
+        let wb = &w[b * BlockQ4_1::BYTES..(b + 1) * BlockQ4_1::BYTES];
+        let (dw, mw) = (f16_at(wb), f16_at(&wb[2..]));
+        let (lo, hi) = nibbles(&wb[4..]);
+        // SAFETY: register-only; nibbles are 0..=15, so reinterpreting them as i8 keeps them.
+        let (w0, w1) = unsafe { (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi)) };
+        for (a, x) in acc.iter_mut().zip(&xs) {
+            let xb = &x[b * BlockQ8_0::BYTES..(b + 1) * BlockQ8_0::BYTES];
+            // SAFETY: `xb` holds a whole block.
+            let (x0, x1, qsum) = unsafe {
+                let p = xb.as_ptr().add(2) as *const i8;
+                let (x0, x1) = (vld1q_s8(p), vld1q_s8(p.add(16)));
+                let s = vaddq_s16(vpaddlq_s8(x0), vpaddlq_s8(x1));
+                (x0, x1, vaddlvq_s16(s))
+            };
+            let dx = f16_at(xb);
+            *a += dot_i8x32(w0, w1, x0, x1) as f32 * (dw * dx) + qsum as f32 * (mw * dx);
+        }
+    }
+    acc
+}
+
+fn dot_f32<const N: usize>(w: &[u8], xs: [&[f32]; N]) -> [f32; N] {
+    let n = xs.iter().fold(w.len() / 4, |n, x| n.min(x.len()));
+    // SAFETY: register-only.
+    let mut acc = [unsafe { vdupq_n_f32(0.0) }; N];
+    let mut i = 0;
+    while i + 4 <= n {
+        // SAFETY: values i..i+4 lie inside `w` (as bytes) and every `xs[k]`, since i + 4 <= n.
+        unsafe {
+            let wv = vreinterpretq_f32_u8(vld1q_u8(w.as_ptr().add(i * 4)));
+            for (a, x) in acc.iter_mut().zip(&xs) {
+                *a = vfmaq_f32(*a, wv, vld1q_f32(x.as_ptr().add(i)));
+            }
+        }
+        i += 4;
+    }
+    // SAFETY: register-only.
+    let mut out = acc.map(|a| unsafe { vaddvq_f32(a) });
+    for j in i..n {
+        let b = &w[j * 4..j * 4 + 4];
+        let v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        for (o, x) in out.iter_mut().zip(&xs) {
+            *o += v * x[j];
+        }
+    }
+    out
+}

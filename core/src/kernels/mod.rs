@@ -1,0 +1,223 @@
+//! Dot products and mat-muls for every weight format, with a scalar reference (`scalar`) and SIMD
+//! twins (`x86`: AVX2+FMA+F16C, `aarch64`: NEON), collected in a table of function pointers that
+//! is picked once from the CPU's features (`Kernels::best`).
+//!
+//! Quantized weights are multiplied with activations quantized to Q8_0 per 32-block, as ggml
+//! does; f32 weights with f32 activations; f16/bf16 weights are widened to f32 row by row.
+use crate::error::{Error, Result};
+use crate::quant::{self, BlockQ8_0, Format, QK};
+use crate::weights::Matrix;
+
+#[cfg(target_arch = "aarch64")]
+pub mod aarch64;
+pub mod scalar;
+#[cfg(target_arch = "x86_64")]
+pub mod x86;
+
+/// How many activation rows a tiled kernel takes at once.
+pub const TILE: usize = 4;
+
+type DotQ = fn(&[u8], &[u8]) -> f32;
+type DotQx4 = fn(&[u8], [&[u8]; TILE]) -> [f32; TILE];
+
+/// One instruction set's kernels. Each entry is memory-safe for any input (it works on the whole
+/// blocks that all arguments hold); the checked functions of this module validate lengths first.
+pub struct Kernels {
+    pub name: &'static str,
+    /// Quantizes a row of activations to Q8_0, bit-exact with the reference quantizer.
+    pub quantize_q8_0: fn(&[f32], &mut [u8]),
+    pub dot_q8_0: DotQ,
+    pub dot_q8_0_x4: DotQx4,
+    pub dot_q4_0: DotQ,
+    pub dot_q4_0_x4: DotQx4,
+    pub dot_q4_1: DotQ,
+    pub dot_q4_1_x4: DotQx4,
+    pub dot_f32: fn(&[u8], &[f32]) -> f32,
+    pub dot_f32_x4: fn(&[u8], [&[f32]; TILE]) -> [f32; TILE],
+}
+
+impl Kernels {
+    /// The fastest kernels this CPU runs. On x86-64 the AVX2 set is chosen only when the CPU
+    /// reports AVX2, FMA and F16C, so an older CPU gets the scalar set rather than SIGILL.
+    pub fn best() -> &'static Kernels {
+        #[cfg(target_arch = "x86_64")]
+        if x86::available() {
+            return &x86::KERNELS;
+        }
+        #[cfg(target_arch = "aarch64")]
+        return &aarch64::KERNELS;
+        #[allow(unreachable_code)]
+        &scalar::KERNELS
+    }
+
+    pub fn scalar() -> &'static Kernels {
+        &scalar::KERNELS
+    }
+
+    /// Quantizes `x` (a multiple of 32 long) to Q8_0 in `out`.
+    pub fn quantize_q8_0(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
+        expect_len("Q8_0 output", Format::Q8_0.row_bytes(x.len())?, out.len())?;
+        (self.quantize_q8_0)(x, out);
+        Ok(())
+    }
+
+    /// Dot product of one weight row stored in `format` (`Q8_0`, `Q4_0` or `Q4_1`) with one row of
+    /// Q8_0 activations of the same length.
+    pub fn dot_quantized(&self, format: Format, w: &[u8], x: &[u8]) -> Result<f32> {
+        let n = expect_quantized_row(format, w.len())?;
+        expect_len("Q8_0 activations", n / QK * BlockQ8_0::BYTES, x.len())?;
+        Ok(match format {
+            Format::Q8_0 => (self.dot_q8_0)(w, x),
+            Format::Q4_0 => (self.dot_q4_0)(w, x),
+            Format::Q4_1 => (self.dot_q4_1)(w, x),
+            _ => unreachable!("checked by expect_quantized_row"),
+        })
+    }
+
+    /// Dot product of two f32 vectors, the first as little-endian bytes.
+    pub fn dot_f32_bytes(&self, w: &[u8], x: &[f32]) -> Result<f32> {
+        expect_len("f32 weight bytes", x.len() * 4, w.len())?;
+        Ok((self.dot_f32)(w, x))
+    }
+
+    /// Rows `row0 .. row0 + out.len() / n_tok` of `W · Xᵀ`, for the `n_tok` activation rows in `x`.
+    ///
+    /// `out[(r - row0) * n_tok + t]` receives row `r` against token `t`: consecutive outputs share a
+    /// weight row, so each weight block is loaded once per tile of `TILE` tokens.
+    pub fn matmul_rows(
+        &self,
+        w: &Matrix<'_>,
+        x: &Activations<'_>,
+        row0: usize,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let n_tok = x.n_tok;
+        if x.cols != w.cols {
+            return Err(Error::Length {
+                what: "activation row",
+                expected: w.cols,
+                got: x.cols,
+            });
+        }
+        if n_tok == 0 || out.len() % n_tok != 0 || row0 + out.len() / n_tok > w.rows {
+            return Err(Error::Length {
+                what: "mat-mul output",
+                expected: (w.rows - row0.min(w.rows)) * n_tok,
+                got: out.len(),
+            });
+        }
+        let rows = out.len() / n_tok;
+        match w.format {
+            Format::Q8_0 | Format::Q4_0 | Format::Q4_1 => {
+                let q8 = x.q8.ok_or(Error::UnsupportedFormat {
+                    what: "mat-mul without Q8_0 activations",
+                    format: w.format,
+                })?;
+                let xb = Format::Q8_0.row_bytes(x.cols)?;
+                expect_len("Q8_0 activations", xb * n_tok, q8.len())?;
+                let (one, four): (DotQ, DotQx4) = match w.format {
+                    Format::Q8_0 => (self.dot_q8_0, self.dot_q8_0_x4),
+                    Format::Q4_0 => (self.dot_q4_0, self.dot_q4_0_x4),
+                    _ => (self.dot_q4_1, self.dot_q4_1_x4),
+                };
+                for r in 0..rows {
+                    let wr = w.row(row0 + r);
+                    let o = &mut out[r * n_tok..(r + 1) * n_tok];
+                    let mut t = 0;
+                    while t + TILE <= n_tok {
+                        let xs = core::array::from_fn(|i| &q8[(t + i) * xb..(t + i + 1) * xb]);
+                        o[t..t + TILE].copy_from_slice(&four(wr, xs));
+                        t += TILE;
+                    }
+                    for (t, o) in o.iter_mut().enumerate().skip(t) {
+                        *o = one(wr, &q8[t * xb..(t + 1) * xb]);
+                    }
+                }
+            }
+            Format::F32 => {
+                let xf = x.f32;
+                expect_len("f32 activations", x.cols * n_tok, xf.len())?;
+                let c = x.cols;
+                for r in 0..rows {
+                    let wr = w.row(row0 + r);
+                    let o = &mut out[r * n_tok..(r + 1) * n_tok];
+                    let mut t = 0;
+                    while t + TILE <= n_tok {
+                        let xs = core::array::from_fn(|i| &xf[(t + i) * c..(t + i + 1) * c]);
+                        o[t..t + TILE].copy_from_slice(&(self.dot_f32_x4)(wr, xs));
+                        t += TILE;
+                    }
+                    for (t, o) in o.iter_mut().enumerate().skip(t) {
+                        *o = (self.dot_f32)(wr, &xf[t * c..(t + 1) * c]);
+                    }
+                }
+            }
+            Format::F16 | Format::BF16 => {
+                let xf = x.f32;
+                expect_len("f32 activations", x.cols * n_tok, xf.len())?;
+                let c = x.cols;
+                // Widen a chunk of the row at a time on the stack: no allocation, no scratch.
+                let mut buf = [0f32; 256];
+                for r in 0..rows {
+                    let wr = w.row(row0 + r);
+                    let o = &mut out[r * n_tok..(r + 1) * n_tok];
+                    o.fill(0.0);
+                    let mut start = 0;
+                    while start < c {
+                        let len = (c - start).min(buf.len());
+                        let bytes = &wr[start * 2..(start + len) * 2];
+                        quant::dequantize_row(w.format, bytes, &mut buf[..len])?;
+                        for (t, o) in o.iter_mut().enumerate() {
+                            let xs = &xf[t * c + start..t * c + start + len];
+                            *o += buf[..len].iter().zip(xs).map(|(a, b)| a * b).sum::<f32>();
+                        }
+                        start += len;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `n_tok` rows of activations, each `cols` long: always as f32, and as Q8_0 when a quantized
+/// weight will consume them.
+#[derive(Clone, Copy)]
+pub struct Activations<'a> {
+    pub f32: &'a [f32],
+    pub q8: Option<&'a [u8]>,
+    pub n_tok: usize,
+    pub cols: usize,
+}
+
+fn expect_len(what: &'static str, expected: usize, got: usize) -> Result<()> {
+    if expected != got {
+        return Err(Error::Length {
+            what,
+            expected,
+            got,
+        });
+    }
+    Ok(())
+}
+
+/// Checks that `bytes` is a whole row of a quantized format and returns its length in values.
+fn expect_quantized_row(format: Format, bytes: usize) -> Result<usize> {
+    if !matches!(format, Format::Q8_0 | Format::Q4_0 | Format::Q4_1) {
+        return Err(Error::UnsupportedFormat {
+            what: "quantized dot product",
+            format,
+        });
+    }
+    if bytes % format.block_bytes() != 0 {
+        return Err(Error::NotBlockMultiple {
+            what: "quantized weight row bytes",
+            len: bytes,
+            block: format.block_bytes(),
+        });
+    }
+    Ok(bytes / format.block_bytes() * QK)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,185 @@
+//! Every SIMD kernel against its scalar twin, and ggml's synthetic accuracy test.
+use alloc::vec;
+use alloc::vec::Vec;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::quant::test_data::{array_rmse, ggml_signal};
+use crate::quant::{dequantize_row, quantize_row};
+
+fn quantized(format: Format, x: &[f32]) -> Vec<u8> {
+    let mut q = vec![0u8; format.row_bytes(x.len()).unwrap()];
+    quantize_row(format, x, &mut q).unwrap();
+    q
+}
+
+/// Values spanning tiny, ordinary and huge magnitudes, and exact zeros.
+fn values(len: usize) -> impl Strategy<Value = Vec<f32>> {
+    let v = prop_oneof![
+        4 => -10.0f32..10.0,
+        1 => -1e-30f32..1e-30,
+        1 => -1e30f32..1e30,
+        1 => Just(0.0f32),
+    ];
+    proptest::collection::vec(v, len)
+}
+
+/// Σ|w·x| over dequantized values: the scale against which float reordering error is measured.
+fn abs_dot(format: Format, w: &[u8], x: &[u8], n: usize) -> f32 {
+    let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+    dequantize_row(format, w, &mut a).unwrap();
+    dequantize_row(Format::Q8_0, x, &mut b).unwrap();
+    a.iter().zip(&b).map(|(p, q)| (p * q).abs()).sum()
+}
+
+/// `simd` within `bound` of `scalar`; where the sum overflows f32 (a 1e30 weight squared, or an
+/// f16 scale that rounds to infinity), both must overflow.
+fn close(scalar: f32, simd: f32, bound: f32) -> Result<(), TestCaseError> {
+    if !scalar.is_finite() || !bound.is_finite() {
+        prop_assert!(!simd.is_finite() || !bound.is_finite(), "scalar {scalar} simd {simd}");
+    } else {
+        prop_assert!((scalar - simd).abs() <= bound, "scalar {scalar} simd {simd} bound {bound}");
+    }
+    Ok(())
+}
+
+const QUANTIZED: [Format; 3] = [Format::Q8_0, Format::Q4_0, Format::Q4_1];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// The SIMD activation quantizer is bit-exact with the reference, NaN and infinities included.
+    #[test]
+    fn quantize_q8_0_is_bit_exact(blocks in 1usize..12, x in values(12 * 32), specials in proptest::collection::vec((0usize..384, prop_oneof![Just(f32::NAN), Just(f32::INFINITY), Just(f32::NEG_INFINITY), Just(-0.0f32), Just(f32::MIN_POSITIVE / 4.0)]), 0..4)) {
+        let mut x = x[..blocks * 32].to_vec();
+        for (i, v) in specials {
+            if i < x.len() { x[i] = v; }
+        }
+        let reference = quantized(Format::Q8_0, &x);
+        let mut simd = vec![0u8; reference.len()];
+        Kernels::best().quantize_q8_0(&x, &mut simd).unwrap();
+        prop_assert_eq!(simd, reference);
+    }
+
+    /// Each quantized dot (single row and tile of 4) agrees with the scalar reference within
+    /// 1e-5 of Σ|w·x|: both add the same per-block integer sums, only in another order.
+    #[test]
+    fn quantized_dots_match_scalar(blocks in 1usize..20, w in values(20 * 32), xs in proptest::collection::vec(values(20 * 32), TILE)) {
+        let n = blocks * 32;
+        let xq: Vec<Vec<u8>> = xs.iter().map(|x| quantized(Format::Q8_0, &x[..n])).collect();
+        for format in QUANTIZED {
+            let wq = quantized(format, &w[..n]);
+            let (best, scalar) = (Kernels::best(), Kernels::scalar());
+            let tile_best = (match format { Format::Q8_0 => best.dot_q8_0_x4, Format::Q4_0 => best.dot_q4_0_x4, _ => best.dot_q4_1_x4 })(&wq, core::array::from_fn(|i| xq[i].as_slice()));
+            for (i, x) in xq.iter().enumerate() {
+                let s = scalar.dot_quantized(format, &wq, x).unwrap();
+                let b = best.dot_quantized(format, &wq, x).unwrap();
+                let bound = 1e-5 * abs_dot(format, &wq, x, n) + f32::MIN_POSITIVE;
+                close(s, b, bound)?;
+                close(s, tile_best[i], bound)?;
+            }
+        }
+    }
+
+    /// f32 dots on any length (not only multiples of 32), within 1e-5 of Σ|w·x|.
+    #[test]
+    fn f32_dots_match_scalar(len in 0usize..300, w in values(300), xs in proptest::collection::vec(values(300), TILE)) {
+        let wb = quantized(Format::F32, &w[..len]);
+        let xs: [&[f32]; TILE] = core::array::from_fn(|i| &xs[i][..len]);
+        let tile = (Kernels::best().dot_f32_x4)(&wb, xs);
+        for (i, x) in xs.iter().enumerate() {
+            let s = Kernels::scalar().dot_f32_bytes(&wb, x).unwrap();
+            let b = Kernels::best().dot_f32_bytes(&wb, x).unwrap();
+            let bound = 1e-5 * w[..len].iter().zip(x.iter()).map(|(a, b)| (a * b).abs()).sum::<f32>();
+            close(s, b, bound)?;
+            close(s, tile[i], bound)?;
+        }
+    }
+}
+
+/// llama.cpp's `test-quantize-fns`: the SIMD quantizer against the reference, and the quantized
+/// dot product against the f32 one, with ggml's thresholds.
+#[test]
+fn ggml_reference_and_dot_product_error() {
+    let n = 4096;
+    let x = ggml_signal(0.0, n);
+    let y = ggml_signal(1.0, n);
+
+    let reference = quantized(Format::Q8_0, &x);
+    let mut simd = vec![0u8; reference.len()];
+    Kernels::best().quantize_q8_0(&x, &mut simd).unwrap();
+    let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
+    dequantize_row(Format::Q8_0, &reference, &mut a).unwrap();
+    dequantize_row(Format::Q8_0, &simd, &mut b).unwrap();
+    assert!(array_rmse(&a, &b) < 0.0001);
+
+    let exact: f64 = x.iter().zip(&y).map(|(a, b)| (*a as f64) * (*b as f64)).sum();
+    let mut yq = vec![0u8; reference.len()];
+    Kernels::best().quantize_q8_0(&y, &mut yq).unwrap();
+    for format in QUANTIZED {
+        let wq = quantized(format, &x);
+        for k in [Kernels::scalar(), Kernels::best()] {
+            let dot = k.dot_quantized(format, &wq, &yq).unwrap();
+            let err = (dot as f64 - exact).abs() / n as f64;
+            assert!(err < 0.02, "{format} {}: dot error {err}", k.name);
+        }
+    }
+}
+
+#[test]
+fn mismatched_lengths_are_errors() {
+    let k = Kernels::best();
+    let w = vec![0u8; 34 * 2];
+    assert!(matches!(
+        k.dot_quantized(Format::Q8_0, &w, &w[..34]),
+        Err(Error::Length { .. })
+    ));
+    assert!(matches!(
+        k.dot_quantized(Format::Q4_0, &w[..35], &w),
+        Err(Error::NotBlockMultiple { .. })
+    ));
+    assert!(matches!(
+        k.dot_quantized(Format::F32, &w, &w),
+        Err(Error::UnsupportedFormat { .. })
+    ));
+    assert!(k.quantize_q8_0(&[0.0; 33], &mut [0u8; 34]).is_err());
+    assert!(k.dot_f32_bytes(&[0u8; 8], &[1.0]).is_err());
+}
+
+/// The tiled mat-mul against plain per-row dots, for every weight format and a ragged token count.
+#[test]
+fn matmul_rows_equals_row_dots() {
+    let (rows, cols, n_tok) = (5, 64, 7);
+    let w: Vec<f32> = (0..rows * cols).map(|i| libm::sinf(i as f32 * 0.37)).collect();
+    let x: Vec<f32> = (0..n_tok * cols).map(|i| libm::cosf(i as f32 * 0.11)).collect();
+    let xq: Vec<u8> = x.chunks(cols).flat_map(|r| quantized(Format::Q8_0, r)).collect();
+    let acts = Activations {
+        f32: &x,
+        q8: Some(&xq),
+        n_tok,
+        cols,
+    };
+    for format in [Format::F32, Format::F16, Format::BF16, Format::Q8_0, Format::Q4_0, Format::Q4_1] {
+        let bytes: Vec<u8> = w.chunks(cols).flat_map(|r| quantized(format, r)).collect();
+        let m = Matrix::new(format, rows, cols, bytes.into()).unwrap();
+        let mut out = vec![0f32; (rows - 1) * n_tok];
+        Kernels::best().matmul_rows(&m, &acts, 1, &mut out).unwrap();
+        for r in 1..rows {
+            for t in 0..n_tok {
+                let expected = if format.is_quantized() {
+                    Kernels::scalar()
+                        .dot_quantized(format, m.row(r), &xq[t * 68..(t + 1) * 68])
+                        .unwrap()
+                } else {
+                    let mut wr = vec![0f32; cols];
+                    dequantize_row(format, m.row(r), &mut wr).unwrap();
+                    wr.iter().zip(&x[t * cols..(t + 1) * cols]).map(|(a, b)| a * b).sum()
+                };
+                let got = out[(r - 1) * n_tok + t];
+                assert!((got - expected).abs() < 1e-4, "{format} r{r} t{t}: {got} vs {expected}");
+            }
+        }
+        assert!(Kernels::best().matmul_rows(&m, &acts, 1, &mut vec![0f32; rows * n_tok]).is_err());
+    }
+}

@@ -1,0 +1,256 @@
+//! AVX2 + FMA + F16C twins of `scalar`, the same algorithms as ggml's x86 kernels.
+//!
+//! The table is only handed out by `Kernels::best` after `available()` said yes, which is what
+//! makes the safe wrappers below sound.
+use core::arch::x86_64::*;
+
+use super::{Kernels, TILE};
+use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
+
+// cpufeatures also checks that the OS saves the AVX registers; it does not know F16C.
+cpufeatures::new!(cpuid_avx2, "avx2", "fma");
+
+/// Whether this CPU runs the kernels here: AVX2, FMA and F16C.
+pub fn available() -> bool {
+    let f16c = __cpuid(1).ecx & (1 << 29) != 0;
+    cpuid_avx2::get() && f16c
+}
+
+pub(super) static KERNELS: Kernels = Kernels {
+    name: "avx2",
+    quantize_q8_0,
+    dot_q8_0: |w, x| dot_q8_0::<1>(w, [x])[0],
+    dot_q8_0_x4: dot_q8_0::<TILE>,
+    dot_q4_0: |w, x| dot_q4_0::<1>(w, [x])[0],
+    dot_q4_0_x4: dot_q4_0::<TILE>,
+    dot_q4_1: |w, x| dot_q4_1::<1>(w, [x])[0],
+    dot_q4_1_x4: dot_q4_1::<TILE>,
+    dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
+    dot_f32_x4: dot_f32::<TILE>,
+};
+
+fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
+    // SAFETY: this table is used only when `available()` reported AVX2, FMA and F16C.
+    unsafe { quantize_q8_0_avx2(x, out) }
+}
+
+fn dot_q8_0<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+    let nb = blocks(w, BlockQ8_0::BYTES, &xs);
+    // SAFETY: CPU features as above; `nb` whole blocks lie inside `w` and every `xs[i]`.
+    unsafe { dot_q8_0_avx2(nb, w, xs) }
+}
+
+fn dot_q4_0<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+    let nb = blocks(w, BlockQ4_0::BYTES, &xs);
+    // SAFETY: CPU features as above; `nb` whole blocks lie inside `w` and every `xs[i]`.
+    unsafe { dot_q4_0_avx2(nb, w, xs) }
+}
+
+fn dot_q4_1<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+    let nb = blocks(w, BlockQ4_1::BYTES, &xs);
+    // SAFETY: CPU features as above; `nb` whole blocks lie inside `w` and every `xs[i]`.
+    unsafe { dot_q4_1_avx2(nb, w, xs) }
+}
+
+fn dot_f32<const N: usize>(w: &[u8], xs: [&[f32]; N]) -> [f32; N] {
+    let n = xs.iter().fold(w.len() / 4, |n, x| n.min(x.len()));
+    // SAFETY: CPU features as above; `n` values lie inside `w` (as bytes) and every `xs[i]`.
+    unsafe { dot_f32_avx2(n, w, xs) }
+}
+
+fn blocks<const N: usize>(w: &[u8], w_block: usize, xs: &[&[u8]; N]) -> usize {
+    xs.iter()
+        .fold(w.len() / w_block, |n, x| n.min(x.len() / BlockQ8_0::BYTES))
+}
+
+#[inline(always)]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    // SAFETY: the caller guarantees two readable bytes at `p` and F16C.
+    unsafe {
+        let bits = (p as *const u16).read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    }
+}
+
+#[inline(always)]
+unsafe fn hsum(v: __m256) -> f32 {
+    // SAFETY: register-only arithmetic; the caller has AVX.
+    unsafe {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+}
+
+/// Σ x·y over 32 signed bytes as 8 f32 partial sums. `x` must not hold -128 (`|x|` would wrap).
+#[inline(always)]
+unsafe fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256 {
+    // SAFETY: register-only arithmetic; the caller has AVX2.
+    unsafe {
+        let ax = _mm256_sign_epi8(x, x);
+        let sy = _mm256_sign_epi8(y, x);
+        let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+        _mm256_cvtepi32_ps(dot)
+    }
+}
+
+/// The 32 nibbles of a Q4 block as bytes: the low nibbles in the low lane, the high in the high.
+#[inline(always)]
+unsafe fn nibbles(p: *const u8) -> __m256i {
+    // SAFETY: the caller guarantees 16 readable bytes at `p` and AVX2.
+    unsafe {
+        let tmp = _mm_loadu_si128(p as *const __m128i);
+        let both = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
+        _mm256_and_si256(both, _mm256_set1_epi8(0x0f))
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_q8_0_avx2(x: &[f32], out: &mut [u8]) {
+    let nb = (x.len() / QK).min(out.len() / BlockQ8_0::BYTES);
+    let sign = _mm256_set1_ps(-0.0);
+    let perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for b in 0..nb {
+        // SAFETY: block `b` < nb lies inside `x` (32 floats) and `out` (34 bytes).
+        unsafe {
+            let p = x.as_ptr().add(b * QK);
+            let v = [0, 8, 16, 24].map(|i| _mm256_loadu_ps(p.add(i)));
+            // max(new, acc) keeps acc when `new` is NaN, as the scalar fold does.
+            let mut m = _mm256_setzero_ps();
+            for vi in v {
+                m = _mm256_max_ps(_mm256_andnot_ps(sign, vi), m);
+            }
+            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+            let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            let m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            let amax = _mm_cvtss_f32(m4);
+
+            let d = amax / 127.0;
+            let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+            let ints = v.map(|vi| _mm256_cvtps_epi32(round_q8(_mm256_mul_ps(vi, id))));
+            let i01 = _mm256_packs_epi32(ints[0], ints[1]);
+            let i23 = _mm256_packs_epi32(ints[2], ints[3]);
+            let q = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(i01, i23), perm);
+
+            let o = out.as_mut_ptr().add(b * BlockQ8_0::BYTES);
+            let dh = _mm_cvtps_ph(_mm_set_ss(d), _MM_FROUND_TO_NEAREST_INT);
+            (o as *mut u16).write_unaligned(_mm_extract_epi16(dh, 0) as u16);
+            _mm256_storeu_si256(o.add(2) as *mut __m256i, q);
+        }
+    }
+}
+
+/// Rounds half away from zero (C's `roundf`), maps NaN to 0 and clamps to ±127, exactly as the
+/// scalar quantizer does: truncate, then step away from zero where the dropped part is >= 0.5.
+#[inline(always)]
+unsafe fn round_q8(v: __m256) -> __m256 {
+    // SAFETY: register-only arithmetic; the caller has AVX.
+    unsafe {
+        let t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        let frac = _mm256_andnot_ps(_mm256_set1_ps(-0.0), _mm256_sub_ps(v, t));
+        let away = _mm256_cmp_ps(frac, _mm256_set1_ps(0.5), _CMP_GE_OQ);
+        let one = _mm256_or_ps(
+            _mm256_and_ps(v, _mm256_set1_ps(-0.0)),
+            _mm256_set1_ps(1.0),
+        );
+        let r = _mm256_add_ps(t, _mm256_and_ps(away, one));
+        let r = _mm256_and_ps(r, _mm256_cmp_ps(r, r, _CMP_ORD_Q));
+        _mm256_min_ps(_mm256_max_ps(r, _mm256_set1_ps(-127.0)), _mm256_set1_ps(127.0))
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0_avx2<const N: usize>(nb: usize, w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
+    for b in 0..nb {
+        // SAFETY: block `b` < nb lies inside `w` and every `xs[i]` (checked by the caller).
+        unsafe {
+            let wp = w.as_ptr().add(b * BlockQ8_0::BYTES);
+            let dw = f16_at(wp);
+            let qw = _mm256_loadu_si256(wp.add(2) as *const __m256i);
+            for (a, x) in acc.iter_mut().zip(&xs) {
+                let xp = x.as_ptr().add(b * BlockQ8_0::BYTES);
+                let qx = _mm256_loadu_si256(xp.add(2) as *const __m256i);
+                let d = _mm256_set1_ps(dw * f16_at(xp));
+                *a = _mm256_fmadd_ps(d, mul_sum_i8(qw, qx), *a);
+            }
+        }
+    }
+    // SAFETY: register-only.
+    acc.map(|a| unsafe { hsum(a) })
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_0_avx2<const N: usize>(nb: usize, w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
+    for b in 0..nb {
+        // SAFETY: block `b` < nb lies inside `w` and every `xs[i]` (checked by the caller).
+        unsafe {
+            let wp = w.as_ptr().add(b * BlockQ4_0::BYTES);
+            let dw = f16_at(wp);
+            let qw = _mm256_sub_epi8(nibbles(wp.add(2)), _mm256_set1_epi8(8));
+            for (a, x) in acc.iter_mut().zip(&xs) {
+                let xp = x.as_ptr().add(b * BlockQ8_0::BYTES);
+                let qx = _mm256_loadu_si256(xp.add(2) as *const __m256i);
+                let d = _mm256_set1_ps(dw * f16_at(xp));
+                *a = _mm256_fmadd_ps(d, mul_sum_i8(qw, qx), *a);
+            }
+        }
+    }
+    // SAFETY: register-only.
+    acc.map(|a| unsafe { hsum(a) })
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_1_avx2<const N: usize>(nb: usize, w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
+    let ones8 = _mm256_set1_epi8(1);
+    let ones16 = _mm256_set1_epi16(1);
+    for b in 0..nb {
+        // SAFETY: block `b` < nb lies inside `w` and every `xs[i]` (checked by the caller).
+        unsafe {
+            let wp = w.as_ptr().add(b * BlockQ4_1::BYTES);
+            let (dw, mw) = (f16_at(wp), f16_at(wp.add(2)));
+            let qw = nibbles(wp.add(4));
+            for (a, x) in acc.iter_mut().zip(&xs) {
+                let xp = x.as_ptr().add(b * BlockQ8_0::BYTES);
+                let dx = f16_at(xp);
+                let qx = _mm256_loadu_si256(xp.add(2) as *const __m256i);
+                // The nibbles are unsigned: maddubs takes them as they are.
+                let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(qw, qx), ones16);
+                let sum = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, qx), ones16);
+                *a = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(dot), *a);
+                *a = _mm256_fmadd_ps(_mm256_set1_ps(mw * dx), _mm256_cvtepi32_ps(sum), *a);
+            }
+        }
+    }
+    // SAFETY: register-only.
+    acc.map(|a| unsafe { hsum(a) })
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_f32_avx2<const N: usize>(n: usize, w: &[u8], xs: [&[f32]; N]) -> [f32; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: values i..i+8 lie inside `w` (as bytes) and every `xs[k]`, since i + 8 <= n.
+        unsafe {
+            let wv = _mm256_loadu_ps(w.as_ptr().add(i * 4) as *const f32);
+            for (a, x) in acc.iter_mut().zip(&xs) {
+                *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.as_ptr().add(i)), *a);
+            }
+        }
+        i += 8;
+    }
+    // SAFETY: register-only.
+    let mut out = acc.map(|a| unsafe { hsum(a) });
+    for j in i..n {
+        let b = &w[j * 4..j * 4 + 4];
+        let v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        for (o, x) in out.iter_mut().zip(&xs) {
+            *o += v * x[j];
+        }
+    }
+    out
+}

@@ -1,0 +1,207 @@
+//! The key/value cache, in memory the caller owns.
+//!
+//! Layout: for each layer, all K rows then all V rows; each is `max_seq × n_kv_heads` rows of
+//! `head_dim` values in the cache's format. Rows are read block by block from bytes, so the
+//! arena needs no particular alignment.
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::quant::{self, Format};
+
+/// How K and V rows are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KvFormat {
+    F32,
+    F16,
+    Q8_0,
+}
+
+impl KvFormat {
+    /// Q8_0 (4x smaller than f32) when a head is a whole number of blocks, f32 otherwise.
+    pub fn default_for(config: &Config) -> Self {
+        if config.head_dim % quant::QK == 0 {
+            KvFormat::Q8_0
+        } else {
+            KvFormat::F32
+        }
+    }
+
+    pub fn format(self) -> Format {
+        match self {
+            KvFormat::F32 => Format::F32,
+            KvFormat::F16 => Format::F16,
+            KvFormat::Q8_0 => Format::Q8_0,
+        }
+    }
+}
+
+/// A KV cache over `&'a mut [u8]`, holding positions `0 .. len()`.
+pub struct KvCache<'a> {
+    mem: &'a mut [u8],
+    format: KvFormat,
+    n_layers: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    max_seq: usize,
+    row_bytes: usize,
+    len: usize,
+}
+
+impl<'a> KvCache<'a> {
+    /// Exactly how many bytes `new` needs for `max_seq` positions of `config` in `format`.
+    pub fn bytes_needed(config: &Config, max_seq: usize, format: KvFormat) -> Result<usize> {
+        config.validate()?;
+        let row = format.format().row_bytes(config.head_dim)?;
+        [config.n_layers, 2, max_seq, config.n_kv_heads]
+            .iter()
+            .try_fold(row, |acc, n| acc.checked_mul(*n))
+            .ok_or(Error::InvalidConfig {
+                field: "max_seq",
+                reason: "makes the KV cache larger than the address space",
+            })
+    }
+
+    /// Borrows `mem` as an empty cache. Fails if `mem` is smaller than `bytes_needed`.
+    pub fn new(config: &Config, max_seq: usize, format: KvFormat, mem: &'a mut [u8]) -> Result<Self> {
+        let needed = Self::bytes_needed(config, max_seq, format)?;
+        if mem.len() < needed {
+            return Err(Error::ArenaTooSmall {
+                what: "KV cache",
+                needed,
+                got: mem.len(),
+            });
+        }
+        Ok(KvCache {
+            mem: &mut mem[..needed],
+            format,
+            n_layers: config.n_layers,
+            n_kv_heads: config.n_kv_heads,
+            head_dim: config.head_dim,
+            max_seq,
+            row_bytes: format.format().row_bytes(config.head_dim)?,
+            len: 0,
+        })
+    }
+
+    /// Positions filled so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn max_seq(&self) -> usize {
+        self.max_seq
+    }
+
+    pub fn format(&self) -> KvFormat {
+        self.format
+    }
+
+    /// Forgets every position after the first `len` (keeps the bytes; they are overwritten).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    pub fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// Checks that this cache was made for `config`'s shape.
+    pub(crate) fn check_shape(&self, config: &Config) -> Result<()> {
+        if (self.n_layers, self.n_kv_heads, self.head_dim) != (config.n_layers, config.n_kv_heads, config.head_dim) {
+            return Err(Error::InvalidConfig {
+                field: "KV cache",
+                reason: "was made for a model of another shape",
+            });
+        }
+        Ok(())
+    }
+
+    /// Checks that `n` more positions fit and returns the first of them.
+    pub(crate) fn reserve(&self, n: usize) -> Result<usize> {
+        if n > self.max_seq - self.len {
+            return Err(Error::ContextFull {
+                pos: self.len,
+                tokens: n,
+                max_seq: self.max_seq,
+            });
+        }
+        Ok(self.len)
+    }
+
+    /// Marks `n` positions as filled (after every layer wrote them).
+    pub(crate) fn advance(&mut self, n: usize) {
+        self.len += n;
+    }
+
+    fn plane_bytes(&self) -> usize {
+        self.max_seq * self.n_kv_heads * self.row_bytes
+    }
+
+    /// Stores K and V rows (`n × n_kv_heads × head_dim` each) of `layer` at positions `pos ..`.
+    pub(crate) fn store(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) -> Result<()> {
+        let kv_dim = self.n_kv_heads * self.head_dim;
+        let n = k.len() / kv_dim;
+        if layer >= self.n_layers || k.len() != v.len() || pos + n > self.max_seq {
+            return Err(Error::Length {
+                what: "KV store",
+                expected: kv_dim * (self.max_seq - pos.min(self.max_seq)),
+                got: k.len(),
+            });
+        }
+        let plane = self.plane_bytes();
+        let row_bytes = self.row_bytes;
+        let fmt = self.format.format();
+        let start = pos * self.n_kv_heads * row_bytes;
+        let len = n * self.n_kv_heads * row_bytes;
+        for (which, src) in [(0, k), (1, v)] {
+            let base = (2 * layer + which) * plane + start;
+            let dst = &mut self.mem[base..base + len];
+            for (row, out) in src.chunks_exact(self.head_dim).zip(dst.chunks_exact_mut(row_bytes)) {
+                quant::quantize_row(fmt, row, out)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The K and V planes of `layer` (positions `0 .. max_seq`), for attention.
+    pub(crate) fn layer(&self, layer: usize) -> LayerKv<'_> {
+        let plane = self.plane_bytes();
+        let base = 2 * layer * plane;
+        LayerKv {
+            k: &self.mem[base..base + plane],
+            v: &self.mem[base + plane..base + 2 * plane],
+            format: self.format.format(),
+            row_bytes: self.row_bytes,
+            n_kv_heads: self.n_kv_heads,
+        }
+    }
+}
+
+/// One layer's cached K and V.
+#[derive(Clone, Copy)]
+pub struct LayerKv<'c> {
+    pub k: &'c [u8],
+    pub v: &'c [u8],
+    pub format: Format,
+    pub row_bytes: usize,
+    pub n_kv_heads: usize,
+}
+
+impl LayerKv<'_> {
+    fn offset(&self, pos: usize, kv_head: usize) -> usize {
+        (pos * self.n_kv_heads + kv_head) * self.row_bytes
+    }
+
+    pub fn k_row(&self, pos: usize, kv_head: usize) -> &[u8] {
+        let o = self.offset(pos, kv_head);
+        &self.k[o..o + self.row_bytes]
+    }
+
+    pub fn v_row(&self, pos: usize, kv_head: usize) -> &[u8] {
+        let o = self.offset(pos, kv_head);
+        &self.v[o..o + self.row_bytes]
+    }
+}

@@ -1,0 +1,177 @@
+//! The element-wise operations of a Llama layer, on plain f32 slices.
+use crate::config::RopeStyle;
+use crate::error::{Error, Result};
+
+fn same_len(what: &'static str, expected: usize, got: usize) -> Result<()> {
+    if expected != got {
+        return Err(Error::Length {
+            what,
+            expected,
+            got,
+        });
+    }
+    Ok(())
+}
+
+/// `out = x / sqrt(mean(x²) + eps) * weight`, row by row (rows are `weight.len()` long).
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) -> Result<()> {
+    same_len("rms_norm output", x.len(), out.len())?;
+    let n = weight.len();
+    if n == 0 || x.len() % n != 0 {
+        return Err(Error::Length {
+            what: "rms_norm input",
+            expected: n,
+            got: x.len(),
+        });
+    }
+    for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        let ss: f32 = xr.iter().map(|v| v * v).sum();
+        let r = 1.0 / libm::sqrtf(ss / n as f32 + eps);
+        for ((o, v), w) in or.iter_mut().zip(xr).zip(weight) {
+            *o = w * (v * r);
+        }
+    }
+    Ok(())
+}
+
+/// Numerically stable softmax in place.
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
+    let mut sum = 0.0;
+    for v in x.iter_mut() {
+        *v = libm::expf(*v - max);
+        sum += *v;
+    }
+    if sum > 0.0 {
+        for v in x.iter_mut() {
+            *v /= sum;
+        }
+    }
+}
+
+/// `gate = silu(gate) * up`.
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) -> Result<()> {
+    same_len("silu_mul", gate.len(), up.len())?;
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + libm::expf(-*g)) * u;
+    }
+    Ok(())
+}
+
+/// `x += y`.
+pub fn add(x: &mut [f32], y: &[f32]) -> Result<()> {
+    same_len("add", x.len(), y.len())?;
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+    Ok(())
+}
+
+/// Adds `bias` to every row of `x` (rows are `bias.len()` long).
+pub fn add_bias(x: &mut [f32], bias: &[f32]) -> Result<()> {
+    if bias.is_empty() || x.len() % bias.len() != 0 {
+        return Err(Error::Length {
+            what: "bias",
+            expected: bias.len(),
+            got: x.len(),
+        });
+    }
+    for row in x.chunks_exact_mut(bias.len()) {
+        add(row, bias)?;
+    }
+    Ok(())
+}
+
+/// Fills `cos` and `sin` (each `inv_freq.len()` long) with the rotation angles of position `pos`,
+/// computed in f32 as transformers does (`pos * inv_freq`, then cos and sin).
+pub fn rope_angles(pos: usize, inv_freq: &[f32], cos: &mut [f32], sin: &mut [f32]) {
+    for ((f, c), s) in inv_freq.iter().zip(cos.iter_mut()).zip(sin.iter_mut()) {
+        let a = pos as f32 * f;
+        *c = libm::cosf(a);
+        *s = libm::sinf(a);
+    }
+}
+
+/// Rotates every head in `x` (heads are `2 * cos.len()` long) by the given angles.
+pub fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle) -> Result<()> {
+    let half = cos.len();
+    same_len("rope sin", half, sin.len())?;
+    if half == 0 || x.len() % (2 * half) != 0 {
+        return Err(Error::Length {
+            what: "rope input",
+            expected: 2 * half,
+            got: x.len(),
+        });
+    }
+    for head in x.chunks_exact_mut(2 * half) {
+        for i in 0..half {
+            let (a, b) = match style {
+                RopeStyle::Halves => (i, i + half),
+                RopeStyle::Adjacent => (2 * i, 2 * i + 1),
+            };
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * cos[i] - x1 * sin[i];
+            head[b] = x1 * cos[i] + x0 * sin[i];
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn softmax_is_stable_for_huge_inputs() {
+        let mut x = [1000.0f32, 1001.0, 999.0];
+        softmax(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(x[1] > x[0] && x[0] > x[2]);
+    }
+
+    #[test]
+    fn rms_norm_of_constant_row_is_weight() {
+        let mut out = [0.0; 4];
+        rms_norm(&[3.0; 4], &[1.0, 2.0, 3.0, 4.0], 0.0, &mut out).unwrap();
+        assert_eq!(out, [1.0, 2.0, 3.0, 4.0]);
+        assert!(rms_norm(&[3.0; 5], &[1.0; 4], 0.0, &mut [0.0; 5]).is_err());
+    }
+
+    #[test]
+    fn rope_styles_pair_different_elements() {
+        let (cos, sin) = ([0.0f32, 1.0], [1.0f32, 0.0]);
+        let mut h = [1.0f32, 2.0, 3.0, 4.0];
+        rope(&mut h, &cos, &sin, RopeStyle::Halves).unwrap();
+        // Pair (0, 2) rotated by 90°, pair (1, 3) untouched.
+        assert_eq!(h, [-3.0, 2.0, 1.0, 4.0]);
+        let mut a = [1.0f32, 2.0, 3.0, 4.0];
+        rope(&mut a, &cos, &sin, RopeStyle::Adjacent).unwrap();
+        // Pair (0, 1) rotated by 90°, pair (2, 3) untouched.
+        assert_eq!(a, [-2.0, 1.0, 3.0, 4.0]);
+    }
+
+    proptest! {
+        #[test]
+        fn rope_preserves_norm(x in proptest::collection::vec(-10f32..10.0, 16), pos in 0usize..4096) {
+            let inv: alloc::vec::Vec<f32> = (0..8).map(|i| 1.0 / libm::powf(10000.0, i as f32 / 8.0)).collect();
+            let (mut c, mut s) = ([0f32; 8], [0f32; 8]);
+            rope_angles(pos, &inv, &mut c, &mut s);
+            for style in [RopeStyle::Halves, RopeStyle::Adjacent] {
+                let mut y = x.clone();
+                rope(&mut y, &c, &s, style).unwrap();
+                let n0: f32 = x.iter().map(|v| v * v).sum();
+                let n1: f32 = y.iter().map(|v| v * v).sum();
+                prop_assert!((n0 - n1).abs() <= 1e-4 * n0.max(1.0));
+            }
+        }
+
+        #[test]
+        fn softmax_sums_to_one(x in proptest::collection::vec(-80f32..80.0, 1..64)) {
+            let mut y = x.clone();
+            softmax(&mut y);
+            prop_assert!((y.iter().sum::<f32>() - 1.0).abs() < 1e-5);
+            prop_assert!(y.iter().all(|v| *v >= 0.0));
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! Block formats, ggml's byte layout so files interoperate with llama.cpp.
+//!
+//! Each quantized format stores a row of `n` values as `n / 32` blocks. Rows are passed around as
+//! `&[u8]` (a memory map or an owned buffer) and read block by block, so nothing requires the bytes
+//! to be aligned.
+use core::fmt;
+
+use crate::error::{Error, Result};
+
+pub mod float;
+pub mod q4_0;
+pub mod q4_1;
+pub mod q8_0;
+
+pub use q4_0::BlockQ4_0;
+pub use q4_1::BlockQ4_1;
+pub use q8_0::BlockQ8_0;
+
+/// Values per block of every quantized format here.
+pub const QK: usize = 32;
+
+/// How the values of a row are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Format {
+    F32,
+    F16,
+    BF16,
+    Q8_0,
+    Q4_0,
+    Q4_1,
+}
+
+impl Format {
+    /// Values per block (1 for the float formats).
+    pub const fn block_len(self) -> usize {
+        match self {
+            Format::F32 | Format::F16 | Format::BF16 => 1,
+            Format::Q8_0 | Format::Q4_0 | Format::Q4_1 => QK,
+        }
+    }
+
+    /// Bytes per block.
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            Format::F32 => 4,
+            Format::F16 | Format::BF16 => 2,
+            Format::Q8_0 => BlockQ8_0::BYTES,
+            Format::Q4_0 => BlockQ4_0::BYTES,
+            Format::Q4_1 => BlockQ4_1::BYTES,
+        }
+    }
+
+    pub const fn is_quantized(self) -> bool {
+        self.block_len() > 1
+    }
+
+    /// Bytes of one row of `n` values, or an error if `n` is not a whole number of blocks.
+    pub fn row_bytes(self, n: usize) -> Result<usize> {
+        let block = self.block_len();
+        if n % block != 0 {
+            return Err(Error::NotBlockMultiple {
+                what: "row",
+                len: n,
+                block,
+            });
+        }
+        Ok(n / block * self.block_bytes())
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Format::F32 => "f32",
+            Format::F16 => "f16",
+            Format::BF16 => "bf16",
+            Format::Q8_0 => "q8_0",
+            Format::Q4_0 => "q4_0",
+            Format::Q4_1 => "q4_1",
+        }
+    }
+}
+
+impl fmt::Display for Format {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Quantizes (or converts) `x` into `out` in `format`, with the reference quantizer.
+pub fn quantize_row(format: Format, x: &[f32], out: &mut [u8]) -> Result<()> {
+    check_row(format, x.len(), out.len())?;
+    match format {
+        Format::F32 => float::f32_to_bytes(x, out),
+        Format::F16 => float::quantize_row_f16(x, out),
+        Format::BF16 => float::quantize_row_bf16(x, out),
+        Format::Q8_0 => q8_0::quantize_row_ref(x, out),
+        Format::Q4_0 => q4_0::quantize_row_ref(x, out),
+        Format::Q4_1 => q4_1::quantize_row_ref(x, out),
+    }
+    Ok(())
+}
+
+/// Converts a row stored in `format` back to f32.
+pub fn dequantize_row(format: Format, bytes: &[u8], out: &mut [f32]) -> Result<()> {
+    check_row(format, out.len(), bytes.len())?;
+    match format {
+        Format::F32 => float::bytes_to_f32(bytes, out),
+        Format::F16 => float::dequantize_row_f16(bytes, out),
+        Format::BF16 => float::dequantize_row_bf16(bytes, out),
+        Format::Q8_0 => q8_0::dequantize_row(bytes, out),
+        Format::Q4_0 => q4_0::dequantize_row(bytes, out),
+        Format::Q4_1 => q4_1::dequantize_row(bytes, out),
+    }
+    Ok(())
+}
+
+fn check_row(format: Format, n: usize, bytes: usize) -> Result<()> {
+    let expected = format.row_bytes(n)?;
+    if bytes != expected {
+        return Err(Error::Length {
+            what: "quantized row bytes",
+            expected,
+            got: bytes,
+        });
+    }
+    Ok(())
+}
+
+/// Reads the little-endian f16 at `b[0..2]` as f32.
+#[inline(always)]
+pub(crate) fn f16_at(b: &[u8]) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
+}
+
+#[cfg(test)]
+pub(crate) mod test_data {
+    /// ggml's synthetic test signal (llama.cpp `tests/test-quantize-fns.cpp`).
+    pub fn ggml_signal(offset: f32, n: usize) -> alloc::vec::Vec<f32> {
+        (0..n)
+            .map(|i| 0.1 + 2.0 * libm::cosf(i as f32 + offset))
+            .collect()
+    }
+
+    /// ggml's error measure: sqrt(sum of squared differences) / n.
+    pub fn array_rmse(a: &[f32], b: &[f32]) -> f32 {
+        let sum: f64 = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| ((x - y) as f64) * ((x - y) as f64))
+            .sum();
+        (libm::sqrt(sum) / a.len() as f64) as f32
+    }
+}

@@ -1,0 +1,117 @@
+//! Q4_1: 32 values as `{ d: f16, m: f16, qs: [u8; 16] }`; nibbles as Q4_0; value `n * d + m`.
+use half::f16;
+
+use super::{f16_at, QK};
+
+/// One Q4_1 block, laid out exactly as ggml's `block_q4_1`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct BlockQ4_1 {
+    pub d: f16,
+    pub m: f16,
+    pub qs: [u8; QK / 2],
+}
+
+const _: () = assert!(core::mem::size_of::<BlockQ4_1>() == BlockQ4_1::BYTES);
+
+impl BlockQ4_1 {
+    pub const BYTES: usize = 4 + QK / 2;
+
+    /// ggml's `quantize_row_q4_1_ref` for one block: 16 steps from the minimum to the maximum.
+    pub fn quantize(x: &[f32; QK]) -> Self {
+        let mut min = f32::MAX;
+        let mut max = -f32::MAX;
+        for &v in x {
+            if v < min {
+                min = v;
+            }
+            if v > max {
+                max = v;
+            }
+        }
+        let d = (max - min) / 15.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let mut qs = [0u8; QK / 2];
+        for (j, q) in qs.iter_mut().enumerate() {
+            let lo = (((x[j] - min) * id + 0.5) as i8).min(15) as u8;
+            let hi = (((x[j + QK / 2] - min) * id + 0.5) as i8).min(15) as u8;
+            *q = lo | (hi << 4);
+        }
+        BlockQ4_1 {
+            d: f16::from_f32(d),
+            m: f16::from_f32(min),
+            qs,
+        }
+    }
+
+    pub fn read(b: &[u8]) -> Self {
+        BlockQ4_1 {
+            d: f16::from_bits(u16::from_le_bytes([b[0], b[1]])),
+            m: f16::from_bits(u16::from_le_bytes([b[2], b[3]])),
+            qs: b[4..Self::BYTES].try_into().unwrap(),
+        }
+    }
+
+    pub fn write(&self, out: &mut [u8]) {
+        out[..2].copy_from_slice(&self.d.to_bits().to_le_bytes());
+        out[2..4].copy_from_slice(&self.m.to_bits().to_le_bytes());
+        out[4..Self::BYTES].copy_from_slice(&self.qs);
+    }
+}
+
+pub fn quantize_row_ref(x: &[f32], out: &mut [u8]) {
+    for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(BlockQ4_1::BYTES)) {
+        BlockQ4_1::quantize(xb.try_into().unwrap()).write(ob);
+    }
+}
+
+pub fn dequantize_row(bytes: &[u8], out: &mut [f32]) {
+    for (b, o) in bytes.chunks_exact(BlockQ4_1::BYTES).zip(out.chunks_exact_mut(QK)) {
+        let d = f16_at(b);
+        let m = f16_at(&b[2..]);
+        for (j, q) in b[4..].iter().enumerate() {
+            o[j] = (q & 0x0f) as f32 * d + m;
+            o[j + QK / 2] = (q >> 4) as f32 * d + m;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::test_data::{array_rmse, ggml_signal};
+    use crate::quant::{dequantize_row as dequant, quantize_row, Format};
+    use alloc::vec;
+    use proptest::prelude::*;
+
+    #[test]
+    fn ggml_total_quantization_error() {
+        let x = ggml_signal(0.0, 4096);
+        let mut q = vec![0u8; Format::Q4_1.row_bytes(4096).unwrap()];
+        let mut y = vec![0f32; 4096];
+        quantize_row(Format::Q4_1, &x, &mut q).unwrap();
+        dequant(Format::Q4_1, &q, &mut y).unwrap();
+        assert!(array_rmse(&x, &y) < 0.002);
+    }
+
+    proptest! {
+        #[test]
+        fn round_trip_within_half_a_step(x in proptest::collection::vec(-1e4f32..1e4, QK)) {
+            let b = BlockQ4_1::quantize(x.as_slice().try_into().unwrap());
+            let mut bytes = [0u8; BlockQ4_1::BYTES];
+            b.write(&mut bytes);
+            prop_assert_eq!(BlockQ4_1::read(&bytes), b);
+            let mut y = [0f32; QK];
+            dequantize_row(&bytes, &mut y);
+            let d = b.d.to_f32();
+            let min = x.iter().fold(f32::MAX, |m, v| m.min(*v));
+            let max = x.iter().fold(-f32::MAX, |m, v| m.max(*v));
+            // d and m are rounded to f16: the grid shifts by |m - min| and stretches by 15|d - d_exact|.
+            let slack = (b.m.to_f32() - min).abs() + ((max - min) / 15.0 - d).abs() * 15.0
+                + (max.abs() + min.abs()) * 1e-6;
+            for (a, b) in x.iter().zip(&y) {
+                prop_assert!((a - b).abs() <= d / 2.0 + slack, "{} vs {} (d {})", a, b, d);
+            }
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Sampling the next token from logits.

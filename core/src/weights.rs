@@ -1,0 +1,186 @@
+//! Weights as the layer loop reads them: matrices in any supported format, borrowed (from a
+//! memory map or a `static`) or owned, and norms and biases in f32.
+use alloc::borrow::Cow;
+use alloc::vec::Vec;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::quant::{self, Format};
+
+/// A row-major matrix of `rows` rows of `cols` values stored in `format`.
+#[derive(Debug, Clone)]
+pub struct Matrix<'w> {
+    pub format: Format,
+    pub rows: usize,
+    pub cols: usize,
+    bytes: Cow<'w, [u8]>,
+    row_bytes: usize,
+}
+
+impl<'w> Matrix<'w> {
+    /// Checks that `bytes` holds exactly `rows` whole rows of `cols` values in `format`.
+    pub fn new(format: Format, rows: usize, cols: usize, bytes: Cow<'w, [u8]>) -> Result<Self> {
+        let row_bytes = format.row_bytes(cols)?;
+        let expected = rows.checked_mul(row_bytes).ok_or(Error::Length {
+            what: "matrix bytes",
+            expected: usize::MAX,
+            got: bytes.len(),
+        })?;
+        if bytes.len() != expected {
+            return Err(Error::Length {
+                what: "matrix bytes",
+                expected,
+                got: bytes.len(),
+            });
+        }
+        Ok(Matrix {
+            format,
+            rows,
+            cols,
+            bytes,
+            row_bytes,
+        })
+    }
+
+    /// Quantizes (or converts) a row-major f32 matrix into an owned one in `format`.
+    pub fn quantize(format: Format, rows: usize, cols: usize, values: &[f32]) -> Result<Self> {
+        if values.len() != rows * cols {
+            return Err(Error::Length {
+                what: "matrix values",
+                expected: rows * cols,
+                got: values.len(),
+            });
+        }
+        let row_bytes = format.row_bytes(cols)?;
+        let mut bytes = alloc::vec![0u8; rows * row_bytes];
+        for (x, out) in values.chunks_exact(cols.max(1)).zip(bytes.chunks_exact_mut(row_bytes.max(1))) {
+            quant::quantize_row(format, x, out)?;
+        }
+        Matrix::new(format, rows, cols, Cow::Owned(bytes))
+    }
+
+    /// The bytes of row `r`. Panics if `r >= rows`; the layer loop checks token ids first.
+    pub fn row(&self, r: usize) -> &[u8] {
+        &self.bytes[r * self.row_bytes..(r + 1) * self.row_bytes]
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    pub fn is_borrowed(&self) -> bool {
+        matches!(self.bytes, Cow::Borrowed(_))
+    }
+
+    /// Row `r` as f32 in `out` (`cols` long).
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<()> {
+        if r >= self.rows {
+            return Err(Error::Length {
+                what: "matrix row index",
+                expected: self.rows,
+                got: r,
+            });
+        }
+        quant::dequantize_row(self.format, self.row(r), out)
+    }
+}
+
+/// One transformer block.
+#[derive(Debug, Clone)]
+pub struct LayerWeights<'w> {
+    pub attn_norm: Vec<f32>,
+    pub wq: Matrix<'w>,
+    pub wk: Matrix<'w>,
+    pub wv: Matrix<'w>,
+    pub wo: Matrix<'w>,
+    /// Qwen2's projection biases.
+    pub bq: Option<Vec<f32>>,
+    pub bk: Option<Vec<f32>>,
+    pub bv: Option<Vec<f32>>,
+    pub ffn_norm: Vec<f32>,
+    pub w_gate: Matrix<'w>,
+    pub w_up: Matrix<'w>,
+    pub w_down: Matrix<'w>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Weights<'w> {
+    pub embed: Matrix<'w>,
+    pub layers: Vec<LayerWeights<'w>>,
+    pub norm: Vec<f32>,
+    /// `None` when the output projection is tied to the embedding.
+    pub lm_head: Option<Matrix<'w>>,
+}
+
+impl Weights<'_> {
+    /// The output projection: `lm_head`, or the embedding when they are tied.
+    pub fn output(&self) -> &Matrix<'_> {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// Checks every shape against `config`, naming the first tensor that disagrees.
+    pub fn validate(&self, c: &Config) -> Result<()> {
+        c.validate()?;
+        let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        mat("embed_tokens", None, &self.embed, c.vocab_size, h)?;
+        vector("norm", None, &self.norm, h)?;
+        if let Some(m) = &self.lm_head {
+            mat("lm_head", None, m, c.vocab_size, h)?;
+        }
+        if self.layers.len() != c.n_layers {
+            return Err(Error::InvalidConfig {
+                field: "num_hidden_layers",
+                reason: "disagrees with the number of layers in the weights",
+            });
+        }
+        for (i, l) in self.layers.iter().enumerate() {
+            let i = Some(i);
+            vector("input_layernorm", i, &l.attn_norm, h)?;
+            vector("post_attention_layernorm", i, &l.ffn_norm, h)?;
+            mat("q_proj", i, &l.wq, q, h)?;
+            mat("k_proj", i, &l.wk, kv, h)?;
+            mat("v_proj", i, &l.wv, kv, h)?;
+            mat("o_proj", i, &l.wo, h, q)?;
+            mat("gate_proj", i, &l.w_gate, ff, h)?;
+            mat("up_proj", i, &l.w_up, ff, h)?;
+            mat("down_proj", i, &l.w_down, h, ff)?;
+            for (name, b, n) in [("q_proj.bias", &l.bq, q), ("k_proj.bias", &l.bk, kv), ("v_proj.bias", &l.bv, kv)] {
+                match b {
+                    Some(b) => vector(name, i, b, n)?,
+                    None if c.qkv_bias => {
+                        return Err(Error::InvalidConfig {
+                            field: "attention_bias",
+                            reason: "is set but a q/k/v bias is missing",
+                        })
+                    }
+                    None => {}
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn mat(tensor: &'static str, layer: Option<usize>, m: &Matrix<'_>, rows: usize, cols: usize) -> Result<()> {
+    if m.rows != rows || m.cols != cols {
+        return Err(Error::Shape {
+            tensor,
+            layer,
+            expected: [rows, cols],
+            got: [m.rows, m.cols],
+        });
+    }
+    Ok(())
+}
+
+fn vector(tensor: &'static str, layer: Option<usize>, v: &[f32], n: usize) -> Result<()> {
+    if v.len() != n {
+        return Err(Error::Shape {
+            tensor,
+            layer,
+            expected: [n, 1],
+            got: [v.len(), 1],
+        });
+    }
+    Ok(())
+}
