@@ -1,1 +1,49 @@
+//! Shared helpers of the golden tests: where the fixtures are and how to read their references.
+use std::path::{Path, PathBuf};
 
+use serde_json::Value;
+
+/// `../shared/fixtures` beside the repository, or `$SAPIENT_FIXTURES`.
+pub fn fixtures() -> PathBuf {
+    if let Ok(p) = std::env::var("SAPIENT_FIXTURES") {
+        return PathBuf::from(p);
+    }
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures")
+}
+
+pub fn tiny(name: &str) -> PathBuf {
+    fixtures().join("tiny").join(name)
+}
+
+pub fn read_json(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The names of the tiny fixtures, from `index.json`.
+pub fn tiny_names() -> Vec<String> {
+    let index = read_json(&fixtures().join("tiny/index.json"));
+    let mut names: Vec<String> = index["fixtures"].as_object().unwrap().keys().cloned().collect();
+    names.sort();
+    names
+}
+
+pub fn floats(v: &Value) -> Vec<f32> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+}
+
+pub fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot: f64 = a.iter().zip(b).map(|(x, y)| *x as f64 * *y as f64).sum();
+    let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    let nb: f64 = b.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+    dot / (na * nb)
+}

@@ -1,1 +1,9 @@
+//! sapient: what the core needs an operating system for. Loading models from memory-mapped files
+//! (Hugging Face safetensors directories), a rayon executor, and the helpers behind the `sapient`
+//! command line.
+pub mod exec;
+pub mod load;
+pub mod run;
 
+pub use exec::Rayon;
+pub use load::{LoadOptions, ModelFiles, Quantize};
