@@ -23,22 +23,38 @@ pub fn read_json(path: &Path) -> Value {
 /// The names of the tiny fixtures, from `index.json`.
 pub fn tiny_names() -> Vec<String> {
     let index = read_json(&fixtures().join("tiny/index.json"));
-    let mut names: Vec<String> = index["fixtures"].as_object().unwrap().keys().cloned().collect();
+    let mut names: Vec<String> = index["fixtures"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
     names.sort();
     names
 }
 
 pub fn floats(v: &Value) -> Vec<f32> {
-    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
 }
 
 pub fn ids(v: &Value) -> Vec<u32> {
-    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
 }
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 pub fn cosine(a: &[f32], b: &[f32]) -> f64 {

@@ -42,7 +42,11 @@ impl Layout {
         // the largest group is Q|K|V, gate|up, or the output projection of a tile of tokens.
         let tmp = (b * (q + 2 * kv).max(2 * ff).max(h)).max(b.min(TILE) * c.vocab_size);
         let widest = h.max(ff).max(q);
-        let q8 = if widest % QK == 0 { b * widest / QK * BlockQ8_0::BYTES } else { 0 };
+        let q8 = if widest % QK == 0 {
+            b * widest / QK * BlockQ8_0::BYTES
+        } else {
+            0
+        };
         Ok(Layout {
             x: b * h,
             xb: b * h,
@@ -59,7 +63,16 @@ impl Layout {
     }
 
     fn floats(&self) -> usize {
-        self.x + self.xb + self.q + self.k + self.v + self.att + self.gate + self.up + self.rope + self.tmp
+        self.x
+            + self.xb
+            + self.q
+            + self.k
+            + self.v
+            + self.att
+            + self.gate
+            + self.up
+            + self.rope
+            + self.tmp
     }
 }
 

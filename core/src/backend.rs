@@ -25,9 +25,16 @@ pub trait Backend {
     /// Row-wise RMSNorm of `x` into `out`.
     fn rms_norm(&mut self, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) -> Result<()>;
     /// `outs[i] = x · mats[i]ᵀ` for `n_tok` rows of `x`, all matrices in one parallel job.
-    fn matmul(&mut self, x: &[f32], n_tok: usize, mats: &[&Matrix<'_>], outs: &mut [&mut [f32]]) -> Result<()>;
+    fn matmul(
+        &mut self,
+        x: &[f32],
+        n_tok: usize,
+        mats: &[&Matrix<'_>],
+        outs: &mut [&mut [f32]],
+    ) -> Result<()>;
     /// Rotates each token's heads; `angles` holds `cos` then `sin` (`head_dim / 2` each) per token.
-    fn rope(&mut self, x: &mut [f32], n_tok: usize, angles: &[f32], style: RopeStyle) -> Result<()>;
+    fn rope(&mut self, x: &mut [f32], n_tok: usize, angles: &[f32], style: RopeStyle)
+        -> Result<()>;
     /// Causal attention of `n_tok` queries at positions `first_pos ..` over the cached K and V.
     fn attention(
         &mut self,
@@ -58,9 +65,18 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, E> {
         ops::rms_norm(x, weight, eps, out)
     }
 
-    fn matmul(&mut self, x: &[f32], n_tok: usize, mats: &[&Matrix<'_>], outs: &mut [&mut [f32]]) -> Result<()> {
+    fn matmul(
+        &mut self,
+        x: &[f32],
+        n_tok: usize,
+        mats: &[&Matrix<'_>],
+        outs: &mut [&mut [f32]],
+    ) -> Result<()> {
         let cols = mats.first().map_or(0, |m| m.cols);
-        if mats.len() != outs.len() || mats.iter().any(|m| m.cols != cols) || x.len() != n_tok * cols {
+        if mats.len() != outs.len()
+            || mats.iter().any(|m| m.cols != cols)
+            || x.len() != n_tok * cols
+        {
             return Err(Error::Length {
                 what: "mat-mul input",
                 expected: n_tok * cols,
@@ -99,35 +115,39 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, E> {
         };
         let total: usize = mats.iter().map(|m| m.rows).sum();
         let have = self.tmp.len();
-        let tmp = self.tmp.get_mut(..total * n_tok).ok_or(Error::ArenaTooSmall {
-            what: "scratch (mat-mul output)",
-            needed: total * n_tok * 4,
-            got: have * 4,
-        })?;
+        let tmp = self
+            .tmp
+            .get_mut(..total * n_tok)
+            .ok_or(Error::ArenaTooSmall {
+                what: "scratch (mat-mul output)",
+                needed: total * n_tok * 4,
+                got: have * 4,
+            })?;
         // A few chunks per thread balance uneven progress; each chunk is a contiguous run of rows.
         let rows_per_chunk = total.div_ceil(self.exec.threads() * 4).max(1);
         let kernels = self.kernels;
-        self.exec.for_each_chunk(tmp, rows_per_chunk * n_tok, &|i, out| {
-            let mut row = i * rows_per_chunk;
-            let mut out = out;
-            let mut first = 0;
-            for m in mats {
-                if out.is_empty() {
-                    break;
-                }
-                if row >= first + m.rows {
+        self.exec
+            .for_each_chunk(tmp, rows_per_chunk * n_tok, &|i, out| {
+                let mut row = i * rows_per_chunk;
+                let mut out = out;
+                let mut first = 0;
+                for m in mats {
+                    if out.is_empty() {
+                        break;
+                    }
+                    if row >= first + m.rows {
+                        first += m.rows;
+                        continue;
+                    }
+                    let n = (first + m.rows - row).min(out.len() / n_tok);
+                    let (here, rest) = out.split_at_mut(n * n_tok);
+                    kernels.matmul_rows(m, &acts, row - first, here)?;
+                    out = rest;
+                    row += n;
                     first += m.rows;
-                    continue;
                 }
-                let n = (first + m.rows - row).min(out.len() / n_tok);
-                let (here, rest) = out.split_at_mut(n * n_tok);
-                kernels.matmul_rows(m, &acts, row - first, here)?;
-                out = rest;
-                row += n;
-                first += m.rows;
-            }
-            Ok(())
-        })?;
+                Ok(())
+            })?;
         // Reorder from [row][token] to [token][row], matrix by matrix.
         let mut first = 0;
         for (m, o) in mats.iter().zip(outs.iter_mut()) {
@@ -142,7 +162,13 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, E> {
         Ok(())
     }
 
-    fn rope(&mut self, x: &mut [f32], n_tok: usize, angles: &[f32], style: RopeStyle) -> Result<()> {
+    fn rope(
+        &mut self,
+        x: &mut [f32],
+        n_tok: usize,
+        angles: &[f32],
+        style: RopeStyle,
+    ) -> Result<()> {
         if n_tok == 0 || x.len() % n_tok != 0 || angles.len() % n_tok != 0 {
             return Err(Error::Length {
                 what: "rope input",
@@ -152,7 +178,10 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, E> {
         }
         let per_tok = x.len() / n_tok;
         let half = angles.len() / n_tok / 2;
-        for (xt, a) in x.chunks_exact_mut(per_tok).zip(angles.chunks_exact(2 * half)) {
+        for (xt, a) in x
+            .chunks_exact_mut(per_tok)
+            .zip(angles.chunks_exact(2 * half))
+        {
             ops::rope(xt, &a[..half], &a[half..], style)?;
         }
         Ok(())

@@ -61,7 +61,12 @@ impl<'a> KvCache<'a> {
     }
 
     /// Borrows `mem` as an empty cache. Fails if `mem` is smaller than `bytes_needed`.
-    pub fn new(config: &Config, max_seq: usize, format: KvFormat, mem: &'a mut [u8]) -> Result<Self> {
+    pub fn new(
+        config: &Config,
+        max_seq: usize,
+        format: KvFormat,
+        mem: &'a mut [u8],
+    ) -> Result<Self> {
         let needed = Self::bytes_needed(config, max_seq, format)?;
         if mem.len() < needed {
             return Err(Error::ArenaTooSmall {
@@ -110,7 +115,9 @@ impl<'a> KvCache<'a> {
 
     /// Checks that this cache was made for `config`'s shape.
     pub(crate) fn check_shape(&self, config: &Config) -> Result<()> {
-        if (self.n_layers, self.n_kv_heads, self.head_dim) != (config.n_layers, config.n_kv_heads, config.head_dim) {
+        if (self.n_layers, self.n_kv_heads, self.head_dim)
+            != (config.n_layers, config.n_kv_heads, config.head_dim)
+        {
             return Err(Error::InvalidConfig {
                 field: "KV cache",
                 reason: "was made for a model of another shape",
@@ -159,7 +166,10 @@ impl<'a> KvCache<'a> {
         for (which, src) in [(0, k), (1, v)] {
             let base = (2 * layer + which) * plane + start;
             let dst = &mut self.mem[base..base + len];
-            for (row, out) in src.chunks_exact(self.head_dim).zip(dst.chunks_exact_mut(row_bytes)) {
+            for (row, out) in src
+                .chunks_exact(self.head_dim)
+                .zip(dst.chunks_exact_mut(row_bytes))
+            {
                 quant::quantize_row(fmt, row, out)?;
             }
         }

@@ -82,7 +82,11 @@ impl<'w> Model<'w> {
         };
         if let Some((what, expected, got)) = expected {
             if expected != got {
-                return Err(Error::Length { what, expected, got });
+                return Err(Error::Length {
+                    what,
+                    expected,
+                    got,
+                });
             }
         }
         if n == 0 {
@@ -96,7 +100,9 @@ impl<'w> Model<'w> {
                 Want::Nothing => Want::Nothing,
                 Want::LastLogits(o) if end == n => Want::LastLogits(o),
                 Want::LastLogits(_) => Want::Nothing,
-                Want::AllLogits(o) => Want::AllLogits(&mut o[start * c.vocab_size..end * c.vocab_size]),
+                Want::AllLogits(o) => {
+                    Want::AllLogits(&mut o[start * c.vocab_size..end * c.vocab_size])
+                }
                 Want::Hidden(o) => Want::Hidden(&mut o[start * c.hidden_size..end * c.hidden_size]),
             };
             self.forward_batch(&tokens[start..end], cache, scratch, exec, part)?;
@@ -132,7 +138,12 @@ impl<'w> Model<'w> {
         } = b;
         let (h, qd, kvd, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         let (x, xb) = (&mut x[..n * h], &mut xb[..n * h]);
-        let (q, k, v, att) = (&mut q[..n * qd], &mut k[..n * kvd], &mut v[..n * kvd], &mut att[..n * qd]);
+        let (q, k, v, att) = (
+            &mut q[..n * qd],
+            &mut k[..n * kvd],
+            &mut v[..n * kvd],
+            &mut att[..n * qd],
+        );
         let (gate, up) = (&mut gate[..n * ff], &mut up[..n * ff]);
         let rope = &mut rope[..n * c.head_dim];
         let mut be = Cpu {
@@ -143,7 +154,9 @@ impl<'w> Model<'w> {
         };
 
         for (t, &token) in tokens.iter().enumerate() {
-            self.weights.embed.dequantize_row(token as usize, &mut x[t * h..(t + 1) * h])?;
+            self.weights
+                .embed
+                .dequantize_row(token as usize, &mut x[t * h..(t + 1) * h])?;
         }
         let half = c.head_dim / 2;
         for (t, a) in rope.chunks_exact_mut(c.head_dim).enumerate() {
@@ -159,7 +172,12 @@ impl<'w> Model<'w> {
 
         for (li, l) in self.weights.layers.iter().enumerate() {
             be.rms_norm(x, &l.attn_norm, c.rms_norm_eps, xb)?;
-            be.matmul(xb, n, &[&l.wq, &l.wk, &l.wv], &mut [&mut *q, &mut *k, &mut *v])?;
+            be.matmul(
+                xb,
+                n,
+                &[&l.wq, &l.wk, &l.wv],
+                &mut [&mut *q, &mut *k, &mut *v],
+            )?;
             for (buf, bias) in [(&mut *q, &l.bq), (&mut *k, &l.bk), (&mut *v, &l.bv)] {
                 if let Some(bias) = bias {
                     be.add_bias(buf, bias)?;

@@ -53,7 +53,10 @@ impl<'w> Matrix<'w> {
         }
         let row_bytes = format.row_bytes(cols)?;
         let mut bytes = alloc::vec![0u8; rows * row_bytes];
-        for (x, out) in values.chunks_exact(cols.max(1)).zip(bytes.chunks_exact_mut(row_bytes.max(1))) {
+        for (x, out) in values
+            .chunks_exact(cols.max(1))
+            .zip(bytes.chunks_exact_mut(row_bytes.max(1)))
+        {
             quant::quantize_row(format, x, out)?;
         }
         Matrix::new(format, rows, cols, Cow::Owned(bytes))
@@ -144,7 +147,11 @@ impl Weights<'_> {
             mat("gate_proj", i, &l.w_gate, ff, h)?;
             mat("up_proj", i, &l.w_up, ff, h)?;
             mat("down_proj", i, &l.w_down, h, ff)?;
-            for (name, b, n) in [("q_proj.bias", &l.bq, q), ("k_proj.bias", &l.bk, kv), ("v_proj.bias", &l.bv, kv)] {
+            for (name, b, n) in [
+                ("q_proj.bias", &l.bq, q),
+                ("k_proj.bias", &l.bk, kv),
+                ("v_proj.bias", &l.bv, kv),
+            ] {
                 match b {
                     Some(b) => vector(name, i, b, n)?,
                     None if c.qkv_bias => {
@@ -161,7 +168,13 @@ impl Weights<'_> {
     }
 }
 
-fn mat(tensor: &'static str, layer: Option<usize>, m: &Matrix<'_>, rows: usize, cols: usize) -> Result<()> {
+fn mat(
+    tensor: &'static str,
+    layer: Option<usize>,
+    m: &Matrix<'_>,
+    rows: usize,
+    cols: usize,
+) -> Result<()> {
     if m.rows != rows || m.cols != cols {
         return Err(Error::Shape {
             tensor,

@@ -10,7 +10,11 @@ use sapient_core::{KvFormat, Model};
 use serde_json::json;
 
 #[derive(Parser)]
-#[command(name = "sapient", version, about = "Llama-family LLM inference on the CPU")]
+#[command(
+    name = "sapient",
+    version,
+    about = "Llama-family LLM inference on the CPU"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -155,7 +159,10 @@ fn main() -> ExitCode {
 
 fn run_command(command: Command) -> Result<()> {
     match command {
-        Command::Logits { model, all_positions } => {
+        Command::Logits {
+            model,
+            all_positions,
+        } => {
             let l = Loaded::open(model)?;
             let m = l.model()?;
             let logits = run::logits(&m, &l.prompt, all_positions, l.kv_format(&m), &l.exec)?;
@@ -175,8 +182,14 @@ fn run_command(command: Command) -> Result<()> {
             let stop = l.files.hf.eos_token_ids.clone();
             let ids = run::greedy(&m, &l.prompt, max_tokens, &stop, l.kv_format(&m), &l.exec)?;
             match format {
-                OutputFormat::Json => println!("{}", json!({ "prompt_ids": l.prompt, "generated_ids": ids })),
-                OutputFormat::Text => println!("{}", ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")),
+                OutputFormat::Json => println!(
+                    "{}",
+                    json!({ "prompt_ids": l.prompt, "generated_ids": ids })
+                ),
+                OutputFormat::Text => println!(
+                    "{}",
+                    ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+                ),
             }
         }
         Command::Embed { model, format } => {
@@ -185,7 +198,10 @@ fn run_command(command: Command) -> Result<()> {
             let e = run::embedding(&m, &l.prompt, l.kv_format(&m), &l.exec)?;
             match format {
                 OutputFormat::Json => println!("{}", json!({ "embedding": e })),
-                OutputFormat::Text => println!("{}", e.iter().map(f32::to_string).collect::<Vec<_>>().join(" ")),
+                OutputFormat::Text => println!(
+                    "{}",
+                    e.iter().map(f32::to_string).collect::<Vec<_>>().join(" ")
+                ),
             }
         }
     }

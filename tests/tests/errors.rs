@@ -14,7 +14,9 @@ fn arenas_one_byte_too_small() {
     let need = KvCache::bytes_needed(c, 16, KvFormat::F32).unwrap();
     let mut mem = vec![0u8; need - 1];
     let err = KvCache::new(c, 16, KvFormat::F32, &mut mem).err().unwrap();
-    assert!(matches!(err, Error::ArenaTooSmall { needed, got, .. } if needed == need && got == need - 1));
+    assert!(
+        matches!(err, Error::ArenaTooSmall { needed, got, .. } if needed == need && got == need - 1)
+    );
     assert!(err.to_string().contains("KV cache"), "{err}");
 
     let need = Scratch::bytes_needed(c, 4).unwrap();
@@ -34,15 +36,36 @@ fn position_past_max_seq() {
     let c = &model.config;
     let mut arenas = sapient::run::Arenas::new(c, 4, KvFormat::F32, 4).unwrap();
     let (mut cache, mut scratch) = arenas.borrow(c).unwrap();
-    model.forward(&[1, 2, 3], &mut cache, &mut scratch, &Serial, Want::Nothing).unwrap();
-    let err = model.forward(&[4, 5], &mut cache, &mut scratch, &Serial, Want::Nothing).unwrap_err();
-    assert!(matches!(err, Error::ContextFull { pos: 3, tokens: 2, max_seq: 4 }), "{err}");
+    model
+        .forward(&[1, 2, 3], &mut cache, &mut scratch, &Serial, Want::Nothing)
+        .unwrap();
+    let err = model
+        .forward(&[4, 5], &mut cache, &mut scratch, &Serial, Want::Nothing)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::ContextFull {
+                pos: 3,
+                tokens: 2,
+                max_seq: 4
+            }
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("context full"), "{err}");
     // Nothing was written: the cache still holds 3 positions and takes one more.
     assert_eq!(cache.len(), 3);
-    model.forward(&[4], &mut cache, &mut scratch, &Serial, Want::Nothing).unwrap();
-    let err = model.forward(&[600], &mut cache, &mut scratch, &Serial, Want::Nothing).unwrap_err();
-    assert!(matches!(err, Error::ContextFull { .. } | Error::TokenOutOfRange { .. }));
+    model
+        .forward(&[4], &mut cache, &mut scratch, &Serial, Want::Nothing)
+        .unwrap();
+    let err = model
+        .forward(&[600], &mut cache, &mut scratch, &Serial, Want::Nothing)
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        Error::ContextFull { .. } | Error::TokenOutOfRange { .. }
+    ));
 }
 
 #[test]
@@ -57,7 +80,11 @@ fn with_config(edit: impl Fn(&mut serde_json::Value)) -> anyhow::Result<()> {
     let dir = tiny("llama");
     let mut cfg = read_json(&dir.join("config.json"));
     edit(&mut cfg);
-    let tmp = std::env::temp_dir().join(format!("sapient-config-{}-{:?}.json", std::process::id(), std::thread::current().id()));
+    let tmp = std::env::temp_dir().join(format!(
+        "sapient-config-{}-{:?}.json",
+        std::process::id(),
+        std::thread::current().id()
+    ));
     std::fs::write(&tmp, cfg.to_string()).unwrap();
     let opts = LoadOptions {
         quantize: Quantize::None,
@@ -71,14 +98,20 @@ fn with_config(edit: impl Fn(&mut serde_json::Value)) -> anyhow::Result<()> {
 #[test]
 fn zero_heads_in_config() {
     let err = with_config(|c| c["num_attention_heads"] = 0.into()).unwrap_err();
-    assert!(format!("{err:#}").contains("num_attention_heads"), "{err:#}");
+    assert!(
+        format!("{err:#}").contains("num_attention_heads"),
+        "{err:#}"
+    );
 }
 
 #[test]
 fn shape_disagreeing_with_config() {
     let err = with_config(|c| c["intermediate_size"] = 128.into()).unwrap_err();
     let msg = format!("{err:#}");
-    assert!(msg.contains("gate_proj") && msg.contains("layer 0") && msg.contains("128"), "{msg}");
+    assert!(
+        msg.contains("gate_proj") && msg.contains("layer 0") && msg.contains("128"),
+        "{msg}"
+    );
 }
 
 #[test]

@@ -37,23 +37,40 @@ fn f32_logits_hidden_states_and_greedy_match_transformers() {
         let r = reference(name);
         let seq7 = ids(&r["inputs"]["seq7"]);
         let all = run::logits(&model, &seq7, true, KvFormat::F32, &Serial).unwrap();
-        for (p, (ours, theirs)) in all.iter().zip(r["outputs"]["seq7"]["all_logits"].as_array().unwrap()).enumerate() {
+        for (p, (ours, theirs)) in all
+            .iter()
+            .zip(r["outputs"]["seq7"]["all_logits"].as_array().unwrap())
+            .enumerate()
+        {
             let d = max_abs_diff(ours, &floats(theirs));
-            assert!(d < F32_TOL, "{name}/{config}: seq7 position {p} logits differ by {d}");
+            assert!(
+                d < F32_TOL,
+                "{name}/{config}: seq7 position {p} logits differ by {d}"
+            );
         }
         for seq in ["seq7", "seq40"] {
             let out = &r["outputs"][seq];
             let prompt = ids(&r["inputs"][seq]);
             let last = run::logits(&model, &prompt, false, KvFormat::F32, &Serial).unwrap();
             let d = max_abs_diff(&last[0], &floats(&out["last_logits"]));
-            assert!(d < F32_TOL, "{name}/{config}: {seq} last logits differ by {d}");
+            assert!(
+                d < F32_TOL,
+                "{name}/{config}: {seq} last logits differ by {d}"
+            );
 
             let emb = run::embedding(&model, &prompt, KvFormat::F32, &Serial).unwrap();
             let d = max_abs_diff(&emb, &floats(&out["hidden_mean"]));
-            assert!(d < F32_TOL, "{name}/{config}: {seq} embedding differs by {d}");
+            assert!(
+                d < F32_TOL,
+                "{name}/{config}: {seq} embedding differs by {d}"
+            );
 
             let greedy = run::greedy(&model, &prompt, 16, &[], KvFormat::F32, &Serial).unwrap();
-            assert_eq!(greedy, ids(&out["greedy16"]), "{name}/{config}: {seq} greedy");
+            assert_eq!(
+                greedy,
+                ids(&out["greedy16"]),
+                "{name}/{config}: {seq} greedy"
+            );
         }
     });
 }
@@ -73,9 +90,15 @@ fn half_precision_checkpoints_match_their_parents() {
         let prompt = ids(&r["inputs"]["seq40"]);
         let last = run::logits(&model, &prompt, false, KvFormat::F32, &Serial).unwrap();
         let own = max_abs_diff(&last[0], &floats(&r["outputs"]["seq40"]["last_logits"]));
-        assert!(own < F32_TOL, "{name}: differs from its own reference by {own}");
+        assert!(
+            own < F32_TOL,
+            "{name}: differs from its own reference by {own}"
+        );
         let d = max_abs_diff(&last[0], &floats(&pr["outputs"]["seq40"]["last_logits"]));
-        assert!(d < bound, "{name}: differs from {parent}'s reference by {d}");
+        assert!(
+            d < bound,
+            "{name}: differs from {parent}'s reference by {d}"
+        );
     }
 }
 
@@ -101,7 +124,10 @@ fn q8_0_weights_stay_close_and_greedy_agrees_where_it_must() {
         let all = run::logits(&q8, &seq7, true, kv, &Serial).unwrap();
         let mut max_err = 0f32;
         let mut min_cos = 1f64;
-        for (ours, theirs) in all.iter().zip(r["outputs"]["seq7"]["all_logits"].as_array().unwrap()) {
+        for (ours, theirs) in all
+            .iter()
+            .zip(r["outputs"]["seq7"]["all_logits"].as_array().unwrap())
+        {
             let theirs = floats(theirs);
             max_err = max_err.max(max_abs_diff(ours, &theirs));
             min_cos = min_cos.min(cosine(ours, &theirs));
@@ -123,7 +149,10 @@ fn q8_0_weights_stay_close_and_greedy_agrees_where_it_must() {
                 if gap(&exact, &context) <= 2.0 * max_err {
                     break;
                 }
-                assert_eq!(got[i], want, "{name}/{config}: {seq} step {i} (max logit error {max_err})");
+                assert_eq!(
+                    got[i], want,
+                    "{name}/{config}: {seq} step {i} (max logit error {max_err})"
+                );
                 context.push(want);
                 checked += 1;
             }
@@ -134,7 +163,9 @@ fn q8_0_weights_stay_close_and_greedy_agrees_where_it_must() {
 }
 
 fn gap(model: &Model<'_>, context: &[u32]) -> f32 {
-    let l = run::logits(model, context, false, KvFormat::F32, &Serial).unwrap().remove(0);
+    let l = run::logits(model, context, false, KvFormat::F32, &Serial)
+        .unwrap()
+        .remove(0);
     let mut v = l.clone();
     v.sort_by(|a, b| b.total_cmp(a));
     v[0] - v[1]
@@ -146,7 +177,10 @@ fn incremental_decoding_equals_full_forward() {
     use sapient::run::Arenas;
     use sapient_core::Want;
     for name in tiny_names() {
-        for (quantize, kv) in [(Quantize::None, KvFormat::F32), (Quantize::Q8_0, KvFormat::F16)] {
+        for (quantize, kv) in [
+            (Quantize::None, KvFormat::F32),
+            (Quantize::Q8_0, KvFormat::F16),
+        ] {
             let files = open(&name, "config.json", quantize);
             let model = files.model(quantize).unwrap();
             let r = reference(&name);
@@ -156,16 +190,35 @@ fn incremental_decoding_equals_full_forward() {
             let mut arenas = Arenas::new(c, seq.len(), kv, 8).unwrap();
             let (mut cache, mut scratch) = arenas.borrow(c).unwrap();
             let mut pre = vec![0f32; 8 * c.vocab_size];
-            model.forward(&seq[..8], &mut cache, &mut scratch, &Serial, Want::AllLogits(&mut pre)).unwrap();
+            model
+                .forward(
+                    &seq[..8],
+                    &mut cache,
+                    &mut scratch,
+                    &Serial,
+                    Want::AllLogits(&mut pre),
+                )
+                .unwrap();
             let mut rows: Vec<Vec<f32>> = pre.chunks(c.vocab_size).map(<[f32]>::to_vec).collect();
             for &t in &seq[8..] {
                 let mut l = vec![0f32; c.vocab_size];
-                model.forward(&[t], &mut cache, &mut scratch, &Serial, Want::LastLogits(&mut l)).unwrap();
+                model
+                    .forward(
+                        &[t],
+                        &mut cache,
+                        &mut scratch,
+                        &Serial,
+                        Want::LastLogits(&mut l),
+                    )
+                    .unwrap();
                 rows.push(l);
             }
             for (p, (a, b)) in full.iter().zip(&rows).enumerate() {
                 let d = max_abs_diff(a, b);
-                assert!(d < 1e-4, "{name} {quantize:?}/{kv:?}: position {p} differs by {d}");
+                assert!(
+                    d < 1e-4,
+                    "{name} {quantize:?}/{kv:?}: position {p} differs by {d}"
+                );
             }
         }
     }

@@ -1,13 +1,19 @@
-//! NEON twins of `scalar`. NEON is part of the aarch64 baseline, so no run-time check is needed;
-//! the i8 dot products use widening multiplies (`smull`) and pairwise adds, which every aarch64
-//! CPU has.
+//! NEON twins of `scalar`. NEON is part of the aarch64 baseline, so no run-time check is needed.
+//! The i8 dot products use the `sdot` instruction when the build targets CPUs that have it
+//! (`-C target-feature=+dotprod`, on by default for Apple silicon), and widening multiplies with
+//! pairwise adds otherwise. `no_std` has no portable run-time detection of `dotprod`, and its
+//! intrinsic is still unstable in Rust, hence compile-time selection and inline assembly.
 use core::arch::aarch64::*;
 
 use super::{Kernels, TILE};
 use crate::quant::{f16_at, BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
 
 pub(super) static KERNELS: Kernels = Kernels {
-    name: "neon",
+    name: if cfg!(target_feature = "dotprod") {
+        "neon+dotprod"
+    } else {
+        "neon"
+    },
     quantize_q8_0,
     dot_q8_0: |w, x| dot_q8_0::<1>(w, [x])[0],
     dot_q8_0_x4: dot_q8_0::<TILE>,
@@ -25,6 +31,28 @@ fn blocks<const N: usize>(w: &[u8], w_block: usize, xs: &[&[u8]; N]) -> usize {
 }
 
 /// Σ x·y of 16 + 16 signed bytes, as an i32.
+#[cfg(target_feature = "dotprod")]
+#[inline(always)]
+fn dot_i8x32(x0: int8x16_t, x1: int8x16_t, y0: int8x16_t, y1: int8x16_t) -> i32 {
+    // SAFETY: register-only; this build targets CPUs with the dot-product extension.
+    unsafe {
+        let mut acc = vdupq_n_s32(0);
+        core::arch::asm!(
+            "sdot {acc:v}.4s, {x0:v}.16b, {y0:v}.16b",
+            "sdot {acc:v}.4s, {x1:v}.16b, {y1:v}.16b",
+            acc = inout(vreg) acc,
+            x0 = in(vreg) x0,
+            y0 = in(vreg) y0,
+            x1 = in(vreg) x1,
+            y1 = in(vreg) y1,
+            options(pure, nomem, nostack),
+        );
+        vaddvq_s32(acc)
+    }
+}
+
+/// Σ x·y of 16 + 16 signed bytes, as an i32.
+#[cfg(not(target_feature = "dotprod"))]
 #[inline(always)]
 fn dot_i8x32(x0: int8x16_t, x1: int8x16_t, y0: int8x16_t, y1: int8x16_t) -> i32 {
     // SAFETY: register-only NEON arithmetic; NEON is baseline on aarch64.
@@ -59,7 +87,8 @@ fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
             let lo = vdupq_n_s32(-127);
             let hi = vdupq_n_s32(127);
             // fcvtas rounds half away from zero, saturates and maps NaN to 0, like the scalar path.
-            let ints = v.map(|vi| vminq_s32(vmaxq_s32(vcvtaq_s32_f32(vmulq_n_f32(vi, id)), lo), hi));
+            let ints =
+                v.map(|vi| vminq_s32(vmaxq_s32(vcvtaq_s32_f32(vmulq_n_f32(vi, id)), lo), hi));
             let o = out.as_mut_ptr().add(b * BlockQ8_0::BYTES);
             let dh = half::f16::from_f32(d).to_bits().to_le_bytes();
             *o = dh[0];

@@ -37,9 +37,15 @@ fn abs_dot(format: Format, w: &[u8], x: &[u8], n: usize) -> f32 {
 /// f16 scale that rounds to infinity), both must overflow.
 fn close(scalar: f32, simd: f32, bound: f32) -> Result<(), TestCaseError> {
     if !scalar.is_finite() || !bound.is_finite() {
-        prop_assert!(!simd.is_finite() || !bound.is_finite(), "scalar {scalar} simd {simd}");
+        prop_assert!(
+            !simd.is_finite() || !bound.is_finite(),
+            "scalar {scalar} simd {simd}"
+        );
     } else {
-        prop_assert!((scalar - simd).abs() <= bound, "scalar {scalar} simd {simd} bound {bound}");
+        prop_assert!(
+            (scalar - simd).abs() <= bound,
+            "scalar {scalar} simd {simd} bound {bound}"
+        );
     }
     Ok(())
 }
@@ -114,7 +120,11 @@ fn ggml_reference_and_dot_product_error() {
     dequantize_row(Format::Q8_0, &simd, &mut b).unwrap();
     assert!(array_rmse(&a, &b) < 0.0001);
 
-    let exact: f64 = x.iter().zip(&y).map(|(a, b)| (*a as f64) * (*b as f64)).sum();
+    let exact: f64 = x
+        .iter()
+        .zip(&y)
+        .map(|(a, b)| (*a as f64) * (*b as f64))
+        .sum();
     let mut yq = vec![0u8; reference.len()];
     Kernels::best().quantize_q8_0(&y, &mut yq).unwrap();
     for format in QUANTIZED {
@@ -151,16 +161,30 @@ fn mismatched_lengths_are_errors() {
 #[test]
 fn matmul_rows_equals_row_dots() {
     let (rows, cols, n_tok) = (5, 64, 7);
-    let w: Vec<f32> = (0..rows * cols).map(|i| libm::sinf(i as f32 * 0.37)).collect();
-    let x: Vec<f32> = (0..n_tok * cols).map(|i| libm::cosf(i as f32 * 0.11)).collect();
-    let xq: Vec<u8> = x.chunks(cols).flat_map(|r| quantized(Format::Q8_0, r)).collect();
+    let w: Vec<f32> = (0..rows * cols)
+        .map(|i| libm::sinf(i as f32 * 0.37))
+        .collect();
+    let x: Vec<f32> = (0..n_tok * cols)
+        .map(|i| libm::cosf(i as f32 * 0.11))
+        .collect();
+    let xq: Vec<u8> = x
+        .chunks(cols)
+        .flat_map(|r| quantized(Format::Q8_0, r))
+        .collect();
     let acts = Activations {
         f32: &x,
         q8: Some(&xq),
         n_tok,
         cols,
     };
-    for format in [Format::F32, Format::F16, Format::BF16, Format::Q8_0, Format::Q4_0, Format::Q4_1] {
+    for format in [
+        Format::F32,
+        Format::F16,
+        Format::BF16,
+        Format::Q8_0,
+        Format::Q4_0,
+        Format::Q4_1,
+    ] {
         let bytes: Vec<u8> = w.chunks(cols).flat_map(|r| quantized(format, r)).collect();
         let m = Matrix::new(format, rows, cols, bytes.into()).unwrap();
         let mut out = vec![0f32; (rows - 1) * n_tok];
@@ -174,12 +198,32 @@ fn matmul_rows_equals_row_dots() {
                 } else {
                     let mut wr = vec![0f32; cols];
                     dequantize_row(format, m.row(r), &mut wr).unwrap();
-                    wr.iter().zip(&x[t * cols..(t + 1) * cols]).map(|(a, b)| a * b).sum()
+                    wr.iter()
+                        .zip(&x[t * cols..(t + 1) * cols])
+                        .map(|(a, b)| a * b)
+                        .sum()
                 };
                 let got = out[(r - 1) * n_tok + t];
-                assert!((got - expected).abs() < 1e-4, "{format} r{r} t{t}: {got} vs {expected}");
+                assert!(
+                    (got - expected).abs() < 1e-4,
+                    "{format} r{r} t{t}: {got} vs {expected}"
+                );
             }
         }
-        assert!(Kernels::best().matmul_rows(&m, &acts, 1, &mut vec![0f32; rows * n_tok]).is_err());
+        assert!(Kernels::best()
+            .matmul_rows(&m, &acts, 1, &mut vec![0f32; rows * n_tok])
+            .is_err());
     }
+}
+
+/// The build's CPU features pick the table: a `+dotprod` aarch64 build must run the `sdot` path.
+#[test]
+fn best_kernels_follow_the_cpu() {
+    let name = Kernels::best().name;
+    #[cfg(all(target_arch = "aarch64", target_feature = "dotprod"))]
+    assert_eq!(name, "neon+dotprod");
+    #[cfg(all(target_arch = "aarch64", not(target_feature = "dotprod")))]
+    assert_eq!(name, "neon");
+    #[cfg(target_arch = "x86_64")]
+    assert_eq!(name, if x86::available() { "avx2" } else { "scalar" });
 }

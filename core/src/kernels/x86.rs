@@ -150,13 +150,13 @@ unsafe fn round_q8(v: __m256) -> __m256 {
         let t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
         let frac = _mm256_andnot_ps(_mm256_set1_ps(-0.0), _mm256_sub_ps(v, t));
         let away = _mm256_cmp_ps(frac, _mm256_set1_ps(0.5), _CMP_GE_OQ);
-        let one = _mm256_or_ps(
-            _mm256_and_ps(v, _mm256_set1_ps(-0.0)),
-            _mm256_set1_ps(1.0),
-        );
+        let one = _mm256_or_ps(_mm256_and_ps(v, _mm256_set1_ps(-0.0)), _mm256_set1_ps(1.0));
         let r = _mm256_add_ps(t, _mm256_and_ps(away, one));
         let r = _mm256_and_ps(r, _mm256_cmp_ps(r, r, _CMP_ORD_Q));
-        _mm256_min_ps(_mm256_max_ps(r, _mm256_set1_ps(-127.0)), _mm256_set1_ps(127.0))
+        _mm256_min_ps(
+            _mm256_max_ps(r, _mm256_set1_ps(-127.0)),
+            _mm256_set1_ps(127.0),
+        )
     }
 }
 

@@ -55,13 +55,19 @@ impl BlockQ4_0 {
 }
 
 pub fn quantize_row_ref(x: &[f32], out: &mut [u8]) {
-    for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(BlockQ4_0::BYTES)) {
+    for (xb, ob) in x
+        .chunks_exact(QK)
+        .zip(out.chunks_exact_mut(BlockQ4_0::BYTES))
+    {
         BlockQ4_0::quantize(xb.try_into().unwrap()).write(ob);
     }
 }
 
 pub fn dequantize_row(bytes: &[u8], out: &mut [f32]) {
-    for (b, o) in bytes.chunks_exact(BlockQ4_0::BYTES).zip(out.chunks_exact_mut(QK)) {
+    for (b, o) in bytes
+        .chunks_exact(BlockQ4_0::BYTES)
+        .zip(out.chunks_exact_mut(QK))
+    {
         let d = f16_at(b);
         for (j, q) in b[2..].iter().enumerate() {
             o[j] = ((q & 0x0f) as i32 - 8) as f32 * d;

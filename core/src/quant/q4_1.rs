@@ -60,13 +60,19 @@ impl BlockQ4_1 {
 }
 
 pub fn quantize_row_ref(x: &[f32], out: &mut [u8]) {
-    for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(BlockQ4_1::BYTES)) {
+    for (xb, ob) in x
+        .chunks_exact(QK)
+        .zip(out.chunks_exact_mut(BlockQ4_1::BYTES))
+    {
         BlockQ4_1::quantize(xb.try_into().unwrap()).write(ob);
     }
 }
 
 pub fn dequantize_row(bytes: &[u8], out: &mut [f32]) {
-    for (b, o) in bytes.chunks_exact(BlockQ4_1::BYTES).zip(out.chunks_exact_mut(QK)) {
+    for (b, o) in bytes
+        .chunks_exact(BlockQ4_1::BYTES)
+        .zip(out.chunks_exact_mut(QK))
+    {
         let d = f16_at(b);
         let m = f16_at(&b[2..]);
         for (j, q) in b[4..].iter().enumerate() {

@@ -54,13 +54,19 @@ impl BlockQ8_0 {
 
 /// Reference quantizer; `out.len()` must be `x.len() / 32 * 34` (checked by the caller).
 pub fn quantize_row_ref(x: &[f32], out: &mut [u8]) {
-    for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(BlockQ8_0::BYTES)) {
+    for (xb, ob) in x
+        .chunks_exact(QK)
+        .zip(out.chunks_exact_mut(BlockQ8_0::BYTES))
+    {
         BlockQ8_0::quantize(xb.try_into().unwrap()).write(ob);
     }
 }
 
 pub fn dequantize_row(bytes: &[u8], out: &mut [f32]) {
-    for (b, o) in bytes.chunks_exact(BlockQ8_0::BYTES).zip(out.chunks_exact_mut(QK)) {
+    for (b, o) in bytes
+        .chunks_exact(BlockQ8_0::BYTES)
+        .zip(out.chunks_exact_mut(QK))
+    {
         let d = f16_at(b);
         for (v, q) in o.iter_mut().zip(&b[2..]) {
             *v = (*q as i8) as f32 * d;

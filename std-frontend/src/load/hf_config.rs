@@ -64,7 +64,10 @@ pub fn parse(text: &str) -> Result<HfConfig> {
         _ => (&root, "model."),
     };
     if arch == Arch::Idefics3 {
-        let text_type = c.get("model_type").and_then(Value::as_str).unwrap_or("llama");
+        let text_type = c
+            .get("model_type")
+            .and_then(Value::as_str)
+            .unwrap_or("llama");
         if text_type != "llama" {
             return Err(sapient_core::Error::unknown_architecture(text_type).into());
         }
@@ -86,7 +89,10 @@ pub fn parse(text: &str) -> Result<HfConfig> {
     let rope_theta = rope
         .and_then(|r| r.get("rope_theta"))
         .or_else(|| c.get("rope_theta"))
-        .map(|v| v.as_f64().ok_or_else(|| anyhow!("invalid config: rope_theta is not a number")))
+        .map(|v| {
+            v.as_f64()
+                .ok_or_else(|| anyhow!("invalid config: rope_theta is not a number"))
+        })
         .transpose()?
         .unwrap_or(10000.0) as f32;
     let rope_type = rope
@@ -101,10 +107,15 @@ pub fn parse(text: &str) -> Result<HfConfig> {
                 factor: f32_field(r, "factor")?,
                 low_freq_factor: f32_field(r, "low_freq_factor")?,
                 high_freq_factor: f32_field(r, "high_freq_factor")?,
-                original_max_position_embeddings: usize_field(r, "original_max_position_embeddings")?,
+                original_max_position_embeddings: usize_field(
+                    r,
+                    "original_max_position_embeddings",
+                )?,
             })
         }
-        other => bail!("unsupported rope_type {other:?}: sapient implements \"default\" and \"llama3\""),
+        other => {
+            bail!("unsupported rope_type {other:?}: sapient implements \"default\" and \"llama3\"")
+        }
     };
 
     let sliding_window = match arch {
@@ -116,7 +127,10 @@ pub fn parse(text: &str) -> Result<HfConfig> {
     };
     let qkv_bias = match arch {
         Arch::Qwen2 => true,
-        _ => c.get("attention_bias").and_then(Value::as_bool).unwrap_or(false),
+        _ => c
+            .get("attention_bias")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
     };
     if c.get("mlp_bias").and_then(Value::as_bool) == Some(true) {
         bail!("mlp_bias = true is not supported");
@@ -140,7 +154,10 @@ pub fn parse(text: &str) -> Result<HfConfig> {
         n_heads,
         n_kv_heads,
         head_dim,
-        rms_norm_eps: c.get("rms_norm_eps").and_then(Value::as_f64).unwrap_or(1e-6) as f32,
+        rms_norm_eps: c
+            .get("rms_norm_eps")
+            .and_then(Value::as_f64)
+            .unwrap_or(1e-6) as f32,
         rope_theta,
         rope_style: RopeStyle::Halves,
         rope_scaling,
@@ -171,7 +188,11 @@ pub fn parse(text: &str) -> Result<HfConfig> {
 pub fn token_ids(v: Option<&Value>) -> Vec<u32> {
     match v {
         Some(Value::Number(n)) => n.as_u64().map(|n| n as u32).into_iter().collect(),
-        Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|n| n as u32).collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(Value::as_u64)
+            .map(|n| n as u32)
+            .collect(),
         _ => Vec::new(),
     }
 }
@@ -194,7 +215,9 @@ fn f32_field(c: &Value, key: &str) -> Result<f32> {
     c.get(key)
         .and_then(Value::as_f64)
         .map(|v| v as f32)
-        .ok_or_else(|| anyhow!("invalid config: rope scaling field {key} is missing or not a number"))
+        .ok_or_else(|| {
+            anyhow!("invalid config: rope scaling field {key} is missing or not a number")
+        })
 }
 
 #[cfg(test)]
@@ -209,7 +232,8 @@ mod tests {
 
     #[test]
     fn zero_heads_is_an_error() {
-        let err = parse(r#"{"model_type": "llama", "hidden_size": 8, "num_attention_heads": 0}"#).unwrap_err();
+        let err = parse(r#"{"model_type": "llama", "hidden_size": 8, "num_attention_heads": 0}"#)
+            .unwrap_err();
         assert!(err.to_string().contains("num_attention_heads"), "{err}");
     }
 

@@ -77,12 +77,19 @@ impl ModelFiles {
             let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
             (dir, vec![path.to_path_buf()])
         } else {
-            bail!("model not found: {} is not a directory or a .safetensors file", path.display());
+            bail!(
+                "model not found: {} is not a directory or a .safetensors file",
+                path.display()
+            );
         };
-        let config_path = opts.config_file.clone().unwrap_or_else(|| dir.join("config.json"));
+        let config_path = opts
+            .config_file
+            .clone()
+            .unwrap_or_else(|| dir.join("config.json"));
         let text = std::fs::read_to_string(&config_path)
             .with_context(|| format!("cannot read {}", config_path.display()))?;
-        let hf = hf_config::parse(&text).with_context(|| format!("in {}", config_path.display()))?;
+        let hf =
+            hf_config::parse(&text).with_context(|| format!("in {}", config_path.display()))?;
 
         let mut files = Vec::new();
         let mut index = HashMap::new();
@@ -190,9 +197,10 @@ impl ModelFiles {
 }
 
 fn shard_files(dir: &Path, index: &Path) -> Result<Vec<PathBuf>> {
-    let text = std::fs::read_to_string(index).with_context(|| format!("cannot read {}", index.display()))?;
-    let v: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", index.display()))?;
+    let text = std::fs::read_to_string(index)
+        .with_context(|| format!("cannot read {}", index.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", index.display()))?;
     let map = v
         .get("weight_map")
         .and_then(|m| m.as_object())
@@ -205,7 +213,10 @@ fn shard_files(dir: &Path, index: &Path) -> Result<Vec<PathBuf>> {
         .map(|n| {
             let p = Path::new(n);
             if p.components().count() != 1 {
-                bail!("shard name {n:?} in {} is not a plain file name", index.display());
+                bail!(
+                    "shard name {n:?} in {} is not a plain file name",
+                    index.display()
+                );
             }
             Ok(dir.join(p))
         })

@@ -76,7 +76,10 @@ impl SafetensorsFile {
             StDtype::F32 => Dtype::F32,
             StDtype::F16 => Dtype::F16,
             StDtype::BF16 => Dtype::BF16,
-            other => bail!("tensor {name} in {} has dtype {other:?}; sapient reads F32, F16 and BF16", self.path),
+            other => bail!(
+                "tensor {name} in {} has dtype {other:?}; sapient reads F32, F16 and BF16",
+                self.path
+            ),
         };
         let (start, end) = info.data_offsets;
         let bytes = self

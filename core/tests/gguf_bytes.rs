@@ -1,0 +1,41 @@
+//! Our reference quantizers produce the same bytes as the `gguf` Python package's
+//! (`gguf.quants.quantize`), on the vectors `scripts/gen_quant_vectors.py` wrote.
+use sapient_core::kernels::Kernels;
+use sapient_core::quant::{quantize_row, Format};
+
+fn hex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+#[test]
+fn quantizers_match_gguf_py_bytes() {
+    let text = include_str!("data/gguf_quants.txt");
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines.len() >= 3 * 18, "test data is incomplete");
+    for case in lines.chunks(3) {
+        let head: Vec<&str> = case[0].split(' ').collect();
+        let (name, format) = (head[0], head[1]);
+        let format = match format {
+            "q8_0" => Format::Q8_0,
+            "q4_0" => Format::Q4_0,
+            "q4_1" => Format::Q4_1,
+            f => panic!("unknown format {f}"),
+        };
+        let x: Vec<f32> = hex(case[1])
+            .chunks(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let expected = hex(case[2]);
+        let mut ours = vec![0u8; format.row_bytes(x.len()).unwrap()];
+        quantize_row(format, &x, &mut ours).unwrap();
+        assert_eq!(ours, expected, "{name} {format}");
+        if format == Format::Q8_0 {
+            let mut simd = vec![0u8; ours.len()];
+            Kernels::best().quantize_q8_0(&x, &mut simd).unwrap();
+            assert_eq!(simd, expected, "{name} {format} ({})", Kernels::best().name);
+        }
+    }
+}
