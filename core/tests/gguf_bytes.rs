@@ -39,3 +39,30 @@ fn quantizers_match_gguf_py_bytes() {
         }
     }
 }
+
+/// Our k-quant dequantizers give the `gguf` package's values exactly.
+#[test]
+fn k_quant_dequantizers_match_gguf_py() {
+    use sapient_core::quant::k_quants::{KQuant, QK_K};
+    let text = include_str!("data/gguf_kquants.txt");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 9);
+    for case in lines.chunks(3) {
+        let head: Vec<&str> = case[0].split(' ').collect();
+        let kind = match head[0] {
+            "q4_k" => KQuant::Q4K,
+            "q5_k" => KQuant::Q5K,
+            "q6_k" => KQuant::Q6K,
+            f => panic!("unknown format {f}"),
+        };
+        let n: usize = head[1].parse().unwrap();
+        let bytes = hex(case[1]);
+        let expected: Vec<f32> = hex(case[2])
+            .chunks(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let mut ours = vec![0f32; n * QK_K];
+        kind.dequantize_row(&bytes, &mut ours).unwrap();
+        assert_eq!(ours, expected, "{kind:?}");
+    }
+}

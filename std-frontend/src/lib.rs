@@ -1,9 +1,12 @@
 //! sapient: what the core needs an operating system for. Loading models from memory-mapped files
 //! (Hugging Face safetensors directories), a rayon executor, and the helpers behind the `sapient`
 //! command line.
+pub mod chat;
 pub mod exec;
+pub mod generate;
 pub mod load;
 pub mod run;
+pub mod tokenizer;
 
 pub use exec::Rayon;
 pub use load::{LoadOptions, ModelFiles, Quantize};

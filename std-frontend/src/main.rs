@@ -1,12 +1,20 @@
-//! The `sapient` command line.
+//! The `sapient` command line. Exit codes: 0 success, 1 runtime error, 2 usage error.
+use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use sapient::load::{self, LoadOptions, ModelFiles, Quantize};
-use sapient::{run, Rayon};
-use sapient_core::{KvFormat, Model};
+use sapient::chat::{ChatTemplate, Message};
+use sapient::generate::{generate, Stop};
+use sapient::load::{self, resolve, LoadOptions, ModelFiles, Quantize};
+use sapient::run::{self, Arenas, DEFAULT_BATCH};
+use sapient::tokenizer::{TextStream, Tokenizer};
+use sapient::Rayon;
+use sapient_core::sample::{Sampler, SamplerConfig};
+use sapient_core::{KvCache, KvFormat, Model};
 use serde_json::json;
 
 #[derive(Parser)]
@@ -22,47 +30,62 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Print the logits of a prompt given as token ids, as JSON.
+    /// Continue a prompt, streaming the text to stdout.
+    Generate(GenerateArgs),
+    /// Talk to a model; the conversation stays in the KV cache across turns.
+    Chat(ChatArgs),
+    /// Print a prompt's logits as JSON.
     Logits {
         #[command(flatten)]
         model: ModelArgs,
+        #[command(flatten)]
+        prompt: PromptArgs,
         /// Logits of every position, not only the last.
         #[arg(long)]
         all_positions: bool,
     },
-    /// Continue a prompt given as token ids (greedy).
-    Generate {
-        #[command(flatten)]
-        model: ModelArgs,
-        #[arg(long, default_value_t = 32)]
-        max_tokens: usize,
-        /// Only 0 (greedy) for now.
-        #[arg(long, default_value_t = 0.0)]
-        temperature: f32,
-        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
-        format: OutputFormat,
-    },
-    /// Print the mean of the final hidden states of a prompt given as token ids.
+    /// Print the mean of a prompt's final hidden states (an embedding).
     Embed {
         #[command(flatten)]
         model: ModelArgs,
+        #[command(flatten)]
+        prompt: PromptArgs,
         #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
         format: OutputFormat,
+    },
+    /// Perplexity of a text file: non-overlapping windows of --ctx tokens, no BOS.
+    Perplexity {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// The text file.
+        #[arg(short, long)]
+        file: PathBuf,
+        #[arg(long, default_value_t = 512)]
+        ctx: usize,
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        format: OutputFormat,
+    },
+    /// Describe a model: architecture, hyper-parameters, tensors, KV cache memory.
+    Inspect {
+        /// A model directory, .gguf or .safetensors file, or a Hugging Face id in the local cache.
+        model: String,
+        /// Context length to size the KV cache for.
+        #[arg(long, default_value_t = 4096)]
+        ctx: usize,
     },
 }
 
 #[derive(Args)]
 struct ModelArgs {
-    /// A Hugging Face checkpoint directory, or a .safetensors file with config.json beside it.
+    /// A Hugging Face checkpoint directory, a .gguf file, a .safetensors file with config.json
+    /// beside it, or a Hugging Face id (org/name) in the local hub cache.
     #[arg(short, long)]
-    model: PathBuf,
+    model: String,
     /// Read the config from this file instead of config.json beside the weights.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Prompt token ids, comma-separated.
-    #[arg(long, value_delimiter = ',', required = true)]
-    prompt_ids: Vec<u32>,
-    /// What to do with f32/f16/bf16 matrices at load.
+    /// What to do with matrices at load: q8_0 quantizes float (and k-quant) matrices, none keeps
+    /// them as f32, f32 also widens already quantized ones (slow; for checking).
     #[arg(long, value_enum, default_value_t = QuantizeArg::Q8_0)]
     quantize: QuantizeArg,
     /// KV cache format (default: q8_0 when head_dim is a multiple of 32, f32 otherwise).
@@ -73,9 +96,86 @@ struct ModelArgs {
     threads: Option<usize>,
 }
 
+#[derive(Args)]
+struct PromptArgs {
+    /// The prompt as text.
+    #[arg(
+        short,
+        long,
+        conflicts_with = "prompt_ids",
+        required_unless_present = "prompt_ids"
+    )]
+    prompt: Option<String>,
+    /// The prompt as token ids, comma-separated (no BOS is added).
+    #[arg(long, value_delimiter = ',')]
+    prompt_ids: Option<Vec<u32>>,
+    /// Do not put the BOS token before a text prompt even where the model asks for it.
+    #[arg(long)]
+    no_bos: bool,
+}
+
+#[derive(Args)]
+struct SamplingArgs {
+    /// 0 is greedy.
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f32,
+    /// 0 disables.
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// 1 disables.
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// 0 disables.
+    #[arg(long, default_value_t = 0.05)]
+    min_p: f32,
+    /// 1 disables.
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    #[arg(long, default_value_t = 64)]
+    repeat_last_n: usize,
+    /// Seed of the sampler (default: from the clock, printed on stderr).
+    #[arg(long)]
+    seed: Option<u64>,
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    prompt: PromptArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    #[arg(short = 'n', long, default_value_t = 128)]
+    max_tokens: usize,
+    /// Context length (default: the prompt plus --max-tokens, at most the model's).
+    #[arg(long)]
+    ctx: Option<usize>,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    format: OutputFormat,
+}
+
+#[derive(Args)]
+struct ChatArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// A system prompt.
+    #[arg(long)]
+    system: Option<String>,
+    /// Most tokens per reply.
+    #[arg(short = 'n', long, default_value_t = 512)]
+    max_tokens: usize,
+    /// Context length of the whole conversation.
+    #[arg(long, default_value_t = 4096)]
+    ctx: usize,
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum QuantizeArg {
     None,
+    F32,
     #[value(name = "q8_0")]
     Q8_0,
 }
@@ -99,34 +199,45 @@ struct Loaded {
     exec: Rayon,
     quantize: Quantize,
     kv: Option<KvArg>,
-    prompt: Vec<u32>,
 }
 
 impl Loaded {
-    fn open(a: ModelArgs) -> Result<Self> {
+    fn open(a: &ModelArgs) -> Result<Self> {
         let quantize = match a.quantize {
             QuantizeArg::None => Quantize::None,
+            QuantizeArg::F32 => Quantize::F32,
             QuantizeArg::Q8_0 => Quantize::Q8_0,
         };
         let opts = LoadOptions {
             quantize,
-            config_file: a.config,
+            config_file: a.config.clone(),
         };
-        if a.prompt_ids.is_empty() {
-            bail!("--prompt-ids is empty");
-        }
+        let path = resolve::resolve(&a.model)?;
         Ok(Loaded {
-            files: ModelFiles::open(&a.model, &opts)?,
+            files: ModelFiles::open(&path, &opts)?,
             exec: Rayon::new(a.threads)?,
             quantize,
             kv: a.kv,
-            prompt: a.prompt_ids,
         })
     }
 
+    /// Builds the model with a progress bar (shown only on a terminal) and a one-line summary.
     fn model(&self) -> Result<Model<'_>> {
-        let model = self.files.model(self.quantize)?;
-        eprintln!("{}", load::summary(&model, self.files.hf.arch.name()));
+        let t0 = Instant::now();
+        let bar = indicatif::ProgressBar::new(self.files.config.n_layers as u64).with_style(
+            indicatif::ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers").unwrap(),
+        );
+        let model = self
+            .files
+            .model_with_progress(self.quantize, &|n| bar.set_position(n as u64))?;
+        bar.finish_and_clear();
+        eprintln!(
+            "{} (loaded in {:.2}s, {} kernels, {} threads)",
+            load::summary(&model, &self.files.arch),
+            t0.elapsed().as_secs_f64(),
+            model.kernels().name,
+            sapient_core::Exec::threads(&self.exec)
+        );
         Ok(model)
     }
 
@@ -136,6 +247,54 @@ impl Loaded {
             Some(KvArg::F16) => KvFormat::F16,
             Some(KvArg::Q8_0) => KvFormat::Q8_0,
             None => KvFormat::default_for(&model.config),
+        }
+    }
+
+    fn prompt(&self, p: &PromptArgs) -> Result<(Vec<u32>, Option<Tokenizer>)> {
+        match (&p.prompt_ids, &p.prompt) {
+            (Some(ids), _) => {
+                if ids.is_empty() {
+                    bail!("--prompt-ids is empty");
+                }
+                let tok = Tokenizer::load(&self.files).ok();
+                Ok((ids.clone(), tok))
+            }
+            (None, Some(text)) => {
+                let tok = Tokenizer::load(&self.files)?;
+                let ids = if p.no_bos {
+                    tok.encode(text)?
+                } else {
+                    tok.encode_prompt(text)?
+                };
+                if ids.is_empty() {
+                    bail!("the prompt is empty");
+                }
+                Ok((ids, Some(tok)))
+            }
+            (None, None) => bail!("give --prompt or --prompt-ids"),
+        }
+    }
+}
+
+impl SamplingArgs {
+    fn config(&self) -> SamplerConfig {
+        let seed = self.seed.unwrap_or_else(|| {
+            let s = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            if self.temperature > 0.0 {
+                eprintln!("seed: {s}");
+            }
+            s
+        });
+        SamplerConfig {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed,
         }
     }
 }
@@ -159,43 +318,29 @@ fn main() -> ExitCode {
 
 fn run_command(command: Command) -> Result<()> {
     match command {
+        Command::Generate(a) => cmd_generate(a),
+        Command::Chat(a) => cmd_chat(a),
         Command::Logits {
             model,
+            prompt,
             all_positions,
         } => {
-            let l = Loaded::open(model)?;
+            let l = Loaded::open(&model)?;
+            let (ids, _) = l.prompt(&prompt)?;
             let m = l.model()?;
-            let logits = run::logits(&m, &l.prompt, all_positions, l.kv_format(&m), &l.exec)?;
-            println!("{}", json!({ "prompt_ids": l.prompt, "logits": logits }));
+            let logits = run::logits(&m, &ids, all_positions, l.kv_format(&m), &l.exec)?;
+            println!("{}", json!({ "prompt_ids": ids, "logits": logits }));
+            Ok(())
         }
-        Command::Generate {
+        Command::Embed {
             model,
-            max_tokens,
-            temperature,
+            prompt,
             format,
         } => {
-            if temperature != 0.0 {
-                bail!("only --temperature 0 (greedy) is implemented for --prompt-ids");
-            }
-            let l = Loaded::open(model)?;
+            let l = Loaded::open(&model)?;
+            let (ids, _) = l.prompt(&prompt)?;
             let m = l.model()?;
-            let stop = l.files.hf.eos_token_ids.clone();
-            let ids = run::greedy(&m, &l.prompt, max_tokens, &stop, l.kv_format(&m), &l.exec)?;
-            match format {
-                OutputFormat::Json => println!(
-                    "{}",
-                    json!({ "prompt_ids": l.prompt, "generated_ids": ids })
-                ),
-                OutputFormat::Text => println!(
-                    "{}",
-                    ids.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
-                ),
-            }
-        }
-        Command::Embed { model, format } => {
-            let l = Loaded::open(model)?;
-            let m = l.model()?;
-            let e = run::embedding(&m, &l.prompt, l.kv_format(&m), &l.exec)?;
+            let e = run::embedding(&m, &ids, l.kv_format(&m), &l.exec)?;
             match format {
                 OutputFormat::Json => println!("{}", json!({ "embedding": e })),
                 OutputFormat::Text => println!(
@@ -203,6 +348,297 @@ fn run_command(command: Command) -> Result<()> {
                     e.iter().map(f32::to_string).collect::<Vec<_>>().join(" ")
                 ),
             }
+            Ok(())
+        }
+        Command::Perplexity {
+            model,
+            file,
+            ctx,
+            format,
+        } => {
+            let l = Loaded::open(&model)?;
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            let tok = Tokenizer::load(&l.files)?;
+            let ids = tok.encode(&text)?;
+            let m = l.model()?;
+            let t0 = Instant::now();
+            let (ppl, scored) = run::perplexity(&m, &ids, ctx, l.kv_format(&m), &l.exec)?;
+            let processed = ids.len() / ctx * ctx;
+            let tps = processed as f64 / t0.elapsed().as_secs_f64();
+            match format {
+                OutputFormat::Json => println!(
+                    "{}",
+                    json!({ "ppl": ppl, "scored_tokens": scored, "tokens_per_s": tps })
+                ),
+                OutputFormat::Text => {
+                    println!("perplexity {ppl:.4} over {scored} scored tokens ({tps:.1} tokens/s)")
+                }
+            }
+            Ok(())
+        }
+        Command::Inspect { model, ctx } => cmd_inspect(&model, ctx),
+    }
+}
+
+fn cmd_generate(a: GenerateArgs) -> Result<()> {
+    let l = Loaded::open(&a.model)?;
+    let (prompt, tok) = l.prompt(&a.prompt)?;
+    let m = l.model()?;
+    let c = &m.config;
+    let ctx = a
+        .ctx
+        .unwrap_or((prompt.len() + a.max_tokens).min(c.max_position_embeddings.max(prompt.len())));
+    if prompt.len() > ctx {
+        bail!(
+            "the prompt has {} tokens, more than the context of {ctx}",
+            prompt.len()
+        );
+    }
+    let mut sampler = Sampler::new(a.sampling.config())?;
+    let mut arenas = Arenas::new(
+        c,
+        ctx,
+        l.kv_format(&m),
+        prompt.len().clamp(1, DEFAULT_BATCH),
+    )?;
+    let (mut cache, mut scratch) = arenas.borrow(c)?;
+    let stop = l.files.eos_token_ids.clone();
+    let mut out_ids = Vec::new();
+    let mut stream = tok.as_ref().map(TextStream::new);
+    let json = a.format == OutputFormat::Json;
+    let mut stdout = std::io::stdout().lock();
+    let mut history = Vec::new();
+    let (stats, why) = generate(
+        &m,
+        &l.exec,
+        &mut cache,
+        &mut scratch,
+        &mut sampler,
+        &prompt,
+        &mut history,
+        a.max_tokens,
+        &stop,
+        |t| {
+            out_ids.push(t);
+            if !json {
+                match stream.as_mut() {
+                    Some(s) => {
+                        if let Some(text) = s.push(t)? {
+                            write!(stdout, "{text}")?;
+                            stdout.flush()?;
+                        }
+                    }
+                    None => write!(stdout, "{t} ")?,
+                }
+            }
+            Ok(true)
+        },
+    )?;
+    if let Some(rest) = stream
+        .as_mut()
+        .map(TextStream::finish)
+        .transpose()?
+        .flatten()
+    {
+        if !json {
+            write!(stdout, "{rest}")?;
+        }
+    }
+    if json {
+        let text = match &tok {
+            Some(t) => Some(t.decode(&out_ids, true)?),
+            None => None,
+        };
+        writeln!(
+            stdout,
+            "{}",
+            json!({ "prompt_ids": prompt, "generated_ids": out_ids, "text": text })
+        )?;
+    } else {
+        writeln!(stdout)?;
+    }
+    if why == Stop::ContextFull {
+        eprintln!("note: stopped at the end of the context ({ctx} tokens); raise --ctx for more");
+    }
+    eprintln!("{}", stats.summary());
+    Ok(())
+}
+
+/// Set while a reply is streaming: Ctrl-C then ends the reply instead of the program.
+static GENERATING: AtomicBool = AtomicBool::new(false);
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+fn cmd_chat(a: ChatArgs) -> Result<()> {
+    ctrlc::set_handler(|| {
+        if GENERATING.load(Ordering::SeqCst) {
+            INTERRUPTED.store(true, Ordering::SeqCst);
+        } else {
+            println!();
+            std::process::exit(0);
+        }
+    })?;
+    let l = Loaded::open(&a.model)?;
+    let tok = Tokenizer::load(&l.files)?;
+    let template = ChatTemplate::load(&l.files, &tok)?;
+    let m = l.model()?;
+    let c = &m.config;
+    let mut sampler = Sampler::new(a.sampling.config())?;
+    let mut arenas = Arenas::new(c, a.ctx, l.kv_format(&m), DEFAULT_BATCH)?;
+    let (mut cache, mut scratch) = arenas.borrow(c)?;
+    let mut stop = l.files.eos_token_ids.clone();
+    stop.extend(
+        ["<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"]
+            .iter()
+            .filter_map(|t| tok.id(t)),
+    );
+    let mut messages: Vec<Message> = a
+        .system
+        .iter()
+        .map(|s| Message {
+            role: "system".into(),
+            content: s.clone(),
+        })
+        .collect();
+    // The tokens the cache holds, in order.
+    let mut history: Vec<u32> = Vec::new();
+    let stdin = std::io::stdin();
+    let mut stdout = std::io::stdout();
+    eprintln!("(Ctrl-D or Ctrl-C to quit; Ctrl-C during a reply ends the reply)");
+    loop {
+        write!(stdout, "> ")?;
+        stdout.flush()?;
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            writeln!(stdout)?;
+            return Ok(());
+        }
+        let line = line.trim_end_matches(['\n', '\r']);
+        if line.trim().is_empty() {
+            continue;
+        }
+        messages.push(Message {
+            role: "user".into(),
+            content: line.to_owned(),
+        });
+        let text = template.render(&messages, true)?;
+        let mut ids = tok.encode(&text)?;
+        if let Some(bos) = tok.bos.filter(|b| ids.first() != Some(b)) {
+            ids.insert(0, bos);
+        }
+        // Only what the cache does not hold yet goes through the model.
+        let common = history.iter().zip(&ids).take_while(|(a, b)| a == b).count();
+        cache.truncate(common);
+        history.truncate(common);
+        let room = cache.max_seq() - common;
+        if ids.len() - common >= room {
+            messages.pop();
+            eprintln!(
+                "error: the conversation no longer fits in --ctx {}",
+                cache.max_seq()
+            );
+            continue;
+        }
+        let mut reply_ids = Vec::new();
+        let mut stream = TextStream::new(&tok);
+        INTERRUPTED.store(false, Ordering::SeqCst);
+        GENERATING.store(true, Ordering::SeqCst);
+        let result = generate(
+            &m,
+            &l.exec,
+            &mut cache,
+            &mut scratch,
+            &mut sampler,
+            &ids[common..],
+            &mut history,
+            a.max_tokens,
+            &stop,
+            |t| {
+                reply_ids.push(t);
+                if let Some(text) = stream.push(t)? {
+                    write!(stdout, "{text}")?;
+                    stdout.flush()?;
+                }
+                Ok(!INTERRUPTED.load(Ordering::SeqCst))
+            },
+        );
+        GENERATING.store(false, Ordering::SeqCst);
+        let (stats, _) = result?;
+        if let Some(rest) = stream.finish()? {
+            write!(stdout, "{rest}")?;
+        }
+        writeln!(stdout)?;
+        eprintln!("[{}]", stats.summary());
+        messages.push(Message {
+            role: "assistant".into(),
+            content: tok.decode(&reply_ids, true)?,
+        });
+    }
+}
+
+fn cmd_inspect(spec: &str, ctx: usize) -> Result<()> {
+    let path = resolve::resolve(spec)?;
+    let files = ModelFiles::open(
+        &path,
+        &LoadOptions {
+            quantize: Quantize::None,
+            config_file: None,
+        },
+    )?;
+    let c = &files.config;
+    println!("model: {}", path.display());
+    println!("architecture: {}", files.arch);
+    println!(
+        "vocab {}, hidden {}, intermediate {}, layers {}, heads {} (kv {}), head_dim {}",
+        c.vocab_size,
+        c.hidden_size,
+        c.intermediate_size,
+        c.n_layers,
+        c.n_heads,
+        c.n_kv_heads,
+        c.head_dim
+    );
+    println!(
+        "rms_norm_eps {}, rope theta {} ({:?} pairs){}, max positions {}, tied embeddings {}, qkv bias {}, sliding window {:?}",
+        c.rms_norm_eps,
+        c.rope_theta,
+        c.rope_style,
+        c.rope_scaling.map_or(String::new(), |s| format!(", llama3 scaling x{}", s.factor)),
+        c.max_position_embeddings,
+        c.tie_word_embeddings,
+        c.qkv_bias,
+        c.sliding_window
+    );
+    if let Some(g) = files.gguf() {
+        let mut by_type: std::collections::BTreeMap<&str, usize> = Default::default();
+        let mut params = 0usize;
+        for t in g.tensors.values() {
+            *by_type.entry(t.ggml_type.name()).or_default() += 1;
+            params += t.dims.iter().product::<usize>();
+        }
+        println!(
+            "GGUF v{}: {} tensors ({}), {:.1}M parameters",
+            g.version,
+            g.tensors.len(),
+            by_type
+                .iter()
+                .map(|(k, v)| format!("{v} {k}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            params as f64 / 1e6
+        );
+    } else {
+        let m = files.model(Quantize::None)?;
+        println!("{}", load::summary(&m, &files.arch));
+    }
+    for kv in [KvFormat::F32, KvFormat::F16, KvFormat::Q8_0] {
+        match KvCache::bytes_needed(c, ctx, kv) {
+            Ok(b) => println!(
+                "KV cache for {ctx} tokens in {:?}: {:.1} MiB",
+                kv,
+                b as f64 / (1 << 20) as f64
+            ),
+            Err(e) => println!("KV cache in {kv:?}: {e}"),
         }
     }
     Ok(())

@@ -70,17 +70,6 @@ pub fn logits<E: Exec>(
     Ok(out.chunks(c.vocab_size).map(<[f32]>::to_vec).collect())
 }
 
-/// The index of the largest value (the first one on ties), as greedy decoding picks it.
-pub fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, x) in v.iter().enumerate() {
-        if *x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
 /// Greedy continuation of `prompt`: up to `max_tokens` tokens, stopping after any of `stop`.
 pub fn greedy<E: Exec>(
     model: &Model<'_>,
@@ -109,7 +98,7 @@ pub fn greedy<E: Exec>(
             exec,
             Want::LastLogits(&mut logits),
         )?;
-        let next = argmax(&logits);
+        let next = sapient_core::sample::argmax(&logits);
         out.push(next);
         if stop.contains(&next) {
             break;
@@ -152,4 +141,49 @@ pub fn embedding<E: Exec>(
     let mut out = vec![0f32; model.config.hidden_size];
     mean_rows(&hidden, model.config.hidden_size, &mut out)?;
     Ok(out)
+}
+
+/// Perplexity with llama.cpp's and the reference's recipe: non-overlapping windows of `ctx`
+/// tokens (a partial last window is dropped), each from an empty cache, every token but the
+/// first of a window scored; NLL summed in f64. Returns (ppl, scored tokens).
+pub fn perplexity<E: Exec>(
+    model: &Model<'_>,
+    tokens: &[u32],
+    ctx: usize,
+    kv: KvFormat,
+    exec: &E,
+) -> Result<(f64, usize)> {
+    anyhow::ensure!(ctx >= 2, "--ctx must be at least 2");
+    anyhow::ensure!(
+        tokens.len() >= ctx,
+        "the text has {} tokens, fewer than one window of {ctx}",
+        tokens.len()
+    );
+    let c = &model.config;
+    let batch = ctx.min(64);
+    let mut arenas = Arenas::new(c, ctx, kv, batch)?;
+    let (mut cache, mut scratch) = arenas.borrow(c)?;
+    let mut logits = vec![0f32; batch * c.vocab_size];
+    let (mut nll, mut scored) = (0f64, 0usize);
+    for window in tokens.chunks_exact(ctx) {
+        cache.clear();
+        for (b, part) in window.chunks(batch).enumerate() {
+            let out = &mut logits[..part.len() * c.vocab_size];
+            model.forward(part, &mut cache, &mut scratch, exec, Want::AllLogits(out))?;
+            for (i, row) in out.chunks_exact(c.vocab_size).enumerate() {
+                let pos = b * batch + i;
+                if pos + 1 < ctx {
+                    nll -= log_softmax_at(row, window[pos + 1] as usize);
+                    scored += 1;
+                }
+            }
+        }
+    }
+    Ok(((nll / scored as f64).exp(), scored))
+}
+
+fn log_softmax_at(row: &[f32], target: usize) -> f64 {
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v)) as f64;
+    let sum: f64 = row.iter().map(|v| (*v as f64 - max).exp()).sum();
+    row[target] as f64 - max - sum.ln()
 }

@@ -8,6 +8,7 @@ use core::fmt;
 use crate::error::{Error, Result};
 
 pub mod float;
+pub mod k_quants;
 pub mod q4_0;
 pub mod q4_1;
 pub mod q8_0;

@@ -14,11 +14,16 @@ use rayon::prelude::*;
 use sapient_core::weights::{LayerWeights, Matrix, Weights};
 use sapient_core::{Format, Model};
 
+pub mod gguf;
+mod gguf_config;
 pub mod hf_config;
+pub mod resolve;
 mod safetensors_file;
 
-use hf_config::HfConfig;
+use gguf::{GgmlType, Gguf};
 use safetensors_file::{Dtype, SafetensorsFile};
+use sapient_core::quant::k_quants::KQuant;
+use sapient_core::Config;
 
 /// What to do with F32/F16/BF16 matrices at load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -28,6 +33,9 @@ pub enum Quantize {
     /// Quantize them to Q8_0 (matrices whose rows are not a whole number of blocks stay f32).
     #[default]
     Q8_0,
+    /// Convert every matrix to f32, quantized ones too: slow, but computes with exactly the
+    /// weights the file holds, for checking against a float reference.
+    F32,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -37,13 +45,29 @@ pub struct LoadOptions {
     pub config_file: Option<PathBuf>,
 }
 
-/// A checkpoint's mapped files and parsed config.
+/// A model's mapped files and parsed configuration.
 pub struct ModelFiles {
     pub path: PathBuf,
-    pub hf: HfConfig,
-    files: Vec<SafetensorsFile>,
-    /// Tensor name -> index in `files`.
-    index: HashMap<String, usize>,
+    /// The architecture as the files name it (`llama`, `mistral`, `qwen2`, `idefics3`).
+    pub arch: String,
+    pub config: Config,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+    source: Source,
+}
+
+enum Source {
+    Safetensors {
+        /// Where the decoder's tensors live: `model.` or `model.text_model.`.
+        prefix: &'static str,
+        files: Vec<SafetensorsFile>,
+        /// Tensor name -> index in `files`.
+        index: HashMap<String, usize>,
+    },
+    Gguf {
+        map: Mmap,
+        gguf: Gguf,
+    },
 }
 
 /// Memory-maps `path` read-only.
@@ -55,11 +79,50 @@ pub(crate) fn map_file(path: &Path) -> Result<Mmap> {
     unsafe { Mmap::map(&file) }.with_context(|| format!("cannot map {}", path.display()))
 }
 
+/// A tensor's bytes and how to read them.
+struct Tensor<'a> {
+    kind: Kind,
+    /// Row-major shape, PyTorch order (`[rows, cols]` for a matrix).
+    shape: Vec<usize>,
+    bytes: &'a [u8],
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Float(Dtype),
+    Block(Format),
+    K(KQuant),
+}
+
+impl Tensor<'_> {
+    fn to_f32(&self, name: &str) -> Result<Vec<f32>> {
+        let n: usize = self.shape.iter().product();
+        Ok(match self.kind {
+            Kind::Float(d) => d.to_f32(self.bytes),
+            Kind::Block(f) => {
+                let mut out = vec![0f32; n];
+                sapient_core::quant::dequantize_row(f, self.bytes, &mut out)
+                    .with_context(|| format!("tensor {name}"))?;
+                out
+            }
+            Kind::K(k) => {
+                let mut out = vec![0f32; n];
+                k.dequantize_row(self.bytes, &mut out)
+                    .with_context(|| format!("tensor {name}"))?;
+                out
+            }
+        })
+    }
+}
+
 impl ModelFiles {
-    /// Opens a Hugging Face checkpoint: a directory holding `config.json` and `model.safetensors`
-    /// (or shards listed in `model.safetensors.index.json`), or one `.safetensors` file with a
-    /// `config.json` beside it.
+    /// Opens a model: a Hugging Face checkpoint directory (`config.json` and `model.safetensors`
+    /// or shards listed in `model.safetensors.index.json`), one `.safetensors` file with a
+    /// `config.json` beside it, or a `.gguf` file.
     pub fn open(path: &Path, opts: &LoadOptions) -> Result<Self> {
+        if path.is_file() && path.extension().is_some_and(|e| e == "gguf") {
+            return Self::open_gguf(path);
+        }
         let (dir, shards) = if path.is_dir() {
             let index = path.join("model.safetensors.index.json");
             let single = path.join("model.safetensors");
@@ -67,9 +130,11 @@ impl ModelFiles {
                 (path.to_path_buf(), vec![single])
             } else if index.is_file() {
                 (path.to_path_buf(), shard_files(path, &index)?)
+            } else if let Some(gguf) = only_gguf(path)? {
+                return Self::open_gguf(&gguf);
             } else {
                 bail!(
-                    "{} holds neither model.safetensors nor model.safetensors.index.json",
+                    "{} holds neither model.safetensors, model.safetensors.index.json nor a single .gguf file",
                     path.display()
                 );
             }
@@ -78,7 +143,7 @@ impl ModelFiles {
             (dir, vec![path.to_path_buf()])
         } else {
             bail!(
-                "model not found: {} is not a directory or a .safetensors file",
+                "model not found: {} is not a directory, a .gguf or a .safetensors file",
                 path.display()
             );
         };
@@ -100,100 +165,284 @@ impl ModelFiles {
             }
             files.push(file);
         }
+        let mut eos = hf.eos_token_ids.clone();
+        if let Ok(text) = std::fs::read_to_string(dir.join("generation_config.json")) {
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&text) {
+                for id in hf_config::token_ids(v.get("eos_token_id")) {
+                    if !eos.contains(&id) {
+                        eos.push(id);
+                    }
+                }
+            }
+        }
         Ok(ModelFiles {
             path: path.to_path_buf(),
-            hf,
-            files,
-            index,
+            arch: hf.arch.name().to_owned(),
+            config: hf.config,
+            bos_token_id: hf.bos_token_id,
+            eos_token_ids: eos,
+            source: Source::Safetensors {
+                prefix: hf.prefix,
+                files,
+                index,
+            },
         })
     }
 
-    fn tensor(&self, name: &str) -> Result<(Dtype, &[usize], &[u8])> {
-        let i = *self
-            .index
-            .get(name)
-            .ok_or_else(|| anyhow!("tensor {name} is missing from the checkpoint"))?;
-        self.files[i].tensor(name)
+    fn open_gguf(path: &Path) -> Result<Self> {
+        let map = map_file(path)?;
+        let gguf = Gguf::parse(&map).with_context(|| format!("in {}", path.display()))?;
+        let meta = gguf_config::parse(&gguf).with_context(|| format!("in {}", path.display()))?;
+        Ok(ModelFiles {
+            path: path.to_path_buf(),
+            arch: meta.arch,
+            config: meta.config,
+            bos_token_id: meta.bos_token_id,
+            eos_token_ids: meta.eos_token_ids,
+            source: Source::Gguf { map, gguf },
+        })
+    }
+
+    /// The parsed GGUF header, for a model loaded from a `.gguf` file.
+    pub fn gguf(&self) -> Option<&Gguf> {
+        match &self.source {
+            Source::Gguf { gguf, .. } => Some(gguf),
+            Source::Safetensors { .. } => None,
+        }
+    }
+
+    /// The directory holding the model's side files (tokenizer.json, tokenizer_config.json).
+    pub fn dir(&self) -> &Path {
+        if self.path.is_dir() {
+            &self.path
+        } else {
+            self.path.parent().unwrap_or(Path::new("."))
+        }
+    }
+
+    fn tensor(&self, name: &str) -> Result<Tensor<'_>> {
+        match &self.source {
+            Source::Safetensors { files, index, .. } => {
+                let i = *index
+                    .get(name)
+                    .ok_or_else(|| anyhow!("tensor {name} is missing from the checkpoint"))?;
+                let (dtype, shape, bytes) = files[i].tensor(name)?;
+                Ok(Tensor {
+                    kind: Kind::Float(dtype),
+                    shape: shape.to_vec(),
+                    bytes,
+                })
+            }
+            Source::Gguf { map, gguf } => {
+                let t = gguf
+                    .tensors
+                    .get(name)
+                    .ok_or_else(|| anyhow!("tensor {name} is missing from the GGUF file"))?;
+                let kind = match t.ggml_type {
+                    GgmlType::F32 => Kind::Float(Dtype::F32),
+                    GgmlType::F16 => Kind::Float(Dtype::F16),
+                    GgmlType::BF16 => Kind::Float(Dtype::BF16),
+                    GgmlType::Q8_0 => Kind::Block(Format::Q8_0),
+                    GgmlType::Q4_0 => Kind::Block(Format::Q4_0),
+                    GgmlType::Q4_1 => Kind::Block(Format::Q4_1),
+                    GgmlType::Q4K => Kind::K(KQuant::Q4K),
+                    GgmlType::Q5K => Kind::K(KQuant::Q5K),
+                    GgmlType::Q6K => Kind::K(KQuant::Q6K),
+                };
+                // GGUF lists dimensions innermost first; reversed, they are PyTorch's.
+                let shape = t.dims.iter().rev().copied().collect();
+                Ok(Tensor {
+                    kind,
+                    shape,
+                    bytes: &map[t.start..t.start + t.len],
+                })
+            }
+        }
     }
 
     fn has(&self, name: &str) -> bool {
-        self.index.contains_key(name)
+        match &self.source {
+            Source::Safetensors { index, .. } => index.contains_key(name),
+            Source::Gguf { gguf, .. } => gguf.tensors.contains_key(name),
+        }
     }
 
-    /// A 2-D weight as a `Matrix`, converted as `quantize` says.
+    /// A 2-D weight as a `Matrix`: used in place when the core reads its format, otherwise
+    /// converted as `quantize` says.
     fn matrix(&self, name: &str, quantize: Quantize) -> Result<Matrix<'_>> {
-        let (dtype, shape, bytes) = self.tensor(name)?;
-        let &[rows, cols] = shape else {
-            bail!("tensor {name} has shape {shape:?}, expected a matrix");
+        let t = self.tensor(name)?;
+        let &[rows, cols] = t.shape.as_slice() else {
+            bail!("tensor {name} has shape {:?}, expected a matrix", t.shape);
         };
-        let matrix = if quantize == Quantize::Q8_0 && cols % 32 == 0 {
-            let values = dtype.to_f32(bytes);
-            let row_bytes = Format::Q8_0.row_bytes(cols)?;
-            let mut q = vec![0u8; rows * row_bytes];
-            q.par_chunks_mut(row_bytes)
-                .zip(values.par_chunks(cols))
-                .try_for_each(|(out, x)| sapient_core::quant::quantize_row(Format::Q8_0, x, out))?;
-            Matrix::new(Format::Q8_0, rows, cols, Cow::Owned(q))
-        } else if dtype == Dtype::F32 {
-            Matrix::new(Format::F32, rows, cols, Cow::Borrowed(bytes))
-        } else {
-            let values = dtype.to_f32(bytes);
-            Matrix::new(Format::F32, rows, cols, Cow::Owned(f32_bytes(&values)))
+        let in_place = match t.kind {
+            Kind::Block(f) => Some(f),
+            Kind::Float(Dtype::F32) => Some(Format::F32),
+            Kind::Float(Dtype::F16) if self.gguf().is_some() => Some(Format::F16),
+            Kind::Float(Dtype::BF16) if self.gguf().is_some() => Some(Format::BF16),
+            _ => None,
+        };
+        let matrix = match in_place {
+            _ if quantize == Quantize::F32 => Matrix::new(
+                Format::F32,
+                rows,
+                cols,
+                Cow::Owned(f32_bytes(&t.to_f32(name)?)),
+            ),
+            Some(f)
+                if f.is_quantized()
+                    || quantize == Quantize::None
+                    || cols % 32 != 0
+                    || self.gguf().is_some() =>
+            {
+                Matrix::new(f, rows, cols, Cow::Borrowed(t.bytes))
+            }
+            _ if quantize == Quantize::Q8_0 && cols % 32 == 0 => {
+                let values = t.to_f32(name)?;
+                let row_bytes = Format::Q8_0.row_bytes(cols)?;
+                let mut q = vec![0u8; rows * row_bytes];
+                q.par_chunks_mut(row_bytes)
+                    .zip(values.par_chunks(cols))
+                    .try_for_each(|(out, x)| {
+                        sapient_core::quant::quantize_row(Format::Q8_0, x, out)
+                    })?;
+                Matrix::new(Format::Q8_0, rows, cols, Cow::Owned(q))
+            }
+            _ => Matrix::new(
+                Format::F32,
+                rows,
+                cols,
+                Cow::Owned(f32_bytes(&t.to_f32(name)?)),
+            ),
         };
         matrix.with_context(|| format!("tensor {name}"))
     }
 
     /// A 1-D weight (a norm or a bias) as f32.
     fn vector(&self, name: &str) -> Result<Vec<f32>> {
-        let (dtype, shape, bytes) = self.tensor(name)?;
-        if shape.len() != 1 {
-            bail!("tensor {name} has shape {shape:?}, expected a vector");
+        let t = self.tensor(name)?;
+        if t.shape.len() != 1 {
+            bail!("tensor {name} has shape {:?}, expected a vector", t.shape);
         }
-        Ok(dtype.to_f32(bytes))
+        t.to_f32(name)
     }
 
     /// Builds the model; its matrices borrow from these files where they can.
     pub fn model(&self, quantize: Quantize) -> Result<Model<'_>> {
-        let c = &self.hf.config;
-        let p = self.hf.prefix;
+        self.model_with_progress(quantize, &|_| {})
+    }
+
+    /// `model`, calling `progress(layers_done)` as layers are built.
+    pub fn model_with_progress(
+        &self,
+        quantize: Quantize,
+        progress: &dyn Fn(usize),
+    ) -> Result<Model<'_>> {
+        let c = &self.config;
+        let names = TensorNames::for_source(&self.source);
         let mut layers = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
-            let l = |s: &str| format!("{p}layers.{i}.{s}");
+            let n = |s: &str| names.layer(i, s);
             let bias = |s: &str| -> Result<Option<Vec<f32>>> {
                 if c.qkv_bias {
-                    self.vector(&l(s)).map(Some)
+                    self.vector(&n(s)).map(Some)
                 } else {
                     Ok(None)
                 }
             };
             layers.push(LayerWeights {
-                attn_norm: self.vector(&l("input_layernorm.weight"))?,
-                wq: self.matrix(&l("self_attn.q_proj.weight"), quantize)?,
-                wk: self.matrix(&l("self_attn.k_proj.weight"), quantize)?,
-                wv: self.matrix(&l("self_attn.v_proj.weight"), quantize)?,
-                wo: self.matrix(&l("self_attn.o_proj.weight"), quantize)?,
-                bq: bias("self_attn.q_proj.bias")?,
-                bk: bias("self_attn.k_proj.bias")?,
-                bv: bias("self_attn.v_proj.bias")?,
-                ffn_norm: self.vector(&l("post_attention_layernorm.weight"))?,
-                w_gate: self.matrix(&l("mlp.gate_proj.weight"), quantize)?,
-                w_up: self.matrix(&l("mlp.up_proj.weight"), quantize)?,
-                w_down: self.matrix(&l("mlp.down_proj.weight"), quantize)?,
+                attn_norm: self.vector(&n("attn_norm"))?,
+                wq: self.matrix(&n("wq"), quantize)?,
+                wk: self.matrix(&n("wk"), quantize)?,
+                wv: self.matrix(&n("wv"), quantize)?,
+                wo: self.matrix(&n("wo"), quantize)?,
+                bq: bias("bq")?,
+                bk: bias("bk")?,
+                bv: bias("bv")?,
+                ffn_norm: self.vector(&n("ffn_norm"))?,
+                w_gate: self.matrix(&n("w_gate"), quantize)?,
+                w_up: self.matrix(&n("w_up"), quantize)?,
+                w_down: self.matrix(&n("w_down"), quantize)?,
             });
+            progress(i + 1);
         }
-        let lm_head = if !c.tie_word_embeddings && self.has("lm_head.weight") {
-            Some(self.matrix("lm_head.weight", quantize)?)
+        let lm_head = if !c.tie_word_embeddings && self.has(&names.output) {
+            Some(self.matrix(&names.output, quantize)?)
         } else {
             None
         };
         let weights = Weights {
-            embed: self.matrix(&format!("{p}embed_tokens.weight"), quantize)?,
+            embed: self.matrix(&names.embed, quantize)?,
             layers,
-            norm: self.vector(&format!("{p}norm.weight"))?,
+            norm: self.vector(&names.norm)?,
             lm_head,
         };
         Ok(Model::new(c.clone(), weights)?)
     }
+}
+
+/// Where each weight lives under the two naming schemes.
+struct TensorNames {
+    gguf: bool,
+    prefix: &'static str,
+    embed: String,
+    norm: String,
+    output: String,
+}
+
+impl TensorNames {
+    fn for_source(source: &Source) -> Self {
+        match source {
+            Source::Gguf { .. } => TensorNames {
+                gguf: true,
+                prefix: "",
+                embed: "token_embd.weight".into(),
+                norm: "output_norm.weight".into(),
+                output: "output.weight".into(),
+            },
+            Source::Safetensors { prefix, .. } => TensorNames {
+                gguf: false,
+                prefix,
+                embed: format!("{prefix}embed_tokens.weight"),
+                norm: format!("{prefix}norm.weight"),
+                output: "lm_head.weight".into(),
+            },
+        }
+    }
+
+    fn layer(&self, i: usize, what: &str) -> String {
+        let (gguf, hf) = match what {
+            "attn_norm" => ("attn_norm.weight", "input_layernorm.weight"),
+            "wq" => ("attn_q.weight", "self_attn.q_proj.weight"),
+            "wk" => ("attn_k.weight", "self_attn.k_proj.weight"),
+            "wv" => ("attn_v.weight", "self_attn.v_proj.weight"),
+            "wo" => ("attn_output.weight", "self_attn.o_proj.weight"),
+            "bq" => ("attn_q.bias", "self_attn.q_proj.bias"),
+            "bk" => ("attn_k.bias", "self_attn.k_proj.bias"),
+            "bv" => ("attn_v.bias", "self_attn.v_proj.bias"),
+            "ffn_norm" => ("ffn_norm.weight", "post_attention_layernorm.weight"),
+            "w_gate" => ("ffn_gate.weight", "mlp.gate_proj.weight"),
+            "w_up" => ("ffn_up.weight", "mlp.up_proj.weight"),
+            "w_down" => ("ffn_down.weight", "mlp.down_proj.weight"),
+            other => unreachable!("no tensor called {other}"),
+        };
+        if self.gguf {
+            format!("blk.{i}.{gguf}")
+        } else {
+            format!("{}layers.{i}.{hf}", self.prefix)
+        }
+    }
+}
+
+/// The one `.gguf` file in `dir`, if there is exactly one.
+fn only_gguf(dir: &Path) -> Result<Option<PathBuf>> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
+        let p = e?.path();
+        if p.extension().is_some_and(|e| e == "gguf") {
+            found.push(p);
+        }
+    }
+    Ok(if found.len() == 1 { found.pop() } else { None })
 }
 
 fn shard_files(dir: &Path, index: &Path) -> Result<Vec<PathBuf>> {

@@ -1,0 +1,26 @@
+#!/usr/bin/env python3
+"""Writes core/tests/data/gguf_kquants.txt: random Q4_K, Q5_K and Q6_K super-blocks and the
+values the `gguf` Python package's dequantizers (gguf.quants.dequantize) give for them.
+
+Each case is three lines: `format n_blocks`, the block bytes as hex, the values as f32 hex.
+"""
+import sys
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize
+
+rng = np.random.default_rng(7)
+lines = []
+for fmt, t, size, scale_offsets in (("q4_k", T.Q4_K, 144, (0, 2)), ("q5_k", T.Q5_K, 176, (0, 2)), ("q6_k", T.Q6_K, 210, (208,))):
+    n = 3
+    blocks = rng.integers(0, 256, (n, size), dtype=np.uint8)
+    for b in blocks:
+        for off in scale_offsets:
+            # Finite, modest f16 scales, so that every value is a plain number.
+            b[off:off + 2] = np.frombuffer(np.float16(rng.uniform(-0.05, 0.05)).tobytes(), dtype=np.uint8)
+    values = dequantize(blocks.reshape(-1), t).astype("<f4")
+    lines += [f"{fmt} {n}", blocks.tobytes().hex(), values.tobytes().hex()]
+out = Path(sys.argv[1] if len(sys.argv) > 1 else "core/tests/data/gguf_kquants.txt")
+out.write_text("\n".join(lines) + "\n")

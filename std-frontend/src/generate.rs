@@ -1,0 +1,105 @@
+//! Prompt -> tokens: the generation loop with its stop conditions, and its timing.
+use std::time::Instant;
+
+use anyhow::Result;
+use sapient_core::exec::Exec;
+use sapient_core::sample::Sampler;
+use sapient_core::{KvCache, Model, Scratch, Want};
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Stats {
+    pub prompt_tokens: usize,
+    pub prompt_secs: f64,
+    pub generated_tokens: usize,
+    pub generate_secs: f64,
+}
+
+impl Stats {
+    pub fn summary(&self) -> String {
+        let rate = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
+        format!(
+            "prompt: {} tokens, {:.1} tokens/s; generation: {} tokens, {:.1} tokens/s",
+            self.prompt_tokens,
+            rate(self.prompt_tokens, self.prompt_secs),
+            self.generated_tokens,
+            rate(self.generated_tokens, self.generate_secs)
+        )
+    }
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    EndOfSequence,
+    MaxTokens,
+    ContextFull,
+    Interrupted,
+}
+
+/// Runs `new_tokens` after what `cache` holds, then samples up to `max_tokens` tokens, calling
+/// `on_token` with each (it returns false to stop). The cache ends holding every token that was
+/// fed through the model; the last token sampled (a stop token, or the last of
+/// `max_tokens`) is reported but not fed.
+#[allow(clippy::too_many_arguments)]
+pub fn generate<E: Exec>(
+    model: &Model<'_>,
+    exec: &E,
+    cache: &mut KvCache<'_>,
+    scratch: &mut Scratch<'_>,
+    sampler: &mut Sampler,
+    new_tokens: &[u32],
+    history: &mut Vec<u32>,
+    max_tokens: usize,
+    stop: &[u32],
+    mut on_token: impl FnMut(u32) -> Result<bool>,
+) -> Result<(Stats, Stop)> {
+    let mut logits = vec![0f32; model.config.vocab_size];
+    let mut stats = Stats {
+        prompt_tokens: new_tokens.len(),
+        ..Stats::default()
+    };
+    if new_tokens.len() > cache.max_seq() - cache.len() {
+        return Err(sapient_core::Error::ContextFull {
+            pos: cache.len(),
+            tokens: new_tokens.len(),
+            max_seq: cache.max_seq(),
+        }
+        .into());
+    }
+    let t0 = Instant::now();
+    model.forward(
+        new_tokens,
+        cache,
+        scratch,
+        exec,
+        Want::LastLogits(&mut logits),
+    )?;
+    history.extend_from_slice(new_tokens);
+    stats.prompt_secs = t0.elapsed().as_secs_f64();
+
+    let t1 = Instant::now();
+    let mut why = Stop::MaxTokens;
+    for i in 0..max_tokens {
+        let next = sampler.sample(&mut logits, history);
+        if stop.contains(&next) {
+            why = Stop::EndOfSequence;
+            break;
+        }
+        stats.generated_tokens += 1;
+        if !on_token(next)? {
+            why = Stop::Interrupted;
+            break;
+        }
+        if i + 1 == max_tokens {
+            break;
+        }
+        if cache.len() == cache.max_seq() {
+            why = Stop::ContextFull;
+            break;
+        }
+        model.forward(&[next], cache, scratch, exec, Want::LastLogits(&mut logits))?;
+        history.push(next);
+    }
+    stats.generate_secs = t1.elapsed().as_secs_f64();
+    Ok((stats, why))
+}
