@@ -63,3 +63,21 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
     let nb: f64 = b.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
     dot / (na * nb)
 }
+
+/// SmolLM2-135M-Instruct's Q4_1 GGUF, as `scripts/fetch-model.sh` leaves it (or `$SAPIENT_SMOLLM2`).
+pub fn smollm2_gguf() -> PathBuf {
+    if let Ok(p) = std::env::var("SAPIENT_SMOLLM2") {
+        return PathBuf::from(p);
+    }
+    let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        p.is_file(),
+        "{} is missing: run scripts/fetch-model.sh (scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
+
+pub fn smollm2_reference() -> Value {
+    read_json(&fixtures().join("smollm2/reference.json"))
+}

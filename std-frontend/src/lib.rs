@@ -1,6 +1,7 @@
 //! sapient: what the core needs an operating system for. Loading models from memory-mapped files
 //! (Hugging Face safetensors directories), a rayon executor, and the helpers behind the `sapient`
 //! command line.
+pub mod bench;
 pub mod chat;
 pub mod exec;
 pub mod generate;

@@ -65,6 +65,22 @@ enum Command {
         #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
         format: OutputFormat,
     },
+    /// Measure prefill and decode speed, like llama.cpp's llama-bench.
+    Bench {
+        #[command(flatten)]
+        model: ModelArgs,
+        /// Prompt tokens to prefill (0 skips).
+        #[arg(short = 'p', long, default_value_t = 512)]
+        prompt: usize,
+        /// Tokens to decode one at a time (0 skips).
+        #[arg(short = 'n', long, default_value_t = 128)]
+        generate: usize,
+        /// Timed repetitions, after one warm-up.
+        #[arg(short = 'r', long, default_value_t = 5)]
+        reps: usize,
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        format: OutputFormat,
+    },
     /// Describe a model: architecture, hyper-parameters, tensors, KV cache memory.
     Inspect {
         /// A model directory, .gguf or .safetensors file, or a Hugging Face id in the local cache.
@@ -378,6 +394,56 @@ fn run_command(command: Command) -> Result<()> {
             Ok(())
         }
         Command::Inspect { model, ctx } => cmd_inspect(&model, ctx),
+        Command::Bench {
+            model,
+            prompt,
+            generate,
+            reps,
+            format,
+        } => {
+            let l = Loaded::open(&model)?;
+            let m = l.model()?;
+            let threads = sapient_core::Exec::threads(&l.exec);
+            let r =
+                sapient::bench::bench(&m, &l.exec, l.kv_format(&m), prompt, generate, reps.max(1))?;
+            let rss = sapient::bench::peak_rss_bytes();
+            match format {
+                OutputFormat::Json => println!(
+                    "{}",
+                    json!({
+                        "threads": threads,
+                        "prefill_tokens": prompt,
+                        "prefill_tokens_per_s": r.prefill.map(|r| r.mean),
+                        "prefill_stddev": r.prefill.map(|r| r.stddev),
+                        "decode_tokens": generate,
+                        "decode_tokens_per_s": r.decode.map(|r| r.mean),
+                        "decode_stddev": r.decode.map(|r| r.stddev),
+                        "peak_rss_bytes": rss,
+                    })
+                ),
+                OutputFormat::Text => {
+                    if let Some(p) = r.prefill {
+                        println!(
+                            "pp{prompt}  t={threads}: {:.1} ± {:.1} tokens/s",
+                            p.mean, p.stddev
+                        );
+                    }
+                    if let Some(d) = r.decode {
+                        println!(
+                            "tg{generate}  t={threads}: {:.1} ± {:.1} tokens/s",
+                            d.mean, d.stddev
+                        );
+                    }
+                    if let Some(b) = rss {
+                        println!(
+                            "peak resident memory: {:.1} MiB",
+                            b as f64 / (1 << 20) as f64
+                        );
+                    }
+                }
+            }
+            Ok(())
+        }
     }
 }
 

@@ -10,7 +10,7 @@ fn llama() -> ModelFiles {
 #[test]
 fn arenas_one_byte_too_small() {
     let files = llama();
-    let c = &files.hf.config;
+    let c = &files.config;
     let need = KvCache::bytes_needed(c, 16, KvFormat::F32).unwrap();
     let mut mem = vec![0u8; need - 1];
     let err = KvCache::new(c, 16, KvFormat::F32, &mut mem).err().unwrap();

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# sapient against llama.cpp on the same GGUF files, thread count and machine, run by run.
+#
+#   scripts/bench-vs-llama-cpp.sh [threads] [repetitions]
+#
+# Builds llama.cpp's llama-bench and llama-quantize (CPU only) from the source vendored in the
+# PyPI sdist of llama-cpp-python, cached in ~/.cache/sapient/llama.cpp; makes a Q8_0 GGUF from
+# the Q4_1 one with llama-quantize --allow-requantize; then alternates the two tools, pp512 and
+# tg128 each run, and prints every figure and the medians' ratios.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+threads="${1:-2}"
+reps="${2:-5}"
+version=0.3.36
+cache="${SAPIENT_LLAMA_CPP_CACHE:-$HOME/.cache/sapient/llama.cpp}"
+bin="$cache/build/bin"
+
+if [ ! -x "$bin/llama-bench" ] || [ ! -x "$bin/llama-quantize" ]; then
+    command -v cmake >/dev/null || { apt-get update -q && apt-get install -y -q cmake; } >&2
+    echo "building llama.cpp (llama-cpp-python $version sdist) in $cache" >&2
+    mkdir -p "$cache"
+    tmp=$(mktemp -d)
+    # Without build isolation, pip reads the sdist's metadata with the installed scikit-build-core
+    # instead of building a CMake from source first.
+    python3 -m pip install --quiet scikit-build-core >&2
+    python3 -m pip download --quiet --no-deps --no-binary :all: --no-build-isolation --dest "$tmp" "llama-cpp-python==$version" >&2
+    tar -xzf "$tmp"/llama_cpp_python-*.tar.gz -C "$tmp"
+    rm -rf "$cache/src"
+    mv "$tmp"/llama_cpp_python-*/vendor/llama.cpp "$cache/src"
+    rm -rf "$tmp"
+    cmake -S "$cache/src" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+        -DLLAMA_CURL=OFF -DGGML_METAL=OFF -DGGML_CUDA=OFF -DLLAMA_BUILD_TESTS=OFF >&2
+    cmake --build "$cache/build" -j "$(nproc)" --target llama-bench llama-quantize >&2
+fi
+
+q4=$(bash scripts/fetch-model.sh)
+q8="models/SmolLM2-135M-Instruct.Q8_0.gguf"
+if [ ! -f "$q8" ]; then
+    "$bin/llama-quantize" --allow-requantize "$q4" "$q8" Q8_0 >/dev/null 2>&1
+fi
+cargo build --release --quiet -p sapient
+sapient=target/release/sapient
+
+python3 - "$bin/llama-bench" "$sapient" "$threads" "$reps" "$q8" "$q4" <<'PY'
+import json, statistics, subprocess, sys
+llama_bench, sapient, threads, reps, *models = sys.argv[1:]
+reps = int(reps)
+
+def llama(model, p, n):
+    out = subprocess.run([llama_bench, "-m", model, "-t", threads, "-p", str(p), "-n", str(n), "-r", "1", "-o", "json"],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)[0]["avg_ts"]
+
+def ours(model, p, n):
+    out = subprocess.run([sapient, "bench", "-m", model, "-t", threads, "-p", str(p), "-n", str(n), "-r", "1", "--format", "json"],
+                         check=True, capture_output=True, text=True).stdout
+    j = json.loads(out)
+    return j["prefill_tokens_per_s"] if p else j["decode_tokens_per_s"]
+
+for model in models:
+    for test, p, n in (("pp512", 512, 0), ("tg128", 0, 128)):
+        a, b = [], []
+        for _ in range(reps):
+            a.append(ours(model, p, n))
+            b.append(llama(model, p, n))
+        ma, mb = statistics.median(a), statistics.median(b)
+        name = model.rsplit("/", 1)[-1]
+        print(f"{name} {test} t={threads}: sapient {ma:.1f} tok/s {[round(x, 1) for x in a]}, "
+              f"llama.cpp {mb:.1f} tok/s {[round(x, 1) for x in b]}, ratio {ma / mb:.2f}")
+PY

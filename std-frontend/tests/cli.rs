@@ -1,0 +1,147 @@
+//! The `sapient` binary: its JSON outputs, exit codes and error lines.
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn sapient(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sapient"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn fixture(name: &str) -> String {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/fixtures/tiny")
+        .join(name);
+    p.to_str().unwrap().to_owned()
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn logits_json_has_one_row_per_position() {
+    let m = fixture("llama");
+    let last = json(&sapient(&[
+        "logits",
+        "--model",
+        &m,
+        "--prompt-ids",
+        "1,5,9",
+        "--quantize",
+        "none",
+        "--kv",
+        "f32",
+    ]));
+    assert_eq!(last["prompt_ids"], serde_json::json!([1, 5, 9]));
+    assert_eq!(last["logits"].as_array().unwrap().len(), 1);
+    assert_eq!(last["logits"][0].as_array().unwrap().len(), 512);
+    let all = json(&sapient(&[
+        "logits",
+        "--model",
+        &m,
+        "--prompt-ids",
+        "1,5,9",
+        "--all-positions",
+        "--threads",
+        "2",
+    ]));
+    assert_eq!(all["logits"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn generate_and_embed_json() {
+    let m = fixture("qwen2");
+    let g = json(&sapient(&[
+        "generate",
+        "--model",
+        &m,
+        "--prompt-ids",
+        "1,5,9",
+        "--max-tokens",
+        "4",
+        "--temperature",
+        "0",
+        "--format",
+        "json",
+    ]));
+    assert_eq!(g["generated_ids"].as_array().unwrap().len(), 4);
+    let e = json(&sapient(&[
+        "embed",
+        "--model",
+        &m,
+        "--prompt-ids",
+        "1,5,9",
+        "--format",
+        "json",
+    ]));
+    assert_eq!(e["embedding"].as_array().unwrap().len(), 128);
+}
+
+#[test]
+fn same_seed_same_tokens_from_the_cli() {
+    let m = fixture("llama_hd32");
+    let run = |seed: &str| {
+        json(&sapient(&[
+            "generate",
+            "-m",
+            &m,
+            "--prompt-ids",
+            "3,4",
+            "-n",
+            "12",
+            "--temperature",
+            "1.0",
+            "--seed",
+            seed,
+            "--format",
+            "json",
+        ]))["generated_ids"]
+            .clone()
+    };
+    assert_eq!(run("7"), run("7"));
+}
+
+#[test]
+fn usage_errors_exit_2_and_runtime_errors_exit_1_with_one_line() {
+    let out = sapient(&["logits", "--prompt-ids", "1"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = sapient(&["logits", "--model", "/no/such/model", "--prompt-ids", "1"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.starts_with("error: model not found") && err.lines().count() == 1,
+        "{err}"
+    );
+    let out = sapient(&[
+        "logits",
+        "--model",
+        &fixture("llama"),
+        "--prompt-ids",
+        "1,99999",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("99999"));
+}
+
+#[test]
+fn inspect_reports_the_kv_cache_size() {
+    let out = sapient(&["inspect", &fixture("mistral"), "--ctx", "1024"]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("architecture: mistral") && text.contains("sliding window Some(16)"),
+        "{text}"
+    );
+    // 2 layers x K,V x 1024 positions x 1 kv head x 32 f32 values.
+    assert!(
+        text.contains("KV cache for 1024 tokens in F32: 0.5 MiB"),
+        "{text}"
+    );
+}

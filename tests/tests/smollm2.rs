@@ -1,0 +1,115 @@
+//! The real SmolLM2-135M-Instruct Q4_1 GGUF against transformers' reference (weights dequantized
+//! exactly from the same file).
+use sapient::load::{LoadOptions, ModelFiles, Quantize};
+use sapient::run;
+use sapient::tokenizer::{TextStream, Tokenizer};
+use sapient_core::{KvFormat, Serial};
+use sapient_tests::*;
+
+fn open() -> ModelFiles {
+    ModelFiles::open(&smollm2_gguf(), &LoadOptions::default()).unwrap()
+}
+
+#[test]
+fn gguf_tokenizer_matches_reference_ids() {
+    let files = open();
+    let tok = Tokenizer::load(&files).unwrap();
+    let r = smollm2_reference();
+    for p in r["prompts"].as_array().unwrap() {
+        assert_eq!(
+            tok.encode(p["prompt"].as_str().unwrap()).unwrap(),
+            ids(&p["ids"]),
+            "{}",
+            p["prompt"]
+        );
+    }
+    // SmolLM2's own pre-tokenizer splits digits one by one (7639 tokens; GPT-2's regex gives 7658).
+    let text = std::fs::read_to_string(fixtures().join("text/GPL-3.txt")).unwrap();
+    let got = tok.encode(&text).unwrap();
+    let want = ids(&r["perplexity_faithful"]["token_ids"]);
+    assert_eq!(got.len(), 7639);
+    assert_eq!(got, want);
+    // Round trip, and streaming never splits a character.
+    assert_eq!(tok.decode(&got, false).unwrap(), text);
+    let mut stream = TextStream::new(&tok);
+    let mut streamed = String::new();
+    for id in tok.encode("naïve café — 東京 🎉").unwrap() {
+        streamed += &stream.push(id).unwrap().unwrap_or_default();
+    }
+    streamed += &stream.finish().unwrap().unwrap_or_default();
+    assert_eq!(streamed, "naïve café — 東京 🎉");
+}
+
+/// The model's own weights widened to f32 give transformers' logits: the GGUF path (adjacent-pair
+/// RoPE on llama.cpp's permuted Q/K, tied Q8_0 embeddings) is exact, not just close.
+#[test]
+fn f32_weights_match_reference_logits() {
+    let files = open();
+    let model = files.model(Quantize::F32).unwrap();
+    let r = smollm2_reference();
+    for p in r["prompts"].as_array().unwrap() {
+        let logits = run::logits(&model, &ids(&p["ids"]), false, KvFormat::F32, &Serial)
+            .unwrap()
+            .remove(0);
+        for (id, v) in ids(&p["last_logits_top10_ids"])
+            .iter()
+            .zip(floats(&p["last_logits_top10_values"]))
+        {
+            let d = (logits[*id as usize] - v).abs();
+            assert!(d < 2e-3, "{}: logit of {id} differs by {d}", p["prompt"]);
+        }
+    }
+}
+
+/// Greedy decoding on the Q4_1 weights as they are (Q8_0 activations, as ggml computes).
+///
+/// On "The capital of France is", step 6 is a near tie in the reference: the f32 gap between
+/// " answer" (2988) and " United" (1797) is 0.22, while Q8_0 activations move logits by 0.25 RMS
+/// (1.1 at most) on this model. Which side wins then depends on rounding anywhere upstream: with
+/// llama.cpp's default f16 KV cache it is " answer", as in the reference; with f32 or Q8_0 it is
+/// " United". So this prompt runs with an f16 cache, as llama.cpp's own check did; the code prompt,
+/// whose gaps are wide, runs with every cache format.
+#[test]
+fn greedy_starts_like_the_reference() {
+    let files = open();
+    let model = files.model(Quantize::Q8_0).unwrap();
+    let pool = sapient::Rayon::new(None).unwrap();
+    let r = smollm2_reference();
+    for p in r["prompts"].as_array().unwrap() {
+        let prompt = ids(&p["ids"]);
+        let want = &ids(&p["greedy_new_ids"])[..8];
+        let formats: &[KvFormat] = if p["prompt"] == "The capital of France is" {
+            &[KvFormat::F16]
+        } else {
+            &[KvFormat::Q8_0, KvFormat::F16, KvFormat::F32]
+        };
+        for &kv in formats {
+            let got = run::greedy(&model, &prompt, 8, &[], kv, &pool).unwrap();
+            assert_eq!(got, want, "{} with a {kv:?} KV cache", p["prompt"]);
+        }
+    }
+}
+
+#[test]
+fn perplexity_within_two_percent_of_reference() {
+    let files = open();
+    let model = files.model(Quantize::Q8_0).unwrap();
+    let r = smollm2_reference();
+    let pf = &r["perplexity_faithful"];
+    let ids = ids(&pf["token_ids"]);
+    let pool = sapient::Rayon::new(None).unwrap();
+    let (ppl, scored) = run::perplexity(
+        &model,
+        &ids,
+        512,
+        KvFormat::default_for(&model.config),
+        &pool,
+    )
+    .unwrap();
+    let want = pf["ppl"].as_f64().unwrap();
+    assert_eq!(scored, pf["n_scored_tokens"].as_u64().unwrap() as usize);
+    assert!(
+        (ppl / want - 1.0).abs() < 0.02,
+        "perplexity {ppl}, reference {want}"
+    );
+}
