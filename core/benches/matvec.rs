@@ -19,9 +19,12 @@ fn matvec(c: &mut Criterion) {
     let k = Kernels::best();
     let mut xq = vec![0u8; Format::Q8_0.row_bytes(N).unwrap()];
     k.quantize_q8_0(&x, &mut xq).unwrap();
+    let mut sums = vec![0f32; N / 32];
+    sapient_core::kernels::q8_0_block_sums(&xq, &mut sums);
     let acts = Activations {
         f32: &x,
         q8: Some(&xq),
+        q8_sums: Some(&sums),
         n_tok: 1,
         cols: N,
     };

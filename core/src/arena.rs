@@ -25,6 +25,7 @@ struct Layout {
     up: usize,
     rope: usize,
     tmp: usize,
+    q8_sums: usize,
     q8: usize,
 }
 
@@ -42,11 +43,7 @@ impl Layout {
         // the largest group is Q|K|V, gate|up, or the output projection of a tile of tokens.
         let tmp = (b * (q + 2 * kv).max(2 * ff).max(h)).max(b.min(TILE) * c.vocab_size);
         let widest = h.max(ff).max(q);
-        let q8 = if widest % QK == 0 {
-            b * widest / QK * BlockQ8_0::BYTES
-        } else {
-            0
-        };
+        let blocks = if widest % QK == 0 { b * widest / QK } else { 0 };
         Ok(Layout {
             x: b * h,
             xb: b * h,
@@ -58,7 +55,8 @@ impl Layout {
             up: b * ff,
             rope: b * c.head_dim,
             tmp,
-            q8,
+            q8_sums: blocks,
+            q8: blocks * BlockQ8_0::BYTES,
         })
     }
 
@@ -137,7 +135,8 @@ impl<'a> Scratch<'a> {
         let (att, f) = f.split_at_mut(l.att);
         let (gate, f) = f.split_at_mut(l.gate);
         let (up, f) = f.split_at_mut(l.up);
-        let (rope, tmp) = f.split_at_mut(l.rope);
+        let (rope, f) = f.split_at_mut(l.rope);
+        let (tmp, q8_sums) = f.split_at_mut(l.tmp);
         Buffers {
             x,
             xb,
@@ -149,6 +148,7 @@ impl<'a> Scratch<'a> {
             up,
             rope,
             tmp,
+            q8_sums,
             q8: &mut *self.q8,
         }
     }
@@ -166,5 +166,6 @@ pub(crate) struct Buffers<'s> {
     /// cos then sin of each token's RoPE angles: `head_dim` per token.
     pub rope: &'s mut [f32],
     pub tmp: &'s mut [f32],
+    pub q8_sums: &'s mut [f32],
     pub q8: &'s mut [u8],
 }

@@ -56,6 +56,8 @@ pub struct Cpu<'s, E: Exec + ?Sized> {
     pub exec: &'s E,
     /// Q8_0 copy of the current mat-mul input.
     pub q8: &'s mut [u8],
+    /// Each of its blocks' `d·Σq`, for Q4_1 weights.
+    pub q8_sums: &'s mut [f32],
     /// Mat-mul output before it is reordered per token.
     pub tmp: &'s mut [f32],
 }
@@ -107,9 +109,24 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, E> {
         } else {
             None
         };
+        let q8_sums = match q8 {
+            Some(q8) if mats.iter().any(|m| m.format == Format::Q4_1) => {
+                let n = n_tok * cols / QK;
+                let have = self.q8_sums.len();
+                let sums = self.q8_sums.get_mut(..n).ok_or(Error::ArenaTooSmall {
+                    what: "scratch (Q8_0 block sums)",
+                    needed: n * 4,
+                    got: have * 4,
+                })?;
+                crate::kernels::q8_0_block_sums(q8, sums);
+                Some(&*sums)
+            }
+            _ => None,
+        };
         let acts = Activations {
             f32: x,
             q8,
+            q8_sums,
             n_tok,
             cols,
         };

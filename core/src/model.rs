@@ -134,6 +134,7 @@ impl<'w> Model<'w> {
             up,
             rope,
             tmp,
+            q8_sums,
             q8,
         } = b;
         let (h, qd, kvd, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
@@ -150,6 +151,7 @@ impl<'w> Model<'w> {
             kernels: self.kernels,
             exec,
             q8,
+            q8_sums,
             tmp,
         };
 

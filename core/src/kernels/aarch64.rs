@@ -19,7 +19,7 @@ pub(super) static KERNELS: Kernels = Kernels {
     dot_q8_0_x4: dot_q8_0::<TILE>,
     dot_q4_0: |w, x| dot_q4_0::<1>(w, [x])[0],
     dot_q4_0_x4: dot_q4_0::<TILE>,
-    dot_q4_1: |w, x| dot_q4_1::<1>(w, [x])[0],
+    dot_q4_1: |w, x, s| dot_q4_1::<1>(w, [x], [s])[0],
     dot_q4_1_x4: dot_q4_1::<TILE>,
     dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
     dot_f32_x4: dot_f32::<TILE>,
@@ -161,25 +161,25 @@ fn dot_q4_0<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
     acc
 }
 
-fn dot_q4_1<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+fn dot_q4_1<const N: usize>(w: &[u8], xs: [&[u8]; N], sums: [&[f32]; N]) -> [f32; N] {
+    let nb = sums
+        .iter()
+        .fold(blocks(w, BlockQ4_1::BYTES, &xs), |n, s| n.min(s.len()));
     let mut acc = [0f32; N];
-    for b in 0..blocks(w, BlockQ4_1::BYTES, &xs) {
+    for b in 0..nb {
         let wb = &w[b * BlockQ4_1::BYTES..(b + 1) * BlockQ4_1::BYTES];
         let (dw, mw) = (f16_at(wb), f16_at(&wb[2..]));
         let (lo, hi) = nibbles(&wb[4..]);
         // SAFETY: register-only; nibbles are 0..=15, so reinterpreting them as i8 keeps them.
         let (w0, w1) = unsafe { (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi)) };
-        for (a, x) in acc.iter_mut().zip(&xs) {
+        for ((a, x), s) in acc.iter_mut().zip(&xs).zip(&sums) {
             let xb = &x[b * BlockQ8_0::BYTES..(b + 1) * BlockQ8_0::BYTES];
             // SAFETY: `xb` holds a whole block.
-            let (x0, x1, qsum) = unsafe {
+            let (x0, x1) = unsafe {
                 let p = xb.as_ptr().add(2) as *const i8;
-                let (x0, x1) = (vld1q_s8(p), vld1q_s8(p.add(16)));
-                let s = vaddq_s16(vpaddlq_s8(x0), vpaddlq_s8(x1));
-                (x0, x1, vaddlvq_s16(s))
+                (vld1q_s8(p), vld1q_s8(p.add(16)))
             };
-            let dx = f16_at(xb);
-            *a += dot_i8x32(w0, w1, x0, x1) as f32 * (dw * dx) + qsum as f32 * (mw * dx);
+            *a += dot_i8x32(w0, w1, x0, x1) as f32 * (dw * f16_at(xb)) + mw * s[b];
         }
     }
     acc

@@ -19,6 +19,10 @@ pub const TILE: usize = 4;
 
 type DotQ = fn(&[u8], &[u8]) -> f32;
 type DotQx4 = fn(&[u8], [&[u8]; TILE]) -> [f32; TILE];
+/// Q4_1 also takes each activation block's `d·Σq` (see `q8_0_block_sums`): its minimum term is
+/// `m·d·Σq`, the same for every weight row, so it is computed once per activation row.
+type DotQ4_1 = fn(&[u8], &[u8], &[f32]) -> f32;
+type DotQ4_1x4 = fn(&[u8], [&[u8]; TILE], [&[f32]; TILE]) -> [f32; TILE];
 
 /// One instruction set's kernels. Each entry is memory-safe for any input (it works on the whole
 /// blocks that all arguments hold); the checked functions of this module validate lengths first.
@@ -30,8 +34,8 @@ pub struct Kernels {
     pub dot_q8_0_x4: DotQx4,
     pub dot_q4_0: DotQ,
     pub dot_q4_0_x4: DotQx4,
-    pub dot_q4_1: DotQ,
-    pub dot_q4_1_x4: DotQx4,
+    pub dot_q4_1: DotQ4_1,
+    pub dot_q4_1_x4: DotQ4_1x4,
     pub dot_f32: fn(&[u8], &[f32]) -> f32,
     pub dot_f32_x4: fn(&[u8], [&[f32]; TILE]) -> [f32; TILE],
 }
@@ -69,7 +73,11 @@ impl Kernels {
         Ok(match format {
             Format::Q8_0 => (self.dot_q8_0)(w, x),
             Format::Q4_0 => (self.dot_q4_0)(w, x),
-            Format::Q4_1 => (self.dot_q4_1)(w, x),
+            Format::Q4_1 => {
+                let mut sums = alloc::vec![0f32; n / QK];
+                q8_0_block_sums(x, &mut sums);
+                (self.dot_q4_1)(w, x, &sums)
+            }
             _ => unreachable!("checked by expect_quantized_row"),
         })
     }
@@ -108,17 +116,11 @@ impl Kernels {
         }
         let rows = out.len() / n_tok;
         match w.format {
-            Format::Q8_0 | Format::Q4_0 | Format::Q4_1 => {
-                let q8 = x.q8.ok_or(Error::UnsupportedFormat {
-                    what: "mat-mul without Q8_0 activations",
-                    format: w.format,
-                })?;
-                let xb = Format::Q8_0.row_bytes(x.cols)?;
-                expect_len("Q8_0 activations", xb * n_tok, q8.len())?;
+            Format::Q8_0 | Format::Q4_0 => {
+                let (q8, xb) = x.q8_rows(w.format)?;
                 let (one, four): (DotQ, DotQx4) = match w.format {
                     Format::Q8_0 => (self.dot_q8_0, self.dot_q8_0_x4),
-                    Format::Q4_0 => (self.dot_q4_0, self.dot_q4_0_x4),
-                    _ => (self.dot_q4_1, self.dot_q4_1_x4),
+                    _ => (self.dot_q4_0, self.dot_q4_0_x4),
                 };
                 for r in 0..rows {
                     let wr = w.row(row0 + r);
@@ -131,6 +133,36 @@ impl Kernels {
                     }
                     for (t, o) in o.iter_mut().enumerate().skip(t) {
                         *o = one(wr, &q8[t * xb..(t + 1) * xb]);
+                    }
+                }
+            }
+            Format::Q4_1 => {
+                let (q8, xb) = x.q8_rows(w.format)?;
+                let nb = x.cols / QK;
+                let sums = x
+                    .q8_sums
+                    .filter(|s| s.len() == nb * n_tok)
+                    .ok_or(Error::Length {
+                        what: "Q8_0 activation block sums",
+                        expected: nb * n_tok,
+                        got: x.q8_sums.map_or(0, |s| s.len()),
+                    })?;
+                for r in 0..rows {
+                    let wr = w.row(row0 + r);
+                    let o = &mut out[r * n_tok..(r + 1) * n_tok];
+                    let mut t = 0;
+                    while t + TILE <= n_tok {
+                        let xs = core::array::from_fn(|i| &q8[(t + i) * xb..(t + i + 1) * xb]);
+                        let ss = core::array::from_fn(|i| &sums[(t + i) * nb..(t + i + 1) * nb]);
+                        o[t..t + TILE].copy_from_slice(&(self.dot_q4_1_x4)(wr, xs, ss));
+                        t += TILE;
+                    }
+                    for (t, o) in o.iter_mut().enumerate().skip(t) {
+                        *o = (self.dot_q4_1)(
+                            wr,
+                            &q8[t * xb..(t + 1) * xb],
+                            &sums[t * nb..(t + 1) * nb],
+                        );
                     }
                 }
             }
@@ -181,13 +213,35 @@ impl Kernels {
 }
 
 /// `n_tok` rows of activations, each `cols` long: always as f32, and as Q8_0 when a quantized
-/// weight will consume them.
+/// weight will consume them (with each block's `d·Σq` for Q4_1 weights).
 #[derive(Clone, Copy)]
 pub struct Activations<'a> {
     pub f32: &'a [f32],
     pub q8: Option<&'a [u8]>,
+    pub q8_sums: Option<&'a [f32]>,
     pub n_tok: usize,
     pub cols: usize,
+}
+
+impl<'a> Activations<'a> {
+    /// The Q8_0 rows and the bytes of one row, checked.
+    fn q8_rows(&self, format: Format) -> Result<(&'a [u8], usize)> {
+        let q8 = self.q8.ok_or(Error::UnsupportedFormat {
+            what: "mat-mul without Q8_0 activations",
+            format,
+        })?;
+        let xb = Format::Q8_0.row_bytes(self.cols)?;
+        expect_len("Q8_0 activations", xb * self.n_tok, q8.len())?;
+        Ok((q8, xb))
+    }
+}
+
+/// Each Q8_0 block's `d·Σq` (d as stored, in f16), into `out` (one per block).
+pub fn q8_0_block_sums(x: &[u8], out: &mut [f32]) {
+    for (b, o) in x.chunks_exact(BlockQ8_0::BYTES).zip(out.iter_mut()) {
+        let sum: i32 = b[2..].iter().map(|q| (*q as i8) as i32).sum();
+        *o = quant::f16_at(b) * sum as f32;
+    }
 }
 
 fn expect_len(what: &'static str, expected: usize, got: usize) -> Result<()> {

@@ -13,7 +13,7 @@ pub static KERNELS: Kernels = Kernels {
     dot_q8_0_x4: dot_q8_0::<4>,
     dot_q4_0: |w, x| dot_q4_0::<1>(w, [x])[0],
     dot_q4_0_x4: dot_q4_0::<4>,
-    dot_q4_1: |w, x| dot_q4_1::<1>(w, [x])[0],
+    dot_q4_1: |w, x, s| dot_q4_1::<1>(w, [x], [s])[0],
     dot_q4_1_x4: dot_q4_1::<4>,
     dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
     dot_f32_x4: dot_f32::<4>,
@@ -62,23 +62,25 @@ pub fn dot_q4_0<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
     acc
 }
 
-/// Q4_1 weights · N rows of Q8_0 activations: `d·dx·Σ n·q + m·dx·Σ q` per block.
-pub fn dot_q4_1<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+/// Q4_1 weights · N rows of Q8_0 activations: `d·dx·Σ n·q + m·(dx·Σ q)` per block, the last
+/// factor precomputed per activation block in `sums`.
+pub fn dot_q4_1<const N: usize>(w: &[u8], xs: [&[u8]; N], sums: [&[f32]; N]) -> [f32; N] {
+    let nb = sums
+        .iter()
+        .fold(blocks(w, BlockQ4_1::BYTES, &xs), |n, s| n.min(s.len()));
     let mut acc = [0f32; N];
-    for b in 0..blocks(w, BlockQ4_1::BYTES, &xs) {
+    for b in 0..nb {
         let wb = &w[b * BlockQ4_1::BYTES..(b + 1) * BlockQ4_1::BYTES];
         let (dw, mw) = (f16_at(wb), f16_at(&wb[2..]));
-        for (a, x) in acc.iter_mut().zip(&xs) {
+        for ((a, x), s) in acc.iter_mut().zip(&xs).zip(&sums) {
             let xb = &x[b * BlockQ8_0::BYTES..(b + 1) * BlockQ8_0::BYTES];
-            let (mut sum, mut qsum) = (0i32, 0i32);
+            let mut sum = 0i32;
             for j in 0..QK / 2 {
                 let n = wb[4 + j];
                 let (q0, q1) = ((xb[2 + j] as i8) as i32, (xb[2 + j + QK / 2] as i8) as i32);
                 sum += (n & 0x0f) as i32 * q0 + (n >> 4) as i32 * q1;
-                qsum += q0 + q1;
             }
-            let dx = f16_at(xb);
-            *a += sum as f32 * (dw * dx) + qsum as f32 * (mw * dx);
+            *a += sum as f32 * (dw * f16_at(xb)) + mw * s[b];
         }
     }
     acc

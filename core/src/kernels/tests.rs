@@ -77,7 +77,13 @@ proptest! {
         for format in QUANTIZED {
             let wq = quantized(format, &w[..n]);
             let (best, scalar) = (Kernels::best(), Kernels::scalar());
-            let tile_best = (match format { Format::Q8_0 => best.dot_q8_0_x4, Format::Q4_0 => best.dot_q4_0_x4, _ => best.dot_q4_1_x4 })(&wq, core::array::from_fn(|i| xq[i].as_slice()));
+            let sums: Vec<Vec<f32>> = xq.iter().map(|x| { let mut s = vec![0f32; blocks]; q8_0_block_sums(x, &mut s); s }).collect();
+            let xs = core::array::from_fn(|i| xq[i].as_slice());
+            let tile_best = match format {
+                Format::Q8_0 => (best.dot_q8_0_x4)(&wq, xs),
+                Format::Q4_0 => (best.dot_q4_0_x4)(&wq, xs),
+                _ => (best.dot_q4_1_x4)(&wq, xs, core::array::from_fn(|i| sums[i].as_slice())),
+            };
             for (i, x) in xq.iter().enumerate() {
                 let s = scalar.dot_quantized(format, &wq, x).unwrap();
                 let b = best.dot_quantized(format, &wq, x).unwrap();
@@ -171,9 +177,12 @@ fn matmul_rows_equals_row_dots() {
         .chunks(cols)
         .flat_map(|r| quantized(Format::Q8_0, r))
         .collect();
+    let mut sums = vec![0f32; n_tok * cols / 32];
+    q8_0_block_sums(&xq, &mut sums);
     let acts = Activations {
         f32: &x,
         q8: Some(&xq),
+        q8_sums: Some(&sums),
         n_tok,
         cols,
     };

@@ -23,7 +23,7 @@ pub(super) static KERNELS: Kernels = Kernels {
     dot_q8_0_x4: dot_q8_0::<TILE>,
     dot_q4_0: |w, x| dot_q4_0::<1>(w, [x])[0],
     dot_q4_0_x4: dot_q4_0::<TILE>,
-    dot_q4_1: |w, x| dot_q4_1::<1>(w, [x])[0],
+    dot_q4_1: |w, x, s| dot_q4_1::<1>(w, [x], [s])[0],
     dot_q4_1_x4: dot_q4_1::<TILE>,
     dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
     dot_f32_x4: dot_f32::<TILE>,
@@ -46,10 +46,13 @@ fn dot_q4_0<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
     unsafe { dot_q4_0_avx2(nb, w, xs) }
 }
 
-fn dot_q4_1<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
-    let nb = blocks(w, BlockQ4_1::BYTES, &xs);
-    // SAFETY: CPU features as above; `nb` whole blocks lie inside `w` and every `xs[i]`.
-    unsafe { dot_q4_1_avx2(nb, w, xs) }
+fn dot_q4_1<const N: usize>(w: &[u8], xs: [&[u8]; N], sums: [&[f32]; N]) -> [f32; N] {
+    let nb = sums
+        .iter()
+        .fold(blocks(w, BlockQ4_1::BYTES, &xs), |n, s| n.min(s.len()));
+    // SAFETY: CPU features as above; `nb` whole blocks lie inside `w`, every `xs[i]` and
+    // every `sums[i]`.
+    unsafe { dot_q4_1_avx2(nb, w, xs, sums) }
 }
 
 fn dot_f32<const N: usize>(w: &[u8], xs: [&[f32]; N]) -> [f32; N] {
@@ -236,58 +239,61 @@ unsafe fn dot_q4_0_avx2<const N: usize>(nb: usize, w: &[u8], xs: [&[u8]; N]) -> 
 }
 
 /// Adds Q4_1 block `b` of the weights times block `b` of each activation row: the `d·n` part to
-/// `acc`, the `m` part to `acc_m` (two chains instead of one twice as long).
+/// `acc`, the minimum's part (`m·d·Σq`, from the precomputed sums) to `acc_m`.
 #[inline(always)]
 unsafe fn q4_1_block<const N: usize>(
     w: &[u8],
     xs: &[&[u8]; N],
+    sums: &[&[f32]; N],
     b: usize,
     acc: &mut [__m256; N],
-    acc_m: &mut [__m256; N],
+    acc_m: &mut [f32; N],
 ) {
-    // SAFETY: the caller guarantees block `b` lies inside `w` and every `xs[i]`, and AVX2/F16C.
+    // SAFETY: the caller guarantees block `b` lies inside `w`, every `xs[i]` and `sums[i]`, and
+    // AVX2/F16C.
     unsafe {
-        let ones8 = _mm256_set1_epi8(1);
-        let ones16 = _mm256_set1_epi16(1);
         let wp = w.as_ptr().add(b * BlockQ4_1::BYTES);
         let (dw, mw) = (f16_at(wp), f16_at(wp.add(2)));
         let qw = nibbles(wp.add(4));
         for i in 0..N {
             let xp = xs[i].as_ptr().add(b * BlockQ8_0::BYTES);
-            let dx = f16_at(xp);
             let qx = _mm256_loadu_si256(xp.add(2) as *const __m256i);
             // The nibbles are unsigned: maddubs takes them as they are.
-            let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(qw, qx), ones16);
-            let sum = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, qx), ones16);
-            acc[i] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(dot), acc[i]);
-            acc_m[i] = _mm256_fmadd_ps(_mm256_set1_ps(mw * dx), _mm256_cvtepi32_ps(sum), acc_m[i]);
+            let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(qw, qx), _mm256_set1_epi16(1));
+            acc[i] = _mm256_fmadd_ps(
+                _mm256_set1_ps(dw * f16_at(xp)),
+                _mm256_cvtepi32_ps(dot),
+                acc[i],
+            );
+            acc_m[i] += mw * *sums[i].get_unchecked(b);
         }
     }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_1_avx2<const N: usize>(nb: usize, w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+unsafe fn dot_q4_1_avx2<const N: usize>(
+    nb: usize,
+    w: &[u8],
+    xs: [&[u8]; N],
+    sums: [&[f32]; N],
+) -> [f32; N] {
     let zero = [_mm256_setzero_ps(); N];
-    let (mut even, mut even_m, mut odd, mut odd_m) = (zero, zero, zero, zero);
+    let (mut even, mut odd) = (zero, zero);
+    let (mut even_m, mut odd_m) = ([0f32; N], [0f32; N]);
     let mut b = 0;
     // SAFETY: every block index passed is < nb, which the caller checked against the slices.
     unsafe {
         while b + 2 <= nb {
-            q4_1_block(w, &xs, b, &mut even, &mut even_m);
-            q4_1_block(w, &xs, b + 1, &mut odd, &mut odd_m);
+            q4_1_block(w, &xs, &sums, b, &mut even, &mut even_m);
+            q4_1_block(w, &xs, &sums, b + 1, &mut odd, &mut odd_m);
             b += 2;
         }
         if b < nb {
-            q4_1_block(w, &xs, b, &mut even, &mut even_m);
+            q4_1_block(w, &xs, &sums, b, &mut even, &mut even_m);
         }
     }
     // SAFETY: register-only.
-    core::array::from_fn(|i| unsafe {
-        hsum(_mm256_add_ps(
-            _mm256_add_ps(even[i], odd[i]),
-            _mm256_add_ps(even_m[i], odd_m[i]),
-        ))
-    })
+    core::array::from_fn(|i| unsafe { hsum(_mm256_add_ps(even[i], odd[i])) + even_m[i] + odd_m[i] })
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
