@@ -71,6 +71,7 @@ impl Layout {
             + self.up
             + self.rope
             + self.tmp
+            + self.q8_sums
     }
 }
 

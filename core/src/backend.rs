@@ -221,13 +221,22 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, E> {
             });
         }
         let kernels = self.kernels;
-        self.exec.for_each_chunk(out, hd, &|i, o| {
+        let attend = |i: usize, o: &mut [f32]| {
             let (t, h) = (i / shape.n_heads, i % shape.n_heads);
             let pos = first_pos + t;
             let lo = shape.window.map_or(0, |w| (pos + 1).saturating_sub(w));
             let kv_head = h / (shape.n_heads / shape.n_kv_heads);
             attend_one(kernels, &q[i * hd..(i + 1) * hd], &kv, kv_head, lo, pos, o)
-        })
+        };
+        // Roughly the multiply-adds of the scores and the weighted sum. Below a few hundred
+        // thousand, handing chunks to other threads costs more than it saves.
+        let n_tok = q.len() / (shape.n_heads * hd);
+        let work = q.len() * 2 * (first_pos + n_tok);
+        if work < PARALLEL_ATTENTION_WORK {
+            crate::exec::Serial.for_each_chunk(out, hd, &attend)
+        } else {
+            self.exec.for_each_chunk(out, hd, &attend)
+        }
     }
 
     fn add(&mut self, x: &mut [f32], y: &[f32]) -> Result<()> {
@@ -242,6 +251,9 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, E> {
         ops::silu_mul(gate, up)
     }
 }
+
+/// Attention smaller than this many multiply-adds runs on the calling thread.
+const PARALLEL_ATTENTION_WORK: usize = 1 << 18;
 
 /// Keys scored per step of the online softmax.
 const KEY_STEP: usize = 32;

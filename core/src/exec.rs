@@ -13,6 +13,13 @@ pub trait Exec: Sync {
     /// Calls `f(i, chunk)` for every `chunk_len`-long chunk of `out` (the last may be shorter), in
     /// any order and possibly at once, and returns the first error any call returned.
     fn for_each_chunk(&self, out: &mut [f32], chunk_len: usize, f: &ChunkFn<'_>) -> Result<()>;
+
+    /// Runs `f`, which will call `for_each_chunk` many times, where those calls are cheapest: a
+    /// thread pool runs it on one of its own threads, so that each call splits work among the
+    /// pool directly instead of handing it over from outside and waiting.
+    fn run(&self, f: &mut (dyn FnMut() + Send)) {
+        f()
+    }
 }
 
 /// Runs every chunk on the calling thread.

@@ -92,11 +92,26 @@ impl<'w> Model<'w> {
         if n == 0 {
             return Ok(());
         }
+        let mut result = Ok(());
+        exec.run(&mut || result = self.forward_batches(tokens, cache, scratch, exec, &mut want));
+        result
+    }
+
+    fn forward_batches<E: Exec + ?Sized>(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache<'_>,
+        scratch: &mut Scratch<'_>,
+        exec: &E,
+        want: &mut Want<'_>,
+    ) -> Result<()> {
+        let c = &self.config;
+        let n = tokens.len();
         let batch = scratch.max_batch;
         let mut start = 0;
         while start < n {
             let end = (start + batch).min(n);
-            let part = match &mut want {
+            let part = match want {
                 Want::Nothing => Want::Nothing,
                 Want::LastLogits(o) if end == n => Want::LastLogits(o),
                 Want::LastLogits(_) => Want::Nothing,

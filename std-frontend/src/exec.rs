@@ -25,10 +25,20 @@ impl Exec for Rayon {
         if self.threads() == 1 {
             return sapient_core::Serial.for_each_chunk(out, chunk_len, f);
         }
-        self.pool.install(|| {
+        let mut split = || {
             out.par_chunks_mut(chunk_len.max(1))
                 .enumerate()
                 .try_for_each(|(i, c)| f(i, c))
-        })
+        };
+        // Inside `run` we are on one of the pool's threads already: split right here.
+        if self.pool.current_thread_index().is_some() {
+            split()
+        } else {
+            self.pool.install(split)
+        }
+    }
+
+    fn run(&self, f: &mut (dyn FnMut() + Send)) {
+        self.pool.install(f)
     }
 }

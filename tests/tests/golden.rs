@@ -224,17 +224,32 @@ fn incremental_decoding_equals_full_forward() {
     }
 }
 
-/// A rayon pool and the best SIMD kernels give the serial scalar answer.
+/// Threads change nothing: every output row is computed by one thread in the same order, so a
+/// rayon pool gives the serial answer bit for bit. SIMD kernels add in another order than the
+/// scalar reference: with f32 weights that moves logits by float rounding only; with Q8_0 the
+/// activations are re-quantized at every layer, where a rounding difference can move a value by
+/// a whole quantization step, so there we require the same ranking in substance (cosine 0.999).
 #[test]
 fn threads_and_simd_agree_with_serial_scalar() {
-    let files = open("qwen2", "config.json", Quantize::Q8_0);
-    let model = files.model(Quantize::Q8_0).unwrap();
     let seq = ids(&reference("qwen2")["inputs"]["seq40"]);
     let pool = sapient::Rayon::new(Some(3)).unwrap();
-    let fast = run::logits(&model, &seq, true, KvFormat::Q8_0, &pool).unwrap();
-    let scalar = model.with_kernels(sapient_core::kernels::Kernels::scalar());
-    let slow = run::logits(&scalar, &seq, true, KvFormat::Q8_0, &Serial).unwrap();
-    for (a, b) in fast.iter().zip(&slow) {
-        assert!(max_abs_diff(a, b) < 1e-3);
+    let scalar = sapient_core::kernels::Kernels::scalar();
+    for (quantize, kv) in [
+        (Quantize::Q8_0, KvFormat::Q8_0),
+        (Quantize::None, KvFormat::F32),
+    ] {
+        let files = open("qwen2", "config.json", quantize);
+        let model = files.model(quantize).unwrap();
+        let threaded = run::logits(&model, &seq, true, kv, &pool).unwrap();
+        let serial = run::logits(&model, &seq, true, kv, &Serial).unwrap();
+        assert_eq!(threaded, serial, "{quantize:?}: threads changed the result");
+        let model = model.with_kernels(scalar);
+        let reference = run::logits(&model, &seq, true, kv, &Serial).unwrap();
+        for (a, b) in serial.iter().zip(&reference) {
+            match quantize {
+                Quantize::None => assert!(max_abs_diff(a, b) < 1e-3, "{}", max_abs_diff(a, b)),
+                _ => assert!(cosine(a, b) > 0.999, "{}", cosine(a, b)),
+            }
+        }
     }
 }
