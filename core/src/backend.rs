@@ -287,9 +287,11 @@ fn attend_one(
         let scores = &mut scores[..end - start];
         for (j, s) in (start..end).zip(scores.iter_mut()) {
             let k = kv.k_row(j, kv_head);
+            // Rows come from the cache, whose layout fixed their lengths: the table's kernels
+            // need no further checks.
             let dot = match kv.format {
-                Format::Q8_0 => kernels.dot_quantized(Format::Q8_0, k, &q8[..kv.row_bytes])?,
-                Format::F32 => kernels.dot_f32_bytes(k, q)?,
+                Format::Q8_0 => (kernels.dot_q8_0)(k, &q8[..kv.row_bytes]),
+                Format::F32 => (kernels.dot_f32)(k, q),
                 format => {
                     quant::dequantize_row(format, k, &mut row[..hd])?;
                     row[..hd].iter().zip(q).map(|(a, b)| a * b).sum()
@@ -299,17 +301,21 @@ fn attend_one(
         }
         let step_max = scores.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
         if step_max > max {
-            let r = libm::expf(max - step_max);
+            let r = ops::exp(max - step_max);
             out.iter_mut().for_each(|o| *o *= r);
             sum *= r;
             max = step_max;
         }
-        for (j, s) in (start..end).zip(scores.iter()) {
-            let p = libm::expf(s - max);
-            sum += p;
-            quant::dequantize_row(kv.format, kv.v_row(j, kv_head), &mut row[..hd])?;
-            for (o, v) in out.iter_mut().zip(&row[..hd]) {
-                *o += p * v;
+        // All the step's probabilities first: a loop the compiler vectorizes.
+        for s in scores.iter_mut() {
+            *s = ops::exp(*s - max);
+            sum += *s;
+        }
+        for (j, p) in (start..end).zip(scores.iter()) {
+            let v = kv.v_row(j, kv_head);
+            match kv.format {
+                Format::Q8_0 => (kernels.axpy_q8_0)(out, *p, v),
+                format => add_scaled_row(format, v, *p, out, &mut row[..hd])?,
             }
         }
         start = end;
@@ -317,6 +323,27 @@ fn attend_one(
     if sum > 0.0 {
         let inv = 1.0 / sum;
         out.iter_mut().for_each(|o| *o *= inv);
+    }
+    Ok(())
+}
+
+/// `out += p · v` for a cached f32 or f16 V row; `buf` (as long as `out`) holds a widened f16 row.
+fn add_scaled_row(
+    format: Format,
+    v: &[u8],
+    p: f32,
+    out: &mut [f32],
+    buf: &mut [f32],
+) -> Result<()> {
+    if format == Format::F32 {
+        for (o, b) in out.iter_mut().zip(v.chunks_exact(4)) {
+            *o += p * f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        }
+    } else {
+        quant::dequantize_row(format, v, buf)?;
+        for (o, x) in out.iter_mut().zip(buf.iter()) {
+            *o += p * x;
+        }
     }
     Ok(())
 }

@@ -2,6 +2,34 @@
 use crate::config::RopeStyle;
 use crate::error::{Error, Result};
 
+/// `e^x` in f32 within 2 ulp, without branches or tables, so loops over it vectorize: the exponent
+/// from `x·log2(e)` rounded, the remainder through a degree-6 polynomial (Cephes' `expf`), and
+/// `2^n` built in the float's exponent bits. Inputs are clamped to [-87.3, 88.7], so the result is
+/// always a normal float (about 1e-38 at the low end, where `expf` would go subnormal or to 0);
+/// NaN stays NaN.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = core::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let x = x.clamp(-87.3, 88.7);
+    // Round to nearest: adding and subtracting 1.5·2^23 leaves an integer-valued float.
+    let n = (x * LOG2E + 12_582_912.0) - 12_582_912.0;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let p = 1.987_569_1e-4f32;
+    let p = p * r + 1.398_199_9e-3;
+    let p = p * r + 8.333_452e-3;
+    let p = p * r + 4.166_579_6e-2;
+    let p = p * r + 1.666_666_5e-1;
+    let p = p * r + 0.5;
+    let e = p * r * r + r + 1.0;
+    // 2^n for n in [-126, 128): the biased exponent; 2^128 (x near 88.7) is split in two.
+    let half = (n * 0.5) as i32;
+    let scale_a = f32::from_bits(((half + 127) as u32) << 23);
+    let scale_b = f32::from_bits(((n as i32 - half + 127) as u32) << 23);
+    e * scale_a * scale_b
+}
+
 fn same_len(what: &'static str, expected: usize, got: usize) -> Result<()> {
     if expected != got {
         return Err(Error::Length {
@@ -39,7 +67,7 @@ pub fn softmax(x: &mut [f32]) {
     let max = x.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
     let mut sum = 0.0;
     for v in x.iter_mut() {
-        *v = libm::expf(*v - max);
+        *v = exp(*v - max);
         sum += *v;
     }
     if sum > 0.0 {
@@ -53,7 +81,7 @@ pub fn softmax(x: &mut [f32]) {
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) -> Result<()> {
     same_len("silu_mul", gate.len(), up.len())?;
     for (g, u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + libm::expf(-*g)) * u;
+        *g = *g / (1.0 + exp(-*g)) * u;
     }
     Ok(())
 }
@@ -149,6 +177,20 @@ mod tests {
         rope(&mut a, &cos, &sin, RopeStyle::Adjacent).unwrap();
         // Pair (0, 1) rotated by 90°, pair (2, 3) untouched.
         assert_eq!(a, [-2.0, 1.0, 3.0, 4.0]);
+    }
+
+    #[test]
+    fn exp_matches_libm_within_2_ulp() {
+        let mut x = -87.0f32;
+        while x < 88.5 {
+            let (a, b) = (exp(x), libm::expf(x));
+            let ulp = (a.to_bits() as i64 - b.to_bits() as i64).abs();
+            assert!(ulp <= 2, "exp({x}) = {a}, expf {b} ({ulp} ulp)");
+            x += 0.001_3;
+        }
+        assert!(exp(-1000.0) < 1e-37 && exp(-1000.0) > 0.0);
+        assert!(exp(100.0) > 1e38);
+        assert!(exp(f32::NAN).is_nan());
     }
 
     proptest! {

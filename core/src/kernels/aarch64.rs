@@ -23,7 +23,36 @@ pub(super) static KERNELS: Kernels = Kernels {
     dot_q4_1_x4: dot_q4_1::<TILE>,
     dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
     dot_f32_x4: dot_f32::<TILE>,
+    axpy_q8_0,
 };
+
+fn axpy_q8_0(out: &mut [f32], a: f32, row: &[u8]) {
+    for (o, b) in out
+        .chunks_exact_mut(QK)
+        .zip(row.chunks_exact(BlockQ8_0::BYTES))
+    {
+        let ad = a * f16_at(b);
+        // SAFETY: `b` holds a whole block (32 quants after the scale) and `o` 32 floats.
+        unsafe {
+            let adv = vdupq_n_f32(ad);
+            for k in 0..2 {
+                let q = vld1q_s8(b.as_ptr().add(2 + 16 * k) as *const i8);
+                let lo = vmovl_s8(vget_low_s8(q));
+                let hi = vmovl_high_s8(q);
+                let parts = [
+                    vmovl_s16(vget_low_s16(lo)),
+                    vmovl_high_s16(lo),
+                    vmovl_s16(vget_low_s16(hi)),
+                    vmovl_high_s16(hi),
+                ];
+                for (i, p) in parts.into_iter().enumerate() {
+                    let op = o.as_mut_ptr().add(16 * k + 4 * i);
+                    vst1q_f32(op, vfmaq_f32(vld1q_f32(op), adv, vcvtq_f32_s32(p)));
+                }
+            }
+        }
+    }
+}
 
 fn blocks<const N: usize>(w: &[u8], w_block: usize, xs: &[&[u8]; N]) -> usize {
     xs.iter()

@@ -38,6 +38,8 @@ pub struct Kernels {
     pub dot_q4_1_x4: DotQ4_1x4,
     pub dot_f32: fn(&[u8], &[f32]) -> f32,
     pub dot_f32_x4: fn(&[u8], [&[f32]; TILE]) -> [f32; TILE],
+    /// `out += a · row` for a Q8_0 row (attention's weighted sum over a quantized V cache).
+    pub axpy_q8_0: fn(&mut [f32], f32, &[u8]),
 }
 
 impl Kernels {
@@ -80,6 +82,13 @@ impl Kernels {
             }
             _ => unreachable!("checked by expect_quantized_row"),
         })
+    }
+
+    /// `out += a · row` for a Q8_0 row as long as `out`.
+    pub fn axpy_q8_0(&self, out: &mut [f32], a: f32, row: &[u8]) -> Result<()> {
+        expect_len("Q8_0 row", Format::Q8_0.row_bytes(out.len())?, row.len())?;
+        (self.axpy_q8_0)(out, a, row);
+        Ok(())
     }
 
     /// Dot product of two f32 vectors, the first as little-endian bytes.

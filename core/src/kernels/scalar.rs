@@ -17,7 +17,21 @@ pub static KERNELS: Kernels = Kernels {
     dot_q4_1_x4: dot_q4_1::<4>,
     dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
     dot_f32_x4: dot_f32::<4>,
+    axpy_q8_0,
 };
+
+/// `out += a · row` over the whole blocks both hold.
+pub fn axpy_q8_0(out: &mut [f32], a: f32, row: &[u8]) {
+    for (o, b) in out
+        .chunks_exact_mut(QK)
+        .zip(row.chunks_exact(BlockQ8_0::BYTES))
+    {
+        let ad = a * f16_at(b);
+        for (o, q) in o.iter_mut().zip(&b[2..]) {
+            *o += ad * (*q as i8) as f32;
+        }
+    }
+}
 
 fn blocks<const N: usize>(w: &[u8], w_block: usize, xs: &[&[u8]; N]) -> usize {
     xs.iter()

@@ -110,6 +110,26 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(100))]
+
+    /// The Q8_0 axpy agrees with the scalar one within float rounding of each term.
+    #[test]
+    fn axpy_q8_0_matches_scalar(blocks in 1usize..8, v in values(8 * 32), out in proptest::collection::vec(-100f32..100.0, 8 * 32), a in -10f32..10.0) {
+        let n = blocks * 32;
+        let row = quantized(Format::Q8_0, &v[..n]);
+        let (mut s, mut b) = (out[..n].to_vec(), out[..n].to_vec());
+        Kernels::scalar().axpy_q8_0(&mut s, a, &row).unwrap();
+        Kernels::best().axpy_q8_0(&mut b, a, &row).unwrap();
+        let mut deq = vec![0f32; n];
+        dequantize_row(Format::Q8_0, &row, &mut deq).unwrap();
+        for i in 0..n {
+            let bound = 1e-6 * ((a * deq[i]).abs() + out[i].abs()) + f32::MIN_POSITIVE;
+            close(s[i], b[i], bound)?;
+        }
+    }
+}
+
 /// llama.cpp's `test-quantize-fns`: the SIMD quantizer against the reference, and the quantized
 /// dot product against the f32 one, with ggml's thresholds.
 #[test]

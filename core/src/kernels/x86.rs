@@ -27,7 +27,32 @@ pub(super) static KERNELS: Kernels = Kernels {
     dot_q4_1_x4: dot_q4_1::<TILE>,
     dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
     dot_f32_x4: dot_f32::<TILE>,
+    axpy_q8_0,
 };
+
+fn axpy_q8_0(out: &mut [f32], a: f32, row: &[u8]) {
+    // SAFETY: CPU features as above; the kernel stays within the whole blocks both slices hold.
+    unsafe { axpy_q8_0_avx2(out, a, row) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn axpy_q8_0_avx2(out: &mut [f32], a: f32, row: &[u8]) {
+    let nb = (out.len() / QK).min(row.len() / BlockQ8_0::BYTES);
+    for b in 0..nb {
+        // SAFETY: block `b` < nb lies inside `row` (34 bytes) and `out` (32 floats).
+        unsafe {
+            let rp = row.as_ptr().add(b * BlockQ8_0::BYTES);
+            let ad = _mm256_set1_ps(a * f16_at(rp));
+            let op = out.as_mut_ptr().add(b * QK);
+            for k in 0..4 {
+                let q = _mm_loadl_epi64(rp.add(2 + 8 * k) as *const __m128i);
+                let v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+                let o = _mm256_loadu_ps(op.add(8 * k));
+                _mm256_storeu_ps(op.add(8 * k), _mm256_fmadd_ps(ad, v, o));
+            }
+        }
+    }
+}
 
 fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
     // SAFETY: this table is used only when `available()` reported AVX2, FMA and F16C.
