@@ -28,7 +28,10 @@ if [ ! -x "$bin/llama-bench" ] || [ ! -x "$bin/llama-quantize" ]; then
     rm -rf "$cache/src"
     mv "$tmp"/llama_cpp_python-*/vendor/llama.cpp "$cache/src"
     rm -rf "$tmp"
-    cmake -S "$cache/src" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    # The instruction sets sapient uses (AVX2, FMA, F16C), not -march=native: these machines'
+    # CPUs report AMX, whose tile instructions trap here, and AVX-512, which sapient does not use.
+    cmake -S "$cache/src" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \
+        -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
         -DLLAMA_CURL=OFF -DGGML_METAL=OFF -DGGML_CUDA=OFF -DLLAMA_BUILD_TESTS=OFF >&2
     cmake --build "$cache/build" -j "$(nproc)" --target llama-bench llama-quantize >&2
 fi

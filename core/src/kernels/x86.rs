@@ -191,12 +191,18 @@ unsafe fn round_q8(v: __m256) -> __m256 {
 // The quantized dots below alternate two sets of accumulators between even and odd blocks, so
 // that consecutive blocks' FMAs do not wait on each other (an FMA's latency is four cycles).
 
+/// How far ahead of the block in use the weight stream is prefetched, in bytes. A single core's
+/// hardware prefetcher does not keep up with one weight stream on its own: measured on SmolLM2
+/// Q8_0 decode (2 threads), no prefetch gave 67 tokens/s, 512 bytes 76, 2048 to 8192 bytes 95-104.
+const PREFETCH: usize = 4096;
+
 /// Adds Q8_0 block `b` of the weights times block `b` of each activation row to `acc`.
 #[inline(always)]
 unsafe fn q8_0_block<const N: usize>(w: &[u8], xs: &[&[u8]; N], b: usize, acc: &mut [__m256; N]) {
     // SAFETY: the caller guarantees block `b` lies inside `w` and every `xs[i]`, and AVX2/F16C.
     unsafe {
         let wp = w.as_ptr().add(b * BlockQ8_0::BYTES);
+        _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH) as *const i8);
         let dw = f16_at(wp);
         let qw = _mm256_loadu_si256(wp.add(2) as *const __m256i);
         for (a, x) in acc.iter_mut().zip(xs) {
@@ -233,6 +239,7 @@ unsafe fn q4_0_block<const N: usize>(w: &[u8], xs: &[&[u8]; N], b: usize, acc: &
     // SAFETY: the caller guarantees block `b` lies inside `w` and every `xs[i]`, and AVX2/F16C.
     unsafe {
         let wp = w.as_ptr().add(b * BlockQ4_0::BYTES);
+        _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH) as *const i8);
         let dw = f16_at(wp);
         let qw = _mm256_sub_epi8(nibbles(wp.add(2)), _mm256_set1_epi8(8));
         for (a, x) in acc.iter_mut().zip(xs) {
@@ -278,6 +285,7 @@ unsafe fn q4_1_block<const N: usize>(
     // AVX2/F16C.
     unsafe {
         let wp = w.as_ptr().add(b * BlockQ4_1::BYTES);
+        _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH) as *const i8);
         let (dw, mw) = (f16_at(wp), f16_at(wp.add(2)));
         let qw = nibbles(wp.add(4));
         for i in 0..N {
@@ -328,6 +336,7 @@ unsafe fn dot_f32_avx2<const N: usize>(n: usize, w: &[u8], xs: [&[f32]; N]) -> [
     while i + 8 <= n {
         // SAFETY: values i..i+8 lie inside `w` (as bytes) and every `xs[k]`, since i + 8 <= n.
         unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().wrapping_add(i * 4 + PREFETCH) as *const i8);
             let wv = _mm256_loadu_ps(w.as_ptr().add(i * 4) as *const f32);
             for (a, x) in acc.iter_mut().zip(&xs) {
                 *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.as_ptr().add(i)), *a);
