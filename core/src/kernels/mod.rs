@@ -23,6 +23,9 @@ type DotQx4 = fn(&[u8], [&[u8]; TILE]) -> [f32; TILE];
 /// `m·d·Σq`, the same for every weight row, so it is computed once per activation row.
 type DotQ4_1 = fn(&[u8], &[u8], &[f32]) -> f32;
 type DotQ4_1x4 = fn(&[u8], [&[u8]; TILE], [&[f32]; TILE]) -> [f32; TILE];
+/// Two weight rows against `TILE` activation rows: each activation block is loaded once for both.
+type DotQ2x4 = fn([&[u8]; 2], [&[u8]; TILE]) -> [[f32; TILE]; 2];
+type DotQ4_1_2x4 = fn([&[u8]; 2], [&[u8]; TILE], [&[f32]; TILE]) -> [[f32; TILE]; 2];
 
 /// One instruction set's kernels. Each entry is memory-safe for any input (it works on the whole
 /// blocks that all arguments hold); the checked functions of this module validate lengths first.
@@ -32,10 +35,13 @@ pub struct Kernels {
     pub quantize_q8_0: fn(&[f32], &mut [u8]),
     pub dot_q8_0: DotQ,
     pub dot_q8_0_x4: DotQx4,
+    pub dot_q8_0_2x4: DotQ2x4,
     pub dot_q4_0: DotQ,
     pub dot_q4_0_x4: DotQx4,
+    pub dot_q4_0_2x4: DotQ2x4,
     pub dot_q4_1: DotQ4_1,
     pub dot_q4_1_x4: DotQ4_1x4,
+    pub dot_q4_1_2x4: DotQ4_1_2x4,
     pub dot_f32: fn(&[u8], &[f32]) -> f32,
     pub dot_f32_x4: fn(&[u8], [&[f32]; TILE]) -> [f32; TILE],
     /// `out += a · row` for a Q8_0 row (attention's weighted sum over a quantized V cache).
@@ -127,22 +133,37 @@ impl Kernels {
         match w.format {
             Format::Q8_0 | Format::Q4_0 => {
                 let (q8, xb) = x.q8_rows(w.format)?;
-                let (one, four): (DotQ, DotQx4) = match w.format {
-                    Format::Q8_0 => (self.dot_q8_0, self.dot_q8_0_x4),
-                    _ => (self.dot_q4_0, self.dot_q4_0_x4),
+                let (one, four, pair): (DotQ, DotQx4, DotQ2x4) = match w.format {
+                    Format::Q8_0 => (self.dot_q8_0, self.dot_q8_0_x4, self.dot_q8_0_2x4),
+                    _ => (self.dot_q4_0, self.dot_q4_0_x4, self.dot_q4_0_2x4),
                 };
-                for r in 0..rows {
-                    let wr = w.row(row0 + r);
-                    let o = &mut out[r * n_tok..(r + 1) * n_tok];
+                let xs = |t: usize| -> [&[u8]; TILE] {
+                    core::array::from_fn(|i| &q8[(t + i) * xb..(t + i + 1) * xb])
+                };
+                let tiles = n_tok / TILE * TILE;
+                let mut r = 0;
+                while r < rows {
+                    let both = r + 1 < rows;
                     let mut t = 0;
-                    while t + TILE <= n_tok {
-                        let xs = core::array::from_fn(|i| &q8[(t + i) * xb..(t + i + 1) * xb]);
-                        o[t..t + TILE].copy_from_slice(&four(wr, xs));
+                    while t < tiles {
+                        if both {
+                            let v = pair([w.row(row0 + r), w.row(row0 + r + 1)], xs(t));
+                            out[r * n_tok + t..r * n_tok + t + TILE].copy_from_slice(&v[0]);
+                            out[(r + 1) * n_tok + t..(r + 1) * n_tok + t + TILE]
+                                .copy_from_slice(&v[1]);
+                        } else {
+                            let v = four(w.row(row0 + r), xs(t));
+                            out[r * n_tok + t..r * n_tok + t + TILE].copy_from_slice(&v);
+                        }
                         t += TILE;
                     }
-                    for (t, o) in o.iter_mut().enumerate().skip(t) {
-                        *o = one(wr, &q8[t * xb..(t + 1) * xb]);
+                    let done = if both { 2 } else { 1 };
+                    for rr in r..r + done {
+                        for t in tiles..n_tok {
+                            out[rr * n_tok + t] = one(w.row(row0 + rr), &q8[t * xb..(t + 1) * xb]);
+                        }
                     }
+                    r += done;
                 }
             }
             Format::Q4_1 => {
@@ -156,23 +177,41 @@ impl Kernels {
                         expected: nb * n_tok,
                         got: x.q8_sums.map_or(0, |s| s.len()),
                     })?;
-                for r in 0..rows {
-                    let wr = w.row(row0 + r);
-                    let o = &mut out[r * n_tok..(r + 1) * n_tok];
+                let xs = |t: usize| -> [&[u8]; TILE] {
+                    core::array::from_fn(|i| &q8[(t + i) * xb..(t + i + 1) * xb])
+                };
+                let ss = |t: usize| -> [&[f32]; TILE] {
+                    core::array::from_fn(|i| &sums[(t + i) * nb..(t + i + 1) * nb])
+                };
+                let tiles = n_tok / TILE * TILE;
+                let mut r = 0;
+                while r < rows {
+                    let both = r + 1 < rows;
                     let mut t = 0;
-                    while t + TILE <= n_tok {
-                        let xs = core::array::from_fn(|i| &q8[(t + i) * xb..(t + i + 1) * xb]);
-                        let ss = core::array::from_fn(|i| &sums[(t + i) * nb..(t + i + 1) * nb]);
-                        o[t..t + TILE].copy_from_slice(&(self.dot_q4_1_x4)(wr, xs, ss));
+                    while t < tiles {
+                        if both {
+                            let v = (self.dot_q4_1_2x4)(
+                                [w.row(row0 + r), w.row(row0 + r + 1)],
+                                xs(t),
+                                ss(t),
+                            );
+                            out[r * n_tok + t..r * n_tok + t + TILE].copy_from_slice(&v[0]);
+                            out[(r + 1) * n_tok + t..(r + 1) * n_tok + t + TILE]
+                                .copy_from_slice(&v[1]);
+                        } else {
+                            let v = (self.dot_q4_1_x4)(w.row(row0 + r), xs(t), ss(t));
+                            out[r * n_tok + t..r * n_tok + t + TILE].copy_from_slice(&v);
+                        }
                         t += TILE;
                     }
-                    for (t, o) in o.iter_mut().enumerate().skip(t) {
-                        *o = (self.dot_q4_1)(
-                            wr,
-                            &q8[t * xb..(t + 1) * xb],
-                            &sums[t * nb..(t + 1) * nb],
-                        );
+                    let done = if both { 2 } else { 1 };
+                    for rr in r..r + done {
+                        for t in tiles..n_tok {
+                            let (x, s) = (&q8[t * xb..(t + 1) * xb], &sums[t * nb..(t + 1) * nb]);
+                            out[rr * n_tok + t] = (self.dot_q4_1)(w.row(row0 + rr), x, s);
+                        }
                     }
+                    r += done;
                 }
             }
             Format::F32 => {

@@ -84,8 +84,20 @@ proptest! {
                 Format::Q4_0 => (best.dot_q4_0_x4)(&wq, xs),
                 _ => (best.dot_q4_1_x4)(&wq, xs, core::array::from_fn(|i| sums[i].as_slice())),
             };
+            // A pair of rows: these weights and another row made from them.
+            let w2: Vec<f32> = w[..n].iter().map(|v| -v * 0.5).collect();
+            let wq2 = quantized(format, &w2);
+            let ss = core::array::from_fn(|i| sums[i].as_slice());
+            let pair = match format {
+                Format::Q8_0 => (best.dot_q8_0_2x4)([&wq, &wq2], xs),
+                Format::Q4_0 => (best.dot_q4_0_2x4)([&wq, &wq2], xs),
+                _ => (best.dot_q4_1_2x4)([&wq, &wq2], xs, ss),
+            };
             for (i, x) in xq.iter().enumerate() {
+                let s2 = scalar.dot_quantized(format, &wq2, x).unwrap();
+                close(s2, pair[1][i], 1e-5 * abs_dot(format, &wq2, x, n) + f32::MIN_POSITIVE)?;
                 let s = scalar.dot_quantized(format, &wq, x).unwrap();
+                close(s, pair[0][i], 1e-5 * abs_dot(format, &wq, x, n) + f32::MIN_POSITIVE)?;
                 let b = best.dot_quantized(format, &wq, x).unwrap();
                 let bound = 1e-5 * abs_dot(format, &wq, x, n) + f32::MIN_POSITIVE;
                 close(s, b, bound)?;
@@ -186,7 +198,7 @@ fn mismatched_lengths_are_errors() {
 /// The tiled mat-mul against plain per-row dots, for every weight format and a ragged token count.
 #[test]
 fn matmul_rows_equals_row_dots() {
-    let (rows, cols, n_tok) = (5, 64, 7);
+    let (rows, cols, n_tok) = (6, 64, 11);
     let w: Vec<f32> = (0..rows * cols)
         .map(|i| libm::sinf(i as f32 * 0.37))
         .collect();

@@ -21,10 +21,13 @@ pub(super) static KERNELS: Kernels = Kernels {
     quantize_q8_0,
     dot_q8_0: |w, x| dot_q8_0::<1>(w, [x])[0],
     dot_q8_0_x4: dot_q8_0::<TILE>,
+    dot_q8_0_2x4: |w, x| pair(BlockQ8_0::BYTES, w, x, dot_q8_0_2x4_avx2),
     dot_q4_0: |w, x| dot_q4_0::<1>(w, [x])[0],
     dot_q4_0_x4: dot_q4_0::<TILE>,
+    dot_q4_0_2x4: |w, x| pair(BlockQ4_0::BYTES, w, x, dot_q4_0_2x4_avx2),
     dot_q4_1: |w, x, s| dot_q4_1::<1>(w, [x], [s])[0],
     dot_q4_1_x4: dot_q4_1::<TILE>,
+    dot_q4_1_2x4,
     dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
     dot_f32_x4: dot_f32::<TILE>,
     axpy_q8_0,
@@ -86,6 +89,22 @@ fn dot_f32<const N: usize>(w: &[u8], xs: [&[f32]; N]) -> [f32; N] {
     unsafe { dot_f32_avx2(n, w, xs) }
 }
 
+type Pair = unsafe fn(usize, [&[u8]; 2], [&[u8]; TILE]) -> [[f32; TILE]; 2];
+
+fn pair(w_block: usize, w: [&[u8]; 2], xs: [&[u8]; TILE], kernel: Pair) -> [[f32; TILE]; 2] {
+    let nb = blocks(w[0], w_block, &xs).min(w[1].len() / w_block);
+    // SAFETY: CPU features as above; `nb` whole blocks lie inside both `w` and every `xs[i]`.
+    unsafe { kernel(nb, w, xs) }
+}
+
+fn dot_q4_1_2x4(w: [&[u8]; 2], xs: [&[u8]; TILE], sums: [&[f32]; TILE]) -> [[f32; TILE]; 2] {
+    let nb = blocks(w[0], BlockQ4_1::BYTES, &xs).min(w[1].len() / BlockQ4_1::BYTES);
+    let nb = sums.iter().fold(nb, |n, s| n.min(s.len()));
+    // SAFETY: CPU features as above; `nb` whole blocks lie inside both `w`, every `xs[i]` and
+    // every `sums[i]`.
+    unsafe { dot_q4_1_2x4_avx2(nb, w, xs, sums) }
+}
+
 fn blocks<const N: usize>(w: &[u8], w_block: usize, xs: &[&[u8]; N]) -> usize {
     xs.iter()
         .fold(w.len() / w_block, |n, x| n.min(x.len() / BlockQ8_0::BYTES))
@@ -109,6 +128,18 @@ unsafe fn hsum(v: __m256) -> f32 {
         let s = _mm_add_ss(s, _mm_movehdup_ps(s));
         _mm_cvtss_f32(s)
     }
+}
+
+/// The horizontal sums of `N` accumulators. A plain loop: closures do not inherit the enclosing
+/// function's target features, so `map(|a| hsum(a))` would call the intrinsics out of line.
+#[inline(always)]
+unsafe fn hsums<const N: usize>(acc: [__m256; N]) -> [f32; N] {
+    let mut out = [0f32; N];
+    for i in 0..N {
+        // SAFETY: register-only; the caller has AVX.
+        out[i] = unsafe { hsum(acc[i]) };
+    }
+    out
 }
 
 /// Σ x·y over 32 signed bytes as 8 f32 partial sums. `x` must not hold -128 (`|x|` would wrap).
@@ -143,7 +174,10 @@ unsafe fn quantize_q8_0_avx2(x: &[f32], out: &mut [u8]) {
         // SAFETY: block `b` < nb lies inside `x` (32 floats) and `out` (34 bytes).
         unsafe {
             let p = x.as_ptr().add(b * QK);
-            let v = [0, 8, 16, 24].map(|i| _mm256_loadu_ps(p.add(i)));
+            let mut v = [_mm256_setzero_ps(); 4];
+            for (i, vi) in v.iter_mut().enumerate() {
+                *vi = _mm256_loadu_ps(p.add(8 * i));
+            }
             // max(new, acc) keeps acc when `new` is NaN, as the scalar fold does.
             let mut m = _mm256_setzero_ps();
             for vi in v {
@@ -156,7 +190,10 @@ unsafe fn quantize_q8_0_avx2(x: &[f32], out: &mut [u8]) {
 
             let d = amax / 127.0;
             let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
-            let ints = v.map(|vi| _mm256_cvtps_epi32(round_q8(_mm256_mul_ps(vi, id))));
+            let mut ints = [_mm256_setzero_si256(); 4];
+            for (q, vi) in ints.iter_mut().zip(v) {
+                *q = _mm256_cvtps_epi32(round_q8(_mm256_mul_ps(vi, id)));
+            }
             let i01 = _mm256_packs_epi32(ints[0], ints[1]);
             let i23 = _mm256_packs_epi32(ints[2], ints[3]);
             let q = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(i01, i23), perm);
@@ -229,8 +266,11 @@ unsafe fn dot_q8_0_avx2<const N: usize>(nb: usize, w: &[u8], xs: [&[u8]; N]) -> 
             q8_0_block(w, &xs, b, &mut even);
         }
     }
+    for i in 0..N {
+        even[i] = _mm256_add_ps(even[i], odd[i]);
+    }
     // SAFETY: register-only.
-    core::array::from_fn(|i| unsafe { hsum(_mm256_add_ps(even[i], odd[i])) })
+    unsafe { hsums(even) }
 }
 
 /// Adds Q4_0 block `b` of the weights times block `b` of each activation row to `acc`.
@@ -266,8 +306,11 @@ unsafe fn dot_q4_0_avx2<const N: usize>(nb: usize, w: &[u8], xs: [&[u8]; N]) -> 
             q4_0_block(w, &xs, b, &mut even);
         }
     }
+    for i in 0..N {
+        even[i] = _mm256_add_ps(even[i], odd[i]);
+    }
     // SAFETY: register-only.
-    core::array::from_fn(|i| unsafe { hsum(_mm256_add_ps(even[i], odd[i])) })
+    unsafe { hsums(even) }
 }
 
 /// Adds Q4_1 block `b` of the weights times block `b` of each activation row: the `d·n` part to
@@ -325,8 +368,132 @@ unsafe fn dot_q4_1_avx2<const N: usize>(
             q4_1_block(w, &xs, &sums, b, &mut even, &mut even_m);
         }
     }
+    for i in 0..N {
+        even[i] = _mm256_add_ps(even[i], odd[i]);
+    }
     // SAFETY: register-only.
-    core::array::from_fn(|i| unsafe { hsum(_mm256_add_ps(even[i], odd[i])) + even_m[i] + odd_m[i] })
+    let mut out = unsafe { hsums(even) };
+    for i in 0..N {
+        out[i] += even_m[i] + odd_m[i];
+    }
+    out
+}
+
+// Two weight rows against four activation rows: eight accumulators, enough independent chains
+// without the even/odd split, and every activation block loaded once for both weight rows.
+
+/// The 2x4 tile for the signed formats: Q8_0, or Q4_0 when `Q4`.
+#[inline(always)]
+unsafe fn dot_2x4_signed<const Q4: bool>(
+    nb: usize,
+    w: [&[u8]; 2],
+    xs: [&[u8]; TILE],
+) -> [[f32; TILE]; 2] {
+    let w_block = if Q4 {
+        BlockQ4_0::BYTES
+    } else {
+        BlockQ8_0::BYTES
+    };
+    // SAFETY: the caller guarantees `nb` whole blocks in every slice and AVX2/FMA/F16C.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); TILE]; 2];
+        let ones = _mm256_set1_epi16(1);
+        for b in 0..nb {
+            let mut dw = [_mm256_setzero_ps(); 2];
+            let mut qw = [_mm256_setzero_si256(); 2];
+            for r in 0..2 {
+                let wp = w[r].as_ptr().add(b * w_block);
+                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH) as *const i8);
+                dw[r] = _mm256_set1_ps(f16_at(wp));
+                qw[r] = if Q4 {
+                    _mm256_sub_epi8(nibbles(wp.add(2)), _mm256_set1_epi8(8))
+                } else {
+                    _mm256_loadu_si256(wp.add(2) as *const __m256i)
+                };
+            }
+            let aw = [
+                _mm256_sign_epi8(qw[0], qw[0]),
+                _mm256_sign_epi8(qw[1], qw[1]),
+            ];
+            for t in 0..TILE {
+                let xp = xs[t].as_ptr().add(b * BlockQ8_0::BYTES);
+                let qx = _mm256_loadu_si256(xp.add(2) as *const __m256i);
+                let dx = _mm256_set1_ps(f16_at(xp));
+                for r in 0..2 {
+                    let sy = _mm256_sign_epi8(qx, qw[r]);
+                    let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], sy), ones);
+                    acc[r][t] = _mm256_fmadd_ps(
+                        _mm256_mul_ps(dw[r], dx),
+                        _mm256_cvtepi32_ps(dot),
+                        acc[r][t],
+                    );
+                }
+            }
+        }
+        [hsums(acc[0]), hsums(acc[1])]
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q8_0_2x4_avx2(nb: usize, w: [&[u8]; 2], xs: [&[u8]; TILE]) -> [[f32; TILE]; 2] {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { dot_2x4_signed::<false>(nb, w, xs) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_0_2x4_avx2(nb: usize, w: [&[u8]; 2], xs: [&[u8]; TILE]) -> [[f32; TILE]; 2] {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { dot_2x4_signed::<true>(nb, w, xs) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_q4_1_2x4_avx2(
+    nb: usize,
+    w: [&[u8]; 2],
+    xs: [&[u8]; TILE],
+    sums: [&[f32]; TILE],
+) -> [[f32; TILE]; 2] {
+    let mut acc = [[_mm256_setzero_ps(); TILE]; 2];
+    let mut acc_m = [[0f32; TILE]; 2];
+    let ones = _mm256_set1_epi16(1);
+    for b in 0..nb {
+        // SAFETY: block `b` < nb lies inside both weight rows, every `xs[i]` and `sums[i]`.
+        unsafe {
+            let mut dw = [_mm256_setzero_ps(); 2];
+            let mut mw = [0f32; 2];
+            let mut qw = [_mm256_setzero_si256(); 2];
+            for r in 0..2 {
+                let wp = w[r].as_ptr().add(b * BlockQ4_1::BYTES);
+                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH) as *const i8);
+                dw[r] = _mm256_set1_ps(f16_at(wp));
+                mw[r] = f16_at(wp.add(2));
+                qw[r] = nibbles(wp.add(4));
+            }
+            for t in 0..TILE {
+                let xp = xs[t].as_ptr().add(b * BlockQ8_0::BYTES);
+                let qx = _mm256_loadu_si256(xp.add(2) as *const __m256i);
+                let dx = _mm256_set1_ps(f16_at(xp));
+                let s = *sums[t].get_unchecked(b);
+                for r in 0..2 {
+                    let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(qw[r], qx), ones);
+                    acc[r][t] = _mm256_fmadd_ps(
+                        _mm256_mul_ps(dw[r], dx),
+                        _mm256_cvtepi32_ps(dot),
+                        acc[r][t],
+                    );
+                    acc_m[r][t] += mw[r] * s;
+                }
+            }
+        }
+    }
+    // SAFETY: register-only.
+    let mut out = unsafe { [hsums(acc[0]), hsums(acc[1])] };
+    for r in 0..2 {
+        for t in 0..TILE {
+            out[r][t] += acc_m[r][t];
+        }
+    }
+    out
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -345,7 +512,7 @@ unsafe fn dot_f32_avx2<const N: usize>(n: usize, w: &[u8], xs: [&[f32]; N]) -> [
         i += 8;
     }
     // SAFETY: register-only.
-    let mut out = acc.map(|a| unsafe { hsum(a) });
+    let mut out = unsafe { hsums(acc) };
     for j in i..n {
         let b = &w[j * 4..j * 4 + 4];
         let v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
