@@ -130,6 +130,7 @@ impl Kernels {
             });
         }
         let rows = out.len() / n_tok;
+        let w_row = |r: usize| w.row(row0 + r);
         match w.format {
             Format::Q8_0 | Format::Q4_0 => {
                 let (q8, xb) = x.q8_rows(w.format)?;
@@ -137,34 +138,15 @@ impl Kernels {
                     Format::Q8_0 => (self.dot_q8_0, self.dot_q8_0_x4, self.dot_q8_0_2x4),
                     _ => (self.dot_q4_0, self.dot_q4_0_x4, self.dot_q4_0_2x4),
                 };
-                let xs = |t: usize| -> [&[u8]; TILE] {
-                    core::array::from_fn(|i| &q8[(t + i) * xb..(t + i + 1) * xb])
-                };
-                let tiles = n_tok / TILE * TILE;
-                let mut r = 0;
-                while r < rows {
-                    let both = r + 1 < rows;
-                    let mut t = 0;
-                    while t < tiles {
-                        if both {
-                            let v = pair([w.row(row0 + r), w.row(row0 + r + 1)], xs(t));
-                            out[r * n_tok + t..r * n_tok + t + TILE].copy_from_slice(&v[0]);
-                            out[(r + 1) * n_tok + t..(r + 1) * n_tok + t + TILE]
-                                .copy_from_slice(&v[1]);
-                        } else {
-                            let v = four(w.row(row0 + r), xs(t));
-                            out[r * n_tok + t..r * n_tok + t + TILE].copy_from_slice(&v);
-                        }
-                        t += TILE;
-                    }
-                    let done = if both { 2 } else { 1 };
-                    for rr in r..r + done {
-                        for t in tiles..n_tok {
-                            out[rr * n_tok + t] = one(w.row(row0 + rr), &q8[t * xb..(t + 1) * xb]);
-                        }
-                    }
-                    r += done;
-                }
+                let x1 = |t: usize| &q8[t * xb..(t + 1) * xb];
+                let x4 = |t: usize| -> [&[u8]; TILE] { core::array::from_fn(|i| x1(t + i)) };
+                tile(
+                    out,
+                    n_tok,
+                    |r, t| one(w_row(r), x1(t)),
+                    |r, t| four(w_row(r), x4(t)),
+                    Some(|r, t| pair([w_row(r), w_row(r + 1)], x4(t))),
+                );
             }
             Format::Q4_1 => {
                 let (q8, xb) = x.q8_rows(w.format)?;
@@ -177,60 +159,31 @@ impl Kernels {
                         expected: nb * n_tok,
                         got: x.q8_sums.map_or(0, |s| s.len()),
                     })?;
-                let xs = |t: usize| -> [&[u8]; TILE] {
-                    core::array::from_fn(|i| &q8[(t + i) * xb..(t + i + 1) * xb])
-                };
-                let ss = |t: usize| -> [&[f32]; TILE] {
-                    core::array::from_fn(|i| &sums[(t + i) * nb..(t + i + 1) * nb])
-                };
-                let tiles = n_tok / TILE * TILE;
-                let mut r = 0;
-                while r < rows {
-                    let both = r + 1 < rows;
-                    let mut t = 0;
-                    while t < tiles {
-                        if both {
-                            let v = (self.dot_q4_1_2x4)(
-                                [w.row(row0 + r), w.row(row0 + r + 1)],
-                                xs(t),
-                                ss(t),
-                            );
-                            out[r * n_tok + t..r * n_tok + t + TILE].copy_from_slice(&v[0]);
-                            out[(r + 1) * n_tok + t..(r + 1) * n_tok + t + TILE]
-                                .copy_from_slice(&v[1]);
-                        } else {
-                            let v = (self.dot_q4_1_x4)(w.row(row0 + r), xs(t), ss(t));
-                            out[r * n_tok + t..r * n_tok + t + TILE].copy_from_slice(&v);
-                        }
-                        t += TILE;
-                    }
-                    let done = if both { 2 } else { 1 };
-                    for rr in r..r + done {
-                        for t in tiles..n_tok {
-                            let (x, s) = (&q8[t * xb..(t + 1) * xb], &sums[t * nb..(t + 1) * nb]);
-                            out[rr * n_tok + t] = (self.dot_q4_1)(w.row(row0 + rr), x, s);
-                        }
-                    }
-                    r += done;
-                }
+                let x1 = |t: usize| &q8[t * xb..(t + 1) * xb];
+                let s1 = |t: usize| &sums[t * nb..(t + 1) * nb];
+                let x4 = |t: usize| -> [&[u8]; TILE] { core::array::from_fn(|i| x1(t + i)) };
+                let s4 = |t: usize| -> [&[f32]; TILE] { core::array::from_fn(|i| s1(t + i)) };
+                tile(
+                    out,
+                    n_tok,
+                    |r, t| (self.dot_q4_1)(w_row(r), x1(t), s1(t)),
+                    |r, t| (self.dot_q4_1_x4)(w_row(r), x4(t), s4(t)),
+                    Some(|r, t| (self.dot_q4_1_2x4)([w_row(r), w_row(r + 1)], x4(t), s4(t))),
+                );
             }
             Format::F32 => {
                 let xf = x.f32;
                 expect_len("f32 activations", x.cols * n_tok, xf.len())?;
                 let c = x.cols;
-                for r in 0..rows {
-                    let wr = w.row(row0 + r);
-                    let o = &mut out[r * n_tok..(r + 1) * n_tok];
-                    let mut t = 0;
-                    while t + TILE <= n_tok {
-                        let xs = core::array::from_fn(|i| &xf[(t + i) * c..(t + i + 1) * c]);
-                        o[t..t + TILE].copy_from_slice(&(self.dot_f32_x4)(wr, xs));
-                        t += TILE;
-                    }
-                    for (t, o) in o.iter_mut().enumerate().skip(t) {
-                        *o = (self.dot_f32)(wr, &xf[t * c..(t + 1) * c]);
-                    }
-                }
+                let x1 = |t: usize| &xf[t * c..(t + 1) * c];
+                let no_pairs: Option<PairAt> = None;
+                tile(
+                    out,
+                    n_tok,
+                    |r, t| (self.dot_f32)(w_row(r), x1(t)),
+                    |r, t| (self.dot_f32_x4)(w_row(r), core::array::from_fn(|i| x1(t + i))),
+                    no_pairs,
+                );
             }
             Format::F16 | Format::BF16 => {
                 let xf = x.f32;
@@ -257,6 +210,43 @@ impl Kernels {
             }
         }
         Ok(())
+    }
+}
+
+/// A two-row tile at (first row, first token).
+type PairAt = fn(usize, usize) -> [[f32; TILE]; 2];
+
+/// Fills `out` (`[row][token]`, `n_tok` per row) from a single-dot kernel `one(r, t)`, a kernel
+/// for `TILE` tokens `four(r, t..)` and, when there is one, a kernel for two rows and `TILE`
+/// tokens `pair(r..r + 2, t..)`: pairs of rows by whole tiles first, then the leftovers.
+fn tile(
+    out: &mut [f32],
+    n_tok: usize,
+    one: impl Fn(usize, usize) -> f32,
+    four: impl Fn(usize, usize) -> [f32; TILE],
+    pair: Option<impl Fn(usize, usize) -> [[f32; TILE]; 2]>,
+) {
+    let rows = out.len() / n_tok;
+    let tiles = n_tok / TILE * TILE;
+    let mut r = 0;
+    while r < rows {
+        let step = if pair.is_some() && r + 1 < rows { 2 } else { 1 };
+        for t in (0..tiles).step_by(TILE) {
+            match &pair {
+                Some(pair) if step == 2 => {
+                    let v = pair(r, t);
+                    out[r * n_tok + t..r * n_tok + t + TILE].copy_from_slice(&v[0]);
+                    out[(r + 1) * n_tok + t..(r + 1) * n_tok + t + TILE].copy_from_slice(&v[1]);
+                }
+                _ => out[r * n_tok + t..r * n_tok + t + TILE].copy_from_slice(&four(r, t)),
+            }
+        }
+        for rr in r..r + step {
+            for t in tiles..n_tok {
+                out[rr * n_tok + t] = one(rr, t);
+            }
+        }
+        r += step;
     }
 }
 
