@@ -145,3 +145,51 @@ fn inspect_reports_the_kv_cache_size() {
         "{text}"
     );
 }
+
+/// A two-turn chat on the real model: the second turn feeds only its own new tokens, since the
+/// first turn stays in the KV cache; end of input ends the program cleanly.
+#[test]
+fn chat_keeps_the_conversation_in_the_cache() {
+    use std::io::Write;
+    let model =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        model.is_file(),
+        "run scripts/fetch-model.sh first (scripts/test.sh does)"
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sapient"))
+        .args([
+            "chat",
+            "-m",
+            model.to_str().unwrap(),
+            "--temperature",
+            "0",
+            "-n",
+            "16",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"What is the capital of France?\nAnd of Italy?\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("Paris"), "{stdout}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let prompts: Vec<usize> = stderr
+        .lines()
+        .filter_map(|l| l.strip_prefix("[prompt: "))
+        .map(|l| l.split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(prompts.len(), 2, "{stderr}");
+    // The whole second conversation is longer than the first turn's prompt; only its new part
+    // (the end of the first reply's turn and the new question) goes through the model.
+    assert!(prompts[1] < prompts[0], "{prompts:?}");
+}

@@ -253,3 +253,54 @@ fn threads_and_simd_agree_with_serial_scalar() {
         }
     }
 }
+
+/// A checkpoint split into shards listed in `model.safetensors.index.json` loads to the same
+/// model as the single file.
+#[test]
+fn sharded_checkpoint_loads_like_the_single_file() {
+    let src = tiny("qwen2");
+    let dir = std::env::temp_dir().join(format!("sapient-shards-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut names: Vec<String> = st.names().into_iter().cloned().collect();
+    names.sort();
+    let half = names.len() / 2;
+    let mut weight_map = serde_json::Map::new();
+    for (i, part) in [&names[..half], &names[half..]].into_iter().enumerate() {
+        let file = format!("model-0000{}-of-00002.safetensors", i + 1);
+        let tensors: Vec<(String, safetensors::tensor::TensorView<'_>)> = part
+            .iter()
+            .map(|n| (n.clone(), st.tensor(n).unwrap()))
+            .collect();
+        safetensors::serialize_to_file(tensors, &None, &dir.join(&file)).unwrap();
+        for n in part {
+            weight_map.insert(n.clone(), file.clone().into());
+        }
+    }
+    let index = serde_json::json!({ "metadata": {}, "weight_map": weight_map });
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    std::fs::copy(src.join("config.json"), dir.join("config.json")).unwrap();
+
+    let seq = ids(&reference("qwen2")["inputs"]["seq7"]);
+    let sharded = ModelFiles::open(&dir, &LoadOptions::default()).unwrap();
+    let single = open("qwen2", "config.json", Quantize::Q8_0);
+    let a = run::logits(
+        &sharded.model(Quantize::Q8_0).unwrap(),
+        &seq,
+        true,
+        KvFormat::F32,
+        &Serial,
+    )
+    .unwrap();
+    let b = run::logits(
+        &single.model(Quantize::Q8_0).unwrap(),
+        &seq,
+        true,
+        KvFormat::F32,
+        &Serial,
+    )
+    .unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(a, b);
+}
