@@ -181,7 +181,11 @@ fn chat_keeps_the_conversation_in_the_cache() {
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("Paris"), "{stdout}");
+    assert_eq!(
+        stdout.matches("> ").count(),
+        3,
+        "two replies, then the prompt at end of input: {stdout}"
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     let prompts: Vec<usize> = stderr
         .lines()

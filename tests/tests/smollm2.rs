@@ -61,31 +61,46 @@ fn f32_weights_match_reference_logits() {
     }
 }
 
-/// Greedy decoding on the Q4_1 weights as they are (Q8_0 activations, as ggml computes).
+/// Greedy decoding on the Q4_1 weights as they are (Q8_0 activations, as ggml computes), with
+/// every KV cache format.
 ///
-/// On "The capital of France is", step 6 is a near tie in the reference: the f32 gap between
-/// " answer" (2988) and " United" (1797) is 0.22, while Q8_0 activations move logits by 0.25 RMS
-/// (1.1 at most) on this model. Which side wins then depends on rounding anywhere upstream: with
-/// llama.cpp's default f16 KV cache it is " answer", as in the reference; with f32 or Q8_0 it is
-/// " United". So this prompt runs with an f16 cache, as llama.cpp's own check did; the code prompt,
-/// whose gaps are wide, runs with every cache format.
+/// "def fibonacci(n):" must give the reference's first 8 tokens. "The capital of France is" must
+/// give its first 5; at step 6 the reference itself is a near tie: with the file's weights in f32
+/// (`Quantize::F32`, which matches transformers' logits) " answer" (2988) leads " United" (1797)
+/// by 0.22, while Q8_0 activations move this model's logits by 0.25 RMS (1.1 at most, measured
+/// over every position of a 10-token prompt). Which of the two wins then depends on rounding
+/// order anywhere upstream (llama.cpp's own run happened to pick " answer"); we require one of the
+/// two, and the f32-weight model to pick the reference's token and continue like it for 8 tokens.
 #[test]
 fn greedy_starts_like_the_reference() {
     let files = open();
     let model = files.model(Quantize::Q8_0).unwrap();
+    let exact = files.model(Quantize::F32).unwrap();
     let pool = sapient::Rayon::new(None).unwrap();
     let r = smollm2_reference();
     for p in r["prompts"].as_array().unwrap() {
         let prompt = ids(&p["ids"]);
         let want = &ids(&p["greedy_new_ids"])[..8];
-        let formats: &[KvFormat] = if p["prompt"] == "The capital of France is" {
-            &[KvFormat::F16]
-        } else {
-            &[KvFormat::Q8_0, KvFormat::F16, KvFormat::F32]
-        };
-        for &kv in formats {
+        let got = run::greedy(&exact, &prompt, 8, &[], KvFormat::F32, &pool).unwrap();
+        assert_eq!(got, want, "{} with f32 weights", p["prompt"]);
+        let france = p["prompt"] == "The capital of France is";
+        for kv in [KvFormat::Q8_0, KvFormat::F16, KvFormat::F32] {
             let got = run::greedy(&model, &prompt, 8, &[], kv, &pool).unwrap();
-            assert_eq!(got, want, "{} with a {kv:?} KV cache", p["prompt"]);
+            if france {
+                assert_eq!(
+                    got[..5],
+                    want[..5],
+                    "{} with a {kv:?} KV cache",
+                    p["prompt"]
+                );
+                assert!(
+                    [2988, 1797].contains(&got[5]),
+                    "{} with a {kv:?} KV cache: {got:?}",
+                    p["prompt"]
+                );
+            } else {
+                assert_eq!(got, want, "{} with a {kv:?} KV cache", p["prompt"]);
+            }
         }
     }
 }

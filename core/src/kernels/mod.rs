@@ -23,8 +23,11 @@ type DotQx4 = fn(&[u8], [&[u8]; TILE]) -> [f32; TILE];
 /// `m·d·Σq`, the same for every weight row, so it is computed once per activation row.
 type DotQ4_1 = fn(&[u8], &[u8], &[f32]) -> f32;
 type DotQ4_1x4 = fn(&[u8], [&[u8]; TILE], [&[f32]; TILE]) -> [f32; TILE];
-/// Two weight rows against `TILE` activation rows: each activation block is loaded once for both.
+/// Four weight rows against one activation row, and two against `TILE`: each activation block is
+/// loaded once for all the rows.
+type DotQ4x1 = fn([&[u8]; 4], &[u8]) -> [f32; 4];
 type DotQ2x4 = fn([&[u8]; 2], [&[u8]; TILE]) -> [[f32; TILE]; 2];
+type DotQ4_1_4x1 = fn([&[u8]; 4], &[u8], &[f32]) -> [f32; 4];
 type DotQ4_1_2x4 = fn([&[u8]; 2], [&[u8]; TILE], [&[f32]; TILE]) -> [[f32; TILE]; 2];
 
 /// One instruction set's kernels. Each entry is memory-safe for any input (it works on the whole
@@ -35,12 +38,15 @@ pub struct Kernels {
     pub quantize_q8_0: fn(&[f32], &mut [u8]),
     pub dot_q8_0: DotQ,
     pub dot_q8_0_x4: DotQx4,
+    pub dot_q8_0_4x1: DotQ4x1,
     pub dot_q8_0_2x4: DotQ2x4,
     pub dot_q4_0: DotQ,
     pub dot_q4_0_x4: DotQx4,
+    pub dot_q4_0_4x1: DotQ4x1,
     pub dot_q4_0_2x4: DotQ2x4,
     pub dot_q4_1: DotQ4_1,
     pub dot_q4_1_x4: DotQ4_1x4,
+    pub dot_q4_1_4x1: DotQ4_1_4x1,
     pub dot_q4_1_2x4: DotQ4_1_2x4,
     pub dot_f32: fn(&[u8], &[f32]) -> f32,
     pub dot_f32_x4: fn(&[u8], [&[f32]; TILE]) -> [f32; TILE],
@@ -134,9 +140,19 @@ impl Kernels {
         match w.format {
             Format::Q8_0 | Format::Q4_0 => {
                 let (q8, xb) = x.q8_rows(w.format)?;
-                let (one, four, pair): (DotQ, DotQx4, DotQ2x4) = match w.format {
-                    Format::Q8_0 => (self.dot_q8_0, self.dot_q8_0_x4, self.dot_q8_0_2x4),
-                    _ => (self.dot_q4_0, self.dot_q4_0_x4, self.dot_q4_0_2x4),
+                let (one, four, quad, pair): (DotQ, DotQx4, DotQ4x1, DotQ2x4) = match w.format {
+                    Format::Q8_0 => (
+                        self.dot_q8_0,
+                        self.dot_q8_0_x4,
+                        self.dot_q8_0_4x1,
+                        self.dot_q8_0_2x4,
+                    ),
+                    _ => (
+                        self.dot_q4_0,
+                        self.dot_q4_0_x4,
+                        self.dot_q4_0_4x1,
+                        self.dot_q4_0_2x4,
+                    ),
                 };
                 let x1 = |t: usize| &q8[t * xb..(t + 1) * xb];
                 let x4 = |t: usize| -> [&[u8]; TILE] { core::array::from_fn(|i| x1(t + i)) };
@@ -145,7 +161,10 @@ impl Kernels {
                     n_tok,
                     |r, t| one(w_row(r), x1(t)),
                     |r, t| four(w_row(r), x4(t)),
-                    Some(|r, t| pair([w_row(r), w_row(r + 1)], x4(t))),
+                    Some((
+                        |r, t| quad(core::array::from_fn(|i| w_row(r + i)), x1(t)),
+                        |r, t| pair([w_row(r), w_row(r + 1)], x4(t)),
+                    )),
                 );
             }
             Format::Q4_1 => {
@@ -168,7 +187,16 @@ impl Kernels {
                     n_tok,
                     |r, t| (self.dot_q4_1)(w_row(r), x1(t), s1(t)),
                     |r, t| (self.dot_q4_1_x4)(w_row(r), x4(t), s4(t)),
-                    Some(|r, t| (self.dot_q4_1_2x4)([w_row(r), w_row(r + 1)], x4(t), s4(t))),
+                    Some((
+                        |r, t| {
+                            (self.dot_q4_1_4x1)(
+                                core::array::from_fn(|i| w_row(r + i)),
+                                x1(t),
+                                s1(t),
+                            )
+                        },
+                        |r, t| (self.dot_q4_1_2x4)([w_row(r), w_row(r + 1)], x4(t), s4(t)),
+                    )),
                 );
             }
             Format::F32 => {
@@ -176,7 +204,7 @@ impl Kernels {
                 expect_len("f32 activations", x.cols * n_tok, xf.len())?;
                 let c = x.cols;
                 let x1 = |t: usize| &xf[t * c..(t + 1) * c];
-                let no_pairs: Option<PairAt> = None;
+                let no_pairs: Option<(QuadAt, PairAt)> = None;
                 tile(
                     out,
                     n_tok,
@@ -213,40 +241,53 @@ impl Kernels {
     }
 }
 
-/// A two-row tile at (first row, first token).
+/// Multi-row tiles at (first row, first token): four rows and one token, two rows and `TILE`.
+type QuadAt = fn(usize, usize) -> [f32; 4];
 type PairAt = fn(usize, usize) -> [[f32; TILE]; 2];
 
-/// Fills `out` (`[row][token]`, `n_tok` per row) from a single-dot kernel `one(r, t)`, a kernel
-/// for `TILE` tokens `four(r, t..)` and, when there is one, a kernel for two rows and `TILE`
-/// tokens `pair(r..r + 2, t..)`: pairs of rows by whole tiles first, then the leftovers.
+/// Fills `out` (`[row][token]`, `n_tok` per row) from kernels at (row, first token): one row and
+/// one token `one`, one row and `TILE` tokens `four`, and, where the format has them, four rows
+/// and one token and two rows and `TILE` tokens (`multi`). Whole tiles of tokens go two rows at a
+/// time; the tokens left over (all of them when decoding) four rows at a time.
 fn tile(
     out: &mut [f32],
     n_tok: usize,
     one: impl Fn(usize, usize) -> f32,
     four: impl Fn(usize, usize) -> [f32; TILE],
-    pair: Option<impl Fn(usize, usize) -> [[f32; TILE]; 2]>,
+    multi: Option<(
+        impl Fn(usize, usize) -> [f32; 4],
+        impl Fn(usize, usize) -> [[f32; TILE]; 2],
+    )>,
 ) {
     let rows = out.len() / n_tok;
     let tiles = n_tok / TILE * TILE;
-    let mut r = 0;
-    while r < rows {
-        let step = if pair.is_some() && r + 1 < rows { 2 } else { 1 };
-        for t in (0..tiles).step_by(TILE) {
-            match &pair {
-                Some(pair) if step == 2 => {
-                    let v = pair(r, t);
-                    out[r * n_tok + t..r * n_tok + t + TILE].copy_from_slice(&v[0]);
-                    out[(r + 1) * n_tok + t..(r + 1) * n_tok + t + TILE].copy_from_slice(&v[1]);
+    let (rows_by_2, rows_by_4) = match multi {
+        Some(_) => (rows / 2 * 2, rows / 4 * 4),
+        None => (0, 0),
+    };
+    for t in (0..tiles).step_by(TILE) {
+        if let Some((_, pair)) = &multi {
+            for r in (0..rows_by_2).step_by(2) {
+                let v = pair(r, t);
+                out[r * n_tok + t..r * n_tok + t + TILE].copy_from_slice(&v[0]);
+                out[(r + 1) * n_tok + t..(r + 1) * n_tok + t + TILE].copy_from_slice(&v[1]);
+            }
+        }
+        for r in rows_by_2..rows {
+            out[r * n_tok + t..r * n_tok + t + TILE].copy_from_slice(&four(r, t));
+        }
+    }
+    for t in tiles..n_tok {
+        if let Some((quad, _)) = &multi {
+            for r in (0..rows_by_4).step_by(4) {
+                for (i, v) in quad(r, t).into_iter().enumerate() {
+                    out[(r + i) * n_tok + t] = v;
                 }
-                _ => out[r * n_tok + t..r * n_tok + t + TILE].copy_from_slice(&four(r, t)),
             }
         }
-        for rr in r..r + step {
-            for t in tiles..n_tok {
-                out[rr * n_tok + t] = one(rr, t);
-            }
+        for r in rows_by_4..rows {
+            out[r * n_tok + t] = one(r, t);
         }
-        r += step;
     }
 }
 

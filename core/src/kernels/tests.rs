@@ -268,3 +268,69 @@ fn best_kernels_follow_the_cpu() {
     #[cfg(target_arch = "x86_64")]
     assert_eq!(name, if x86::available() { "avx2" } else { "scalar" });
 }
+
+/// Every tile shape gives a (row, token) pair the very same bits, so batching, threads and row
+/// pairing never change a result.
+#[test]
+fn tile_shapes_agree_bit_for_bit() {
+    let n = 4 * 32;
+    let rows: Vec<Vec<f32>> = (0..4)
+        .map(|r| {
+            (0..n)
+                .map(|i| libm::sinf((i * 7 + r * 13) as f32 * 0.1))
+                .collect()
+        })
+        .collect();
+    let toks: Vec<Vec<f32>> = (0..4)
+        .map(|t| {
+            (0..n)
+                .map(|i| libm::cosf((i * 3 + t * 5) as f32 * 0.2) * 3.0)
+                .collect()
+        })
+        .collect();
+    let xq: Vec<Vec<u8>> = toks.iter().map(|x| quantized(Format::Q8_0, x)).collect();
+    let sums: Vec<Vec<f32>> = xq
+        .iter()
+        .map(|x| {
+            let mut s = vec![0f32; 4];
+            q8_0_block_sums(x, &mut s);
+            s
+        })
+        .collect();
+    let k = Kernels::best();
+    for format in QUANTIZED {
+        let wq: Vec<Vec<u8>> = rows.iter().map(|w| quantized(format, w)).collect();
+        let w4: [&[u8]; 4] = core::array::from_fn(|r| wq[r].as_slice());
+        let x4: [&[u8]; 4] = core::array::from_fn(|t| xq[t].as_slice());
+        let s4: [&[f32]; 4] = core::array::from_fn(|t| sums[t].as_slice());
+        for r in 0..4 {
+            for t in 0..4 {
+                let (one, four, quad, pair) = match format {
+                    Format::Q8_0 => (
+                        (k.dot_q8_0)(w4[r], x4[t]),
+                        (k.dot_q8_0_x4)(w4[r], x4)[t],
+                        (k.dot_q8_0_4x1)(w4, x4[t])[r],
+                        (k.dot_q8_0_2x4)([w4[r], w4[r ^ 1]], x4)[0][t],
+                    ),
+                    Format::Q4_0 => (
+                        (k.dot_q4_0)(w4[r], x4[t]),
+                        (k.dot_q4_0_x4)(w4[r], x4)[t],
+                        (k.dot_q4_0_4x1)(w4, x4[t])[r],
+                        (k.dot_q4_0_2x4)([w4[r], w4[r ^ 1]], x4)[0][t],
+                    ),
+                    _ => (
+                        (k.dot_q4_1)(w4[r], x4[t], s4[t]),
+                        (k.dot_q4_1_x4)(w4[r], x4, s4)[t],
+                        (k.dot_q4_1_4x1)(w4, x4[t], s4[t])[r],
+                        (k.dot_q4_1_2x4)([w4[r], w4[r ^ 1]], x4, s4)[0][t],
+                    ),
+                };
+                assert_eq!(
+                    [one.to_bits(), four.to_bits(), quad.to_bits()],
+                    [pair.to_bits(); 3],
+                    "{format} r{r} t{t}"
+                );
+            }
+        }
+    }
+}

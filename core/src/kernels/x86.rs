@@ -19,15 +19,18 @@ pub fn available() -> bool {
 pub(super) static KERNELS: Kernels = Kernels {
     name: "avx2",
     quantize_q8_0,
-    dot_q8_0: |w, x| dot_q8_0::<1>(w, [x])[0],
-    dot_q8_0_x4: dot_q8_0::<TILE>,
-    dot_q8_0_2x4: |w, x| pair(BlockQ8_0::BYTES, w, x, dot_q8_0_2x4_avx2),
-    dot_q4_0: |w, x| dot_q4_0::<1>(w, [x])[0],
-    dot_q4_0_x4: dot_q4_0::<TILE>,
-    dot_q4_0_2x4: |w, x| pair(BlockQ4_0::BYTES, w, x, dot_q4_0_2x4_avx2),
-    dot_q4_1: |w, x, s| dot_q4_1::<1>(w, [x], [s])[0],
-    dot_q4_1_x4: dot_q4_1::<TILE>,
-    dot_q4_1_2x4,
+    dot_q8_0: |w, x| q8_0([w], [x])[0][0],
+    dot_q8_0_x4: |w, xs| q8_0([w], xs)[0],
+    dot_q8_0_4x1: |w, x| q8_0(w, [x]).map(|r| r[0]),
+    dot_q8_0_2x4: q8_0::<2, TILE>,
+    dot_q4_0: |w, x| q4_0([w], [x])[0][0],
+    dot_q4_0_x4: |w, xs| q4_0([w], xs)[0],
+    dot_q4_0_4x1: |w, x| q4_0(w, [x]).map(|r| r[0]),
+    dot_q4_0_2x4: q4_0::<2, TILE>,
+    dot_q4_1: |w, x, s| q4_1([w], [x], [s])[0][0],
+    dot_q4_1_x4: |w, xs, ss| q4_1([w], xs, ss)[0],
+    dot_q4_1_4x1: |w, x, s| q4_1(w, [x], [s]).map(|r| r[0]),
+    dot_q4_1_2x4: q4_1::<2, TILE>,
     dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
     dot_f32_x4: dot_f32::<TILE>,
     axpy_q8_0,
@@ -62,25 +65,29 @@ fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
     unsafe { quantize_q8_0_avx2(x, out) }
 }
 
-fn dot_q8_0<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
-    let nb = blocks(w, BlockQ8_0::BYTES, &xs);
-    // SAFETY: CPU features as above; `nb` whole blocks lie inside `w` and every `xs[i]`.
-    unsafe { dot_q8_0_avx2(nb, w, xs) }
+fn q8_0<const R: usize, const N: usize>(w: [&[u8]; R], xs: [&[u8]; N]) -> [[f32; N]; R] {
+    let nb = blocks(&w, BlockQ8_0::BYTES, &xs);
+    // SAFETY: CPU features as above; `nb` whole blocks lie inside every `w[r]` and `xs[i]`.
+    unsafe { tile_q8_0(nb, w, xs) }
 }
 
-fn dot_q4_0<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
-    let nb = blocks(w, BlockQ4_0::BYTES, &xs);
-    // SAFETY: CPU features as above; `nb` whole blocks lie inside `w` and every `xs[i]`.
-    unsafe { dot_q4_0_avx2(nb, w, xs) }
+fn q4_0<const R: usize, const N: usize>(w: [&[u8]; R], xs: [&[u8]; N]) -> [[f32; N]; R] {
+    let nb = blocks(&w, BlockQ4_0::BYTES, &xs);
+    // SAFETY: CPU features as above; `nb` whole blocks lie inside every `w[r]` and `xs[i]`.
+    unsafe { tile_q4_0(nb, w, xs) }
 }
 
-fn dot_q4_1<const N: usize>(w: &[u8], xs: [&[u8]; N], sums: [&[f32]; N]) -> [f32; N] {
+fn q4_1<const R: usize, const N: usize>(
+    w: [&[u8]; R],
+    xs: [&[u8]; N],
+    sums: [&[f32]; N],
+) -> [[f32; N]; R] {
     let nb = sums
         .iter()
-        .fold(blocks(w, BlockQ4_1::BYTES, &xs), |n, s| n.min(s.len()));
-    // SAFETY: CPU features as above; `nb` whole blocks lie inside `w`, every `xs[i]` and
-    // every `sums[i]`.
-    unsafe { dot_q4_1_avx2(nb, w, xs, sums) }
+        .fold(blocks(&w, BlockQ4_1::BYTES, &xs), |n, s| n.min(s.len()));
+    // SAFETY: CPU features as above; `nb` whole blocks lie inside every `w[r]`, `xs[i]` and
+    // `sums[i]`.
+    unsafe { tile_q4_1(nb, w, xs, sums) }
 }
 
 fn dot_f32<const N: usize>(w: &[u8], xs: [&[f32]; N]) -> [f32; N] {
@@ -89,25 +96,14 @@ fn dot_f32<const N: usize>(w: &[u8], xs: [&[f32]; N]) -> [f32; N] {
     unsafe { dot_f32_avx2(n, w, xs) }
 }
 
-type Pair = unsafe fn(usize, [&[u8]; 2], [&[u8]; TILE]) -> [[f32; TILE]; 2];
-
-fn pair(w_block: usize, w: [&[u8]; 2], xs: [&[u8]; TILE], kernel: Pair) -> [[f32; TILE]; 2] {
-    let nb = blocks(w[0], w_block, &xs).min(w[1].len() / w_block);
-    // SAFETY: CPU features as above; `nb` whole blocks lie inside both `w` and every `xs[i]`.
-    unsafe { kernel(nb, w, xs) }
-}
-
-fn dot_q4_1_2x4(w: [&[u8]; 2], xs: [&[u8]; TILE], sums: [&[f32]; TILE]) -> [[f32; TILE]; 2] {
-    let nb = blocks(w[0], BlockQ4_1::BYTES, &xs).min(w[1].len() / BlockQ4_1::BYTES);
-    let nb = sums.iter().fold(nb, |n, s| n.min(s.len()));
-    // SAFETY: CPU features as above; `nb` whole blocks lie inside both `w`, every `xs[i]` and
-    // every `sums[i]`.
-    unsafe { dot_q4_1_2x4_avx2(nb, w, xs, sums) }
-}
-
-fn blocks<const N: usize>(w: &[u8], w_block: usize, xs: &[&[u8]; N]) -> usize {
-    xs.iter()
-        .fold(w.len() / w_block, |n, x| n.min(x.len() / BlockQ8_0::BYTES))
+/// Whole blocks present in every weight row and every activation row.
+fn blocks<const R: usize, const N: usize>(
+    w: &[&[u8]; R],
+    w_block: usize,
+    xs: &[&[u8]; N],
+) -> usize {
+    let n = w.iter().fold(usize::MAX, |n, w| n.min(w.len() / w_block));
+    xs.iter().fold(n, |n, x| n.min(x.len() / BlockQ8_0::BYTES))
 }
 
 #[inline(always)]
@@ -140,18 +136,6 @@ unsafe fn hsums<const N: usize>(acc: [__m256; N]) -> [f32; N] {
         out[i] = unsafe { hsum(acc[i]) };
     }
     out
-}
-
-/// Σ x·y over 32 signed bytes as 8 f32 partial sums. `x` must not hold -128 (`|x|` would wrap).
-#[inline(always)]
-unsafe fn mul_sum_i8(x: __m256i, y: __m256i) -> __m256 {
-    // SAFETY: register-only arithmetic; the caller has AVX2.
-    unsafe {
-        let ax = _mm256_sign_epi8(x, x);
-        let sy = _mm256_sign_epi8(y, x);
-        let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
-        _mm256_cvtepi32_ps(dot)
-    }
 }
 
 /// The 32 nibbles of a Q4 block as bytes: the low nibbles in the low lane, the high in the high.
@@ -225,170 +209,25 @@ unsafe fn round_q8(v: __m256) -> __m256 {
     }
 }
 
-// The quantized dots below alternate two sets of accumulators between even and odd blocks, so
-// that consecutive blocks' FMAs do not wait on each other (an FMA's latency is four cycles).
+// The quantized dots: R weight rows against N activation rows, one accumulator per (row, token),
+// blocks added in order. Every tile shape therefore gives a (row, token) pair the same sum, so a
+// token's result does not depend on how many tokens or rows were computed with it (prefill in
+// one batch equals token-by-token decoding, and threads change nothing). Independent FMA chains,
+// which hide the FMA's four-cycle latency, come from several rows and tokens per tile: decode
+// uses 2x1 tiles, prefill 2x4.
 
 /// How far ahead of the block in use the weight stream is prefetched, in bytes. A single core's
 /// hardware prefetcher does not keep up with one weight stream on its own: measured on SmolLM2
 /// Q8_0 decode (2 threads), no prefetch gave 67 tokens/s, 512 bytes 76, 2048 to 8192 bytes 95-104.
 const PREFETCH: usize = 4096;
 
-/// Adds Q8_0 block `b` of the weights times block `b` of each activation row to `acc`.
+/// The tile for the signed formats: Q8_0, or Q4_0 when `Q4`.
 #[inline(always)]
-unsafe fn q8_0_block<const N: usize>(w: &[u8], xs: &[&[u8]; N], b: usize, acc: &mut [__m256; N]) {
-    // SAFETY: the caller guarantees block `b` lies inside `w` and every `xs[i]`, and AVX2/F16C.
-    unsafe {
-        let wp = w.as_ptr().add(b * BlockQ8_0::BYTES);
-        _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH) as *const i8);
-        let dw = f16_at(wp);
-        let qw = _mm256_loadu_si256(wp.add(2) as *const __m256i);
-        for (a, x) in acc.iter_mut().zip(xs) {
-            let xp = x.as_ptr().add(b * BlockQ8_0::BYTES);
-            let qx = _mm256_loadu_si256(xp.add(2) as *const __m256i);
-            let d = _mm256_set1_ps(dw * f16_at(xp));
-            *a = _mm256_fmadd_ps(d, mul_sum_i8(qw, qx), *a);
-        }
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q8_0_avx2<const N: usize>(nb: usize, w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
-    let (mut even, mut odd) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
-    let mut b = 0;
-    // SAFETY: every block index passed is < nb, which the caller checked against the slices.
-    unsafe {
-        while b + 2 <= nb {
-            q8_0_block(w, &xs, b, &mut even);
-            q8_0_block(w, &xs, b + 1, &mut odd);
-            b += 2;
-        }
-        if b < nb {
-            q8_0_block(w, &xs, b, &mut even);
-        }
-    }
-    for i in 0..N {
-        even[i] = _mm256_add_ps(even[i], odd[i]);
-    }
-    // SAFETY: register-only.
-    unsafe { hsums(even) }
-}
-
-/// Adds Q4_0 block `b` of the weights times block `b` of each activation row to `acc`.
-#[inline(always)]
-unsafe fn q4_0_block<const N: usize>(w: &[u8], xs: &[&[u8]; N], b: usize, acc: &mut [__m256; N]) {
-    // SAFETY: the caller guarantees block `b` lies inside `w` and every `xs[i]`, and AVX2/F16C.
-    unsafe {
-        let wp = w.as_ptr().add(b * BlockQ4_0::BYTES);
-        _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH) as *const i8);
-        let dw = f16_at(wp);
-        let qw = _mm256_sub_epi8(nibbles(wp.add(2)), _mm256_set1_epi8(8));
-        for (a, x) in acc.iter_mut().zip(xs) {
-            let xp = x.as_ptr().add(b * BlockQ8_0::BYTES);
-            let qx = _mm256_loadu_si256(xp.add(2) as *const __m256i);
-            let d = _mm256_set1_ps(dw * f16_at(xp));
-            *a = _mm256_fmadd_ps(d, mul_sum_i8(qw, qx), *a);
-        }
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_0_avx2<const N: usize>(nb: usize, w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
-    let (mut even, mut odd) = ([_mm256_setzero_ps(); N], [_mm256_setzero_ps(); N]);
-    let mut b = 0;
-    // SAFETY: every block index passed is < nb, which the caller checked against the slices.
-    unsafe {
-        while b + 2 <= nb {
-            q4_0_block(w, &xs, b, &mut even);
-            q4_0_block(w, &xs, b + 1, &mut odd);
-            b += 2;
-        }
-        if b < nb {
-            q4_0_block(w, &xs, b, &mut even);
-        }
-    }
-    for i in 0..N {
-        even[i] = _mm256_add_ps(even[i], odd[i]);
-    }
-    // SAFETY: register-only.
-    unsafe { hsums(even) }
-}
-
-/// Adds Q4_1 block `b` of the weights times block `b` of each activation row: the `d·n` part to
-/// `acc`, the minimum's part (`m·d·Σq`, from the precomputed sums) to `acc_m`.
-#[inline(always)]
-unsafe fn q4_1_block<const N: usize>(
-    w: &[u8],
-    xs: &[&[u8]; N],
-    sums: &[&[f32]; N],
-    b: usize,
-    acc: &mut [__m256; N],
-    acc_m: &mut [f32; N],
-) {
-    // SAFETY: the caller guarantees block `b` lies inside `w`, every `xs[i]` and `sums[i]`, and
-    // AVX2/F16C.
-    unsafe {
-        let wp = w.as_ptr().add(b * BlockQ4_1::BYTES);
-        _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH) as *const i8);
-        let (dw, mw) = (f16_at(wp), f16_at(wp.add(2)));
-        let qw = nibbles(wp.add(4));
-        for i in 0..N {
-            let xp = xs[i].as_ptr().add(b * BlockQ8_0::BYTES);
-            let qx = _mm256_loadu_si256(xp.add(2) as *const __m256i);
-            // The nibbles are unsigned: maddubs takes them as they are.
-            let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(qw, qx), _mm256_set1_epi16(1));
-            acc[i] = _mm256_fmadd_ps(
-                _mm256_set1_ps(dw * f16_at(xp)),
-                _mm256_cvtepi32_ps(dot),
-                acc[i],
-            );
-            acc_m[i] += mw * *sums[i].get_unchecked(b);
-        }
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_1_avx2<const N: usize>(
+unsafe fn tile_signed<const Q4: bool, const R: usize, const N: usize>(
     nb: usize,
-    w: &[u8],
+    w: [&[u8]; R],
     xs: [&[u8]; N],
-    sums: [&[f32]; N],
-) -> [f32; N] {
-    let zero = [_mm256_setzero_ps(); N];
-    let (mut even, mut odd) = (zero, zero);
-    let (mut even_m, mut odd_m) = ([0f32; N], [0f32; N]);
-    let mut b = 0;
-    // SAFETY: every block index passed is < nb, which the caller checked against the slices.
-    unsafe {
-        while b + 2 <= nb {
-            q4_1_block(w, &xs, &sums, b, &mut even, &mut even_m);
-            q4_1_block(w, &xs, &sums, b + 1, &mut odd, &mut odd_m);
-            b += 2;
-        }
-        if b < nb {
-            q4_1_block(w, &xs, &sums, b, &mut even, &mut even_m);
-        }
-    }
-    for i in 0..N {
-        even[i] = _mm256_add_ps(even[i], odd[i]);
-    }
-    // SAFETY: register-only.
-    let mut out = unsafe { hsums(even) };
-    for i in 0..N {
-        out[i] += even_m[i] + odd_m[i];
-    }
-    out
-}
-
-// Two weight rows against four activation rows: eight accumulators, enough independent chains
-// without the even/odd split, and every activation block loaded once for both weight rows.
-
-/// The 2x4 tile for the signed formats: Q8_0, or Q4_0 when `Q4`.
-#[inline(always)]
-unsafe fn dot_2x4_signed<const Q4: bool>(
-    nb: usize,
-    w: [&[u8]; 2],
-    xs: [&[u8]; TILE],
-) -> [[f32; TILE]; 2] {
+) -> [[f32; N]; R] {
     let w_block = if Q4 {
         BlockQ4_0::BYTES
     } else {
@@ -396,12 +235,13 @@ unsafe fn dot_2x4_signed<const Q4: bool>(
     };
     // SAFETY: the caller guarantees `nb` whole blocks in every slice and AVX2/FMA/F16C.
     unsafe {
-        let mut acc = [[_mm256_setzero_ps(); TILE]; 2];
+        let mut acc = [[_mm256_setzero_ps(); N]; R];
         let ones = _mm256_set1_epi16(1);
         for b in 0..nb {
-            let mut dw = [_mm256_setzero_ps(); 2];
-            let mut qw = [_mm256_setzero_si256(); 2];
-            for r in 0..2 {
+            let mut dw = [_mm256_setzero_ps(); R];
+            let mut qw = [_mm256_setzero_si256(); R];
+            let mut aw = [_mm256_setzero_si256(); R];
+            for r in 0..R {
                 let wp = w[r].as_ptr().add(b * w_block);
                 _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH) as *const i8);
                 dw[r] = _mm256_set1_ps(f16_at(wp));
@@ -410,16 +250,14 @@ unsafe fn dot_2x4_signed<const Q4: bool>(
                 } else {
                     _mm256_loadu_si256(wp.add(2) as *const __m256i)
                 };
+                aw[r] = _mm256_sign_epi8(qw[r], qw[r]);
             }
-            let aw = [
-                _mm256_sign_epi8(qw[0], qw[0]),
-                _mm256_sign_epi8(qw[1], qw[1]),
-            ];
-            for t in 0..TILE {
+            for t in 0..N {
                 let xp = xs[t].as_ptr().add(b * BlockQ8_0::BYTES);
                 let qx = _mm256_loadu_si256(xp.add(2) as *const __m256i);
                 let dx = _mm256_set1_ps(f16_at(xp));
-                for r in 0..2 {
+                for r in 0..R {
+                    // |w|·(x with w's sign): maddubs needs its first operand unsigned.
                     let sy = _mm256_sign_epi8(qx, qw[r]);
                     let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], sy), ones);
                     acc[r][t] = _mm256_fmadd_ps(
@@ -430,51 +268,65 @@ unsafe fn dot_2x4_signed<const Q4: bool>(
                 }
             }
         }
-        [hsums(acc[0]), hsums(acc[1])]
+        let mut out = [[0f32; N]; R];
+        for r in 0..R {
+            out[r] = hsums(acc[r]);
+        }
+        out
     }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q8_0_2x4_avx2(nb: usize, w: [&[u8]; 2], xs: [&[u8]; TILE]) -> [[f32; TILE]; 2] {
-    // SAFETY: as the caller guarantees for this function.
-    unsafe { dot_2x4_signed::<false>(nb, w, xs) }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_0_2x4_avx2(nb: usize, w: [&[u8]; 2], xs: [&[u8]; TILE]) -> [[f32; TILE]; 2] {
-    // SAFETY: as the caller guarantees for this function.
-    unsafe { dot_2x4_signed::<true>(nb, w, xs) }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_q4_1_2x4_avx2(
+unsafe fn tile_q8_0<const R: usize, const N: usize>(
     nb: usize,
-    w: [&[u8]; 2],
-    xs: [&[u8]; TILE],
-    sums: [&[f32]; TILE],
-) -> [[f32; TILE]; 2] {
-    let mut acc = [[_mm256_setzero_ps(); TILE]; 2];
-    let mut acc_m = [[0f32; TILE]; 2];
+    w: [&[u8]; R],
+    xs: [&[u8]; N],
+) -> [[f32; N]; R] {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { tile_signed::<false, R, N>(nb, w, xs) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_q4_0<const R: usize, const N: usize>(
+    nb: usize,
+    w: [&[u8]; R],
+    xs: [&[u8]; N],
+) -> [[f32; N]; R] {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { tile_signed::<true, R, N>(nb, w, xs) }
+}
+
+/// Q4_1: the nibbles are unsigned, so maddubs takes them as they are; the minimum's part
+/// `m·(d·Σq)` comes from the precomputed activation sums.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_q4_1<const R: usize, const N: usize>(
+    nb: usize,
+    w: [&[u8]; R],
+    xs: [&[u8]; N],
+    sums: [&[f32]; N],
+) -> [[f32; N]; R] {
+    let mut acc = [[_mm256_setzero_ps(); N]; R];
+    let mut acc_m = [[0f32; N]; R];
     let ones = _mm256_set1_epi16(1);
     for b in 0..nb {
-        // SAFETY: block `b` < nb lies inside both weight rows, every `xs[i]` and `sums[i]`.
+        // SAFETY: block `b` < nb lies inside every weight row, `xs[i]` and `sums[i]`.
         unsafe {
-            let mut dw = [_mm256_setzero_ps(); 2];
-            let mut mw = [0f32; 2];
-            let mut qw = [_mm256_setzero_si256(); 2];
-            for r in 0..2 {
+            let mut dw = [_mm256_setzero_ps(); R];
+            let mut mw = [0f32; R];
+            let mut qw = [_mm256_setzero_si256(); R];
+            for r in 0..R {
                 let wp = w[r].as_ptr().add(b * BlockQ4_1::BYTES);
                 _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH) as *const i8);
                 dw[r] = _mm256_set1_ps(f16_at(wp));
                 mw[r] = f16_at(wp.add(2));
                 qw[r] = nibbles(wp.add(4));
             }
-            for t in 0..TILE {
+            for t in 0..N {
                 let xp = xs[t].as_ptr().add(b * BlockQ8_0::BYTES);
                 let qx = _mm256_loadu_si256(xp.add(2) as *const __m256i);
                 let dx = _mm256_set1_ps(f16_at(xp));
                 let s = *sums[t].get_unchecked(b);
-                for r in 0..2 {
+                for r in 0..R {
                     let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(qw[r], qx), ones);
                     acc[r][t] = _mm256_fmadd_ps(
                         _mm256_mul_ps(dw[r], dx),
@@ -486,10 +338,11 @@ unsafe fn dot_q4_1_2x4_avx2(
             }
         }
     }
-    // SAFETY: register-only.
-    let mut out = unsafe { [hsums(acc[0]), hsums(acc[1])] };
-    for r in 0..2 {
-        for t in 0..TILE {
+    let mut out = [[0f32; N]; R];
+    for r in 0..R {
+        // SAFETY: register-only.
+        out[r] = unsafe { hsums(acc[r]) };
+        for t in 0..N {
             out[r][t] += acc_m[r][t];
         }
     }
