@@ -5,7 +5,7 @@
 use crate::config::{RopeStyle, MAX_HEAD_DIM};
 use crate::error::{Error, Result};
 use crate::exec::Exec;
-use crate::kernels::{Activations, Kernels};
+use crate::kernels::{Activations, Kernels, TILE};
 use crate::kv_cache::LayerKv;
 use crate::ops;
 use crate::quant::{self, BlockQ8_0, Format, QK};
@@ -285,19 +285,37 @@ fn attend_one(
     while start <= pos {
         let end = (start + KEY_STEP).min(pos + 1);
         let scores = &mut scores[..end - start];
-        for (j, s) in (start..end).zip(scores.iter_mut()) {
-            let k = kv.k_row(j, kv_head);
-            // Rows come from the cache, whose layout fixed their lengths: the table's kernels
-            // need no further checks.
-            let dot = match kv.format {
-                Format::Q8_0 => (kernels.dot_q8_0)(k, &q8[..kv.row_bytes]),
-                Format::F32 => (kernels.dot_f32)(k, q),
-                format => {
-                    quant::dequantize_row(format, k, &mut row[..hd])?;
-                    row[..hd].iter().zip(q).map(|(a, b)| a * b).sum()
+        if kv.format == Format::Q8_0 {
+            // Four keys per call: the Q8_0·Q8_0 dot is symmetric, so the query takes the weight
+            // row's place and four cached keys the activations'.
+            let q8 = &q8[..kv.row_bytes];
+            let mut j = start;
+            for s4 in scores.chunks_mut(TILE) {
+                if s4.len() == TILE {
+                    let keys = core::array::from_fn(|i| kv.k_row(j + i, kv_head));
+                    s4.copy_from_slice(&(kernels.dot_q8_0_x4)(q8, keys));
+                } else {
+                    for (i, s) in s4.iter_mut().enumerate() {
+                        *s = (kernels.dot_q8_0)(q8, kv.k_row(j + i, kv_head));
+                    }
                 }
-            };
-            *s = dot * scale;
+                j += s4.len();
+            }
+            scores.iter_mut().for_each(|s| *s *= scale);
+        } else {
+            for (j, s) in (start..end).zip(scores.iter_mut()) {
+                let k = kv.k_row(j, kv_head);
+                // Rows come from the cache, whose layout fixed their lengths: the table's kernels
+                // need no further checks.
+                let dot = match kv.format {
+                    Format::F32 => (kernels.dot_f32)(k, q),
+                    format => {
+                        quant::dequantize_row(format, k, &mut row[..hd])?;
+                        row[..hd].iter().zip(q).map(|(a, b)| a * b).sum()
+                    }
+                };
+                *s = dot * scale;
+            }
         }
         let step_max = scores.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
         if step_max > max {
