@@ -56,8 +56,13 @@ pub struct Kernels {
 
 impl Kernels {
     /// The fastest kernels this CPU runs. On x86-64 the AVX2 set is chosen only when the CPU
-    /// reports AVX2, FMA and F16C, so an older CPU gets the scalar set rather than SIGILL.
+    /// reports AVX2, FMA and F16C (and its AVX-VNNI variant only with AVX-VNNI too), so an older
+    /// CPU gets the scalar set rather than SIGILL.
     pub fn best() -> &'static Kernels {
+        #[cfg(target_arch = "x86_64")]
+        if x86::vnni_available() {
+            return &x86::KERNELS_VNNI;
+        }
         #[cfg(target_arch = "x86_64")]
         if x86::available() {
             return &x86::KERNELS;

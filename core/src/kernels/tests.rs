@@ -266,7 +266,16 @@ fn best_kernels_follow_the_cpu() {
     #[cfg(all(target_arch = "aarch64", not(target_feature = "dotprod")))]
     assert_eq!(name, "neon");
     #[cfg(target_arch = "x86_64")]
-    assert_eq!(name, if x86::available() { "avx2" } else { "scalar" });
+    assert_eq!(
+        name,
+        if x86::vnni_available() {
+            "avx2+vnni"
+        } else if x86::available() {
+            "avx2"
+        } else {
+            "scalar"
+        }
+    );
 }
 
 /// Every tile shape gives a (row, token) pair the very same bits, so batching, threads and row
@@ -332,5 +341,30 @@ fn tile_shapes_agree_bit_for_bit() {
                 );
             }
         }
+    }
+}
+
+/// The AVX-VNNI table gives the AVX2 table's bits (where this CPU runs both).
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn vnni_and_avx2_tables_agree_bit_for_bit() {
+    if !x86::vnni_available() {
+        return;
+    }
+    let (a, v) = (&x86::KERNELS, &x86::KERNELS_VNNI);
+    let n = 8 * 32;
+    let w: Vec<f32> = (0..n).map(|i| libm::sinf(i as f32 * 0.37) * 5.0).collect();
+    let x: Vec<f32> = (0..n).map(|i| libm::cosf(i as f32 * 0.11) * 3.0).collect();
+    let xq = quantized(Format::Q8_0, &x);
+    let mut sums = vec![0f32; 8];
+    q8_0_block_sums(&xq, &mut sums);
+    for format in QUANTIZED {
+        let wq = quantized(format, &w);
+        let (p, q) = match format {
+            Format::Q8_0 => ((a.dot_q8_0)(&wq, &xq), (v.dot_q8_0)(&wq, &xq)),
+            Format::Q4_0 => ((a.dot_q4_0)(&wq, &xq), (v.dot_q4_0)(&wq, &xq)),
+            _ => ((a.dot_q4_1)(&wq, &xq, &sums), (v.dot_q4_1)(&wq, &xq, &sums)),
+        };
+        assert_eq!(p.to_bits(), q.to_bits(), "{format}");
     }
 }

@@ -16,25 +16,38 @@ pub fn available() -> bool {
     cpuid_avx2::get() && f16c
 }
 
-pub(super) static KERNELS: Kernels = Kernels {
-    name: "avx2",
-    quantize_q8_0,
-    dot_q8_0: |w, x| q8_0([w], [x])[0][0],
-    dot_q8_0_x4: |w, xs| q8_0([w], xs)[0],
-    dot_q8_0_4x1: |w, x| q8_0(w, [x]).map(|r| r[0]),
-    dot_q8_0_2x4: q8_0::<2, TILE>,
-    dot_q4_0: |w, x| q4_0([w], [x])[0][0],
-    dot_q4_0_x4: |w, xs| q4_0([w], xs)[0],
-    dot_q4_0_4x1: |w, x| q4_0(w, [x]).map(|r| r[0]),
-    dot_q4_0_2x4: q4_0::<2, TILE>,
-    dot_q4_1: |w, x, s| q4_1([w], [x], [s])[0][0],
-    dot_q4_1_x4: |w, xs, ss| q4_1([w], xs, ss)[0],
-    dot_q4_1_4x1: |w, x, s| q4_1(w, [x], [s]).map(|r| r[0]),
-    dot_q4_1_2x4: q4_1::<2, TILE>,
-    dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
-    dot_f32_x4: dot_f32::<TILE>,
-    axpy_q8_0,
-};
+/// Whether this CPU also has AVX-VNNI (`vpdpbusd`: the u8·i8 dot in one instruction).
+pub fn vnni_available() -> bool {
+    available() && __cpuid_count(7, 0).eax >= 1 && __cpuid_count(7, 1).eax & (1 << 4) != 0
+}
+
+pub(super) static KERNELS: Kernels = table::<false>("avx2");
+pub(super) static KERNELS_VNNI: Kernels = table::<true>("avx2+vnni");
+
+/// The table, with `vpdpbusd` in place of `vpmaddubsw`+`vpmaddwd` when `VNNI`. Both give the same
+/// integer sums (the pair sums never reach `vpmaddubsw`'s saturation for quants in ±127 and
+/// weights in -128..=127), so both tables give the same bits.
+const fn table<const VNNI: bool>(name: &'static str) -> Kernels {
+    Kernels {
+        name,
+        quantize_q8_0,
+        dot_q8_0: |w, x| q8_0::<1, 1, VNNI>([w], [x])[0][0],
+        dot_q8_0_x4: |w, xs| q8_0::<1, TILE, VNNI>([w], xs)[0],
+        dot_q8_0_4x1: |w, x| q8_0::<4, 1, VNNI>(w, [x]).map(|r| r[0]),
+        dot_q8_0_2x4: q8_0::<2, TILE, VNNI>,
+        dot_q4_0: |w, x| q4_0::<1, 1, VNNI>([w], [x])[0][0],
+        dot_q4_0_x4: |w, xs| q4_0::<1, TILE, VNNI>([w], xs)[0],
+        dot_q4_0_4x1: |w, x| q4_0::<4, 1, VNNI>(w, [x]).map(|r| r[0]),
+        dot_q4_0_2x4: q4_0::<2, TILE, VNNI>,
+        dot_q4_1: |w, x, s| q4_1::<1, 1, VNNI>([w], [x], [s])[0][0],
+        dot_q4_1_x4: |w, xs, ss| q4_1::<1, TILE, VNNI>([w], xs, ss)[0],
+        dot_q4_1_4x1: |w, x, s| q4_1::<4, 1, VNNI>(w, [x], [s]).map(|r| r[0]),
+        dot_q4_1_2x4: q4_1::<2, TILE, VNNI>,
+        dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
+        dot_f32_x4: dot_f32::<TILE>,
+        axpy_q8_0,
+    }
+}
 
 fn axpy_q8_0(out: &mut [f32], a: f32, row: &[u8]) {
     // SAFETY: CPU features as above; the kernel stays within the whole blocks both slices hold.
@@ -65,19 +78,39 @@ fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
     unsafe { quantize_q8_0_avx2(x, out) }
 }
 
-fn q8_0<const R: usize, const N: usize>(w: [&[u8]; R], xs: [&[u8]; N]) -> [[f32; N]; R] {
+// SAFETY (the wrappers below): `Kernels::best` hands out the VNNI table only when
+// `vnni_available()`; `nb` whole blocks lie inside every slice.
+fn q8_0<const R: usize, const N: usize, const VNNI: bool>(
+    w: [&[u8]; R],
+    xs: [&[u8]; N],
+) -> [[f32; N]; R] {
     let nb = blocks(&w, BlockQ8_0::BYTES, &xs);
-    // SAFETY: CPU features as above; `nb` whole blocks lie inside every `w[r]` and `xs[i]`.
-    unsafe { tile_q8_0(nb, w, xs) }
+    // SAFETY: see above.
+    unsafe {
+        if VNNI {
+            tile_signed_vnni::<false, R, N>(nb, w, xs)
+        } else {
+            tile_signed_avx2::<false, R, N>(nb, w, xs)
+        }
+    }
 }
 
-fn q4_0<const R: usize, const N: usize>(w: [&[u8]; R], xs: [&[u8]; N]) -> [[f32; N]; R] {
+fn q4_0<const R: usize, const N: usize, const VNNI: bool>(
+    w: [&[u8]; R],
+    xs: [&[u8]; N],
+) -> [[f32; N]; R] {
     let nb = blocks(&w, BlockQ4_0::BYTES, &xs);
-    // SAFETY: CPU features as above; `nb` whole blocks lie inside every `w[r]` and `xs[i]`.
-    unsafe { tile_q4_0(nb, w, xs) }
+    // SAFETY: see above.
+    unsafe {
+        if VNNI {
+            tile_signed_vnni::<true, R, N>(nb, w, xs)
+        } else {
+            tile_signed_avx2::<true, R, N>(nb, w, xs)
+        }
+    }
 }
 
-fn q4_1<const R: usize, const N: usize>(
+fn q4_1<const R: usize, const N: usize, const VNNI: bool>(
     w: [&[u8]; R],
     xs: [&[u8]; N],
     sums: [&[f32]; N],
@@ -85,9 +118,14 @@ fn q4_1<const R: usize, const N: usize>(
     let nb = sums
         .iter()
         .fold(blocks(&w, BlockQ4_1::BYTES, &xs), |n, s| n.min(s.len()));
-    // SAFETY: CPU features as above; `nb` whole blocks lie inside every `w[r]`, `xs[i]` and
-    // `sums[i]`.
-    unsafe { tile_q4_1(nb, w, xs, sums) }
+    // SAFETY: see above; `nb` whole blocks also lie inside every `sums[i]`.
+    unsafe {
+        if VNNI {
+            tile_q4_1_vnni(nb, w, xs, sums)
+        } else {
+            tile_q4_1_avx2(nb, w, xs, sums)
+        }
+    }
 }
 
 fn dot_f32<const N: usize>(w: &[u8], xs: [&[f32]; N]) -> [f32; N] {
@@ -223,7 +261,7 @@ const PREFETCH: usize = 4096;
 
 /// The tile for the signed formats: Q8_0, or Q4_0 when `Q4`.
 #[inline(always)]
-unsafe fn tile_signed<const Q4: bool, const R: usize, const N: usize>(
+unsafe fn tile_signed<const Q4: bool, const R: usize, const N: usize, const VNNI: bool>(
     nb: usize,
     w: [&[u8]; R],
     xs: [&[u8]; N],
@@ -259,7 +297,7 @@ unsafe fn tile_signed<const Q4: bool, const R: usize, const N: usize>(
                 for r in 0..R {
                     // |w|·(x with w's sign): maddubs needs its first operand unsigned.
                     let sy = _mm256_sign_epi8(qx, qw[r]);
-                    let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], sy), ones);
+                    let dot = dot_u8_i8::<VNNI>(aw[r], sy, ones);
                     acc[r][t] = _mm256_fmadd_ps(
                         _mm256_mul_ps(dw[r], dx),
                         _mm256_cvtepi32_ps(dot),
@@ -276,41 +314,76 @@ unsafe fn tile_signed<const Q4: bool, const R: usize, const N: usize>(
     }
 }
 
+/// Σ u·s over each group of four bytes (u unsigned, s signed), as eight i32.
+#[inline(always)]
+unsafe fn dot_u8_i8<const VNNI: bool>(u: __m256i, s: __m256i, ones: __m256i) -> __m256i {
+    // SAFETY: register-only; the caller has AVX2, and AVX-VNNI when `VNNI`.
+    unsafe {
+        if VNNI {
+            _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s)
+        } else {
+            _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones)
+        }
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_q8_0<const R: usize, const N: usize>(
+unsafe fn tile_signed_avx2<const Q4: bool, const R: usize, const N: usize>(
     nb: usize,
     w: [&[u8]; R],
     xs: [&[u8]; N],
 ) -> [[f32; N]; R] {
     // SAFETY: as the caller guarantees for this function.
-    unsafe { tile_signed::<false, R, N>(nb, w, xs) }
+    unsafe { tile_signed::<Q4, R, N, false>(nb, w, xs) }
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_q4_0<const R: usize, const N: usize>(
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn tile_signed_vnni<const Q4: bool, const R: usize, const N: usize>(
     nb: usize,
     w: [&[u8]; R],
     xs: [&[u8]; N],
 ) -> [[f32; N]; R] {
     // SAFETY: as the caller guarantees for this function.
-    unsafe { tile_signed::<true, R, N>(nb, w, xs) }
+    unsafe { tile_signed::<Q4, R, N, true>(nb, w, xs) }
 }
 
-/// Q4_1: the nibbles are unsigned, so maddubs takes them as they are; the minimum's part
-/// `m·(d·Σq)` comes from the precomputed activation sums.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_q4_1<const R: usize, const N: usize>(
+unsafe fn tile_q4_1_avx2<const R: usize, const N: usize>(
     nb: usize,
     w: [&[u8]; R],
     xs: [&[u8]; N],
     sums: [&[f32]; N],
 ) -> [[f32; N]; R] {
-    let mut acc = [[_mm256_setzero_ps(); N]; R];
-    let mut acc_m = [[0f32; N]; R];
-    let ones = _mm256_set1_epi16(1);
-    for b in 0..nb {
-        // SAFETY: block `b` < nb lies inside every weight row, `xs[i]` and `sums[i]`.
-        unsafe {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { tile_q4_1::<R, N, false>(nb, w, xs, sums) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn tile_q4_1_vnni<const R: usize, const N: usize>(
+    nb: usize,
+    w: [&[u8]; R],
+    xs: [&[u8]; N],
+    sums: [&[f32]; N],
+) -> [[f32; N]; R] {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { tile_q4_1::<R, N, true>(nb, w, xs, sums) }
+}
+
+/// Q4_1: the nibbles are unsigned, so maddubs takes them as they are; the minimum's part
+/// `m·(d·Σq)` comes from the precomputed activation sums.
+#[inline(always)]
+unsafe fn tile_q4_1<const R: usize, const N: usize, const VNNI: bool>(
+    nb: usize,
+    w: [&[u8]; R],
+    xs: [&[u8]; N],
+    sums: [&[f32]; N],
+) -> [[f32; N]; R] {
+    // SAFETY: the caller guarantees `nb` whole blocks in every slice and the CPU features.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); N]; R];
+        let mut acc_m = [[0f32; N]; R];
+        let ones = _mm256_set1_epi16(1);
+        for b in 0..nb {
             let mut dw = [_mm256_setzero_ps(); R];
             let mut mw = [0f32; R];
             let mut qw = [_mm256_setzero_si256(); R];
@@ -327,7 +400,7 @@ unsafe fn tile_q4_1<const R: usize, const N: usize>(
                 let dx = _mm256_set1_ps(f16_at(xp));
                 let s = *sums[t].get_unchecked(b);
                 for r in 0..R {
-                    let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(qw[r], qx), ones);
+                    let dot = dot_u8_i8::<VNNI>(qw[r], qx, ones);
                     acc[r][t] = _mm256_fmadd_ps(
                         _mm256_mul_ps(dw[r], dx),
                         _mm256_cvtepi32_ps(dot),
@@ -337,16 +410,15 @@ unsafe fn tile_q4_1<const R: usize, const N: usize>(
                 }
             }
         }
-    }
-    let mut out = [[0f32; N]; R];
-    for r in 0..R {
-        // SAFETY: register-only.
-        out[r] = unsafe { hsums(acc[r]) };
-        for t in 0..N {
-            out[r][t] += acc_m[r][t];
+        let mut out = [[0f32; N]; R];
+        for r in 0..R {
+            out[r] = hsums(acc[r]);
+            for t in 0..N {
+                out[r][t] += acc_m[r][t];
+            }
         }
+        out
     }
-    out
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
