@@ -186,7 +186,7 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, E> {
         angles: &[f32],
         style: RopeStyle,
     ) -> Result<()> {
-        if n_tok == 0 || x.len() % n_tok != 0 || angles.len() % n_tok != 0 {
+        if n_tok == 0 || !x.len().is_multiple_of(n_tok) || !angles.len().is_multiple_of(n_tok) {
             return Err(Error::Length {
                 what: "rope input",
                 expected: n_tok,
@@ -213,7 +213,8 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, E> {
         out: &mut [f32],
     ) -> Result<()> {
         let hd = shape.head_dim;
-        if q.len() != out.len() || q.len() % (shape.n_heads * hd) != 0 || hd > MAX_HEAD_DIM {
+        if q.len() != out.len() || !q.len().is_multiple_of(shape.n_heads * hd) || hd > MAX_HEAD_DIM
+        {
             return Err(Error::Length {
                 what: "attention input",
                 expected: out.len(),

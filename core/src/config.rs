@@ -83,13 +83,13 @@ impl Config {
                 });
             }
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(Error::InvalidConfig {
                 field: "num_key_value_heads",
                 reason: "must divide num_attention_heads",
             });
         }
-        if self.head_dim % 2 != 0 || self.head_dim > MAX_HEAD_DIM {
+        if !self.head_dim.is_multiple_of(2) || self.head_dim > MAX_HEAD_DIM {
             return Err(Error::InvalidConfig {
                 field: "head_dim",
                 reason: "must be even and at most 512",

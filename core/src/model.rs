@@ -239,7 +239,7 @@ impl<'w> Model<'w> {
 
 /// The mean over positions of `n × dim` hidden states: the embedding `sapient embed` prints.
 pub fn mean_rows(hidden: &[f32], dim: usize, out: &mut [f32]) -> Result<()> {
-    if dim == 0 || hidden.len() % dim != 0 || out.len() != dim {
+    if dim == 0 || !hidden.len().is_multiple_of(dim) || out.len() != dim {
         return Err(Error::Length {
             what: "mean_rows",
             expected: dim,

@@ -45,7 +45,7 @@ fn same_len(what: &'static str, expected: usize, got: usize) -> Result<()> {
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) -> Result<()> {
     same_len("rms_norm output", x.len(), out.len())?;
     let n = weight.len();
-    if n == 0 || x.len() % n != 0 {
+    if n == 0 || !x.len().is_multiple_of(n) {
         return Err(Error::Length {
             what: "rms_norm input",
             expected: n,
@@ -97,7 +97,7 @@ pub fn add(x: &mut [f32], y: &[f32]) -> Result<()> {
 
 /// Adds `bias` to every row of `x` (rows are `bias.len()` long).
 pub fn add_bias(x: &mut [f32], bias: &[f32]) -> Result<()> {
-    if bias.is_empty() || x.len() % bias.len() != 0 {
+    if bias.is_empty() || !x.len().is_multiple_of(bias.len()) {
         return Err(Error::Length {
             what: "bias",
             expected: bias.len(),
@@ -124,7 +124,7 @@ pub fn rope_angles(pos: usize, inv_freq: &[f32], cos: &mut [f32], sin: &mut [f32
 pub fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle) -> Result<()> {
     let half = cos.len();
     same_len("rope sin", half, sin.len())?;
-    if half == 0 || x.len() % (2 * half) != 0 {
+    if half == 0 || !x.len().is_multiple_of(2 * half) {
         return Err(Error::Length {
             what: "rope input",
             expected: 2 * half,

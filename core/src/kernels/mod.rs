@@ -133,7 +133,7 @@ impl Kernels {
                 got: x.cols,
             });
         }
-        if n_tok == 0 || out.len() % n_tok != 0 || row0 + out.len() / n_tok > w.rows {
+        if n_tok == 0 || !out.len().is_multiple_of(n_tok) || row0 + out.len() / n_tok > w.rows {
             return Err(Error::Length {
                 what: "mat-mul output",
                 expected: (w.rows - row0.min(w.rows)) * n_tok,
@@ -347,7 +347,7 @@ fn expect_quantized_row(format: Format, bytes: usize) -> Result<usize> {
             format,
         });
     }
-    if bytes % format.block_bytes() != 0 {
+    if !bytes.is_multiple_of(format.block_bytes()) {
         return Err(Error::NotBlockMultiple {
             what: "quantized weight row bytes",
             len: bytes,

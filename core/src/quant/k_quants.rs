@@ -25,7 +25,7 @@ impl KQuant {
     /// Dequantizes `bytes` (whole super-blocks) into `out` (`QK_K` values per block).
     pub fn dequantize_row(self, bytes: &[u8], out: &mut [f32]) -> crate::Result<()> {
         let nb = bytes.len() / self.block_bytes();
-        if bytes.len() % self.block_bytes() != 0 || out.len() != nb * QK_K {
+        if !bytes.len().is_multiple_of(self.block_bytes()) || out.len() != nb * QK_K {
             return Err(crate::Error::Length {
                 what: "k-quant row",
                 expected: nb * QK_K,

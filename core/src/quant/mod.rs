@@ -58,7 +58,7 @@ impl Format {
     /// Bytes of one row of `n` values, or an error if `n` is not a whole number of blocks.
     pub fn row_bytes(self, n: usize) -> Result<usize> {
         let block = self.block_len();
-        if n % block != 0 {
+        if !n.is_multiple_of(block) {
             return Err(Error::NotBlockMultiple {
                 what: "row",
                 len: n,
