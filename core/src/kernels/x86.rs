@@ -33,14 +33,14 @@ const fn table<const VNNI: bool>(name: &'static str) -> Kernels {
     Kernels {
         name,
         quantize_q8_0,
-        dot_q8_0: |w, x| q8_0::<1, 1, VNNI>([w], [x])[0][0],
-        dot_q8_0_x4: |w, xs| q8_0::<1, TILE, VNNI>([w], xs)[0],
-        dot_q8_0_4x1: |w, x| q8_0::<4, 1, VNNI>(w, [x]).map(|r| r[0]),
-        dot_q8_0_2x4: q8_0::<2, TILE, VNNI>,
-        dot_q4_0: |w, x| q4_0::<1, 1, VNNI>([w], [x])[0][0],
-        dot_q4_0_x4: |w, xs| q4_0::<1, TILE, VNNI>([w], xs)[0],
-        dot_q4_0_4x1: |w, x| q4_0::<4, 1, VNNI>(w, [x]).map(|r| r[0]),
-        dot_q4_0_2x4: q4_0::<2, TILE, VNNI>,
+        dot_q8_0: |w, x| signed::<false, 1, 1, VNNI>([w], [x])[0][0],
+        dot_q8_0_x4: |w, xs| signed::<false, 1, TILE, VNNI>([w], xs)[0],
+        dot_q8_0_4x1: |w, x| signed::<false, 4, 1, VNNI>(w, [x]).map(|r| r[0]),
+        dot_q8_0_2x4: signed::<false, 2, TILE, VNNI>,
+        dot_q4_0: |w, x| signed::<true, 1, 1, VNNI>([w], [x])[0][0],
+        dot_q4_0_x4: |w, xs| signed::<true, 1, TILE, VNNI>([w], xs)[0],
+        dot_q4_0_4x1: |w, x| signed::<true, 4, 1, VNNI>(w, [x]).map(|r| r[0]),
+        dot_q4_0_2x4: signed::<true, 2, TILE, VNNI>,
         dot_q4_1: |w, x, s| q4_1::<1, 1>([w], [x], [s])[0][0],
         dot_q4_1_x4: |w, xs, ss| q4_1::<1, TILE>([w], xs, ss)[0],
         dot_q4_1_4x1: |w, x, s| q4_1::<4, 1>(w, [x], [s]).map(|r| r[0]),
@@ -82,32 +82,23 @@ fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
 
 // SAFETY (the wrappers below): `Kernels::best` hands out the VNNI table only when
 // `vnni_available()`; `nb` whole blocks lie inside every slice.
-fn q8_0<const R: usize, const N: usize, const VNNI: bool>(
+/// Q8_0, or Q4_0 when `Q4`.
+fn signed<const Q4: bool, const R: usize, const N: usize, const VNNI: bool>(
     w: [&[u8]; R],
     xs: [&[u8]; N],
 ) -> [[f32; N]; R] {
-    let nb = blocks(&w, BlockQ8_0::BYTES, &xs);
+    let w_block = if Q4 {
+        BlockQ4_0::BYTES
+    } else {
+        BlockQ8_0::BYTES
+    };
+    let nb = blocks(&w, w_block, &xs);
     // SAFETY: see above.
     unsafe {
         if VNNI {
-            tile_signed_vnni::<false, R, N>(nb, w, xs)
+            tile_signed_vnni::<Q4, R, N>(nb, w, xs)
         } else {
-            tile_signed_avx2::<false, R, N>(nb, w, xs)
-        }
-    }
-}
-
-fn q4_0<const R: usize, const N: usize, const VNNI: bool>(
-    w: [&[u8]; R],
-    xs: [&[u8]; N],
-) -> [[f32; N]; R] {
-    let nb = blocks(&w, BlockQ4_0::BYTES, &xs);
-    // SAFETY: see above.
-    unsafe {
-        if VNNI {
-            tile_signed_vnni::<true, R, N>(nb, w, xs)
-        } else {
-            tile_signed_avx2::<true, R, N>(nb, w, xs)
+            tile_signed_avx2::<Q4, R, N>(nb, w, xs)
         }
     }
 }
