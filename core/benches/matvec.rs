@@ -17,14 +17,11 @@ fn matvec(c: &mut Criterion) {
         .collect();
     let x: Vec<f32> = (0..N).map(|i| (i as f32 * 0.37).sin()).collect();
     let k = Kernels::best();
-    let mut xq = vec![0u8; Format::Q8_0.row_bytes(N).unwrap()];
-    k.quantize_q8_0(&x, &mut xq).unwrap();
-    let mut sums = vec![0f32; N / 32];
-    sapient_core::kernels::q8_0_block_sums(&xq, &mut sums);
+    let mut xq = vec![0u8; sapient_core::quant::q16::row_bytes(N)];
+    k.quantize_q16(&x, &mut xq).unwrap();
     let acts = Activations {
         f32: &x,
-        q8: Some(&xq),
-        q8_sums: Some(&sums),
+        q16: Some(&xq),
         n_tok: 1,
         cols: N,
     };

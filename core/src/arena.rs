@@ -2,17 +2,17 @@
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::kernels::TILE;
-use crate::quant::{BlockQ8_0, QK};
+use crate::quant::{BlockQ16, QK};
 
 /// Activation buffers for batches of up to `max_batch` tokens.
 pub struct Scratch<'a> {
     pub(crate) max_batch: usize,
     pub(crate) f: &'a mut [f32],
-    pub(crate) q8: &'a mut [u8],
+    pub(crate) q16: &'a mut [u8],
     layout: Layout,
 }
 
-/// Lengths (in f32) of each buffer, and of the Q8_0 activation buffer (in bytes).
+/// Lengths (in f32) of each buffer, and of the Q16 activation buffer (in bytes).
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct Layout {
     x: usize,
@@ -25,8 +25,7 @@ struct Layout {
     up: usize,
     rope: usize,
     tmp: usize,
-    q8_sums: usize,
-    q8: usize,
+    q16: usize,
 }
 
 impl Layout {
@@ -55,8 +54,7 @@ impl Layout {
             up: b * ff,
             rope: b * c.head_dim,
             tmp,
-            q8_sums: blocks,
-            q8: blocks * BlockQ8_0::BYTES,
+            q16: blocks * BlockQ16::BYTES,
         })
     }
 
@@ -71,7 +69,6 @@ impl Layout {
             + self.up
             + self.rope
             + self.tmp
-            + self.q8_sums
     }
 }
 
@@ -80,14 +77,14 @@ impl<'a> Scratch<'a> {
     /// are processed `max_batch` tokens at a time.
     pub fn bytes_needed(config: &Config, max_batch: usize) -> Result<usize> {
         let l = Layout::new(config, max_batch)?;
-        Ok(l.floats() * 4 + l.q8)
+        Ok(l.floats() * 4 + l.q16)
     }
 
     /// Borrows `mem`, which must be 4-byte aligned (a `Vec<f32>` or `[f32; N]` viewed as bytes,
     /// or any allocation of alignment 4) and at least `bytes_needed` long.
     pub fn new(config: &Config, max_batch: usize, mem: &'a mut [u8]) -> Result<Self> {
         let layout = Layout::new(config, max_batch)?;
-        let needed = layout.floats() * 4 + layout.q8;
+        let needed = layout.floats() * 4 + layout.q16;
         if mem.len() < needed {
             return Err(Error::ArenaTooSmall {
                 what: "scratch",
@@ -108,7 +105,7 @@ impl<'a> Scratch<'a> {
         Ok(Scratch {
             max_batch,
             f,
-            q8: &mut rest[..layout.q8],
+            q16: &mut rest[..layout.q16],
             layout,
         })
     }
@@ -137,7 +134,7 @@ impl<'a> Scratch<'a> {
         let (gate, f) = f.split_at_mut(l.gate);
         let (up, f) = f.split_at_mut(l.up);
         let (rope, f) = f.split_at_mut(l.rope);
-        let (tmp, q8_sums) = f.split_at_mut(l.tmp);
+        let tmp = &mut f[..l.tmp];
         Buffers {
             x,
             xb,
@@ -149,8 +146,7 @@ impl<'a> Scratch<'a> {
             up,
             rope,
             tmp,
-            q8_sums,
-            q8: &mut *self.q8,
+            q16: &mut *self.q16,
         }
     }
 }
@@ -167,6 +163,5 @@ pub(crate) struct Buffers<'s> {
     /// cos then sin of each token's RoPE angles: `head_dim` per token.
     pub rope: &'s mut [f32],
     pub tmp: &'s mut [f32],
-    pub q8_sums: &'s mut [f32],
-    pub q8: &'s mut [u8],
+    pub q16: &'s mut [u8],
 }

@@ -5,10 +5,10 @@
 use crate::config::{RopeStyle, MAX_HEAD_DIM};
 use crate::error::{Error, Result};
 use crate::exec::Exec;
-use crate::kernels::{Activations, Kernels, TILE};
+use crate::kernels::{Activations, Kernels};
 use crate::kv_cache::LayerKv;
 use crate::ops;
-use crate::quant::{self, BlockQ8_0, Format, QK};
+use crate::quant::{self, q16, BlockQ16, Format, QK};
 use crate::weights::Matrix;
 
 /// The shape of one attention call.
@@ -54,10 +54,8 @@ pub trait Backend {
 pub struct Cpu<'s, E: Exec + ?Sized> {
     pub kernels: &'static Kernels,
     pub exec: &'s E,
-    /// Q8_0 copy of the current mat-mul input.
-    pub q8: &'s mut [u8],
-    /// Each of its blocks' `d·Σq`, for Q4_1 weights.
-    pub q8_sums: &'s mut [f32],
+    /// Q16 copy of the current mat-mul input.
+    pub q16: &'s mut [u8],
     /// Mat-mul output before it is reordered per token.
     pub tmp: &'s mut [f32],
 }
@@ -94,39 +92,27 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, E> {
                 });
             }
         }
-        let q8 = if mats.iter().any(|m| m.format.is_quantized()) {
-            let row = Format::Q8_0.row_bytes(cols)?;
-            let have = self.q8.len();
-            let q8 = self.q8.get_mut(..n_tok * row).ok_or(Error::ArenaTooSmall {
-                what: "scratch (Q8_0 activations)",
-                needed: n_tok * row,
-                got: have,
-            })?;
-            for (xr, qr) in x.chunks_exact(cols).zip(q8.chunks_exact_mut(row)) {
-                self.kernels.quantize_q8_0(xr, qr)?;
+        let q16 = if mats.iter().any(|m| m.format.is_quantized()) {
+            let row = q16::row_bytes(cols);
+            let have = self.q16.len();
+            let q16 = self
+                .q16
+                .get_mut(..n_tok * row)
+                .ok_or(Error::ArenaTooSmall {
+                    what: "scratch (Q16 activations)",
+                    needed: n_tok * row,
+                    got: have,
+                })?;
+            for (xr, qr) in x.chunks_exact(cols).zip(q16.chunks_exact_mut(row)) {
+                self.kernels.quantize_q16(xr, qr)?;
             }
-            Some(&*q8)
+            Some(&*q16)
         } else {
             None
         };
-        let q8_sums = match q8 {
-            Some(q8) if mats.iter().any(|m| m.format == Format::Q4_1) => {
-                let n = n_tok * cols / QK;
-                let have = self.q8_sums.len();
-                let sums = self.q8_sums.get_mut(..n).ok_or(Error::ArenaTooSmall {
-                    what: "scratch (Q8_0 block sums)",
-                    needed: n * 4,
-                    got: have * 4,
-                })?;
-                crate::kernels::q8_0_block_sums(q8, sums);
-                Some(&*sums)
-            }
-            _ => None,
-        };
         let acts = Activations {
             f32: x,
-            q8,
-            q8_sums,
+            q16,
             n_tok,
             cols,
         };
@@ -274,10 +260,10 @@ fn attend_one(
 ) -> Result<()> {
     let hd = q.len();
     let scale = 1.0 / libm::sqrtf(hd as f32);
-    let mut q8 = [0u8; MAX_HEAD_DIM / QK * BlockQ8_0::BYTES];
+    let mut q16 = [0u8; MAX_HEAD_DIM / QK * BlockQ16::BYTES];
     let mut row = [0f32; MAX_HEAD_DIM];
     if kv.format == Format::Q8_0 {
-        kernels.quantize_q8_0(q, &mut q8[..kv.row_bytes])?;
+        kernels.quantize_q16(q, &mut q16[..q16::row_bytes(hd)])?;
     }
     out.fill(0.0);
     let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
@@ -287,17 +273,16 @@ fn attend_one(
         let end = (start + KEY_STEP).min(pos + 1);
         let scores = &mut scores[..end - start];
         if kv.format == Format::Q8_0 {
-            // Four keys per call: the Q8_0·Q8_0 dot is symmetric, so the query takes the weight
-            // row's place and four cached keys the activations'.
-            let q8 = &q8[..kv.row_bytes];
+            // Four keys per call: the cached keys take the weight rows' place.
+            let q16 = &q16[..q16::row_bytes(hd)];
             let mut j = start;
-            for s4 in scores.chunks_mut(TILE) {
-                if s4.len() == TILE {
+            for s4 in scores.chunks_mut(4) {
+                if s4.len() == 4 {
                     let keys = core::array::from_fn(|i| kv.k_row(j + i, kv_head));
-                    s4.copy_from_slice(&(kernels.dot_q8_0_x4)(q8, keys));
+                    s4.copy_from_slice(&(kernels.q8_0.rows4)(keys, q16));
                 } else {
                     for (i, s) in s4.iter_mut().enumerate() {
-                        *s = (kernels.dot_q8_0)(q8, kv.k_row(j + i, kv_head));
+                        *s = (kernels.q8_0.one)(kv.k_row(j + i, kv_head), q16);
                     }
                 }
                 j += s4.len();

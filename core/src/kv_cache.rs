@@ -5,6 +5,7 @@
 //! arena needs no particular alignment.
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::kernels::Kernels;
 use crate::quant::{self, Format};
 
 /// How K and V rows are stored.
@@ -147,8 +148,16 @@ impl<'a> KvCache<'a> {
         self.max_seq * self.n_kv_heads * self.row_bytes
     }
 
-    /// Stores K and V rows (`n × n_kv_heads × head_dim` each) of `layer` at positions `pos ..`.
-    pub(crate) fn store(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) -> Result<()> {
+    /// Stores K and V rows (`n × n_kv_heads × head_dim` each) of `layer` at positions `pos ..`,
+    /// quantizing Q8_0 rows with `kernels`.
+    pub(crate) fn store(
+        &mut self,
+        kernels: &Kernels,
+        layer: usize,
+        pos: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<()> {
         let kv_dim = self.n_kv_heads * self.head_dim;
         let n = k.len() / kv_dim;
         if layer >= self.n_layers || k.len() != v.len() || pos + n > self.max_seq {
@@ -170,7 +179,10 @@ impl<'a> KvCache<'a> {
                 .chunks_exact(self.head_dim)
                 .zip(dst.chunks_exact_mut(row_bytes))
             {
-                quant::quantize_row(fmt, row, out)?;
+                match fmt {
+                    Format::Q8_0 => kernels.quantize_q8_0(row, out)?,
+                    _ => quant::quantize_row(fmt, row, out)?,
+                }
             }
         }
         Ok(())

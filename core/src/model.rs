@@ -149,8 +149,7 @@ impl<'w> Model<'w> {
             up,
             rope,
             tmp,
-            q8_sums,
-            q8,
+            q16,
         } = b;
         let (h, qd, kvd, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         let (x, xb) = (&mut x[..n * h], &mut xb[..n * h]);
@@ -165,8 +164,7 @@ impl<'w> Model<'w> {
         let mut be = Cpu {
             kernels: self.kernels,
             exec,
-            q8,
-            q8_sums,
+            q16,
             tmp,
         };
 
@@ -202,7 +200,7 @@ impl<'w> Model<'w> {
             }
             be.rope(q, n, rope, c.rope_style)?;
             be.rope(k, n, rope, c.rope_style)?;
-            cache.store(li, pos0, k, v)?;
+            cache.store(self.kernels, li, pos0, k, v)?;
             be.attention(q, cache.layer(li), pos0, shape, att)?;
             be.matmul(att, n, &[&l.wo], &mut [&mut *xb])?;
             be.add(x, xb)?;

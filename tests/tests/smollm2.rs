@@ -61,46 +61,50 @@ fn f32_weights_match_reference_logits() {
     }
 }
 
-/// Greedy decoding on the Q4_1 weights as they are (Q8_0 activations, as ggml computes), with
-/// every KV cache format.
-///
-/// "def fibonacci(n):" must give the reference's first 8 tokens. "The capital of France is" must
-/// give its first 5; at step 6 the reference itself is a near tie: with the file's weights in f32
-/// (`Quantize::F32`, which matches transformers' logits) " answer" (2988) leads " United" (1797)
-/// by 0.22, while Q8_0 activations move this model's logits by 0.25 RMS (1.1 at most, measured
-/// over every position of a 10-token prompt). Which of the two wins then depends on rounding
-/// order anywhere upstream (llama.cpp's own run happened to pick " answer"); we require one of the
-/// two, and the f32-weight model to pick the reference's token and continue like it for 8 tokens.
+/// The Q4_1 weights used as they are, with Q16 activations: only the KV cache format adds error.
+/// With an f16 or f32 cache the top-10 logits stay within 0.02 of transformers' (measured: 0.006
+/// at most); ggml's Q8_0 activations moved them by up to 1.1.
+#[test]
+fn quantized_weights_track_reference_logits() {
+    let files = open();
+    let model = files.model(Quantize::Q8_0).unwrap();
+    let r = smollm2_reference();
+    for p in r["prompts"].as_array().unwrap() {
+        for kv in [KvFormat::F16, KvFormat::F32] {
+            let logits = run::logits(&model, &ids(&p["ids"]), false, kv, &Serial)
+                .unwrap()
+                .remove(0);
+            for (id, v) in ids(&p["last_logits_top10_ids"])
+                .iter()
+                .zip(floats(&p["last_logits_top10_values"]))
+            {
+                let d = (logits[*id as usize] - v).abs();
+                assert!(
+                    d < 0.02,
+                    "{} ({kv:?}): logit of {id} differs by {d}",
+                    p["prompt"]
+                );
+            }
+        }
+    }
+}
+
+/// Greedy decoding on the Q4_1 weights as they are, with every KV cache format, gives the
+/// reference's first 8 tokens. "The capital of France is" is the hard case: at step 6 the
+/// reference itself is a near tie (" answer" 2988 leads " United" 1797 by 0.22), which ggml's Q8_0
+/// activations (0.25 RMS logit error on this model) flip; Q16 activations keep it.
 #[test]
 fn greedy_starts_like_the_reference() {
     let files = open();
     let model = files.model(Quantize::Q8_0).unwrap();
-    let exact = files.model(Quantize::F32).unwrap();
     let pool = sapient::Rayon::new(None).unwrap();
     let r = smollm2_reference();
     for p in r["prompts"].as_array().unwrap() {
         let prompt = ids(&p["ids"]);
         let want = &ids(&p["greedy_new_ids"])[..8];
-        let got = run::greedy(&exact, &prompt, 8, &[], KvFormat::F32, &pool).unwrap();
-        assert_eq!(got, want, "{} with f32 weights", p["prompt"]);
-        let france = p["prompt"] == "The capital of France is";
         for kv in [KvFormat::Q8_0, KvFormat::F16, KvFormat::F32] {
             let got = run::greedy(&model, &prompt, 8, &[], kv, &pool).unwrap();
-            if france {
-                assert_eq!(
-                    got[..5],
-                    want[..5],
-                    "{} with a {kv:?} KV cache",
-                    p["prompt"]
-                );
-                assert!(
-                    [2988, 1797].contains(&got[5]),
-                    "{} with a {kv:?} KV cache: {got:?}",
-                    p["prompt"]
-                );
-            } else {
-                assert_eq!(got, want, "{} with a {kv:?} KV cache", p["prompt"]);
-            }
+            assert_eq!(got, want, "{} with a {kv:?} KV cache", p["prompt"]);
         }
     }
 }

@@ -5,8 +5,8 @@
 //! intrinsic is still unstable in Rust, hence compile-time selection and inline assembly.
 use core::arch::aarch64::*;
 
-use super::{Kernels, TILE};
-use crate::quant::{f16_at, BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
+use super::{Kernels, QuantDots, TILE};
+use crate::quant::{f16_at, BlockQ16, BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
 
 pub(super) static KERNELS: Kernels = Kernels {
     name: if cfg!(target_feature = "dotprod") {
@@ -15,22 +15,23 @@ pub(super) static KERNELS: Kernels = Kernels {
         "neon"
     },
     quantize_q8_0,
-    dot_q8_0: |w, x| dot_q8_0::<1>(w, [x])[0],
-    dot_q8_0_x4: dot_q8_0::<TILE>,
-    dot_q8_0_4x1: |w, x| w.map(|w| dot_q8_0(w, [x])[0]),
-    dot_q8_0_2x4: |w, x| w.map(|w| dot_q8_0(w, x)),
-    dot_q4_0: |w, x| dot_q4_0::<1>(w, [x])[0],
-    dot_q4_0_x4: dot_q4_0::<TILE>,
-    dot_q4_0_4x1: |w, x| w.map(|w| dot_q4_0(w, [x])[0]),
-    dot_q4_0_2x4: |w, x| w.map(|w| dot_q4_0(w, x)),
-    dot_q4_1: |w, x, s| dot_q4_1::<1>(w, [x], [s])[0],
-    dot_q4_1_x4: dot_q4_1::<TILE>,
-    dot_q4_1_4x1: |w, x, s| w.map(|w| dot_q4_1(w, [x], [s])[0]),
-    dot_q4_1_2x4: |w, x, s| w.map(|w| dot_q4_1(w, x, s)),
+    quantize_q16,
+    q8_0: dots::<BlockQ8_0>(),
+    q4_0: dots::<BlockQ4_0>(),
+    q4_1: dots::<BlockQ4_1>(),
     dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
     dot_f32_x4: dot_f32::<TILE>,
     axpy_q8_0,
 };
+
+const fn dots<W: Unpack>() -> QuantDots {
+    QuantDots {
+        one: |w, x| dot::<W, 1>(w, [x])[0],
+        x4: dot::<W, TILE>,
+        rows4: |w, x| w.map(|w| dot::<W, 1>(w, [x])[0]),
+        rows2x4: |w, x| w.map(|w| dot::<W, TILE>(w, x)),
+    }
+}
 
 fn axpy_q8_0(out: &mut [f32], a: f32, row: &[u8]) {
     for (o, b) in out
@@ -58,11 +59,6 @@ fn axpy_q8_0(out: &mut [f32], a: f32, row: &[u8]) {
             }
         }
     }
-}
-
-fn blocks<const N: usize>(w: &[u8], w_block: usize, xs: &[&[u8]; N]) -> usize {
-    xs.iter()
-        .fold(w.len() / w_block, |n, x| n.min(x.len() / BlockQ8_0::BYTES))
 }
 
 /// Σ x·y of 16 + 16 signed bytes, as an i32.
@@ -136,85 +132,130 @@ fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
     }
 }
 
-fn dot_q8_0<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
-    let mut acc = [0f32; N];
-    for b in 0..blocks(w, BlockQ8_0::BYTES, &xs) {
-        let wb = &w[b * BlockQ8_0::BYTES..(b + 1) * BlockQ8_0::BYTES];
-        let dw = f16_at(wb);
-        // SAFETY: `wb` holds a whole block, so 32 bytes follow its scale.
-        let (w0, w1) = unsafe {
-            let p = wb.as_ptr().add(2) as *const i8;
-            (vld1q_s8(p), vld1q_s8(p.add(16)))
-        };
-        for (a, x) in acc.iter_mut().zip(&xs) {
-            let xb = &x[b * BlockQ8_0::BYTES..(b + 1) * BlockQ8_0::BYTES];
-            // SAFETY: `xb` holds a whole block.
-            let (x0, x1) = unsafe {
-                let p = xb.as_ptr().add(2) as *const i8;
-                (vld1q_s8(p), vld1q_s8(p.add(16)))
-            };
-            *a += dot_i8x32(w0, w1, x0, x1) as f32 * (dw * f16_at(xb));
+fn quantize_q16(x: &[f32], out: &mut [u8]) {
+    let nb = (x.len() / QK).min(out.len() / BlockQ16::BYTES);
+    for b in 0..nb {
+        // SAFETY: block `b` < nb lies inside `x` (32 floats) and `out` (72 bytes).
+        unsafe {
+            let p = x.as_ptr().add(b * QK);
+            let v: [float32x4_t; 8] = core::array::from_fn(|i| vld1q_f32(p.add(4 * i)));
+            let mut m = vdupq_n_f32(0.0);
+            for vi in v {
+                m = vmaxnmq_f32(m, vabsq_f32(vi));
+            }
+            let d = vmaxnmvq_f32(m) / BlockQ16::MAX;
+            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+            let (lo, hi) = (vdupq_n_s32(-32639), vdupq_n_s32(32639));
+            // fcvtns rounds to nearest even, saturates and maps NaN to 0, like the scalar path.
+            let ints =
+                v.map(|vi| vminq_s32(vmaxq_s32(vcvtnq_s32_f32(vmulq_n_f32(vi, id)), lo), hi));
+            let sum = ints.iter().fold(0i32, |s, i| s + vaddvq_s32(*i));
+            let o = out.as_mut_ptr().add(b * BlockQ16::BYTES);
+            (o as *mut f32).write_unaligned(d);
+            (o.add(4) as *mut f32).write_unaligned(d * sum as f32);
+            for k in 0..4 {
+                let q = vcombine_s16(vmovn_s32(ints[2 * k]), vmovn_s32(ints[2 * k + 1]));
+                vst1q_s16(o.add(8 + 16 * k) as *mut i16, q);
+            }
         }
     }
-    acc
+}
+
+/// A weight block's 32 quants as signed bytes (values 0..16, 16..32).
+trait Unpack {
+    const BYTES: usize;
+    /// Whether the block has a minimum (an f16 after the scale) whose term `m·(dx·Σq)` is added.
+    const HAS_MIN: bool = false;
+    /// The quants of the block at the start of `b` (`BYTES` long).
+    fn unpack(b: &[u8]) -> (int8x16_t, int8x16_t);
+}
+
+impl Unpack for BlockQ8_0 {
+    const BYTES: usize = Self::BYTES;
+    #[inline(always)]
+    fn unpack(b: &[u8]) -> (int8x16_t, int8x16_t) {
+        let q = &b[2..Self::BYTES];
+        // SAFETY: `q` holds the block's 32 quants.
+        unsafe {
+            let p = q.as_ptr() as *const i8;
+            (vld1q_s8(p), vld1q_s8(p.add(16)))
+        }
+    }
+}
+
+impl Unpack for BlockQ4_0 {
+    const BYTES: usize = Self::BYTES;
+    #[inline(always)]
+    fn unpack(b: &[u8]) -> (int8x16_t, int8x16_t) {
+        let (lo, hi) = nibbles(&b[2..]);
+        // SAFETY: register-only NEON arithmetic.
+        unsafe {
+            let eight = vdupq_n_s8(8);
+            (
+                vsubq_s8(vreinterpretq_s8_u8(lo), eight),
+                vsubq_s8(vreinterpretq_s8_u8(hi), eight),
+            )
+        }
+    }
+}
+
+impl Unpack for BlockQ4_1 {
+    const BYTES: usize = Self::BYTES;
+    const HAS_MIN: bool = true;
+    #[inline(always)]
+    fn unpack(b: &[u8]) -> (int8x16_t, int8x16_t) {
+        let (lo, hi) = nibbles(&b[4..]);
+        // SAFETY: register-only; nibbles are 0..=15, so reinterpreting them as i8 keeps them.
+        unsafe { (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi)) }
+    }
 }
 
 /// The 32 nibbles of a Q4 block: elements 0..16 (low nibbles) and 16..32 (high nibbles).
 #[inline(always)]
 fn nibbles(qs: &[u8]) -> (uint8x16_t, uint8x16_t) {
-    // SAFETY: the callers pass a slice of 16 bytes.
+    // SAFETY: the callers pass a slice of at least 16 bytes.
     unsafe {
         let v = vld1q_u8(qs[..16].as_ptr());
         (vandq_u8(v, vdupq_n_u8(0x0f)), vshrq_n_u8(v, 4))
     }
 }
 
-fn dot_q4_0<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
-    let mut acc = [0f32; N];
-    for b in 0..blocks(w, BlockQ4_0::BYTES, &xs) {
-        let wb = &w[b * BlockQ4_0::BYTES..(b + 1) * BlockQ4_0::BYTES];
-        let dw = f16_at(wb);
-        let (lo, hi) = nibbles(&wb[2..]);
-        // SAFETY: register-only NEON arithmetic.
-        let (w0, w1) = unsafe {
-            let eight = vdupq_n_s8(8);
-            (
-                vsubq_s8(vreinterpretq_s8_u8(lo), eight),
-                vsubq_s8(vreinterpretq_s8_u8(hi), eight),
-            )
-        };
-        for (a, x) in acc.iter_mut().zip(&xs) {
-            let xb = &x[b * BlockQ8_0::BYTES..(b + 1) * BlockQ8_0::BYTES];
-            // SAFETY: `xb` holds a whole block.
-            let (x0, x1) = unsafe {
-                let p = xb.as_ptr().add(2) as *const i8;
-                (vld1q_s8(p), vld1q_s8(p.add(16)))
-            };
-            *a += dot_i8x32(w0, w1, x0, x1) as f32 * (dw * f16_at(xb));
-        }
+/// A Q16 block's quants split into bytes, `q = 256·hi + lo`: (lo, hi) for values 0..16 and for
+/// 16..32. `vld2q_s8` separates each i16's low and high byte; where the low byte is negative as an
+/// i8 the high byte is one short, which `hi - (lo >> 7)` repairs (|q| <= 127·257 keeps hi in i8).
+#[inline(always)]
+fn split_q16(xb: &[u8]) -> [(int8x16_t, int8x16_t); 2] {
+    let q = &xb[8..BlockQ16::BYTES];
+    // SAFETY: `q` holds the block's 32 quants (64 bytes).
+    unsafe {
+        let p = q.as_ptr() as *const i8;
+        [0, 32].map(|o| {
+            let bytes = vld2q_s8(p.add(o));
+            let (lo, hi) = (bytes.0, bytes.1);
+            (lo, vsubq_s8(hi, vshrq_n_s8(lo, 7)))
+        })
     }
-    acc
 }
 
-fn dot_q4_1<const N: usize>(w: &[u8], xs: [&[u8]; N], sums: [&[f32]; N]) -> [f32; N] {
-    let nb = sums
+/// Weights in format `W` · N rows of Q16 activations, in the scalar reference's float order.
+fn dot<W: Unpack, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+    let nb = xs
         .iter()
-        .fold(blocks(w, BlockQ4_1::BYTES, &xs), |n, s| n.min(s.len()));
+        .fold(w.len() / W::BYTES, |n, x| n.min(x.len() / BlockQ16::BYTES));
     let mut acc = [0f32; N];
     for b in 0..nb {
-        let wb = &w[b * BlockQ4_1::BYTES..(b + 1) * BlockQ4_1::BYTES];
-        let (dw, mw) = (f16_at(wb), f16_at(&wb[2..]));
-        let (lo, hi) = nibbles(&wb[4..]);
-        // SAFETY: register-only; nibbles are 0..=15, so reinterpreting them as i8 keeps them.
-        let (w0, w1) = unsafe { (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi)) };
-        for ((a, x), s) in acc.iter_mut().zip(&xs).zip(&sums) {
-            let xb = &x[b * BlockQ8_0::BYTES..(b + 1) * BlockQ8_0::BYTES];
-            // SAFETY: `xb` holds a whole block.
-            let (x0, x1) = unsafe {
-                let p = xb.as_ptr().add(2) as *const i8;
-                (vld1q_s8(p), vld1q_s8(p.add(16)))
-            };
-            *a += dot_i8x32(w0, w1, x0, x1) as f32 * (dw * f16_at(xb)) + mw * s[b];
+        let wb = &w[b * W::BYTES..(b + 1) * W::BYTES];
+        let (w0, w1) = W::unpack(wb);
+        let dw = f16_at(wb);
+        for (a, x) in acc.iter_mut().zip(&xs) {
+            let xb = &x[b * BlockQ16::BYTES..(b + 1) * BlockQ16::BYTES];
+            let [(lo0, hi0), (lo1, hi1)] = split_q16(xb);
+            let sum = 256 * dot_i8x32(w0, w1, hi0, hi1) + dot_i8x32(w0, w1, lo0, lo1);
+            let f = |i: usize| f32::from_le_bytes([xb[i], xb[i + 1], xb[i + 2], xb[i + 3]]);
+            *a += sum as f32 * (dw * f(0));
+            if W::HAS_MIN {
+                *a += f16_at(&wb[2..]) * f(4);
+            }
         }
     }
     acc

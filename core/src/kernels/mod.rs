@@ -2,10 +2,11 @@
 //! twins (`x86`: AVX2+FMA+F16C, `aarch64`: NEON), collected in a table of function pointers that
 //! is picked once from the CPU's features (`Kernels::best`).
 //!
-//! Quantized weights are multiplied with activations quantized to Q8_0 per 32-block, as ggml
-//! does; f32 weights with f32 activations; f16/bf16 weights are widened to f32 row by row.
+//! Quantized weights are multiplied with activations quantized to Q16 per 32-block (see
+//! `quant::q16` for why not ggml's Q8_0); f32 weights with f32 activations; f16/bf16 weights are
+//! widened to f32 row by row.
 use crate::error::{Error, Result};
-use crate::quant::{self, BlockQ8_0, Format, QK};
+use crate::quant::{self, q16, Format, QK};
 use crate::weights::Matrix;
 
 #[cfg(target_arch = "aarch64")]
@@ -17,37 +18,33 @@ pub mod x86;
 /// How many activation rows a tiled kernel takes at once.
 pub const TILE: usize = 4;
 
-type DotQ = fn(&[u8], &[u8]) -> f32;
-type DotQx4 = fn(&[u8], [&[u8]; TILE]) -> [f32; TILE];
-/// Q4_1 also takes each activation block's `d·Σq` (see `q8_0_block_sums`): its minimum term is
-/// `m·d·Σq`, the same for every weight row, so it is computed once per activation row.
-type DotQ4_1 = fn(&[u8], &[u8], &[f32]) -> f32;
-type DotQ4_1x4 = fn(&[u8], [&[u8]; TILE], [&[f32]; TILE]) -> [f32; TILE];
-/// Four weight rows against one activation row, and two against `TILE`: each activation block is
-/// loaded once for all the rows.
-type DotQ4x1 = fn([&[u8]; 4], &[u8]) -> [f32; 4];
-type DotQ2x4 = fn([&[u8]; 2], [&[u8]; TILE]) -> [[f32; TILE]; 2];
-type DotQ4_1_4x1 = fn([&[u8]; 4], &[u8], &[f32]) -> [f32; 4];
-type DotQ4_1_2x4 = fn([&[u8]; 2], [&[u8]; TILE], [&[f32]; TILE]) -> [[f32; TILE]; 2];
+/// Two weight rows · `TILE` activation rows.
+pub type Dot2x4 = fn([&[u8]; 2], [&[u8]; TILE]) -> [[f32; TILE]; 2];
+
+/// One weight format's dot products with Q16 activation rows. The multi-row shapes load each
+/// activation block once for all their rows.
+pub struct QuantDots {
+    /// One weight row · one activation row.
+    pub one: fn(&[u8], &[u8]) -> f32,
+    /// One weight row · `TILE` activation rows.
+    pub x4: fn(&[u8], [&[u8]; TILE]) -> [f32; TILE],
+    /// Four weight rows · one activation row (decoding).
+    pub rows4: fn([&[u8]; 4], &[u8]) -> [f32; 4],
+    /// Two weight rows · `TILE` activation rows (prefill).
+    pub rows2x4: Dot2x4,
+}
 
 /// One instruction set's kernels. Each entry is memory-safe for any input (it works on the whole
 /// blocks that all arguments hold); the checked functions of this module validate lengths first.
 pub struct Kernels {
     pub name: &'static str,
-    /// Quantizes a row of activations to Q8_0, bit-exact with the reference quantizer.
+    /// Quantizes a row to Q8_0 (the KV cache's K and V rows), bit-exact with the reference.
     pub quantize_q8_0: fn(&[f32], &mut [u8]),
-    pub dot_q8_0: DotQ,
-    pub dot_q8_0_x4: DotQx4,
-    pub dot_q8_0_4x1: DotQ4x1,
-    pub dot_q8_0_2x4: DotQ2x4,
-    pub dot_q4_0: DotQ,
-    pub dot_q4_0_x4: DotQx4,
-    pub dot_q4_0_4x1: DotQ4x1,
-    pub dot_q4_0_2x4: DotQ2x4,
-    pub dot_q4_1: DotQ4_1,
-    pub dot_q4_1_x4: DotQ4_1x4,
-    pub dot_q4_1_4x1: DotQ4_1_4x1,
-    pub dot_q4_1_2x4: DotQ4_1_2x4,
+    /// Quantizes a row of activations to Q16, bit-exact with the reference quantizer.
+    pub quantize_q16: fn(&[f32], &mut [u8]),
+    pub q8_0: QuantDots,
+    pub q4_0: QuantDots,
+    pub q4_1: QuantDots,
     pub dot_f32: fn(&[u8], &[f32]) -> f32,
     pub dot_f32_x4: fn(&[u8], [&[f32]; TILE]) -> [f32; TILE],
     /// `out += a · row` for a Q8_0 row (attention's weighted sum over a quantized V cache).
@@ -77,6 +74,19 @@ impl Kernels {
         &scalar::KERNELS
     }
 
+    /// The dots of a quantized weight format.
+    pub fn dots(&self, format: Format) -> Result<&QuantDots> {
+        match format {
+            Format::Q8_0 => Ok(&self.q8_0),
+            Format::Q4_0 => Ok(&self.q4_0),
+            Format::Q4_1 => Ok(&self.q4_1),
+            _ => Err(Error::UnsupportedFormat {
+                what: "quantized dot product",
+                format,
+            }),
+        }
+    }
+
     /// Quantizes `x` (a multiple of 32 long) to Q8_0 in `out`.
     pub fn quantize_q8_0(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
         expect_len("Q8_0 output", Format::Q8_0.row_bytes(x.len())?, out.len())?;
@@ -84,21 +94,21 @@ impl Kernels {
         Ok(())
     }
 
+    /// Quantizes `x` (a multiple of 32 long) to Q16 in `out`.
+    pub fn quantize_q16(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
+        Format::Q8_0.row_bytes(x.len())?;
+        expect_len("Q16 output", q16::row_bytes(x.len()), out.len())?;
+        (self.quantize_q16)(x, out);
+        Ok(())
+    }
+
     /// Dot product of one weight row stored in `format` (`Q8_0`, `Q4_0` or `Q4_1`) with one row of
-    /// Q8_0 activations of the same length.
+    /// Q16 activations of the same length.
     pub fn dot_quantized(&self, format: Format, w: &[u8], x: &[u8]) -> Result<f32> {
+        let dots = self.dots(format)?;
         let n = expect_quantized_row(format, w.len())?;
-        expect_len("Q8_0 activations", n / QK * BlockQ8_0::BYTES, x.len())?;
-        Ok(match format {
-            Format::Q8_0 => (self.dot_q8_0)(w, x),
-            Format::Q4_0 => (self.dot_q4_0)(w, x),
-            Format::Q4_1 => {
-                let mut sums = alloc::vec![0f32; n / QK];
-                q8_0_block_sums(x, &mut sums);
-                (self.dot_q4_1)(w, x, &sums)
-            }
-            _ => unreachable!("checked by expect_quantized_row"),
-        })
+        expect_len("Q16 activations", q16::row_bytes(n), x.len())?;
+        Ok((dots.one)(w, x))
     }
 
     /// `out += a · row` for a Q8_0 row as long as `out`.
@@ -143,64 +153,24 @@ impl Kernels {
         let rows = out.len() / n_tok;
         let w_row = |r: usize| w.row(row0 + r);
         match w.format {
-            Format::Q8_0 | Format::Q4_0 => {
-                let (q8, xb) = x.q8_rows(w.format)?;
-                let (one, four, quad, pair): (DotQ, DotQx4, DotQ4x1, DotQ2x4) = match w.format {
-                    Format::Q8_0 => (
-                        self.dot_q8_0,
-                        self.dot_q8_0_x4,
-                        self.dot_q8_0_4x1,
-                        self.dot_q8_0_2x4,
-                    ),
-                    _ => (
-                        self.dot_q4_0,
-                        self.dot_q4_0_x4,
-                        self.dot_q4_0_4x1,
-                        self.dot_q4_0_2x4,
-                    ),
-                };
-                let x1 = |t: usize| &q8[t * xb..(t + 1) * xb];
+            Format::Q8_0 | Format::Q4_0 | Format::Q4_1 => {
+                let dots = self.dots(w.format)?;
+                let q = x.q16.ok_or(Error::UnsupportedFormat {
+                    what: "mat-mul without Q16 activations",
+                    format: w.format,
+                })?;
+                let xb = q16::row_bytes(x.cols);
+                expect_len("Q16 activations", xb * n_tok, q.len())?;
+                let x1 = |t: usize| &q[t * xb..(t + 1) * xb];
                 let x4 = |t: usize| -> [&[u8]; TILE] { core::array::from_fn(|i| x1(t + i)) };
                 tile(
                     out,
                     n_tok,
-                    |r, t| one(w_row(r), x1(t)),
-                    |r, t| four(w_row(r), x4(t)),
+                    |r, t| (dots.one)(w_row(r), x1(t)),
+                    |r, t| (dots.x4)(w_row(r), x4(t)),
                     Some((
-                        |r, t| quad(core::array::from_fn(|i| w_row(r + i)), x1(t)),
-                        |r, t| pair([w_row(r), w_row(r + 1)], x4(t)),
-                    )),
-                );
-            }
-            Format::Q4_1 => {
-                let (q8, xb) = x.q8_rows(w.format)?;
-                let nb = x.cols / QK;
-                let sums = x
-                    .q8_sums
-                    .filter(|s| s.len() == nb * n_tok)
-                    .ok_or(Error::Length {
-                        what: "Q8_0 activation block sums",
-                        expected: nb * n_tok,
-                        got: x.q8_sums.map_or(0, |s| s.len()),
-                    })?;
-                let x1 = |t: usize| &q8[t * xb..(t + 1) * xb];
-                let s1 = |t: usize| &sums[t * nb..(t + 1) * nb];
-                let x4 = |t: usize| -> [&[u8]; TILE] { core::array::from_fn(|i| x1(t + i)) };
-                let s4 = |t: usize| -> [&[f32]; TILE] { core::array::from_fn(|i| s1(t + i)) };
-                tile(
-                    out,
-                    n_tok,
-                    |r, t| (self.dot_q4_1)(w_row(r), x1(t), s1(t)),
-                    |r, t| (self.dot_q4_1_x4)(w_row(r), x4(t), s4(t)),
-                    Some((
-                        |r, t| {
-                            (self.dot_q4_1_4x1)(
-                                core::array::from_fn(|i| w_row(r + i)),
-                                x1(t),
-                                s1(t),
-                            )
-                        },
-                        |r, t| (self.dot_q4_1_2x4)([w_row(r), w_row(r + 1)], x4(t), s4(t)),
+                        |r, t| (dots.rows4)(core::array::from_fn(|i| w_row(r + i)), x1(t)),
+                        |r, t| (dots.rows2x4)([w_row(r), w_row(r + 1)], x4(t)),
                     )),
                 );
             }
@@ -296,36 +266,14 @@ fn tile(
     }
 }
 
-/// `n_tok` rows of activations, each `cols` long: always as f32, and as Q8_0 when a quantized
-/// weight will consume them (with each block's `d·Σq` for Q4_1 weights).
+/// `n_tok` rows of activations, each `cols` long: always as f32, and as Q16 when a quantized
+/// weight will consume them.
 #[derive(Clone, Copy)]
 pub struct Activations<'a> {
     pub f32: &'a [f32],
-    pub q8: Option<&'a [u8]>,
-    pub q8_sums: Option<&'a [f32]>,
+    pub q16: Option<&'a [u8]>,
     pub n_tok: usize,
     pub cols: usize,
-}
-
-impl<'a> Activations<'a> {
-    /// The Q8_0 rows and the bytes of one row, checked.
-    fn q8_rows(&self, format: Format) -> Result<(&'a [u8], usize)> {
-        let q8 = self.q8.ok_or(Error::UnsupportedFormat {
-            what: "mat-mul without Q8_0 activations",
-            format,
-        })?;
-        let xb = Format::Q8_0.row_bytes(self.cols)?;
-        expect_len("Q8_0 activations", xb * self.n_tok, q8.len())?;
-        Ok((q8, xb))
-    }
-}
-
-/// Each Q8_0 block's `d·Σq` (d as stored, in f16), into `out` (one per block).
-pub fn q8_0_block_sums(x: &[u8], out: &mut [f32]) {
-    for (b, o) in x.chunks_exact(BlockQ8_0::BYTES).zip(out.iter_mut()) {
-        let sum: i32 = b[2..].iter().map(|q| (*q as i8) as i32).sum();
-        *o = quant::f16_at(b) * sum as f32;
-    }
 }
 
 fn expect_len(what: &'static str, expected: usize, got: usize) -> Result<()> {

@@ -3,28 +3,72 @@
 //! Every function here is memory-safe for any input: it processes as many whole blocks as the
 //! shortest argument holds. The checked entry points in `kernels` reject mismatched lengths
 //! before calling into any table.
-use super::Kernels;
-use crate::quant::{f16_at, q8_0, BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
+use super::{Kernels, QuantDots};
+use crate::quant::{f16_at, q16, q8_0, BlockQ16, BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
 
 pub static KERNELS: Kernels = Kernels {
     name: "scalar",
     quantize_q8_0: q8_0::quantize_row_ref,
-    dot_q8_0: |w, x| dot_q8_0::<1>(w, [x])[0],
-    dot_q8_0_x4: dot_q8_0::<4>,
-    dot_q8_0_4x1: |w, x| w.map(|w| dot_q8_0(w, [x])[0]),
-    dot_q8_0_2x4: |w, x| w.map(|w| dot_q8_0(w, x)),
-    dot_q4_0: |w, x| dot_q4_0::<1>(w, [x])[0],
-    dot_q4_0_x4: dot_q4_0::<4>,
-    dot_q4_0_4x1: |w, x| w.map(|w| dot_q4_0(w, [x])[0]),
-    dot_q4_0_2x4: |w, x| w.map(|w| dot_q4_0(w, x)),
-    dot_q4_1: |w, x, s| dot_q4_1::<1>(w, [x], [s])[0],
-    dot_q4_1_x4: dot_q4_1::<4>,
-    dot_q4_1_4x1: |w, x, s| w.map(|w| dot_q4_1(w, [x], [s])[0]),
-    dot_q4_1_2x4: |w, x, s| w.map(|w| dot_q4_1(w, x, s)),
+    quantize_q16: q16::quantize_row_ref,
+    q8_0: dots::<BlockQ8_0>(),
+    q4_0: dots::<BlockQ4_0>(),
+    q4_1: dots::<BlockQ4_1>(),
     dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
     dot_f32_x4: dot_f32::<4>,
     axpy_q8_0,
 };
+
+const fn dots<W: Unpack>() -> QuantDots {
+    QuantDots {
+        one: |w, x| dot::<W, 1>(w, [x])[0],
+        x4: dot::<W, 4>,
+        rows4: |w, x| w.map(|w| dot::<W, 1>(w, [x])[0]),
+        rows2x4: |w, x| w.map(|w| dot::<W, 4>(w, x)),
+    }
+}
+
+/// A weight block as integers: `value[j] = d · q[j] + m`.
+pub trait Unpack {
+    const BYTES: usize;
+    /// Whether blocks carry a minimum `m` (otherwise it is 0 and its term is skipped).
+    const HAS_MIN: bool = false;
+    /// `(d, m, q)` of the block at the start of `b`.
+    fn unpack(b: &[u8]) -> (f32, f32, [i32; QK]);
+}
+
+impl Unpack for BlockQ8_0 {
+    const BYTES: usize = Self::BYTES;
+    fn unpack(b: &[u8]) -> (f32, f32, [i32; QK]) {
+        (
+            f16_at(b),
+            0.0,
+            core::array::from_fn(|j| (b[2 + j] as i8) as i32),
+        )
+    }
+}
+
+impl Unpack for BlockQ4_0 {
+    const BYTES: usize = Self::BYTES;
+    fn unpack(b: &[u8]) -> (f32, f32, [i32; QK]) {
+        (f16_at(b), 0.0, nibbles(&b[2..]).map(|n| n - 8))
+    }
+}
+
+impl Unpack for BlockQ4_1 {
+    const BYTES: usize = Self::BYTES;
+    const HAS_MIN: bool = true;
+    fn unpack(b: &[u8]) -> (f32, f32, [i32; QK]) {
+        (f16_at(b), f16_at(&b[2..]), nibbles(&b[4..]))
+    }
+}
+
+/// Values 0..16 are the low nibbles of the 16 bytes, 16..32 the high ones.
+fn nibbles(qs: &[u8]) -> [i32; QK] {
+    core::array::from_fn(|j| {
+        let n = qs[j % (QK / 2)];
+        (if j < QK / 2 { n & 0x0f } else { n >> 4 }) as i32
+    })
+}
 
 /// `out += a · row` over the whole blocks both hold.
 pub fn axpy_q8_0(out: &mut [f32], a: f32, row: &[u8]) {
@@ -39,68 +83,22 @@ pub fn axpy_q8_0(out: &mut [f32], a: f32, row: &[u8]) {
     }
 }
 
-fn blocks<const N: usize>(w: &[u8], w_block: usize, xs: &[&[u8]; N]) -> usize {
-    xs.iter()
-        .fold(w.len() / w_block, |n, x| n.min(x.len() / BlockQ8_0::BYTES))
-}
-
-/// Q8_0 weights · N rows of Q8_0 activations.
-pub fn dot_q8_0<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
-    let mut acc = [0f32; N];
-    for b in 0..blocks(w, BlockQ8_0::BYTES, &xs) {
-        let wb = &w[b * BlockQ8_0::BYTES..(b + 1) * BlockQ8_0::BYTES];
-        let dw = f16_at(wb);
-        for (a, x) in acc.iter_mut().zip(&xs) {
-            let xb = &x[b * BlockQ8_0::BYTES..(b + 1) * BlockQ8_0::BYTES];
-            let mut sum = 0i32;
-            for (p, q) in wb[2..].iter().zip(&xb[2..]) {
-                sum += (*p as i8) as i32 * (*q as i8) as i32;
-            }
-            *a += sum as f32 * (dw * f16_at(xb));
-        }
-    }
-    acc
-}
-
-/// Q4_0 weights · N rows of Q8_0 activations.
-pub fn dot_q4_0<const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
-    let mut acc = [0f32; N];
-    for b in 0..blocks(w, BlockQ4_0::BYTES, &xs) {
-        let wb = &w[b * BlockQ4_0::BYTES..(b + 1) * BlockQ4_0::BYTES];
-        let dw = f16_at(wb);
-        for (a, x) in acc.iter_mut().zip(&xs) {
-            let xb = &x[b * BlockQ8_0::BYTES..(b + 1) * BlockQ8_0::BYTES];
-            let mut sum = 0i32;
-            for j in 0..QK / 2 {
-                let n = wb[2 + j];
-                sum += ((n & 0x0f) as i32 - 8) * (xb[2 + j] as i8) as i32;
-                sum += ((n >> 4) as i32 - 8) * (xb[2 + j + QK / 2] as i8) as i32;
-            }
-            *a += sum as f32 * (dw * f16_at(xb));
-        }
-    }
-    acc
-}
-
-/// Q4_1 weights · N rows of Q8_0 activations: `d·dx·Σ n·q + m·(dx·Σ q)` per block, the last
-/// factor precomputed per activation block in `sums`.
-pub fn dot_q4_1<const N: usize>(w: &[u8], xs: [&[u8]; N], sums: [&[f32]; N]) -> [f32; N] {
-    let nb = sums
+/// Weights in format `W` · N rows of Q16 activations: per block `dw·dx·Σ qw·qx + m·(dx·Σ qx)`,
+/// the last factor being the activation block's `s`.
+pub fn dot<W: Unpack, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+    let nb = xs
         .iter()
-        .fold(blocks(w, BlockQ4_1::BYTES, &xs), |n, s| n.min(s.len()));
+        .fold(w.len() / W::BYTES, |n, x| n.min(x.len() / BlockQ16::BYTES));
     let mut acc = [0f32; N];
     for b in 0..nb {
-        let wb = &w[b * BlockQ4_1::BYTES..(b + 1) * BlockQ4_1::BYTES];
-        let (dw, mw) = (f16_at(wb), f16_at(&wb[2..]));
-        for ((a, x), s) in acc.iter_mut().zip(&xs).zip(&sums) {
-            let xb = &x[b * BlockQ8_0::BYTES..(b + 1) * BlockQ8_0::BYTES];
-            let mut sum = 0i32;
-            for j in 0..QK / 2 {
-                let n = wb[4 + j];
-                let (q0, q1) = ((xb[2 + j] as i8) as i32, (xb[2 + j + QK / 2] as i8) as i32);
-                sum += (n & 0x0f) as i32 * q0 + (n >> 4) as i32 * q1;
+        let (dw, mw, qw) = W::unpack(&w[b * W::BYTES..]);
+        for (a, x) in acc.iter_mut().zip(&xs) {
+            let xb = BlockQ16::read(&x[b * BlockQ16::BYTES..]);
+            let sum: i32 = qw.iter().zip(&xb.qs).map(|(p, q)| p * *q as i32).sum();
+            *a += sum as f32 * (dw * xb.d);
+            if W::HAS_MIN {
+                *a += mw * xb.s;
             }
-            *a += sum as f32 * (dw * f16_at(xb)) + mw * s[b];
         }
     }
     acc

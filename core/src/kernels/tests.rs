@@ -6,11 +6,18 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::quant::test_data::{array_rmse, ggml_signal};
-use crate::quant::{dequantize_row, quantize_row};
+use crate::quant::{dequantize_row, q16, quantize_row};
 
 fn quantized(format: Format, x: &[f32]) -> Vec<u8> {
     let mut q = vec![0u8; format.row_bytes(x.len()).unwrap()];
     quantize_row(format, x, &mut q).unwrap();
+    q
+}
+
+/// Activations as the reference Q16 quantizer gives them.
+fn q16_row(x: &[f32]) -> Vec<u8> {
+    let mut q = vec![0u8; q16::row_bytes(x.len())];
+    q16::quantize_row_ref(x, &mut q);
     q
 }
 
@@ -29,7 +36,7 @@ fn values(len: usize) -> impl Strategy<Value = Vec<f32>> {
 fn abs_dot(format: Format, w: &[u8], x: &[u8], n: usize) -> f32 {
     let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
     dequantize_row(format, w, &mut a).unwrap();
-    dequantize_row(Format::Q8_0, x, &mut b).unwrap();
+    q16::dequantize_row(x, &mut b);
     a.iter().zip(&b).map(|(p, q)| (p * q).abs()).sum()
 }
 
@@ -68,40 +75,69 @@ proptest! {
         prop_assert_eq!(simd, reference);
     }
 
-    /// Each quantized dot (single row and tile of 4) agrees with the scalar reference within
-    /// 1e-5 of Σ|w·x|: both add the same per-block integer sums, only in another order.
+    /// The SIMD Q16 quantizer is bit-exact with the reference, NaN and infinities included.
+    #[test]
+    fn quantize_q16_is_bit_exact(blocks in 1usize..12, x in values(12 * 32), specials in proptest::collection::vec((0usize..384, prop_oneof![Just(f32::NAN), Just(f32::INFINITY), Just(f32::NEG_INFINITY), Just(-0.0f32), Just(f32::MIN_POSITIVE / 4.0)]), 0..4)) {
+        let mut x = x[..blocks * 32].to_vec();
+        for (i, v) in specials {
+            if i < x.len() { x[i] = v; }
+        }
+        let reference = q16_row(&x);
+        let mut simd = vec![0u8; reference.len()];
+        Kernels::best().quantize_q16(&x, &mut simd).unwrap();
+        prop_assert_eq!(simd, reference);
+    }
+
+    /// Each quantized dot shape agrees with the scalar reference within 1e-5 of Σ|w·x|: both add
+    /// the same per-block integer sums, only in another order.
     #[test]
     fn quantized_dots_match_scalar(blocks in 1usize..20, w in values(20 * 32), xs in proptest::collection::vec(values(20 * 32), TILE)) {
         let n = blocks * 32;
-        let xq: Vec<Vec<u8>> = xs.iter().map(|x| quantized(Format::Q8_0, &x[..n])).collect();
+        let xq: Vec<Vec<u8>> = xs.iter().map(|x| q16_row(&x[..n])).collect();
+        let xs = core::array::from_fn(|i| xq[i].as_slice());
+        for format in QUANTIZED {
+            // Four rows: these weights and others made from them.
+            let wq: Vec<Vec<u8>> = [1.0, -0.5, 2.0, 0.25].iter().map(|k| {
+                let wr: Vec<f32> = w[..n].iter().map(|v| v * k).collect();
+                quantized(format, &wr)
+            }).collect();
+            let w4: [&[u8]; 4] = core::array::from_fn(|r| wq[r].as_slice());
+            let dots = Kernels::best().dots(format).unwrap();
+            let x4 = (dots.x4)(w4[0], xs);
+            let pair = (dots.rows2x4)([w4[0], w4[1]], xs);
+            let quads: Vec<[f32; 4]> = xs.iter().map(|x| (dots.rows4)(w4, x)).collect();
+            for (t, x) in xq.iter().enumerate() {
+                for (r, wr) in wq.iter().enumerate() {
+                    let s = Kernels::scalar().dot_quantized(format, wr, x).unwrap();
+                    let bound = 1e-5 * abs_dot(format, wr, x, n) + f32::MIN_POSITIVE;
+                    close(s, Kernels::best().dot_quantized(format, wr, x).unwrap(), bound)?;
+                    close(s, quads[t][r], bound)?;
+                    if r < 2 {
+                        close(s, pair[r][t], bound)?;
+                    }
+                    if r == 0 {
+                        close(s, x4[t], bound)?;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Q16 activations cost next to nothing in accuracy: a quantized dot is within 1e-4 of
+    /// Σ|w·x| of the f32 dot of the (dequantized) weights with the unquantized activations.
+    #[test]
+    fn q16_dots_track_f32_activations(blocks in 1usize..20, w in proptest::collection::vec(-4f32..4.0, 20 * 32), x in proptest::collection::vec(-30f32..30.0, 20 * 32)) {
+        let n = blocks * 32;
+        let xq = q16_row(&x[..n]);
         for format in QUANTIZED {
             let wq = quantized(format, &w[..n]);
-            let (best, scalar) = (Kernels::best(), Kernels::scalar());
-            let sums: Vec<Vec<f32>> = xq.iter().map(|x| { let mut s = vec![0f32; blocks]; q8_0_block_sums(x, &mut s); s }).collect();
-            let xs = core::array::from_fn(|i| xq[i].as_slice());
-            let tile_best = match format {
-                Format::Q8_0 => (best.dot_q8_0_x4)(&wq, xs),
-                Format::Q4_0 => (best.dot_q4_0_x4)(&wq, xs),
-                _ => (best.dot_q4_1_x4)(&wq, xs, core::array::from_fn(|i| sums[i].as_slice())),
-            };
-            // A pair of rows: these weights and another row made from them.
-            let w2: Vec<f32> = w[..n].iter().map(|v| -v * 0.5).collect();
-            let wq2 = quantized(format, &w2);
-            let ss = core::array::from_fn(|i| sums[i].as_slice());
-            let pair = match format {
-                Format::Q8_0 => (best.dot_q8_0_2x4)([&wq, &wq2], xs),
-                Format::Q4_0 => (best.dot_q4_0_2x4)([&wq, &wq2], xs),
-                _ => (best.dot_q4_1_2x4)([&wq, &wq2], xs, ss),
-            };
-            for (i, x) in xq.iter().enumerate() {
-                let s2 = scalar.dot_quantized(format, &wq2, x).unwrap();
-                close(s2, pair[1][i], 1e-5 * abs_dot(format, &wq2, x, n) + f32::MIN_POSITIVE)?;
-                let s = scalar.dot_quantized(format, &wq, x).unwrap();
-                close(s, pair[0][i], 1e-5 * abs_dot(format, &wq, x, n) + f32::MIN_POSITIVE)?;
-                let b = best.dot_quantized(format, &wq, x).unwrap();
-                let bound = 1e-5 * abs_dot(format, &wq, x, n) + f32::MIN_POSITIVE;
-                close(s, b, bound)?;
-                close(s, tile_best[i], bound)?;
+            let mut wd = vec![0f32; n];
+            dequantize_row(format, &wq, &mut wd).unwrap();
+            let exact: f64 = wd.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
+            let scale: f64 = wd.iter().zip(&x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+            for k in [Kernels::scalar(), Kernels::best()] {
+                let got = k.dot_quantized(format, &wq, &xq).unwrap() as f64;
+                prop_assert!((got - exact).abs() <= 1e-4 * scale + 1e-6, "{} {format}: {got} vs {exact}", k.name);
             }
         }
     }
@@ -163,8 +199,8 @@ fn ggml_reference_and_dot_product_error() {
         .zip(&y)
         .map(|(a, b)| (*a as f64) * (*b as f64))
         .sum();
-    let mut yq = vec![0u8; reference.len()];
-    Kernels::best().quantize_q8_0(&y, &mut yq).unwrap();
+    let mut yq = vec![0u8; q16::row_bytes(n)];
+    Kernels::best().quantize_q16(&y, &mut yq).unwrap();
     for format in QUANTIZED {
         let wq = quantized(format, &x);
         for k in [Kernels::scalar(), Kernels::best()] {
@@ -178,9 +214,9 @@ fn ggml_reference_and_dot_product_error() {
 #[test]
 fn mismatched_lengths_are_errors() {
     let k = Kernels::best();
-    let w = vec![0u8; 34 * 2];
+    let w = vec![0u8; 72 * 2];
     assert!(matches!(
-        k.dot_quantized(Format::Q8_0, &w, &w[..34]),
+        k.dot_quantized(Format::Q8_0, &w[..68], &w[..72]),
         Err(Error::Length { .. })
     ));
     assert!(matches!(
@@ -192,6 +228,8 @@ fn mismatched_lengths_are_errors() {
         Err(Error::UnsupportedFormat { .. })
     ));
     assert!(k.quantize_q8_0(&[0.0; 33], &mut [0u8; 34]).is_err());
+    assert!(k.quantize_q16(&[0.0; 33], &mut [0u8; 72]).is_err());
+    assert!(k.quantize_q16(&[0.0; 32], &mut [0u8; 71]).is_err());
     assert!(k.dot_f32_bytes(&[0u8; 8], &[1.0]).is_err());
 }
 
@@ -205,16 +243,11 @@ fn matmul_rows_equals_row_dots() {
     let x: Vec<f32> = (0..n_tok * cols)
         .map(|i| libm::cosf(i as f32 * 0.11))
         .collect();
-    let xq: Vec<u8> = x
-        .chunks(cols)
-        .flat_map(|r| quantized(Format::Q8_0, r))
-        .collect();
-    let mut sums = vec![0f32; n_tok * cols / 32];
-    q8_0_block_sums(&xq, &mut sums);
+    let xq: Vec<u8> = x.chunks(cols).flat_map(q16_row).collect();
+    let xb = q16::row_bytes(cols);
     let acts = Activations {
         f32: &x,
-        q8: Some(&xq),
-        q8_sums: Some(&sums),
+        q16: Some(&xq),
         n_tok,
         cols,
     };
@@ -234,7 +267,7 @@ fn matmul_rows_equals_row_dots() {
             for t in 0..n_tok {
                 let expected = if format.is_quantized() {
                     Kernels::scalar()
-                        .dot_quantized(format, m.row(r), &xq[t * 68..(t + 1) * 68])
+                        .dot_quantized(format, m.row(r), &xq[t * xb..(t + 1) * xb])
                         .unwrap()
                 } else {
                     let mut wr = vec![0f32; cols];
@@ -297,43 +330,18 @@ fn tile_shapes_agree_bit_for_bit() {
                 .collect()
         })
         .collect();
-    let xq: Vec<Vec<u8>> = toks.iter().map(|x| quantized(Format::Q8_0, x)).collect();
-    let sums: Vec<Vec<f32>> = xq
-        .iter()
-        .map(|x| {
-            let mut s = vec![0f32; 4];
-            q8_0_block_sums(x, &mut s);
-            s
-        })
-        .collect();
-    let k = Kernels::best();
+    let xq: Vec<Vec<u8>> = toks.iter().map(|x| q16_row(x)).collect();
     for format in QUANTIZED {
+        let dots = Kernels::best().dots(format).unwrap();
         let wq: Vec<Vec<u8>> = rows.iter().map(|w| quantized(format, w)).collect();
         let w4: [&[u8]; 4] = core::array::from_fn(|r| wq[r].as_slice());
         let x4: [&[u8]; 4] = core::array::from_fn(|t| xq[t].as_slice());
-        let s4: [&[f32]; 4] = core::array::from_fn(|t| sums[t].as_slice());
         for r in 0..4 {
             for t in 0..4 {
-                let (one, four, quad, pair) = match format {
-                    Format::Q8_0 => (
-                        (k.dot_q8_0)(w4[r], x4[t]),
-                        (k.dot_q8_0_x4)(w4[r], x4)[t],
-                        (k.dot_q8_0_4x1)(w4, x4[t])[r],
-                        (k.dot_q8_0_2x4)([w4[r], w4[r ^ 1]], x4)[0][t],
-                    ),
-                    Format::Q4_0 => (
-                        (k.dot_q4_0)(w4[r], x4[t]),
-                        (k.dot_q4_0_x4)(w4[r], x4)[t],
-                        (k.dot_q4_0_4x1)(w4, x4[t])[r],
-                        (k.dot_q4_0_2x4)([w4[r], w4[r ^ 1]], x4)[0][t],
-                    ),
-                    _ => (
-                        (k.dot_q4_1)(w4[r], x4[t], s4[t]),
-                        (k.dot_q4_1_x4)(w4[r], x4, s4)[t],
-                        (k.dot_q4_1_4x1)(w4, x4[t], s4[t])[r],
-                        (k.dot_q4_1_2x4)([w4[r], w4[r ^ 1]], x4, s4)[0][t],
-                    ),
-                };
+                let one = (dots.one)(w4[r], x4[t]);
+                let four = (dots.x4)(w4[r], x4)[t];
+                let quad = (dots.rows4)(w4, x4[t])[r];
+                let pair = (dots.rows2x4)([w4[r], w4[r ^ 1]], x4)[0][t];
                 assert_eq!(
                     [one.to_bits(), four.to_bits(), quad.to_bits()],
                     [pair.to_bits(); 3],
@@ -355,16 +363,13 @@ fn vnni_and_avx2_tables_agree_bit_for_bit() {
     let n = 8 * 32;
     let w: Vec<f32> = (0..n).map(|i| libm::sinf(i as f32 * 0.37) * 5.0).collect();
     let x: Vec<f32> = (0..n).map(|i| libm::cosf(i as f32 * 0.11) * 3.0).collect();
-    let xq = quantized(Format::Q8_0, &x);
-    let mut sums = vec![0f32; 8];
-    q8_0_block_sums(&xq, &mut sums);
+    let xq = q16_row(&x);
     for format in QUANTIZED {
         let wq = quantized(format, &w);
-        let (p, q) = match format {
-            Format::Q8_0 => ((a.dot_q8_0)(&wq, &xq), (v.dot_q8_0)(&wq, &xq)),
-            Format::Q4_0 => ((a.dot_q4_0)(&wq, &xq), (v.dot_q4_0)(&wq, &xq)),
-            _ => ((a.dot_q4_1)(&wq, &xq, &sums), (v.dot_q4_1)(&wq, &xq, &sums)),
-        };
+        let (p, q) = (
+            (a.dots(format).unwrap().one)(&wq, &xq),
+            (v.dots(format).unwrap().one)(&wq, &xq),
+        );
         assert_eq!(p.to_bits(), q.to_bits(), "{format}");
     }
 }

@@ -4,8 +4,8 @@
 //! makes the safe wrappers below sound.
 use core::arch::x86_64::*;
 
-use super::{Kernels, TILE};
-use crate::quant::{BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
+use super::{Kernels, QuantDots, TILE};
+use crate::quant::{BlockQ16, BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
 
 // cpufeatures also checks that the OS saves the AVX registers; it does not know F16C.
 cpufeatures::new!(cpuid_avx2, "avx2", "fma");
@@ -16,7 +16,8 @@ pub fn available() -> bool {
     cpuid_avx2::get() && f16c
 }
 
-/// Whether this CPU also has AVX-VNNI (`vpdpbusd`: the u8·i8 dot in one instruction).
+/// Whether this CPU also has AVX-VNNI (`vpdpwssd`: the i16·i16 dot, accumulated, in one
+/// instruction).
 pub fn vnni_available() -> bool {
     available() && __cpuid_count(7, 0).eax >= 1 && __cpuid_count(7, 1).eax & (1 << 4) != 0
 }
@@ -24,30 +25,28 @@ pub fn vnni_available() -> bool {
 pub(super) static KERNELS: Kernels = table::<false>("avx2");
 pub(super) static KERNELS_VNNI: Kernels = table::<true>("avx2+vnni");
 
-/// The table, with `vpdpbusd` in place of `vpmaddubsw`+`vpmaddwd` for the signed formats when
-/// `VNNI`. Both give the same integer sums (the pair sums never reach `vpmaddubsw`'s saturation for
-/// quants in ±127 and weights in -128..=127), so both tables give the same bits. Q4_1 keeps
-/// `vpmaddubsw`: in one interleaved measurement on SmolLM2 (pp256, one thread, a noisy machine)
-/// `vpdpbusd` made Q4_1 prefill about 15% slower and Q8_0 prefill about 20% faster.
+/// The table, with `vpdpwssd` in place of `vpmaddwd`+`vpaddd` when `VNNI`. Both give the same
+/// exact integer sums, so both tables give the same bits.
 const fn table<const VNNI: bool>(name: &'static str) -> Kernels {
     Kernels {
         name,
         quantize_q8_0,
-        dot_q8_0: |w, x| signed::<false, 1, 1, VNNI>([w], [x])[0][0],
-        dot_q8_0_x4: |w, xs| signed::<false, 1, TILE, VNNI>([w], xs)[0],
-        dot_q8_0_4x1: |w, x| signed::<false, 4, 1, VNNI>(w, [x]).map(|r| r[0]),
-        dot_q8_0_2x4: signed::<false, 2, TILE, VNNI>,
-        dot_q4_0: |w, x| signed::<true, 1, 1, VNNI>([w], [x])[0][0],
-        dot_q4_0_x4: |w, xs| signed::<true, 1, TILE, VNNI>([w], xs)[0],
-        dot_q4_0_4x1: |w, x| signed::<true, 4, 1, VNNI>(w, [x]).map(|r| r[0]),
-        dot_q4_0_2x4: signed::<true, 2, TILE, VNNI>,
-        dot_q4_1: |w, x, s| q4_1::<1, 1>([w], [x], [s])[0][0],
-        dot_q4_1_x4: |w, xs, ss| q4_1::<1, TILE>([w], xs, ss)[0],
-        dot_q4_1_4x1: |w, x, s| q4_1::<4, 1>(w, [x], [s]).map(|r| r[0]),
-        dot_q4_1_2x4: q4_1::<2, TILE>,
+        quantize_q16,
+        q8_0: dots::<BlockQ8_0, VNNI>(),
+        q4_0: dots::<BlockQ4_0, VNNI>(),
+        q4_1: dots::<BlockQ4_1, VNNI>(),
         dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
         dot_f32_x4: dot_f32::<TILE>,
         axpy_q8_0,
+    }
+}
+
+const fn dots<W: Unpack, const VNNI: bool>() -> QuantDots {
+    QuantDots {
+        one: |w, x| dot::<W, 1, 1, VNNI>([w], [x])[0][0],
+        x4: |w, xs| dot::<W, 1, TILE, VNNI>([w], xs)[0],
+        rows4: |w, x| dot::<W, 4, 1, VNNI>(w, [x]).map(|r| r[0]),
+        rows2x4: dot::<W, 2, TILE, VNNI>,
     }
 }
 
@@ -80,55 +79,33 @@ fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
     unsafe { quantize_q8_0_avx2(x, out) }
 }
 
-// SAFETY (the wrappers below): `Kernels::best` hands out the VNNI table only when
-// `vnni_available()`; `nb` whole blocks lie inside every slice.
-/// Q8_0, or Q4_0 when `Q4`.
-fn signed<const Q4: bool, const R: usize, const N: usize, const VNNI: bool>(
-    w: [&[u8]; R],
-    xs: [&[u8]; N],
-) -> [[f32; N]; R] {
-    let w_block = if Q4 {
-        BlockQ4_0::BYTES
-    } else {
-        BlockQ8_0::BYTES
-    };
-    let nb = blocks(&w, w_block, &xs);
-    // SAFETY: see above.
-    unsafe {
-        if VNNI {
-            tile_signed_vnni::<Q4, R, N>(nb, w, xs)
-        } else {
-            tile_signed_avx2::<Q4, R, N>(nb, w, xs)
-        }
-    }
+fn quantize_q16(x: &[f32], out: &mut [u8]) {
+    // SAFETY: as above.
+    unsafe { quantize_q16_avx2(x, out) }
 }
 
-fn q4_1<const R: usize, const N: usize>(
+/// R weight rows in format `W` against N rows of Q16 activations.
+fn dot<W: Unpack, const R: usize, const N: usize, const VNNI: bool>(
     w: [&[u8]; R],
     xs: [&[u8]; N],
-    sums: [&[f32]; N],
 ) -> [[f32; N]; R] {
-    let nb = sums
-        .iter()
-        .fold(blocks(&w, BlockQ4_1::BYTES, &xs), |n, s| n.min(s.len()));
-    // SAFETY: see above; `nb` whole blocks also lie inside every `sums[i]`.
-    unsafe { tile_q4_1(nb, w, xs, sums) }
+    let nb = w.iter().fold(usize::MAX, |n, w| n.min(w.len() / W::BYTES));
+    let nb = xs.iter().fold(nb, |n, x| n.min(x.len() / BlockQ16::BYTES));
+    // SAFETY: `Kernels::best` hands out the VNNI table only when `vnni_available()`, the other
+    // only when `available()`; `nb` whole blocks lie inside every slice.
+    unsafe {
+        if VNNI {
+            tile_vnni::<W, R, N>(nb, w, xs)
+        } else {
+            tile_avx2::<W, R, N>(nb, w, xs)
+        }
+    }
 }
 
 fn dot_f32<const N: usize>(w: &[u8], xs: [&[f32]; N]) -> [f32; N] {
     let n = xs.iter().fold(w.len() / 4, |n, x| n.min(x.len()));
     // SAFETY: CPU features as above; `n` values lie inside `w` (as bytes) and every `xs[i]`.
     unsafe { dot_f32_avx2(n, w, xs) }
-}
-
-/// Whole blocks present in every weight row and every activation row.
-fn blocks<const R: usize, const N: usize>(
-    w: &[&[u8]; R],
-    w_block: usize,
-    xs: &[&[u8]; N],
-) -> usize {
-    let n = w.iter().fold(usize::MAX, |n, w| n.min(w.len() / w_block));
-    xs.iter().fold(n, |n, x| n.min(x.len() / BlockQ8_0::BYTES))
 }
 
 #[inline(always)]
@@ -163,39 +140,140 @@ unsafe fn hsums<const N: usize>(acc: [__m256; N]) -> [f32; N] {
     out
 }
 
-/// The 32 nibbles of a Q4 block as bytes: the low nibbles in the low lane, the high in the high.
+/// A weight block's 32 quants as two vectors of 16 `i16` (values 0..16, 16..32).
+trait Unpack {
+    const BYTES: usize;
+    /// Whether the block has a minimum (an f16 after the scale) whose term `m·(dx·Σq)` is added.
+    const HAS_MIN: bool = false;
+    /// The quants of the block at `p`.
+    ///
+    /// # Safety
+    /// `BYTES` readable bytes at `p`; the caller has AVX2.
+    unsafe fn unpack(p: *const u8) -> (__m256i, __m256i);
+}
+
+impl Unpack for BlockQ8_0 {
+    const BYTES: usize = Self::BYTES;
+    #[inline(always)]
+    unsafe fn unpack(p: *const u8) -> (__m256i, __m256i) {
+        // SAFETY: 32 quants follow the 2-byte scale.
+        unsafe {
+            (
+                _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(2) as *const __m128i)),
+                _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(18) as *const __m128i)),
+            )
+        }
+    }
+}
+
+impl Unpack for BlockQ4_0 {
+    const BYTES: usize = Self::BYTES;
+    #[inline(always)]
+    unsafe fn unpack(p: *const u8) -> (__m256i, __m256i) {
+        // SAFETY: 16 bytes of nibbles follow the 2-byte scale.
+        unsafe {
+            let (lo, hi) = nibbles(p.add(2));
+            let eight = _mm256_set1_epi16(8);
+            (_mm256_sub_epi16(lo, eight), _mm256_sub_epi16(hi, eight))
+        }
+    }
+}
+
+impl Unpack for BlockQ4_1 {
+    const BYTES: usize = Self::BYTES;
+    const HAS_MIN: bool = true;
+    #[inline(always)]
+    unsafe fn unpack(p: *const u8) -> (__m256i, __m256i) {
+        // SAFETY: 16 bytes of nibbles follow the scale and the minimum.
+        unsafe { nibbles(p.add(4)) }
+    }
+}
+
+/// The low nibbles of 16 bytes (values 0..16) and their high nibbles (16..32), as `i16`.
 #[inline(always)]
-unsafe fn nibbles(p: *const u8) -> __m256i {
+unsafe fn nibbles(p: *const u8) -> (__m256i, __m256i) {
     // SAFETY: the caller guarantees 16 readable bytes at `p` and AVX2.
     unsafe {
-        let tmp = _mm_loadu_si128(p as *const __m128i);
-        let both = _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp);
-        _mm256_and_si256(both, _mm256_set1_epi8(0x0f))
+        let v = _mm256_cvtepu8_epi16(_mm_loadu_si128(p as *const __m128i));
+        (
+            _mm256_and_si256(v, _mm256_set1_epi16(0x0f)),
+            _mm256_srli_epi16(v, 4),
+        )
+    }
+}
+
+/// The largest |x| of a block, NaN ignored (`max` keeps its second operand when the first is NaN,
+/// as the scalar fold does).
+#[inline(always)]
+unsafe fn block_amax(v: [__m256; 4]) -> f32 {
+    // SAFETY: register-only arithmetic; the caller has AVX.
+    unsafe {
+        let sign = _mm256_set1_ps(-0.0);
+        let mut m = _mm256_setzero_ps();
+        for vi in v {
+            m = _mm256_max_ps(_mm256_andnot_ps(sign, vi), m);
+        }
+        let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        let m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        _mm_cvtss_f32(m4)
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_q16_avx2(x: &[f32], out: &mut [u8]) {
+    let nb = (x.len() / QK).min(out.len() / BlockQ16::BYTES);
+    for b in 0..nb {
+        // SAFETY: block `b` < nb lies inside `x` (32 floats) and `out` (72 bytes).
+        unsafe {
+            let p = x.as_ptr().add(b * QK);
+            let v: [__m256; 4] = core::array::from_fn(|i| _mm256_loadu_ps(p.add(8 * i)));
+            let d = block_amax(v) / BlockQ16::MAX;
+            let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+            let (lo, hi) = (
+                _mm256_set1_ps(-BlockQ16::MAX),
+                _mm256_set1_ps(BlockQ16::MAX),
+            );
+            let mut ints = [_mm256_setzero_si256(); 4];
+            for i in 0..4 {
+                let s = _mm256_mul_ps(v[i], id);
+                // NaN to 0, then clamp; the conversion rounds to nearest even like `rintf`.
+                let s = _mm256_and_ps(s, _mm256_cmp_ps(s, s, _CMP_ORD_Q));
+                ints[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(s, lo), hi));
+            }
+            let total = _mm256_add_epi32(
+                _mm256_add_epi32(ints[0], ints[1]),
+                _mm256_add_epi32(ints[2], ints[3]),
+            );
+            let t4 = _mm_add_epi32(
+                _mm256_castsi256_si128(total),
+                _mm256_extracti128_si256(total, 1),
+            );
+            let t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0b01_00_11_10));
+            let t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0b10_11_00_01));
+            let sum = _mm_cvtsi128_si32(t4);
+            // packs interleaves the 128-bit lanes of its operands; the permute restores order.
+            let q01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(ints[0], ints[1]), 0b11_01_10_00);
+            let q23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(ints[2], ints[3]), 0b11_01_10_00);
+            let o = out.as_mut_ptr().add(b * BlockQ16::BYTES);
+            (o as *mut f32).write_unaligned(d);
+            (o.add(4) as *mut f32).write_unaligned(d * sum as f32);
+            _mm256_storeu_si256(o.add(8) as *mut __m256i, q01);
+            _mm256_storeu_si256(o.add(40) as *mut __m256i, q23);
+        }
     }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn quantize_q8_0_avx2(x: &[f32], out: &mut [u8]) {
     let nb = (x.len() / QK).min(out.len() / BlockQ8_0::BYTES);
-    let sign = _mm256_set1_ps(-0.0);
     let perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for b in 0..nb {
         // SAFETY: block `b` < nb lies inside `x` (32 floats) and `out` (34 bytes).
         unsafe {
             let p = x.as_ptr().add(b * QK);
-            let mut v = [_mm256_setzero_ps(); 4];
-            for (i, vi) in v.iter_mut().enumerate() {
-                *vi = _mm256_loadu_ps(p.add(8 * i));
-            }
-            // max(new, acc) keeps acc when `new` is NaN, as the scalar fold does.
-            let mut m = _mm256_setzero_ps();
-            for vi in v {
-                m = _mm256_max_ps(_mm256_andnot_ps(sign, vi), m);
-            }
-            let m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-            let m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-            let m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-            let amax = _mm_cvtss_f32(m4);
+            let v: [__m256; 4] = core::array::from_fn(|i| _mm256_loadu_ps(p.add(8 * i)));
+            let amax = block_amax(v);
 
             let d = amax / 127.0;
             let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
@@ -239,151 +317,94 @@ unsafe fn round_q8(v: __m256) -> __m256 {
 // token's result does not depend on how many tokens or rows were computed with it (prefill in
 // one batch equals token-by-token decoding, and threads change nothing). Independent FMA chains,
 // which hide the FMA's four-cycle latency, come from several rows and tokens per tile: decode
-// uses 2x1 tiles, prefill 2x4.
+// uses 4x1 tiles, prefill 2x4.
 
 /// How far ahead of the block in use the weight stream is prefetched, in bytes. A single core's
 /// hardware prefetcher does not keep up with one weight stream on its own: measured on SmolLM2
 /// Q8_0 decode (2 threads), no prefetch gave 67 tokens/s, 512 bytes 76, 2048 to 8192 bytes 95-104.
 const PREFETCH: usize = 4096;
 
-/// The tile for the signed formats: Q8_0, or Q4_0 when `Q4`.
 #[inline(always)]
-unsafe fn tile_signed<const Q4: bool, const R: usize, const N: usize, const VNNI: bool>(
+unsafe fn tile<W: Unpack, const R: usize, const N: usize, const VNNI: bool>(
     nb: usize,
     w: [&[u8]; R],
     xs: [&[u8]; N],
 ) -> [[f32; N]; R] {
-    let w_block = if Q4 {
-        BlockQ4_0::BYTES
-    } else {
-        BlockQ8_0::BYTES
-    };
-    // SAFETY: the caller guarantees `nb` whole blocks in every slice and AVX2/FMA/F16C.
-    unsafe {
-        let mut acc = [[_mm256_setzero_ps(); N]; R];
-        let ones = _mm256_set1_epi16(1);
-        for b in 0..nb {
-            let mut dw = [_mm256_setzero_ps(); R];
-            let mut qw = [_mm256_setzero_si256(); R];
-            let mut aw = [_mm256_setzero_si256(); R];
-            for r in 0..R {
-                let wp = w[r].as_ptr().add(b * w_block);
-                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH) as *const i8);
-                dw[r] = _mm256_set1_ps(f16_at(wp));
-                qw[r] = if Q4 {
-                    _mm256_sub_epi8(nibbles(wp.add(2)), _mm256_set1_epi8(8))
-                } else {
-                    _mm256_loadu_si256(wp.add(2) as *const __m256i)
-                };
-                aw[r] = _mm256_sign_epi8(qw[r], qw[r]);
-            }
-            for t in 0..N {
-                let xp = xs[t].as_ptr().add(b * BlockQ8_0::BYTES);
-                let qx = _mm256_loadu_si256(xp.add(2) as *const __m256i);
-                let dx = _mm256_set1_ps(f16_at(xp));
-                for r in 0..R {
-                    // |w|·(x with w's sign): maddubs needs its first operand unsigned.
-                    let sy = _mm256_sign_epi8(qx, qw[r]);
-                    let dot = dot_u8_i8::<VNNI>(aw[r], sy, ones);
-                    acc[r][t] = _mm256_fmadd_ps(
-                        _mm256_mul_ps(dw[r], dx),
-                        _mm256_cvtepi32_ps(dot),
-                        acc[r][t],
-                    );
-                }
-            }
-        }
-        let mut out = [[0f32; N]; R];
-        for r in 0..R {
-            out[r] = hsums(acc[r]);
-        }
-        out
-    }
-}
-
-/// Σ u·s over each group of four bytes (u unsigned, s signed), as eight i32.
-#[inline(always)]
-unsafe fn dot_u8_i8<const VNNI: bool>(u: __m256i, s: __m256i, ones: __m256i) -> __m256i {
-    // SAFETY: register-only; the caller has AVX2, and AVX-VNNI when `VNNI`.
-    unsafe {
-        if VNNI {
-            _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s)
-        } else {
-            _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones)
-        }
-    }
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_signed_avx2<const Q4: bool, const R: usize, const N: usize>(
-    nb: usize,
-    w: [&[u8]; R],
-    xs: [&[u8]; N],
-) -> [[f32; N]; R] {
-    // SAFETY: as the caller guarantees for this function.
-    unsafe { tile_signed::<Q4, R, N, false>(nb, w, xs) }
-}
-
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn tile_signed_vnni<const Q4: bool, const R: usize, const N: usize>(
-    nb: usize,
-    w: [&[u8]; R],
-    xs: [&[u8]; N],
-) -> [[f32; N]; R] {
-    // SAFETY: as the caller guarantees for this function.
-    unsafe { tile_signed::<Q4, R, N, true>(nb, w, xs) }
-}
-
-/// Q4_1: the nibbles are unsigned, so maddubs takes them as they are; the minimum's part
-/// `m·(d·Σq)` comes from the precomputed activation sums.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_q4_1<const R: usize, const N: usize>(
-    nb: usize,
-    w: [&[u8]; R],
-    xs: [&[u8]; N],
-    sums: [&[f32]; N],
-) -> [[f32; N]; R] {
-    // SAFETY: the caller guarantees `nb` whole blocks in every slice.
+    // SAFETY: the caller guarantees `nb` whole blocks in every slice, AVX2/FMA/F16C, and
+    // AVX-VNNI when `VNNI`.
     unsafe {
         let mut acc = [[_mm256_setzero_ps(); N]; R];
         let mut acc_m = [[0f32; N]; R];
-        let ones = _mm256_set1_epi16(1);
         for b in 0..nb {
             let mut dw = [_mm256_setzero_ps(); R];
             let mut mw = [0f32; R];
-            let mut qw = [_mm256_setzero_si256(); R];
+            let mut qw = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
             for r in 0..R {
-                let wp = w[r].as_ptr().add(b * BlockQ4_1::BYTES);
+                let wp = w[r].as_ptr().add(b * W::BYTES);
                 _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH) as *const i8);
                 dw[r] = _mm256_set1_ps(f16_at(wp));
-                mw[r] = f16_at(wp.add(2));
-                qw[r] = nibbles(wp.add(4));
+                if W::HAS_MIN {
+                    mw[r] = f16_at(wp.add(2));
+                }
+                qw[r] = W::unpack(wp);
             }
             for t in 0..N {
-                let xp = xs[t].as_ptr().add(b * BlockQ8_0::BYTES);
-                let qx = _mm256_loadu_si256(xp.add(2) as *const __m256i);
-                let dx = _mm256_set1_ps(f16_at(xp));
-                let s = *sums[t].get_unchecked(b);
+                let xp = xs[t].as_ptr().add(b * BlockQ16::BYTES);
+                let dx = _mm256_set1_ps((xp as *const f32).read_unaligned());
+                let x0 = _mm256_loadu_si256(xp.add(8) as *const __m256i);
+                let x1 = _mm256_loadu_si256(xp.add(40) as *const __m256i);
                 for r in 0..R {
-                    let dot = dot_u8_i8::<false>(qw[r], qx, ones);
+                    let dot = if VNNI {
+                        let d = _mm256_dpwssd_avx_epi32(_mm256_setzero_si256(), qw[r].0, x0);
+                        _mm256_dpwssd_avx_epi32(d, qw[r].1, x1)
+                    } else {
+                        _mm256_add_epi32(
+                            _mm256_madd_epi16(qw[r].0, x0),
+                            _mm256_madd_epi16(qw[r].1, x1),
+                        )
+                    };
                     acc[r][t] = _mm256_fmadd_ps(
                         _mm256_mul_ps(dw[r], dx),
                         _mm256_cvtepi32_ps(dot),
                         acc[r][t],
                     );
-                    acc_m[r][t] += mw[r] * s;
+                    if W::HAS_MIN {
+                        acc_m[r][t] += mw[r] * (xp.add(4) as *const f32).read_unaligned();
+                    }
                 }
             }
         }
         let mut out = [[0f32; N]; R];
         for r in 0..R {
             out[r] = hsums(acc[r]);
-            for t in 0..N {
-                out[r][t] += acc_m[r][t];
+            if W::HAS_MIN {
+                for t in 0..N {
+                    out[r][t] += acc_m[r][t];
+                }
             }
         }
         out
     }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_avx2<W: Unpack, const R: usize, const N: usize>(
+    nb: usize,
+    w: [&[u8]; R],
+    xs: [&[u8]; N],
+) -> [[f32; N]; R] {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { tile::<W, R, N, false>(nb, w, xs) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn tile_vnni<W: Unpack, const R: usize, const N: usize>(
+    nb: usize,
+    w: [&[u8]; R],
+    xs: [&[u8]; N],
+) -> [[f32; N]; R] {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { tile::<W, R, N, true>(nb, w, xs) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

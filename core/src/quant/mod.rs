@@ -9,10 +9,12 @@ use crate::error::{Error, Result};
 
 pub mod float;
 pub mod k_quants;
+pub mod q16;
 pub mod q4_0;
 pub mod q4_1;
 pub mod q8_0;
 
+pub use q16::BlockQ16;
 pub use q4_0::BlockQ4_0;
 pub use q4_1::BlockQ4_1;
 pub use q8_0::BlockQ8_0;
