@@ -47,6 +47,43 @@ fn matvec(c: &mut Criterion) {
     group.finish();
 }
 
+/// Prefill's shape: 64 tokens against a 1536 x 576 matrix (SmolLM2's gate projection), which
+/// stays in the caches, so this measures the kernels' arithmetic. Throughput is in
+/// multiply-adds (elements of 64 · 1536 · 576).
+fn matmul_prefill(c: &mut Criterion) {
+    let (rows, cols, n_tok) = (1536, 576, 64);
+    let values: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
+        .collect();
+    let x: Vec<f32> = (0..n_tok * cols).map(|i| (i as f32 * 0.37).sin()).collect();
+    let k = Kernels::best();
+    let row = sapient_core::quant::q16::row_bytes(cols);
+    let mut xq = vec![0u8; n_tok * row];
+    for (xr, qr) in x.chunks(cols).zip(xq.chunks_mut(row)) {
+        k.quantize_q16(xr, qr).unwrap();
+    }
+    let acts = Activations {
+        f32: &x,
+        q16: Some(&xq),
+        n_tok,
+        cols,
+    };
+    let mut group = c.benchmark_group(format!("matmul_64x1536x576_{}", k.name));
+    group.sample_size(20);
+    group.throughput(Throughput::Elements((n_tok * rows * cols) as u64));
+    for format in [Format::Q8_0, Format::Q4_1, Format::Q4_0] {
+        let m = Matrix::quantize(format, rows, cols, &values).unwrap();
+        let mut out = vec![0f32; rows * n_tok];
+        group.bench_function(format.name(), |b| {
+            b.iter(|| {
+                k.matmul_rows(black_box(&m), black_box(&acts), 0, &mut out)
+                    .unwrap()
+            })
+        });
+    }
+    group.finish();
+}
+
 /// Summing a buffer far larger than the caches: the memory bandwidth one core can stream.
 fn memory_bandwidth(c: &mut Criterion) {
     let buf: Vec<u64> = (0..(256 << 20) / 8).map(|i| i as u64).collect();
@@ -59,5 +96,5 @@ fn memory_bandwidth(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, matvec, memory_bandwidth);
+criterion_group!(benches, matvec, matmul_prefill, memory_bandwidth);
 criterion_main!(benches);

@@ -53,9 +53,13 @@ pub struct Kernels {
 
 impl Kernels {
     /// The fastest kernels this CPU runs. On x86-64 the AVX2 set is chosen only when the CPU
-    /// reports AVX2, FMA and F16C (and its AVX-VNNI variant only with AVX-VNNI too), so an older
+    /// reports AVX2, FMA and F16C (its AVX-VNNI and AVX-512 variants only with those too), so an older
     /// CPU gets the scalar set rather than SIGILL.
     pub fn best() -> &'static Kernels {
+        #[cfg(target_arch = "x86_64")]
+        if x86::avx512_available() {
+            return &x86::KERNELS_AVX512;
+        }
         #[cfg(target_arch = "x86_64")]
         if x86::vnni_available() {
             return &x86::KERNELS_VNNI;

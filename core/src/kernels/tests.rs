@@ -301,7 +301,9 @@ fn best_kernels_follow_the_cpu() {
     #[cfg(target_arch = "x86_64")]
     assert_eq!(
         name,
-        if x86::vnni_available() {
+        if x86::avx512_available() {
+            "avx2+avx512vl"
+        } else if x86::vnni_available() {
             "avx2+vnni"
         } else if x86::available() {
             "avx2"
@@ -352,24 +354,39 @@ fn tile_shapes_agree_bit_for_bit() {
     }
 }
 
-/// The AVX-VNNI table gives the AVX2 table's bits (where this CPU runs both).
+/// The AVX-VNNI and AVX-512 tables give the AVX2 table's bits (where this CPU runs them).
 #[cfg(target_arch = "x86_64")]
 #[test]
-fn vnni_and_avx2_tables_agree_bit_for_bit() {
-    if !x86::vnni_available() {
-        return;
-    }
-    let (a, v) = (&x86::KERNELS, &x86::KERNELS_VNNI);
+fn x86_tables_agree_bit_for_bit() {
     let n = 8 * 32;
     let w: Vec<f32> = (0..n).map(|i| libm::sinf(i as f32 * 0.37) * 5.0).collect();
-    let x: Vec<f32> = (0..n).map(|i| libm::cosf(i as f32 * 0.11) * 3.0).collect();
-    let xq = q16_row(&x);
+    let xq: Vec<Vec<u8>> = (0..TILE)
+        .map(|t| {
+            let x: Vec<f32> = (0..n)
+                .map(|i| libm::cosf((i + 7 * t) as f32 * 0.11) * 3.0)
+                .collect();
+            q16_row(&x)
+        })
+        .collect();
+    let x4: [&[u8]; TILE] = core::array::from_fn(|t| xq[t].as_slice());
+    let tables = [
+        (x86::available(), &x86::KERNELS),
+        (x86::vnni_available(), &x86::KERNELS_VNNI),
+        (x86::avx512_available(), &x86::KERNELS_AVX512),
+    ];
     for format in QUANTIZED {
         let wq = quantized(format, &w);
-        let (p, q) = (
-            (a.dots(format).unwrap().one)(&wq, &xq),
-            (v.dots(format).unwrap().one)(&wq, &xq),
-        );
-        assert_eq!(p.to_bits(), q.to_bits(), "{format}");
+        let wq2: Vec<u8> = quantized(format, &w.iter().map(|v| -v).collect::<Vec<_>>());
+        let results: Vec<[[u32; TILE]; 2]> = tables
+            .iter()
+            .filter(|(ok, _)| *ok)
+            .map(|(_, k)| {
+                let d = k.dots(format).unwrap();
+                (d.rows2x4)([&wq, &wq2], x4).map(|r| r.map(f32::to_bits))
+            })
+            .collect();
+        for r in &results {
+            assert_eq!(*r, results[0], "{format}");
+        }
     }
 }

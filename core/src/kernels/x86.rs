@@ -22,31 +22,46 @@ pub fn vnni_available() -> bool {
     available() && __cpuid_count(7, 0).eax >= 1 && __cpuid_count(7, 1).eax & (1 << 4) != 0
 }
 
-pub(super) static KERNELS: Kernels = table::<false>("avx2");
-pub(super) static KERNELS_VNNI: Kernels = table::<true>("avx2+vnni");
+cpufeatures::new!(cpuid_avx512, "avx512f", "avx512bw", "avx512vl");
 
-/// The table, with `vpdpwssd` in place of `vpmaddwd`+`vpaddd` when `VNNI`. Both give the same
-/// exact integer sums, so both tables give the same bits.
-const fn table<const VNNI: bool>(name: &'static str) -> Kernels {
+/// Whether this CPU (and OS) also run AVX-512 F/BW/VL with AVX512-VNNI: the same 256-bit kernels
+/// then get 32 vector registers instead of 16, which ends the accumulators' spills in the tiles.
+pub fn avx512_available() -> bool {
+    available() && cpuid_avx512::get() && __cpuid_count(7, 0).ecx & (1 << 11) != 0
+}
+
+/// Instruction-set levels of the tables below.
+const AVX2: u8 = 0;
+const AVX_VNNI: u8 = 1;
+const AVX512_VNNI: u8 = 2;
+
+pub(super) static KERNELS: Kernels = table::<AVX2>("avx2");
+pub(super) static KERNELS_VNNI: Kernels = table::<AVX_VNNI>("avx2+vnni");
+pub(super) static KERNELS_AVX512: Kernels = table::<AVX512_VNNI>("avx2+avx512vl");
+
+/// The table for `ISA`: `vpdpwssd` in place of `vpmaddwd`+`vpaddd` with either VNNI, and 32
+/// registers with AVX-512. All give the same exact integer sums in the same float order, so all
+/// give the same bits.
+const fn table<const ISA: u8>(name: &'static str) -> Kernels {
     Kernels {
         name,
         quantize_q8_0,
         quantize_q16,
-        q8_0: dots::<BlockQ8_0, VNNI>(),
-        q4_0: dots::<BlockQ4_0, VNNI>(),
-        q4_1: dots::<BlockQ4_1, VNNI>(),
+        q8_0: dots::<BlockQ8_0, ISA>(),
+        q4_0: dots::<BlockQ4_0, ISA>(),
+        q4_1: dots::<BlockQ4_1, ISA>(),
         dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
         dot_f32_x4: dot_f32::<TILE>,
         axpy_q8_0,
     }
 }
 
-const fn dots<W: Unpack, const VNNI: bool>() -> QuantDots {
+const fn dots<W: Unpack, const ISA: u8>() -> QuantDots {
     QuantDots {
-        one: |w, x| dot::<W, 1, 1, VNNI>([w], [x])[0][0],
-        x4: |w, xs| dot::<W, 1, TILE, VNNI>([w], xs)[0],
-        rows4: |w, x| dot::<W, 4, 1, VNNI>(w, [x]).map(|r| r[0]),
-        rows2x4: dot::<W, 2, TILE, VNNI>,
+        one: |w, x| dot::<W, 1, 1, ISA>([w], [x])[0][0],
+        x4: |w, xs| dot::<W, 1, TILE, ISA>([w], xs)[0],
+        rows4: |w, x| dot::<W, 4, 1, ISA>(w, [x]).map(|r| r[0]),
+        rows2x4: dot::<W, 2, TILE, ISA>,
     }
 }
 
@@ -85,19 +100,19 @@ fn quantize_q16(x: &[f32], out: &mut [u8]) {
 }
 
 /// R weight rows in format `W` against N rows of Q16 activations.
-fn dot<W: Unpack, const R: usize, const N: usize, const VNNI: bool>(
+fn dot<W: Unpack, const R: usize, const N: usize, const ISA: u8>(
     w: [&[u8]; R],
     xs: [&[u8]; N],
 ) -> [[f32; N]; R] {
     let nb = w.iter().fold(usize::MAX, |n, w| n.min(w.len() / W::BYTES));
     let nb = xs.iter().fold(nb, |n, x| n.min(x.len() / BlockQ16::BYTES));
-    // SAFETY: `Kernels::best` hands out the VNNI table only when `vnni_available()`, the other
-    // only when `available()`; `nb` whole blocks lie inside every slice.
+    // SAFETY: `Kernels::best` hands out each table only when its `*_available()` said yes; `nb`
+    // whole blocks lie inside every slice.
     unsafe {
-        if VNNI {
-            tile_vnni::<W, R, N>(nb, w, xs)
-        } else {
-            tile_avx2::<W, R, N>(nb, w, xs)
+        match ISA {
+            AVX512_VNNI => tile_avx512::<W, R, N>(nb, w, xs),
+            AVX_VNNI => tile_vnni::<W, R, N>(nb, w, xs),
+            _ => tile_avx2::<W, R, N>(nb, w, xs),
         }
     }
 }
@@ -325,13 +340,13 @@ unsafe fn round_q8(v: __m256) -> __m256 {
 const PREFETCH: usize = 4096;
 
 #[inline(always)]
-unsafe fn tile<W: Unpack, const R: usize, const N: usize, const VNNI: bool>(
+unsafe fn tile<W: Unpack, const R: usize, const N: usize, const ISA: u8>(
     nb: usize,
     w: [&[u8]; R],
     xs: [&[u8]; N],
 ) -> [[f32; N]; R] {
-    // SAFETY: the caller guarantees `nb` whole blocks in every slice, AVX2/FMA/F16C, and
-    // AVX-VNNI when `VNNI`.
+    // SAFETY: the caller guarantees `nb` whole blocks in every slice, AVX2/FMA/F16C, and the
+    // features of `ISA`.
     unsafe {
         let mut acc = [[_mm256_setzero_ps(); N]; R];
         let mut acc_m = [[0f32; N]; R];
@@ -354,20 +369,16 @@ unsafe fn tile<W: Unpack, const R: usize, const N: usize, const VNNI: bool>(
                 let x0 = _mm256_loadu_si256(xp.add(8) as *const __m256i);
                 let x1 = _mm256_loadu_si256(xp.add(40) as *const __m256i);
                 for r in 0..R {
-                    let dot = if VNNI {
-                        let d = _mm256_dpwssd_avx_epi32(_mm256_setzero_si256(), qw[r].0, x0);
-                        _mm256_dpwssd_avx_epi32(d, qw[r].1, x1)
-                    } else {
-                        _mm256_add_epi32(
-                            _mm256_madd_epi16(qw[r].0, x0),
-                            _mm256_madd_epi16(qw[r].1, x1),
-                        )
+                    let dot = _mm256_madd_epi16(qw[r].0, x0);
+                    let dot = match ISA {
+                        AVX512_VNNI => _mm256_dpwssd_epi32(dot, qw[r].1, x1),
+                        AVX_VNNI => _mm256_dpwssd_avx_epi32(dot, qw[r].1, x1),
+                        _ => _mm256_add_epi32(dot, _mm256_madd_epi16(qw[r].1, x1)),
                     };
-                    acc[r][t] = _mm256_fmadd_ps(
-                        _mm256_mul_ps(dw[r], dx),
-                        _mm256_cvtepi32_ps(dot),
-                        acc[r][t],
-                    );
+                    // (Σ·dx)·dw: both scales stay vectors; dw·dx first would be a scalar
+                    // multiply and a broadcast per (row, token).
+                    let scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(dot), dx);
+                    acc[r][t] = _mm256_fmadd_ps(scaled, dw[r], acc[r][t]);
                     if W::HAS_MIN {
                         acc_m[r][t] += mw[r] * (xp.add(4) as *const f32).read_unaligned();
                     }
@@ -394,7 +405,7 @@ unsafe fn tile_avx2<W: Unpack, const R: usize, const N: usize>(
     xs: [&[u8]; N],
 ) -> [[f32; N]; R] {
     // SAFETY: as the caller guarantees for this function.
-    unsafe { tile::<W, R, N, false>(nb, w, xs) }
+    unsafe { tile::<W, R, N, AVX2>(nb, w, xs) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
@@ -404,7 +415,17 @@ unsafe fn tile_vnni<W: Unpack, const R: usize, const N: usize>(
     xs: [&[u8]; N],
 ) -> [[f32; N]; R] {
     // SAFETY: as the caller guarantees for this function.
-    unsafe { tile::<W, R, N, true>(nb, w, xs) }
+    unsafe { tile::<W, R, N, AVX_VNNI>(nb, w, xs) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn tile_avx512<W: Unpack, const R: usize, const N: usize>(
+    nb: usize,
+    w: [&[u8]; R],
+    xs: [&[u8]; N],
+) -> [[f32; N]; R] {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { tile::<W, R, N, AVX512_VNNI>(nb, w, xs) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
