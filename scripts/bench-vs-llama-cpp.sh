@@ -12,12 +12,25 @@ cd "$(dirname "$0")/.."
 threads="${1:-2}"
 reps="${2:-5}"
 version=0.3.36
-cache="${SAPIENT_LLAMA_CPP_CACHE:-$HOME/.cache/sapient/llama.cpp}"
+# llama.cpp gets the instruction sets sapient picks on this CPU (AVX2+FMA+F16C, plus AVX-VNNI and
+# AVX-512 F/BW/VL/VNNI where present), never -march=native: these machines' CPUs report AMX,
+# whose tile instructions trap here.
+flags="-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+isa=avx2
+if grep -qw avx_vnni /proc/cpuinfo; then
+    flags="$flags -DGGML_AVX_VNNI=ON"
+    isa=avx2-vnni
+fi
+if grep -qw avx512vl /proc/cpuinfo && grep -qw avx512bw /proc/cpuinfo && grep -qw avx512_vnni /proc/cpuinfo; then
+    flags="$flags -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON"
+    isa=avx512
+fi
+cache="${SAPIENT_LLAMA_CPP_CACHE:-$HOME/.cache/sapient/llama.cpp}/$isa"
 bin="$cache/build/bin"
 
 if [ ! -x "$bin/llama-bench" ] || [ ! -x "$bin/llama-quantize" ]; then
     command -v cmake >/dev/null || { apt-get update -q && apt-get install -y -q cmake; } >&2
-    echo "building llama.cpp (llama-cpp-python $version sdist) in $cache" >&2
+    echo "building llama.cpp (llama-cpp-python $version sdist, $isa) in $cache" >&2
     mkdir -p "$cache"
     tmp=$(mktemp -d)
     # Without build isolation, pip reads the sdist's metadata with the installed scikit-build-core
@@ -28,10 +41,8 @@ if [ ! -x "$bin/llama-bench" ] || [ ! -x "$bin/llama-quantize" ]; then
     rm -rf "$cache/src"
     mv "$tmp"/llama_cpp_python-*/vendor/llama.cpp "$cache/src"
     rm -rf "$tmp"
-    # The instruction sets sapient uses (AVX2, FMA, F16C), not -march=native: these machines'
-    # CPUs report AMX, whose tile instructions trap here, and AVX-512, which sapient does not use.
-    cmake -S "$cache/src" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \
-        -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
+    # shellcheck disable=SC2086 # $flags is a list of options
+    cmake -S "$cache/src" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF $flags \
         -DLLAMA_CURL=OFF -DGGML_METAL=OFF -DGGML_CUDA=OFF -DLLAMA_BUILD_TESTS=OFF >&2
     cmake --build "$cache/build" -j "$(nproc)" --target llama-bench llama-quantize >&2
 fi

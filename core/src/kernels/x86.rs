@@ -1,7 +1,7 @@
-//! AVX2 + FMA + F16C twins of `scalar`, the same algorithms as ggml's x86 kernels.
+//! AVX2 + FMA + F16C twins of `scalar`, with AVX-VNNI and AVX-512 variants of the quantized dots.
 //!
-//! The table is only handed out by `Kernels::best` after `available()` said yes, which is what
-//! makes the safe wrappers below sound.
+//! Each table is only handed out by `Kernels::best` after its `*_available()` said yes, which is
+//! what makes the safe wrappers below sound.
 use core::arch::x86_64::*;
 
 use super::{Kernels, QuantDots, TILE};
