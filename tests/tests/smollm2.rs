@@ -3,7 +3,7 @@
 use sapient::load::{LoadOptions, ModelFiles, Quantize};
 use sapient::run;
 use sapient::tokenizer::{TextStream, Tokenizer};
-use sapient_core::{KvFormat, Serial};
+use sapient_core::{KvFormat, Model, Serial};
 use sapient_tests::*;
 
 fn open() -> ModelFiles {
@@ -40,15 +40,12 @@ fn gguf_tokenizer_matches_reference_ids() {
     assert_eq!(streamed, "naïve café — 東京 🎉");
 }
 
-/// The model's own weights widened to f32 give transformers' logits: the GGUF path (adjacent-pair
-/// RoPE on llama.cpp's permuted Q/K, tied Q8_0 embeddings) is exact, not just close.
-#[test]
-fn f32_weights_match_reference_logits() {
-    let files = open();
-    let model = files.model(Quantize::F32).unwrap();
+/// Asserts that every prompt's last logits, from `model` with a `kv` cache, are within `tol` of
+/// the reference's top 10.
+fn assert_top10_within(model: &Model<'_>, kv: KvFormat, tol: f32) {
     let r = smollm2_reference();
     for p in r["prompts"].as_array().unwrap() {
-        let logits = run::logits(&model, &ids(&p["ids"]), false, KvFormat::F32, &Serial)
+        let logits = run::logits(model, &ids(&p["ids"]), false, kv, &Serial)
             .unwrap()
             .remove(0);
         for (id, v) in ids(&p["last_logits_top10_ids"])
@@ -56,9 +53,21 @@ fn f32_weights_match_reference_logits() {
             .zip(floats(&p["last_logits_top10_values"]))
         {
             let d = (logits[*id as usize] - v).abs();
-            assert!(d < 2e-3, "{}: logit of {id} differs by {d}", p["prompt"]);
+            assert!(
+                d < tol,
+                "{} ({kv:?}): logit of {id} differs by {d}",
+                p["prompt"]
+            );
         }
     }
+}
+
+/// The model's own weights widened to f32 give transformers' logits: the GGUF path (adjacent-pair
+/// RoPE on llama.cpp's permuted Q/K, tied Q8_0 embeddings) is exact, not just close.
+#[test]
+fn f32_weights_match_reference_logits() {
+    let files = open();
+    assert_top10_within(&files.model(Quantize::F32).unwrap(), KvFormat::F32, 2e-3);
 }
 
 /// The Q4_1 weights used as they are, with Q16 activations: only the KV cache format adds error.
@@ -68,24 +77,8 @@ fn f32_weights_match_reference_logits() {
 fn quantized_weights_track_reference_logits() {
     let files = open();
     let model = files.model(Quantize::Q8_0).unwrap();
-    let r = smollm2_reference();
-    for p in r["prompts"].as_array().unwrap() {
-        for kv in [KvFormat::F16, KvFormat::F32] {
-            let logits = run::logits(&model, &ids(&p["ids"]), false, kv, &Serial)
-                .unwrap()
-                .remove(0);
-            for (id, v) in ids(&p["last_logits_top10_ids"])
-                .iter()
-                .zip(floats(&p["last_logits_top10_values"]))
-            {
-                let d = (logits[*id as usize] - v).abs();
-                assert!(
-                    d < 0.02,
-                    "{} ({kv:?}): logit of {id} differs by {d}",
-                    p["prompt"]
-                );
-            }
-        }
+    for kv in [KvFormat::F16, KvFormat::F32] {
+        assert_top10_within(&model, kv, 0.02);
     }
 }
 
