@@ -2,10 +2,12 @@
 //!
 //! `model.rs` calls only these; a GPU backend implements the same trait, so the loop is never
 //! copied. The CPU backend splits every mat-mul and the attention across an `Exec`.
+use core::ops::RangeInclusive;
+
 use crate::config::{RopeStyle, MAX_HEAD_DIM};
 use crate::error::{Error, Result};
 use crate::exec::Exec;
-use crate::kernels::{Activations, Kernels};
+use crate::kernels::{Activations, Kernels, TILE};
 use crate::kv_cache::LayerKv;
 use crate::ops;
 use crate::quant::{self, q16, BlockQ16, Format, QK};
@@ -151,13 +153,19 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, E> {
                 }
                 Ok(())
             })?;
-        // Reorder from [row][token] to [token][row], matrix by matrix.
+        // Reorder from [row][token] to [token][row], matrix by matrix, in blocks of rows: each
+        // token then gets a contiguous run written, instead of one float per cache line.
+        const ROWS: usize = 16;
         let mut first = 0;
         for (m, o) in mats.iter().zip(outs.iter_mut()) {
             let src = &tmp[first * n_tok..(first + m.rows) * n_tok];
-            for (r, vals) in src.chunks_exact(n_tok).enumerate() {
-                for (t, v) in vals.iter().enumerate() {
-                    o[t * m.rows + r] = *v;
+            for (b, block) in src.chunks(ROWS * n_tok).enumerate() {
+                let r0 = b * ROWS;
+                let rows = block.len() / n_tok;
+                for (t, dst) in o.chunks_exact_mut(m.rows).enumerate() {
+                    for (r, d) in dst[r0..r0 + rows].iter_mut().enumerate() {
+                        *d = block[r * n_tok + t];
+                    }
                 }
             }
             first += m.rows;
@@ -208,21 +216,30 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, E> {
             });
         }
         let kernels = self.kernels;
+        // Query heads that share a KV head go together (up to TILE of them), so that each cached
+        // key and value row is read and widened once for all of them.
+        let per_kv = shape.n_heads / shape.n_kv_heads;
+        let group = (1..=TILE.min(per_kv))
+            .rev()
+            .find(|g| per_kv.is_multiple_of(*g))
+            .unwrap_or(1);
+        let groups_per_tok = shape.n_heads / group;
         let attend = |i: usize, o: &mut [f32]| {
-            let (t, h) = (i / shape.n_heads, i % shape.n_heads);
+            let (t, first_head) = (i / groups_per_tok, i % groups_per_tok * group);
             let pos = first_pos + t;
             let lo = shape.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            let kv_head = h / (shape.n_heads / shape.n_kv_heads);
-            attend_one(kernels, &q[i * hd..(i + 1) * hd], &kv, kv_head, lo, pos, o)
+            let start = (t * shape.n_heads + first_head) * hd;
+            let queries = &q[start..start + group * hd];
+            attend_group(kernels, queries, hd, &kv, first_head / per_kv, lo..=pos, o)
         };
         // Roughly the multiply-adds of the scores and the weighted sum. Below a few hundred
         // thousand, handing chunks to other threads costs more than it saves.
         let n_tok = q.len() / (shape.n_heads * hd);
         let work = q.len() * 2 * (first_pos + n_tok);
         if work < PARALLEL_ATTENTION_WORK {
-            crate::exec::Serial.for_each_chunk(out, hd, &attend)
+            crate::exec::Serial.for_each_chunk(out, group * hd, &attend)
         } else {
-            self.exec.for_each_chunk(out, hd, &attend)
+            self.exec.for_each_chunk(out, group * hd, &attend)
         }
     }
 
@@ -245,88 +262,109 @@ const PARALLEL_ATTENTION_WORK: usize = 1 << 18;
 /// Keys scored per step of the online softmax.
 const KEY_STEP: usize = 32;
 
-/// One query head against cached positions `lo ..= pos`, into `out`.
+/// Query heads that share the KV head `kv_head` (`q` holds up to `TILE` of them, one `head_dim`
+/// run each) against the cached `positions`, into `out` (laid out like `q`).
 ///
 /// An online softmax (keep the running maximum, rescale when it grows) visits every key once and
 /// needs no buffer as long as the context, so attention takes no scratch memory at all.
-fn attend_one(
+fn attend_group(
     kernels: &Kernels,
     q: &[f32],
+    hd: usize,
     kv: &LayerKv<'_>,
     kv_head: usize,
-    lo: usize,
-    pos: usize,
+    positions: RangeInclusive<usize>,
     out: &mut [f32],
 ) -> Result<()> {
-    let hd = q.len();
+    let (lo, pos) = positions.into_inner();
+    let g = q.len() / hd;
     let scale = 1.0 / libm::sqrtf(hd as f32);
-    let mut q16 = [0u8; MAX_HEAD_DIM / QK * BlockQ16::BYTES];
-    let mut row = [0f32; MAX_HEAD_DIM];
+    let qb = q16::row_bytes(hd);
+    let mut q16 = [[0u8; MAX_HEAD_DIM / QK * BlockQ16::BYTES]; TILE];
     if kv.format == Format::Q8_0 {
-        kernels.quantize_q16(q, &mut q16[..q16::row_bytes(hd)])?;
+        for (qi, buf) in q.chunks_exact(hd).zip(q16.iter_mut()) {
+            kernels.quantize_q16(qi, &mut buf[..qb])?;
+        }
     }
+    // The kernels take TILE queries: a smaller group repeats its last one.
+    let x4: [&[u8]; TILE] = core::array::from_fn(|i| &q16[i.min(g - 1)][..qb]);
+    let mut row = [0f32; MAX_HEAD_DIM];
     out.fill(0.0);
-    let (mut max, mut sum) = (f32::NEG_INFINITY, 0.0f32);
-    let mut scores = [0f32; KEY_STEP];
+    let (mut max, mut sum) = ([f32::NEG_INFINITY; TILE], [0.0f32; TILE]);
+    // scores[j][i]: key j of the step against query i, as the kernels give them; probs[i][j]
+    // the same, scaled, then exponentiated.
+    let mut scores = [[0f32; TILE]; KEY_STEP];
+    let mut probs = [[0f32; KEY_STEP]; TILE];
     let mut start = lo;
     while start <= pos {
         let end = (start + KEY_STEP).min(pos + 1);
         let scores = &mut scores[..end - start];
         if kv.format == Format::Q8_0 {
-            // Four keys per call: the cached keys take the weight rows' place.
-            let q16 = &q16[..q16::row_bytes(hd)];
+            // The cached keys take the weight rows' place, two per call.
             let mut j = start;
-            for s4 in scores.chunks_mut(4) {
-                if s4.len() == 4 {
-                    let keys = core::array::from_fn(|i| kv.k_row(j + i, kv_head));
-                    s4.copy_from_slice(&(kernels.q8_0.rows4)(keys, q16));
+            for s2 in scores.chunks_mut(2) {
+                if let [a, b] = s2 {
+                    let keys = [kv.k_row(j, kv_head), kv.k_row(j + 1, kv_head)];
+                    [*a, *b] = (kernels.q8_0.rows2x4)(keys, x4);
                 } else {
-                    for (i, s) in s4.iter_mut().enumerate() {
-                        *s = (kernels.q8_0.one)(kv.k_row(j + i, kv_head), q16);
-                    }
+                    s2[0] = (kernels.q8_0.x4)(kv.k_row(j, kv_head), x4);
                 }
-                j += s4.len();
+                j += s2.len();
             }
-            scores.iter_mut().for_each(|s| *s *= scale);
         } else {
             for (j, s) in (start..end).zip(scores.iter_mut()) {
+                // Rows come from the cache, whose layout fixed their lengths: the table's
+                // kernels need no further checks.
                 let k = kv.k_row(j, kv_head);
-                // Rows come from the cache, whose layout fixed their lengths: the table's kernels
-                // need no further checks.
-                let dot = match kv.format {
-                    Format::F32 => (kernels.dot_f32)(k, q),
-                    format => {
-                        quant::dequantize_row(format, k, &mut row[..hd])?;
-                        row[..hd].iter().zip(q).map(|(a, b)| a * b).sum()
-                    }
-                };
-                *s = dot * scale;
+                if kv.format != Format::F32 {
+                    quant::dequantize_row(kv.format, k, &mut row[..hd])?;
+                }
+                for (s, qi) in s.iter_mut().zip(q.chunks_exact(hd)) {
+                    *s = match kv.format {
+                        Format::F32 => (kernels.dot_f32)(k, qi),
+                        _ => row[..hd].iter().zip(qi).map(|(a, b)| a * b).sum(),
+                    };
+                }
             }
         }
-        let step_max = scores.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
-        if step_max > max {
-            let r = ops::exp(max - step_max);
-            out.iter_mut().for_each(|o| *o *= r);
-            sum *= r;
-            max = step_max;
+        // Per query, contiguous: loops the compiler vectorizes.
+        let n = end - start;
+        for (i, pi) in probs[..g].iter_mut().enumerate() {
+            let pi = &mut pi[..n];
+            for (p, s) in pi.iter_mut().zip(scores.iter()) {
+                *p = s[i] * scale;
+            }
+            let step_max = pi.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
+            if step_max > max[i] {
+                let r = ops::exp(max[i] - step_max);
+                out[i * hd..(i + 1) * hd].iter_mut().for_each(|o| *o *= r);
+                sum[i] *= r;
+                max[i] = step_max;
+            }
+            for p in pi.iter_mut() {
+                *p = ops::exp(*p - max[i]);
+            }
+            sum[i] += pi.iter().sum::<f32>();
         }
-        // All the step's probabilities first: a loop the compiler vectorizes.
-        for s in scores.iter_mut() {
-            *s = ops::exp(*s - max);
-            sum += *s;
-        }
-        for (j, p) in (start..end).zip(scores.iter()) {
-            let v = kv.v_row(j, kv_head);
+        for (j, k) in (start..end).enumerate() {
+            let v = kv.v_row(k, kv_head);
+            let p: [f32; TILE] = core::array::from_fn(|i| probs[i][j]);
             match kv.format {
-                Format::Q8_0 => (kernels.axpy_q8_0)(out, *p, v),
-                format => add_scaled_row(format, v, *p, out, &mut row[..hd])?,
+                Format::Q8_0 => (kernels.axpy_q8_0)(out, &p[..g], v),
+                format => {
+                    for (o, p) in out.chunks_exact_mut(hd).zip(p) {
+                        add_scaled_row(format, v, p, o, &mut row[..hd])?;
+                    }
+                }
             }
         }
         start = end;
     }
-    if sum > 0.0 {
-        let inv = 1.0 / sum;
-        out.iter_mut().for_each(|o| *o *= inv);
+    for (o, s) in out.chunks_exact_mut(hd).zip(sum) {
+        if s > 0.0 {
+            let inv = 1.0 / s;
+            o.iter_mut().for_each(|o| *o *= inv);
+        }
     }
     Ok(())
 }

@@ -12,9 +12,13 @@ pub fn exp(x: f32) -> f32 {
     const LOG2E: f32 = core::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
+    const ROUND: f32 = 12_582_912.0;
     let x = x.clamp(-87.3, 88.7);
-    // Round to nearest: adding and subtracting 1.5·2^23 leaves an integer-valued float.
-    let n = (x * LOG2E + 12_582_912.0) - 12_582_912.0;
+    // Round to nearest: adding 1.5·2^23 leaves the integer in the low mantissa bits (the sum's
+    // ulp is 1), so subtracting it back gives n as a float and subtracting its bits n as an int.
+    let t = x * LOG2E + ROUND;
+    let n = t - ROUND;
+    let ni = t.to_bits() as i32 - ROUND.to_bits() as i32;
     let r = x - n * LN2_HI - n * LN2_LO;
     let p = 1.987_569_1e-4f32;
     let p = p * r + 1.398_199_9e-3;
@@ -23,10 +27,11 @@ pub fn exp(x: f32) -> f32 {
     let p = p * r + 1.666_666_5e-1;
     let p = p * r + 0.5;
     let e = p * r * r + r + 1.0;
-    // 2^n for n in [-126, 128): the biased exponent; 2^128 (x near 88.7) is split in two.
-    let half = (n * 0.5) as i32;
+    // 2^n for n in [-126, 128]: the biased exponent; 2^128 (x near 88.7) is split in two. All
+    // integer arithmetic (no float-to-int cast, whose saturation would stop vectorization).
+    let half = ni >> 1;
     let scale_a = f32::from_bits(((half + 127) as u32) << 23);
-    let scale_b = f32::from_bits(((n as i32 - half + 127) as u32) << 23);
+    let scale_b = f32::from_bits(((ni - half + 127) as u32) << 23);
     e * scale_a * scale_b
 }
 

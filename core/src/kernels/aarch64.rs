@@ -33,28 +33,29 @@ const fn dots<W: Unpack>() -> QuantDots {
     }
 }
 
-fn axpy_q8_0(out: &mut [f32], a: f32, row: &[u8]) {
-    for (o, b) in out
-        .chunks_exact_mut(QK)
-        .zip(row.chunks_exact(BlockQ8_0::BYTES))
-    {
-        let ad = a * f16_at(b);
-        // SAFETY: `b` holds a whole block (32 quants after the scale) and `o` 32 floats.
+fn axpy_q8_0(out: &mut [f32], a: &[f32], row: &[u8]) {
+    let n = row.len() / BlockQ8_0::BYTES * QK;
+    if n == 0 {
+        return;
+    }
+    let runs = a.len().min(out.len() / n);
+    for (bi, b) in row.chunks_exact(BlockQ8_0::BYTES).enumerate() {
+        let d = f16_at(b);
+        // SAFETY: `b` holds a whole block (32 quants after the scale); each of the `runs` runs
+        // of `out` holds 32 floats at `i * n + bi * 32`.
         unsafe {
-            let adv = vdupq_n_f32(ad);
-            for k in 0..2 {
-                let q = vld1q_s8(b.as_ptr().add(2 + 16 * k) as *const i8);
-                let lo = vmovl_s8(vget_low_s8(q));
-                let hi = vmovl_high_s8(q);
-                let parts = [
-                    vmovl_s16(vget_low_s16(lo)),
-                    vmovl_high_s16(lo),
-                    vmovl_s16(vget_low_s16(hi)),
-                    vmovl_high_s16(hi),
-                ];
-                for (i, p) in parts.into_iter().enumerate() {
-                    let op = o.as_mut_ptr().add(16 * k + 4 * i);
-                    vst1q_f32(op, vfmaq_f32(vld1q_f32(op), adv, vcvtq_f32_s32(p)));
+            let q = [0, 16].map(|k| vld1q_s8(b.as_ptr().add(2 + k) as *const i8));
+            let wide = q.map(|q| [vmovl_s8(vget_low_s8(q)), vmovl_high_s8(q)]);
+            let mut v = [vdupq_n_f32(0.0); 8];
+            for (k, h) in wide.iter().flatten().enumerate() {
+                v[2 * k] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(*h)));
+                v[2 * k + 1] = vcvtq_f32_s32(vmovl_high_s16(*h));
+            }
+            for (i, ai) in a[..runs].iter().enumerate() {
+                let ad = vdupq_n_f32(ai * d);
+                let op = out.as_mut_ptr().add(i * n + bi * QK);
+                for (k, vk) in v.iter().enumerate() {
+                    vst1q_f32(op.add(4 * k), vfmaq_f32(vld1q_f32(op.add(4 * k)), ad, *vk));
                 }
             }
         }

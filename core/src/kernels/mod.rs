@@ -47,8 +47,10 @@ pub struct Kernels {
     pub q4_1: QuantDots,
     pub dot_f32: fn(&[u8], &[f32]) -> f32,
     pub dot_f32_x4: fn(&[u8], [&[f32]; TILE]) -> [f32; TILE],
-    /// `out += a · row` for a Q8_0 row (attention's weighted sum over a quantized V cache).
-    pub axpy_q8_0: fn(&mut [f32], f32, &[u8]),
+    /// `out[i] += a[i] · row` for each run `out[i]` (as long as the Q8_0 row) of `out`: attention's
+    /// weighted sum over a quantized V cache, each row widened once for all the query heads
+    /// that share it.
+    pub axpy_q8_0: fn(&mut [f32], &[f32], &[u8]),
 }
 
 impl Kernels {
@@ -115,9 +117,17 @@ impl Kernels {
         Ok((dots.one)(w, x))
     }
 
-    /// `out += a · row` for a Q8_0 row as long as `out`.
-    pub fn axpy_q8_0(&self, out: &mut [f32], a: f32, row: &[u8]) -> Result<()> {
-        expect_len("Q8_0 row", Format::Q8_0.row_bytes(out.len())?, row.len())?;
+    /// `out[i] += a[i] · row` for a Q8_0 row and `out` made of `a.len()` runs as long as it.
+    pub fn axpy_q8_0(&self, out: &mut [f32], a: &[f32], row: &[u8]) -> Result<()> {
+        if a.is_empty() || !out.len().is_multiple_of(a.len()) {
+            return Err(Error::Length {
+                what: "axpy output",
+                expected: a.len(),
+                got: out.len(),
+            });
+        }
+        let n = out.len() / a.len();
+        expect_len("Q8_0 row", Format::Q8_0.row_bytes(n)?, row.len())?;
         (self.axpy_q8_0)(out, a, row);
         Ok(())
     }

@@ -70,15 +70,21 @@ fn nibbles(qs: &[u8]) -> [i32; QK] {
     })
 }
 
-/// `out += a · row` over the whole blocks both hold.
-pub fn axpy_q8_0(out: &mut [f32], a: f32, row: &[u8]) {
-    for (o, b) in out
-        .chunks_exact_mut(QK)
-        .zip(row.chunks_exact(BlockQ8_0::BYTES))
-    {
-        let ad = a * f16_at(b);
-        for (o, q) in o.iter_mut().zip(&b[2..]) {
-            *o += ad * (*q as i8) as f32;
+/// `out[i] += a[i] · row` for the runs of `out` as long as the row's whole blocks.
+pub fn axpy_q8_0(out: &mut [f32], a: &[f32], row: &[u8]) {
+    let n = row.len() / BlockQ8_0::BYTES * QK;
+    if n == 0 {
+        return;
+    }
+    for (o, a) in out.chunks_exact_mut(n).zip(a) {
+        for (o, b) in o
+            .chunks_exact_mut(QK)
+            .zip(row.chunks_exact(BlockQ8_0::BYTES))
+        {
+            let ad = a * f16_at(b);
+            for (o, q) in o.iter_mut().zip(&b[2..]) {
+                *o += ad * (*q as i8) as f32;
+            }
         }
     }
 }

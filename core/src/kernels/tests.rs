@@ -161,18 +161,19 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(100))]
 
-    /// The Q8_0 axpy agrees with the scalar one within float rounding of each term.
+    /// The Q8_0 axpy (over one to four runs) agrees with the scalar one within float rounding of
+    /// each term.
     #[test]
-    fn axpy_q8_0_matches_scalar(blocks in 1usize..8, v in values(8 * 32), out in proptest::collection::vec(-100f32..100.0, 8 * 32), a in -10f32..10.0) {
+    fn axpy_q8_0_matches_scalar(blocks in 1usize..8, runs in 1usize..5, v in values(8 * 32), out in proptest::collection::vec(-100f32..100.0, 4 * 8 * 32), a in proptest::collection::vec(-10f32..10.0, 4)) {
         let n = blocks * 32;
         let row = quantized(Format::Q8_0, &v[..n]);
-        let (mut s, mut b) = (out[..n].to_vec(), out[..n].to_vec());
-        Kernels::scalar().axpy_q8_0(&mut s, a, &row).unwrap();
-        Kernels::best().axpy_q8_0(&mut b, a, &row).unwrap();
+        let (mut s, mut b) = (out[..runs * n].to_vec(), out[..runs * n].to_vec());
+        Kernels::scalar().axpy_q8_0(&mut s, &a[..runs], &row).unwrap();
+        Kernels::best().axpy_q8_0(&mut b, &a[..runs], &row).unwrap();
         let mut deq = vec![0f32; n];
         dequantize_row(Format::Q8_0, &row, &mut deq).unwrap();
-        for i in 0..n {
-            let bound = 1e-6 * ((a * deq[i]).abs() + out[i].abs()) + f32::MIN_POSITIVE;
+        for i in 0..runs * n {
+            let bound = 1e-6 * ((a[i / n] * deq[i % n]).abs() + out[i].abs()) + f32::MIN_POSITIVE;
             close(s[i], b[i], bound)?;
         }
     }
@@ -231,6 +232,8 @@ fn mismatched_lengths_are_errors() {
     assert!(k.quantize_q16(&[0.0; 33], &mut [0u8; 72]).is_err());
     assert!(k.quantize_q16(&[0.0; 32], &mut [0u8; 71]).is_err());
     assert!(k.dot_f32_bytes(&[0u8; 8], &[1.0]).is_err());
+    assert!(k.axpy_q8_0(&mut [0.0; 64], &[1.0; 3], &[0u8; 34]).is_err());
+    assert!(k.axpy_q8_0(&mut [0.0; 64], &[1.0; 2], &[0u8; 68]).is_err());
 }
 
 /// The tiled mat-mul against plain per-row dots, for every weight format and a ragged token count.

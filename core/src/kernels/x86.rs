@@ -65,25 +65,37 @@ const fn dots<W: Unpack, const ISA: u8>() -> QuantDots {
     }
 }
 
-fn axpy_q8_0(out: &mut [f32], a: f32, row: &[u8]) {
-    // SAFETY: CPU features as above; the kernel stays within the whole blocks both slices hold.
+fn axpy_q8_0(out: &mut [f32], a: &[f32], row: &[u8]) {
+    // SAFETY: CPU features as above; the kernel stays within the whole blocks and runs it has.
     unsafe { axpy_q8_0_avx2(out, a, row) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn axpy_q8_0_avx2(out: &mut [f32], a: f32, row: &[u8]) {
-    let nb = (out.len() / QK).min(row.len() / BlockQ8_0::BYTES);
+unsafe fn axpy_q8_0_avx2(out: &mut [f32], a: &[f32], row: &[u8]) {
+    let nb = row.len() / BlockQ8_0::BYTES;
+    let n = nb * QK;
+    if n == 0 {
+        return;
+    }
+    let runs = a.len().min(out.len() / n);
     for b in 0..nb {
-        // SAFETY: block `b` < nb lies inside `row` (34 bytes) and `out` (32 floats).
+        // SAFETY: block `b` < nb lies inside `row` (34 bytes), and in each of the `runs` runs of
+        // `out` (32 floats at `i * n + b * 32`).
         unsafe {
             let rp = row.as_ptr().add(b * BlockQ8_0::BYTES);
-            let ad = _mm256_set1_ps(a * f16_at(rp));
-            let op = out.as_mut_ptr().add(b * QK);
-            for k in 0..4 {
+            let d = f16_at(rp);
+            let mut v = [_mm256_setzero_ps(); 4];
+            for (k, vk) in v.iter_mut().enumerate() {
                 let q = _mm_loadl_epi64(rp.add(2 + 8 * k) as *const __m128i);
-                let v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
-                let o = _mm256_loadu_ps(op.add(8 * k));
-                _mm256_storeu_ps(op.add(8 * k), _mm256_fmadd_ps(ad, v, o));
+                *vk = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+            }
+            for (i, ai) in a[..runs].iter().enumerate() {
+                let ad = _mm256_set1_ps(ai * d);
+                let op = out.as_mut_ptr().add(i * n + b * QK);
+                for (k, vk) in v.iter().enumerate() {
+                    let o = _mm256_loadu_ps(op.add(8 * k));
+                    _mm256_storeu_ps(op.add(8 * k), _mm256_fmadd_ps(ad, *vk, o));
+                }
             }
         }
     }
@@ -165,6 +177,16 @@ trait Unpack {
     /// # Safety
     /// `BYTES` readable bytes at `p`; the caller has AVX2.
     unsafe fn unpack(p: *const u8) -> (__m256i, __m256i);
+
+    /// The scale and the minimum (zero without one) of the block at `p`, broadcast.
+    ///
+    /// # Safety
+    /// As for `unpack`, and F16C.
+    #[inline(always)]
+    unsafe fn scales(p: *const u8) -> (__m256, __m256) {
+        // SAFETY: the block starts with its f16 scale.
+        unsafe { (_mm256_set1_ps(f16_at(p)), _mm256_setzero_ps()) }
+    }
 }
 
 impl Unpack for BlockQ8_0 {
@@ -197,6 +219,18 @@ impl Unpack for BlockQ4_0 {
 impl Unpack for BlockQ4_1 {
     const BYTES: usize = Self::BYTES;
     const HAS_MIN: bool = true;
+    #[inline(always)]
+    unsafe fn scales(p: *const u8) -> (__m256, __m256) {
+        // SAFETY: the block starts with two f16s, the scale and the minimum: one conversion.
+        unsafe {
+            let bits = (p as *const i32).read_unaligned();
+            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
+            (
+                _mm256_broadcastss_ps(dm),
+                _mm256_broadcastss_ps(_mm_movehdup_ps(dm)),
+            )
+        }
+    }
     #[inline(always)]
     unsafe fn unpack(p: *const u8) -> (__m256i, __m256i) {
         // SAFETY: 16 bytes of nibbles follow the scale and the minimum.
@@ -349,23 +383,22 @@ unsafe fn tile<W: Unpack, const R: usize, const N: usize, const ISA: u8>(
     // features of `ISA`.
     unsafe {
         let mut acc = [[_mm256_setzero_ps(); N]; R];
-        let mut acc_m = [[0f32; N]; R];
         for b in 0..nb {
             let mut dw = [_mm256_setzero_ps(); R];
-            let mut mw = [0f32; R];
+            let mut mw = [_mm256_setzero_ps(); R];
             let mut qw = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
             for r in 0..R {
                 let wp = w[r].as_ptr().add(b * W::BYTES);
                 _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH) as *const i8);
-                dw[r] = _mm256_set1_ps(f16_at(wp));
-                if W::HAS_MIN {
-                    mw[r] = f16_at(wp.add(2));
-                }
+                (dw[r], mw[r]) = W::scales(wp);
                 qw[r] = W::unpack(wp);
             }
             for t in 0..N {
                 let xp = xs[t].as_ptr().add(b * BlockQ16::BYTES);
                 let dx = _mm256_set1_ps((xp as *const f32).read_unaligned());
+                // The minimum's term m·s is spread over the eight lanes, s/8 each (exact), so
+                // that it stays a vector FMA.
+                let s8 = _mm256_set1_ps((xp.add(4) as *const f32).read_unaligned() * 0.125);
                 let x0 = _mm256_loadu_si256(xp.add(8) as *const __m256i);
                 let x1 = _mm256_loadu_si256(xp.add(40) as *const __m256i);
                 for r in 0..R {
@@ -380,7 +413,7 @@ unsafe fn tile<W: Unpack, const R: usize, const N: usize, const ISA: u8>(
                     let scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(dot), dx);
                     acc[r][t] = _mm256_fmadd_ps(scaled, dw[r], acc[r][t]);
                     if W::HAS_MIN {
-                        acc_m[r][t] += mw[r] * (xp.add(4) as *const f32).read_unaligned();
+                        acc[r][t] = _mm256_fmadd_ps(mw[r], s8, acc[r][t]);
                     }
                 }
             }
@@ -388,11 +421,6 @@ unsafe fn tile<W: Unpack, const R: usize, const N: usize, const ISA: u8>(
         let mut out = [[0f32; N]; R];
         for r in 0..R {
             out[r] = hsums(acc[r]);
-            if W::HAS_MIN {
-                for t in 0..N {
-                    out[r][t] += acc_m[r][t];
-                }
-            }
         }
         out
     }
