@@ -299,8 +299,23 @@ fn attend_group(
     while start <= pos {
         let end = (start + KEY_STEP).min(pos + 1);
         let scores = &mut scores[..end - start];
-        if kv.format == Format::Q8_0 {
-            // The cached keys take the weight rows' place, two per call.
+        if kv.format == Format::Q8_0 && g == 1 {
+            // The cached keys take the weight rows' place: four keys against the one query.
+            let mut j = start;
+            for s4 in scores.chunks_mut(4) {
+                if s4.len() == 4 {
+                    let keys = core::array::from_fn(|i| kv.k_row(j + i, kv_head));
+                    let r = (kernels.q8_0.rows4)(keys, x4[0]);
+                    s4.iter_mut().zip(r).for_each(|(s, r)| s[0] = r);
+                } else {
+                    for (i, s) in s4.iter_mut().enumerate() {
+                        s[0] = (kernels.q8_0.one)(kv.k_row(j + i, kv_head), x4[0]);
+                    }
+                }
+                j += s4.len();
+            }
+        } else if kv.format == Format::Q8_0 {
+            // Two keys against the group's queries per call.
             let mut j = start;
             for s2 in scores.chunks_mut(2) {
                 if let [a, b] = s2 {
@@ -388,4 +403,113 @@ fn add_scaled_row(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use alloc::vec;
+    use alloc::vec::Vec;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::exec::Serial;
+    use crate::kv_cache::{KvCache, KvFormat};
+
+    fn config(n_heads: usize, n_kv_heads: usize) -> Config {
+        Config {
+            vocab_size: 16,
+            hidden_size: n_heads * 32,
+            intermediate_size: 32,
+            n_layers: 1,
+            n_heads,
+            n_kv_heads,
+            head_dim: 32,
+            rms_norm_eps: 1e-5,
+            rope_theta: 10000.0,
+            rope_style: RopeStyle::Halves,
+            rope_scaling: None,
+            tie_word_embeddings: true,
+            qkv_bias: false,
+            sliding_window: None,
+            max_position_embeddings: 64,
+        }
+    }
+
+    fn wave(n: usize, seed: f32) -> Vec<f32> {
+        (0..n).map(|i| libm::sinf(i as f32 * seed) * 2.0).collect()
+    }
+
+    /// Grouped attention (one to four query heads per KV head, and a group size that does not
+    /// divide into tiles) against a plain softmax over the cache's own (dequantized) rows.
+    #[test]
+    fn grouped_attention_matches_plain_softmax() {
+        let hd = 32;
+        for (n_heads, n_kv_heads) in [(4, 4), (4, 2), (6, 2), (8, 2), (7, 1), (4, 1)] {
+            for format in [KvFormat::F32, KvFormat::Q8_0] {
+                let c = config(n_heads, n_kv_heads);
+                let (n_past, n_tok) = (9, 5);
+                let mut mem = vec![0u8; KvCache::bytes_needed(&c, 16, format).unwrap()];
+                let mut cache = KvCache::new(&c, 16, format, &mut mem).unwrap();
+                let kvd = n_kv_heads * hd;
+                let (k, v) = (wave(16 * kvd, 0.37), wave(16 * kvd, 0.11));
+                let k = &k[..(n_past + n_tok) * kvd];
+                let v = &v[..(n_past + n_tok) * kvd];
+                cache.store(Kernels::best(), 0, 0, k, v).unwrap();
+                let q = wave(n_tok * n_heads * hd, 0.23);
+                let mut out = vec![0f32; q.len()];
+                let mut be = Cpu {
+                    kernels: Kernels::best(),
+                    exec: &Serial,
+                    q16: &mut [],
+                    tmp: &mut [],
+                };
+                let shape = AttentionShape {
+                    n_heads,
+                    n_kv_heads,
+                    head_dim: hd,
+                    window: None,
+                };
+                be.attention(&q, cache.layer(0), n_past, shape, &mut out)
+                    .unwrap();
+
+                let kv = cache.layer(0);
+                let row = |bytes: &[u8]| {
+                    let mut r = vec![0f32; hd];
+                    quant::dequantize_row(format.format(), bytes, &mut r).unwrap();
+                    r
+                };
+                for t in 0..n_tok {
+                    for h in 0..n_heads {
+                        let qh = &q[(t * n_heads + h) * hd..][..hd];
+                        let kvh = h / (n_heads / n_kv_heads);
+                        let keys = 0..=n_past + t;
+                        let s: Vec<f32> = keys
+                            .clone()
+                            .map(|j| {
+                                let kr = row(kv.k_row(j, kvh));
+                                qh.iter().zip(&kr).map(|(a, b)| a * b).sum::<f32>()
+                                    / libm::sqrtf(hd as f32)
+                            })
+                            .collect();
+                        let m = s.iter().fold(f32::NEG_INFINITY, |a, b| a.max(*b));
+                        let e: Vec<f32> = s.iter().map(|x| libm::expf(x - m)).collect();
+                        let total: f32 = e.iter().sum();
+                        let mut want = vec![0f32; hd];
+                        for (j, p) in keys.zip(&e) {
+                            for (w, x) in want.iter_mut().zip(row(kv.v_row(j, kvh))) {
+                                *w += p / total * x;
+                            }
+                        }
+                        let got = &out[(t * n_heads + h) * hd..][..hd];
+                        for (a, b) in got.iter().zip(&want) {
+                            assert!(
+                                (a - b).abs() < 1e-3,
+                                "{n_heads}/{n_kv_heads} {format:?} t{t} h{h}: {a} vs {b}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
