@@ -118,6 +118,22 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, E> {
             n_tok,
             cols,
         };
+        let kernels = self.kernels;
+        let threads = self.exec.threads();
+        // With whole tiles of tokens for every thread (prefill), split by tokens: each chunk
+        // writes its tokens' outputs where they belong, one parallel job per matrix. The weights
+        // are then read once per chunk, which costs little next to a prefill's arithmetic.
+        if n_tok >= 2 * TILE * threads {
+            let per_chunk = n_tok.div_ceil(2 * threads).next_multiple_of(TILE);
+            for (m, o) in mats.iter().zip(outs.iter_mut()) {
+                self.exec.for_each_chunk(o, per_chunk * m.rows, &|i, out| {
+                    kernels.matmul_tokens(m, &acts, i * per_chunk, out)
+                })?;
+            }
+            return Ok(());
+        }
+        // Otherwise by rows (a decoded token's mat-vec): each chunk is a run of rows, written
+        // [row][token] to the scratch and reordered after.
         let total: usize = mats.iter().map(|m| m.rows).sum();
         let have = self.tmp.len();
         let tmp = self
@@ -128,9 +144,8 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, E> {
                 needed: total * n_tok * 4,
                 got: have * 4,
             })?;
-        // A few chunks per thread balance uneven progress; each chunk is a contiguous run of rows.
-        let rows_per_chunk = total.div_ceil(self.exec.threads() * 4).max(1);
-        let kernels = self.kernels;
+        // A few chunks per thread balance uneven progress.
+        let rows_per_chunk = total.div_ceil(threads * 4).max(1);
         self.exec
             .for_each_chunk(tmp, rows_per_chunk * n_tok, &|i, out| {
                 let mut row = i * rows_per_chunk;

@@ -5,6 +5,8 @@
 //! Quantized weights are multiplied with activations quantized to Q16 per 32-block (see
 //! `quant::q16` for why not ggml's Q8_0); f32 weights with f32 activations; f16/bf16 weights are
 //! widened to f32 row by row.
+use core::ops::Range;
+
 use crate::error::{Error, Result};
 use crate::quant::{self, q16, Format, QK};
 use crate::weights::Matrix;
@@ -140,8 +142,8 @@ impl Kernels {
 
     /// Rows `row0 .. row0 + out.len() / n_tok` of `W · Xᵀ`, for the `n_tok` activation rows in `x`.
     ///
-    /// `out[(r - row0) * n_tok + t]` receives row `r` against token `t`: consecutive outputs share a
-    /// weight row, so each weight block is loaded once per tile of `TILE` tokens.
+    /// `out[(r - row0) * n_tok + t]` receives row `r` against token `t`: a run of rows is one
+    /// contiguous piece of `out`, which is how decoding splits a mat-vec across threads.
     pub fn matmul_rows(
         &self,
         w: &Matrix<'_>,
@@ -150,13 +152,6 @@ impl Kernels {
         out: &mut [f32],
     ) -> Result<()> {
         let n_tok = x.n_tok;
-        if x.cols != w.cols {
-            return Err(Error::Length {
-                what: "activation row",
-                expected: w.cols,
-                got: x.cols,
-            });
-        }
         if n_tok == 0 || !out.len().is_multiple_of(n_tok) || row0 + out.len() / n_tok > w.rows {
             return Err(Error::Length {
                 what: "mat-mul output",
@@ -165,7 +160,55 @@ impl Kernels {
             });
         }
         let rows = out.len() / n_tok;
-        let w_row = |r: usize| w.row(row0 + r);
+        self.matmul(w, x, row0..row0 + rows, 0..n_tok, |r, t, v| {
+            out[r * n_tok + t] = v
+        })
+    }
+
+    /// Tokens `tok0 .. tok0 + out.len() / w.rows` of `X · Wᵀ`, every row of `w`.
+    ///
+    /// `out[(t - tok0) * w.rows + r]` receives row `r` against token `t`: the layout the layer
+    /// loop wants, so a prefill split across threads by tokens needs no reordering.
+    pub fn matmul_tokens(
+        &self,
+        w: &Matrix<'_>,
+        x: &Activations<'_>,
+        tok0: usize,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let rows = w.rows;
+        if rows == 0 || !out.len().is_multiple_of(rows) || tok0 + out.len() / rows > x.n_tok {
+            return Err(Error::Length {
+                what: "mat-mul output",
+                expected: (x.n_tok - tok0.min(x.n_tok)) * rows,
+                got: out.len(),
+            });
+        }
+        let n = out.len() / rows;
+        self.matmul(w, x, 0..rows, tok0..tok0 + n, |r, t, v| {
+            out[t * rows + r] = v
+        })
+    }
+
+    /// Weight rows `rows` against tokens `toks`; `put(r, t, value)` takes each result, with `r`
+    /// and `t` counted from the ranges' starts.
+    fn matmul(
+        &self,
+        w: &Matrix<'_>,
+        x: &Activations<'_>,
+        rows: Range<usize>,
+        toks: Range<usize>,
+        mut put: impl FnMut(usize, usize, f32),
+    ) -> Result<()> {
+        if x.cols != w.cols {
+            return Err(Error::Length {
+                what: "activation row",
+                expected: w.cols,
+                got: x.cols,
+            });
+        }
+        let (n_rows, n_tok) = (rows.len(), toks.len());
+        let w_row = |r: usize| w.row(rows.start + r);
         match w.format {
             Format::Q8_0 | Format::Q4_0 | Format::Q4_1 => {
                 let dots = self.dots(w.format)?;
@@ -174,11 +217,11 @@ impl Kernels {
                     format: w.format,
                 })?;
                 let xb = q16::row_bytes(x.cols);
-                expect_len("Q16 activations", xb * n_tok, q.len())?;
-                let x1 = |t: usize| &q[t * xb..(t + 1) * xb];
+                expect_len("Q16 activations", xb * x.n_tok, q.len())?;
+                let x1 = |t: usize| &q[(toks.start + t) * xb..(toks.start + t + 1) * xb];
                 let x4 = |t: usize| -> [&[u8]; TILE] { core::array::from_fn(|i| x1(t + i)) };
                 tile(
-                    out,
+                    n_rows,
                     n_tok,
                     |r, t| (dots.one)(w_row(r), x1(t)),
                     |r, t| (dots.x4)(w_row(r), x4(t)),
@@ -186,42 +229,52 @@ impl Kernels {
                         |r, t| (dots.rows4)(core::array::from_fn(|i| w_row(r + i)), x1(t)),
                         |r, t| (dots.rows2x4)([w_row(r), w_row(r + 1)], x4(t)),
                     )),
+                    put,
                 );
             }
             Format::F32 => {
                 let xf = x.f32;
-                expect_len("f32 activations", x.cols * n_tok, xf.len())?;
+                expect_len("f32 activations", x.cols * x.n_tok, xf.len())?;
                 let c = x.cols;
-                let x1 = |t: usize| &xf[t * c..(t + 1) * c];
+                let x1 = |t: usize| &xf[(toks.start + t) * c..(toks.start + t + 1) * c];
                 let no_pairs: Option<(QuadAt, PairAt)> = None;
                 tile(
-                    out,
+                    n_rows,
                     n_tok,
                     |r, t| (self.dot_f32)(w_row(r), x1(t)),
                     |r, t| (self.dot_f32_x4)(w_row(r), core::array::from_fn(|i| x1(t + i))),
                     no_pairs,
+                    put,
                 );
             }
             Format::F16 | Format::BF16 => {
                 let xf = x.f32;
-                expect_len("f32 activations", x.cols * n_tok, xf.len())?;
+                expect_len("f32 activations", x.cols * x.n_tok, xf.len())?;
                 let c = x.cols;
-                // Widen a chunk of the row at a time on the stack: no allocation, no scratch.
+                // Widen a chunk of the row at a time on the stack (no allocation, no scratch),
+                // once for up to 64 tokens.
                 let mut buf = [0f32; 256];
-                for r in 0..rows {
-                    let wr = w.row(row0 + r);
-                    let o = &mut out[r * n_tok..(r + 1) * n_tok];
-                    o.fill(0.0);
-                    let mut start = 0;
-                    while start < c {
-                        let len = (c - start).min(buf.len());
-                        let bytes = &wr[start * 2..(start + len) * 2];
-                        quant::dequantize_row(w.format, bytes, &mut buf[..len])?;
-                        for (t, o) in o.iter_mut().enumerate() {
-                            let xs = &xf[t * c + start..t * c + start + len];
-                            *o += buf[..len].iter().zip(xs).map(|(a, b)| a * b).sum::<f32>();
+                let mut acc = [0f32; 64];
+                for r in 0..n_rows {
+                    let wr = w_row(r);
+                    for t0 in (0..n_tok).step_by(acc.len()) {
+                        let acc = &mut acc[..(n_tok - t0).min(64)];
+                        acc.fill(0.0);
+                        let mut start = 0;
+                        while start < c {
+                            let len = (c - start).min(buf.len());
+                            let bytes = &wr[start * 2..(start + len) * 2];
+                            quant::dequantize_row(w.format, bytes, &mut buf[..len])?;
+                            for (i, a) in acc.iter_mut().enumerate() {
+                                let xt = (toks.start + t0 + i) * c + start;
+                                let xs = &xf[xt..xt + len];
+                                *a += buf[..len].iter().zip(xs).map(|(a, b)| a * b).sum::<f32>();
+                            }
+                            start += len;
                         }
-                        start += len;
+                        for (i, a) in acc.iter().enumerate() {
+                            put(r, t0 + i, *a);
+                        }
                     }
                 }
             }
@@ -234,12 +287,17 @@ impl Kernels {
 type QuadAt = fn(usize, usize) -> [f32; 4];
 type PairAt = fn(usize, usize) -> [[f32; TILE]; 2];
 
-/// Fills `out` (`[row][token]`, `n_tok` per row) from kernels at (row, first token): one row and
-/// one token `one`, one row and `TILE` tokens `four`, and, where the format has them, four rows
-/// and one token and two rows and `TILE` tokens (`multi`). Whole tiles of tokens go two rows at a
-/// time; the tokens left over (all of them when decoding) four rows at a time.
+/// Weight rows per block of `tile`'s outer loop: their bytes stay in the nearest caches while
+/// every tile of tokens passes over them.
+const ROW_BLOCK: usize = 64;
+
+/// Computes `rows × n_tok` results with kernels at (row, first token): one row and one token
+/// `one`, one row and `TILE` tokens `four`, and, where the format has them, four rows and one
+/// token and two rows and `TILE` tokens (`multi`); `put(r, t, value)` stores each. Rows go in
+/// blocks of `ROW_BLOCK`; within one, whole tiles of tokens take two rows at a time, the tokens
+/// left over (all of them when decoding) four rows at a time.
 fn tile(
-    out: &mut [f32],
+    rows: usize,
     n_tok: usize,
     one: impl Fn(usize, usize) -> f32,
     four: impl Fn(usize, usize) -> [f32; TILE],
@@ -247,35 +305,42 @@ fn tile(
         impl Fn(usize, usize) -> [f32; 4],
         impl Fn(usize, usize) -> [[f32; TILE]; 2],
     )>,
+    mut put: impl FnMut(usize, usize, f32),
 ) {
-    let rows = out.len() / n_tok;
     let tiles = n_tok / TILE * TILE;
-    let (rows_by_2, rows_by_4) = match multi {
-        Some(_) => (rows / 2 * 2, rows / 4 * 4),
-        None => (0, 0),
-    };
-    for t in (0..tiles).step_by(TILE) {
-        if let Some((_, pair)) = &multi {
-            for r in (0..rows_by_2).step_by(2) {
-                let v = pair(r, t);
-                out[r * n_tok + t..r * n_tok + t + TILE].copy_from_slice(&v[0]);
-                out[(r + 1) * n_tok + t..(r + 1) * n_tok + t + TILE].copy_from_slice(&v[1]);
+    for r0 in (0..rows).step_by(ROW_BLOCK) {
+        let r1 = (r0 + ROW_BLOCK).min(rows);
+        let (by_2, by_4) = match multi {
+            Some(_) => (r0 + (r1 - r0) / 2 * 2, r0 + (r1 - r0) / 4 * 4),
+            None => (r0, r0),
+        };
+        for t in (0..tiles).step_by(TILE) {
+            if let Some((_, pair)) = &multi {
+                for r in (r0..by_2).step_by(2) {
+                    let v = pair(r, t);
+                    for i in 0..TILE {
+                        put(r, t + i, v[0][i]);
+                        put(r + 1, t + i, v[1][i]);
+                    }
+                }
             }
-        }
-        for r in rows_by_2..rows {
-            out[r * n_tok + t..r * n_tok + t + TILE].copy_from_slice(&four(r, t));
-        }
-    }
-    for t in tiles..n_tok {
-        if let Some((quad, _)) = &multi {
-            for r in (0..rows_by_4).step_by(4) {
-                for (i, v) in quad(r, t).into_iter().enumerate() {
-                    out[(r + i) * n_tok + t] = v;
+            for r in by_2..r1 {
+                for (i, v) in four(r, t).into_iter().enumerate() {
+                    put(r, t + i, v);
                 }
             }
         }
-        for r in rows_by_4..rows {
-            out[r * n_tok + t] = one(r, t);
+        for t in tiles..n_tok {
+            if let Some((quad, _)) = &multi {
+                for r in (r0..by_4).step_by(4) {
+                    for (i, v) in quad(r, t).into_iter().enumerate() {
+                        put(r + i, t, v);
+                    }
+                }
+            }
+            for r in by_4..r1 {
+                put(r, t, one(r, t));
+            }
         }
     }
 }

@@ -236,10 +236,11 @@ fn mismatched_lengths_are_errors() {
     assert!(k.axpy_q8_0(&mut [0.0; 64], &[1.0; 2], &[0u8; 68]).is_err());
 }
 
-/// The tiled mat-mul against plain per-row dots, for every weight format and a ragged token count.
+/// The tiled mat-mul against plain per-row dots, for every weight format and a ragged token count,
+/// in both output orders.
 #[test]
 fn matmul_rows_equals_row_dots() {
-    let (rows, cols, n_tok) = (6, 64, 11);
+    let (rows, cols, n_tok) = (70, 64, 11);
     let w: Vec<f32> = (0..rows * cols)
         .map(|i| libm::sinf(i as f32 * 0.37))
         .collect();
@@ -289,6 +290,24 @@ fn matmul_rows_equals_row_dots() {
         }
         assert!(Kernels::best()
             .matmul_rows(&m, &acts, 1, &mut vec![0f32; rows * n_tok])
+            .is_err());
+
+        // Token order, from token 3 on: the same bits.
+        let mut by_tok = vec![0f32; (n_tok - 3) * rows];
+        Kernels::best()
+            .matmul_tokens(&m, &acts, 3, &mut by_tok)
+            .unwrap();
+        for r in 1..rows {
+            for t in 3..n_tok {
+                assert_eq!(
+                    by_tok[(t - 3) * rows + r].to_bits(),
+                    out[(r - 1) * n_tok + t].to_bits(),
+                    "{format} r{r} t{t}"
+                );
+            }
+        }
+        assert!(Kernels::best()
+            .matmul_tokens(&m, &acts, 4, &mut by_tok)
             .is_err());
     }
 }
