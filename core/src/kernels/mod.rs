@@ -317,10 +317,10 @@ fn tile(
         for t in (0..tiles).step_by(TILE) {
             if let Some((_, pair)) = &multi {
                 for r in (r0..by_2).step_by(2) {
-                    let v = pair(r, t);
-                    for i in 0..TILE {
-                        put(r, t + i, v[0][i]);
-                        put(r + 1, t + i, v[1][i]);
+                    let [v0, v1] = pair(r, t);
+                    for (i, (a, b)) in v0.into_iter().zip(v1).enumerate() {
+                        put(r, t + i, a);
+                        put(r + 1, t + i, b);
                     }
                 }
             }
