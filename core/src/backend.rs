@@ -7,7 +7,7 @@ use core::ops::RangeInclusive;
 use crate::config::{RopeStyle, MAX_HEAD_DIM};
 use crate::error::{Error, Result};
 use crate::exec::Exec;
-use crate::kernels::{Activations, Kernels, TILE};
+use crate::kernels::{Activations, Kernels, AXPY_ROWS, TILE};
 use crate::kv_cache::LayerKv;
 use crate::ops;
 use crate::quant::{self, q16, BlockQ16, Format, QK};
@@ -376,15 +376,23 @@ fn attend_group(
             }
             sum[i] += pi.iter().sum::<f32>();
         }
-        for (j, k) in (start..end).enumerate() {
-            let v = kv.v_row(k, kv_head);
-            let p: [f32; TILE] = core::array::from_fn(|i| probs[i][j]);
-            match kv.format {
-                Format::Q8_0 => (kernels.axpy_q8_0)(out, &p[..g], v),
-                format => {
-                    for (o, p) in out.chunks_exact_mut(hd).zip(p) {
-                        add_scaled_row(format, v, p, o, &mut row[..hd])?;
-                    }
+        if kv.format == Format::Q8_0 {
+            // Up to AXPY_ROWS values per call: each run of `out` is loaded and stored once.
+            for j in (0..n).step_by(AXPY_ROWS) {
+                let k = (n - j).min(AXPY_ROWS);
+                let rows: [&[u8]; AXPY_ROWS] =
+                    core::array::from_fn(|r| kv.v_row(start + j + r.min(k - 1), kv_head));
+                let mut a = [0f32; AXPY_ROWS * TILE];
+                for (i, pi) in probs[..g].iter().enumerate() {
+                    a[i * k..(i + 1) * k].copy_from_slice(&pi[j..j + k]);
+                }
+                (kernels.axpy_q8_0)(out, &a[..g * k], &rows[..k]);
+            }
+        } else {
+            for (j, pos) in (start..end).enumerate() {
+                let v = kv.v_row(pos, kv_head);
+                for (o, pi) in out.chunks_exact_mut(hd).zip(&probs[..g]) {
+                    add_scaled_row(kv.format, v, pi[j], o, &mut row[..hd])?;
                 }
             }
         }

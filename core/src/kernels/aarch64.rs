@@ -5,7 +5,7 @@
 //! intrinsic is still unstable in Rust, hence compile-time selection and inline assembly.
 use core::arch::aarch64::*;
 
-use super::{Kernels, QuantDots, TILE};
+use super::{Kernels, QuantDots, AXPY_ROWS, TILE};
 use crate::quant::{f16_at, BlockQ16, BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
 
 pub(super) static KERNELS: Kernels = Kernels {
@@ -33,29 +33,44 @@ const fn dots<W: Unpack>() -> QuantDots {
     }
 }
 
-fn axpy_q8_0(out: &mut [f32], a: &[f32], row: &[u8]) {
-    let n = row.len() / BlockQ8_0::BYTES * QK;
+fn axpy_q8_0(out: &mut [f32], a: &[f32], rows: &[&[u8]]) {
+    let rows = &rows[..rows.len().min(AXPY_ROWS)];
+    let nb = rows
+        .iter()
+        .map(|r| r.len() / BlockQ8_0::BYTES)
+        .min()
+        .unwrap_or(0);
+    let n = nb * QK;
     if n == 0 {
         return;
     }
-    let runs = a.len().min(out.len() / n);
-    for (bi, b) in row.chunks_exact(BlockQ8_0::BYTES).enumerate() {
-        let d = f16_at(b);
-        // SAFETY: `b` holds a whole block (32 quants after the scale); each of the `runs` runs
-        // of `out` holds 32 floats at `i * n + bi * 32`.
+    let runs = (a.len() / rows.len()).min(out.len() / n);
+    for b in 0..nb {
+        // SAFETY: block `b` < nb lies inside every row (34 bytes: 32 quants after the scale);
+        // each of the `runs` runs of `out` holds 32 floats at `i * n + b * 32`.
         unsafe {
-            let q = [0, 16].map(|k| vld1q_s8(b.as_ptr().add(2 + k) as *const i8));
-            let wide = q.map(|q| [vmovl_s8(vget_low_s8(q)), vmovl_high_s8(q)]);
-            let mut v = [vdupq_n_f32(0.0); 8];
-            for (k, h) in wide.iter().flatten().enumerate() {
-                v[2 * k] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(*h)));
-                v[2 * k + 1] = vcvtq_f32_s32(vmovl_high_s16(*h));
+            let mut d = [0f32; AXPY_ROWS];
+            let mut v = [[vdupq_n_f32(0.0); 8]; AXPY_ROWS];
+            for (k, row) in rows.iter().enumerate() {
+                let blk = &row[b * BlockQ8_0::BYTES..(b + 1) * BlockQ8_0::BYTES];
+                d[k] = f16_at(blk);
+                let q = [0, 16].map(|o| vld1q_s8(blk.as_ptr().add(2 + o) as *const i8));
+                let wide = q.map(|q| [vmovl_s8(vget_low_s8(q)), vmovl_high_s8(q)]);
+                for (c, h) in wide.iter().flatten().enumerate() {
+                    v[k][2 * c] = vcvtq_f32_s32(vmovl_s16(vget_low_s16(*h)));
+                    v[k][2 * c + 1] = vcvtq_f32_s32(vmovl_high_s16(*h));
+                }
             }
-            for (i, ai) in a[..runs].iter().enumerate() {
-                let ad = vdupq_n_f32(ai * d);
-                let op = out.as_mut_ptr().add(i * n + bi * QK);
-                for (k, vk) in v.iter().enumerate() {
-                    vst1q_f32(op.add(4 * k), vfmaq_f32(vld1q_f32(op.add(4 * k)), ad, *vk));
+            for (i, ai) in a.chunks_exact(rows.len()).take(runs).enumerate() {
+                let ad: [float32x4_t; AXPY_ROWS] =
+                    core::array::from_fn(|k| vdupq_n_f32(ai.get(k).map_or(0.0, |a| a * d[k])));
+                let op = out.as_mut_ptr().add(i * n + b * QK);
+                for c in 0..8 {
+                    let mut o = vld1q_f32(op.add(4 * c));
+                    for (adk, vk) in ad.iter().zip(&v[..rows.len()]) {
+                        o = vfmaq_f32(o, *adk, vk[c]);
+                    }
+                    vst1q_f32(op.add(4 * c), o);
                 }
             }
         }

@@ -20,6 +20,9 @@ pub mod x86;
 /// How many activation rows a tiled kernel takes at once.
 pub const TILE: usize = 4;
 
+/// The most rows one `axpy_q8_0` call adds.
+pub const AXPY_ROWS: usize = 4;
+
 /// Two weight rows · `TILE` activation rows.
 pub type Dot2x4 = fn([&[u8]; 2], [&[u8]; TILE]) -> [[f32; TILE]; 2];
 
@@ -49,10 +52,11 @@ pub struct Kernels {
     pub q4_1: QuantDots,
     pub dot_f32: fn(&[u8], &[f32]) -> f32,
     pub dot_f32_x4: fn(&[u8], [&[f32]; TILE]) -> [f32; TILE],
-    /// `out[i] += a[i] · row` for each run `out[i]` (as long as the Q8_0 row) of `out`: attention's
-    /// weighted sum over a quantized V cache, each row widened once for all the query heads
-    /// that share it.
-    pub axpy_q8_0: fn(&mut [f32], &[f32], &[u8]),
+    /// `out[i] += Σ_k a[i·K + k] · rows[k]` for each run `out[i]` (as long as the Q8_0 rows) of
+    /// `out`, over the first `K = min(rows.len(), AXPY_ROWS)` rows: attention's weighted sum
+    /// over a quantized V cache, each row widened once for all the query heads that share it
+    /// and each run of `out` loaded and stored once for several rows.
+    pub axpy_q8_0: fn(&mut [f32], &[f32], &[&[u8]]),
 }
 
 impl Kernels {
@@ -119,18 +123,30 @@ impl Kernels {
         Ok((dots.one)(w, x))
     }
 
-    /// `out[i] += a[i] · row` for a Q8_0 row and `out` made of `a.len()` runs as long as it.
-    pub fn axpy_q8_0(&self, out: &mut [f32], a: &[f32], row: &[u8]) -> Result<()> {
-        if a.is_empty() || !out.len().is_multiple_of(a.len()) {
+    /// `out[i] += Σ_k a[i·K + k] · rows[k]` for up to `AXPY_ROWS` Q8_0 rows of one length
+    /// (`K = rows.len()`) and `out` made of `a.len() / K` runs as long as they are.
+    pub fn axpy_q8_0(&self, out: &mut [f32], a: &[f32], rows: &[&[u8]]) -> Result<()> {
+        let k = rows.len();
+        if k == 0 || k > AXPY_ROWS || !a.len().is_multiple_of(k) {
+            return Err(Error::Length {
+                what: "axpy rows",
+                expected: AXPY_ROWS,
+                got: k,
+            });
+        }
+        let runs = a.len() / k;
+        if runs == 0 || !out.len().is_multiple_of(runs) {
             return Err(Error::Length {
                 what: "axpy output",
-                expected: a.len(),
+                expected: runs,
                 got: out.len(),
             });
         }
-        let n = out.len() / a.len();
-        expect_len("Q8_0 row", Format::Q8_0.row_bytes(n)?, row.len())?;
-        (self.axpy_q8_0)(out, a, row);
+        let n = out.len() / runs;
+        for row in rows {
+            expect_len("Q8_0 row", Format::Q8_0.row_bytes(n)?, row.len())?;
+        }
+        (self.axpy_q8_0)(out, a, rows);
         Ok(())
     }
 

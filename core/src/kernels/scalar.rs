@@ -3,7 +3,7 @@
 //! Every function here is memory-safe for any input: it processes as many whole blocks as the
 //! shortest argument holds. The checked entry points in `kernels` reject mismatched lengths
 //! before calling into any table.
-use super::{Kernels, QuantDots};
+use super::{Kernels, QuantDots, AXPY_ROWS};
 use crate::quant::{f16_at, q16, q8_0, BlockQ16, BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
 
 pub static KERNELS: Kernels = Kernels {
@@ -70,20 +70,29 @@ fn nibbles(qs: &[u8]) -> [i32; QK] {
     })
 }
 
-/// `out[i] += a[i] · row` for the runs of `out` as long as the row's whole blocks.
-pub fn axpy_q8_0(out: &mut [f32], a: &[f32], row: &[u8]) {
-    let n = row.len() / BlockQ8_0::BYTES * QK;
+/// `out[i] += Σ_k a[i·K + k] · rows[k]` over the first `K` (at most `AXPY_ROWS`) rows, for the
+/// runs of `out` as long as the shortest row's whole blocks.
+pub fn axpy_q8_0(out: &mut [f32], a: &[f32], rows: &[&[u8]]) {
+    let rows = &rows[..rows.len().min(AXPY_ROWS)];
+    let nb = rows
+        .iter()
+        .map(|r| r.len() / BlockQ8_0::BYTES)
+        .min()
+        .unwrap_or(0);
+    let n = nb * QK;
     if n == 0 {
         return;
     }
-    for (o, a) in out.chunks_exact_mut(n).zip(a) {
-        for (o, b) in o
-            .chunks_exact_mut(QK)
-            .zip(row.chunks_exact(BlockQ8_0::BYTES))
-        {
-            let ad = a * f16_at(b);
-            for (o, q) in o.iter_mut().zip(&b[2..]) {
-                *o += ad * (*q as i8) as f32;
+    for (o, a) in out.chunks_exact_mut(n).zip(a.chunks_exact(rows.len())) {
+        for (k, row) in rows.iter().enumerate() {
+            for (o, b) in o
+                .chunks_exact_mut(QK)
+                .zip(row.chunks_exact(BlockQ8_0::BYTES))
+            {
+                let ad = a[k] * f16_at(b);
+                for (o, q) in o.iter_mut().zip(&b[2..]) {
+                    *o += ad * (*q as i8) as f32;
+                }
             }
         }
     }

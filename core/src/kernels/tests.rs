@@ -161,19 +161,25 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(100))]
 
-    /// The Q8_0 axpy (over one to four runs) agrees with the scalar one within float rounding of
-    /// each term.
+    /// The Q8_0 axpy (one to four rows into one to four runs) agrees with the scalar one within
+    /// float rounding of each term.
     #[test]
-    fn axpy_q8_0_matches_scalar(blocks in 1usize..8, runs in 1usize..5, v in values(8 * 32), out in proptest::collection::vec(-100f32..100.0, 4 * 8 * 32), a in proptest::collection::vec(-10f32..10.0, 4)) {
+    fn axpy_q8_0_matches_scalar(blocks in 1usize..8, n_rows in 1usize..5, runs in 1usize..5, v in proptest::collection::vec(values(8 * 32), 4), out in proptest::collection::vec(-100f32..100.0, 4 * 8 * 32), a in proptest::collection::vec(-10f32..10.0, 16)) {
         let n = blocks * 32;
-        let row = quantized(Format::Q8_0, &v[..n]);
+        let rows: Vec<Vec<u8>> = v[..n_rows].iter().map(|v| quantized(Format::Q8_0, &v[..n])).collect();
+        let rows: Vec<&[u8]> = rows.iter().map(|r| r.as_slice()).collect();
+        let a = &a[..runs * n_rows];
         let (mut s, mut b) = (out[..runs * n].to_vec(), out[..runs * n].to_vec());
-        Kernels::scalar().axpy_q8_0(&mut s, &a[..runs], &row).unwrap();
-        Kernels::best().axpy_q8_0(&mut b, &a[..runs], &row).unwrap();
-        let mut deq = vec![0f32; n];
-        dequantize_row(Format::Q8_0, &row, &mut deq).unwrap();
+        Kernels::scalar().axpy_q8_0(&mut s, a, &rows).unwrap();
+        Kernels::best().axpy_q8_0(&mut b, a, &rows).unwrap();
+        let deq: Vec<Vec<f32>> = rows.iter().map(|r| {
+            let mut d = vec![0f32; n];
+            dequantize_row(Format::Q8_0, r, &mut d).unwrap();
+            d
+        }).collect();
         for i in 0..runs * n {
-            let bound = 1e-6 * ((a[i / n] * deq[i % n]).abs() + out[i].abs()) + f32::MIN_POSITIVE;
+            let terms: f32 = (0..n_rows).map(|k| (a[i / n * n_rows + k] * deq[k][i % n]).abs()).sum();
+            let bound = 1e-6 * (terms + out[i].abs()) * n_rows as f32 + f32::MIN_POSITIVE;
             close(s[i], b[i], bound)?;
         }
     }
@@ -232,8 +238,13 @@ fn mismatched_lengths_are_errors() {
     assert!(k.quantize_q16(&[0.0; 33], &mut [0u8; 72]).is_err());
     assert!(k.quantize_q16(&[0.0; 32], &mut [0u8; 71]).is_err());
     assert!(k.dot_f32_bytes(&[0u8; 8], &[1.0]).is_err());
-    assert!(k.axpy_q8_0(&mut [0.0; 64], &[1.0; 3], &[0u8; 34]).is_err());
-    assert!(k.axpy_q8_0(&mut [0.0; 64], &[1.0; 2], &[0u8; 68]).is_err());
+    let row: &[u8] = &[0u8; 34];
+    assert!(k.axpy_q8_0(&mut [0.0; 64], &[1.0; 3], &[row]).is_err());
+    assert!(k
+        .axpy_q8_0(&mut [0.0; 64], &[1.0; 2], &[row, &[0u8; 68]])
+        .is_err());
+    assert!(k.axpy_q8_0(&mut [0.0; 32], &[1.0; 5], &[row; 5]).is_err());
+    assert!(k.axpy_q8_0(&mut [0.0; 64], &[1.0; 4], &[row; 2]).is_ok());
 }
 
 /// The tiled mat-mul against plain per-row dots, for every weight format and a ragged token count,

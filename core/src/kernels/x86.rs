@@ -65,36 +65,57 @@ const fn dots<W: Unpack, const ISA: u8>() -> QuantDots {
     }
 }
 
-fn axpy_q8_0(out: &mut [f32], a: &[f32], row: &[u8]) {
+fn axpy_q8_0(out: &mut [f32], a: &[f32], rows: &[&[u8]]) {
     // SAFETY: CPU features as above; the kernel stays within the whole blocks and runs it has.
-    unsafe { axpy_q8_0_avx2(out, a, row) }
+    unsafe {
+        match rows {
+            [r0] => axpy_q8_0_avx2::<1>(out, a, [r0]),
+            [r0, r1] => axpy_q8_0_avx2::<2>(out, a, [r0, r1]),
+            [r0, r1, r2] => axpy_q8_0_avx2::<3>(out, a, [r0, r1, r2]),
+            [r0, r1, r2, r3, ..] => axpy_q8_0_avx2::<4>(out, a, [r0, r1, r2, r3]),
+            [] => {}
+        }
+    }
 }
 
+/// `K` rows at a time, so that their widened blocks stay in registers.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn axpy_q8_0_avx2(out: &mut [f32], a: &[f32], row: &[u8]) {
-    let nb = row.len() / BlockQ8_0::BYTES;
+unsafe fn axpy_q8_0_avx2<const K: usize>(out: &mut [f32], a: &[f32], rows: [&[u8]; K]) {
+    let nb = rows
+        .iter()
+        .fold(usize::MAX, |n, r| n.min(r.len() / BlockQ8_0::BYTES));
     let n = nb * QK;
     if n == 0 {
         return;
     }
-    let runs = a.len().min(out.len() / n);
+    let runs = (a.len() / K).min(out.len() / n);
     for b in 0..nb {
-        // SAFETY: block `b` < nb lies inside `row` (34 bytes), and in each of the `runs` runs of
-        // `out` (32 floats at `i * n + b * 32`).
+        // SAFETY: block `b` < nb lies inside every row (34 bytes), and in each of the `runs`
+        // runs of `out` (32 floats at `i * n + b * 32`); `a` holds `runs · K` values.
         unsafe {
-            let rp = row.as_ptr().add(b * BlockQ8_0::BYTES);
-            let d = f16_at(rp);
-            let mut v = [_mm256_setzero_ps(); 4];
-            for (k, vk) in v.iter_mut().enumerate() {
-                let q = _mm_loadl_epi64(rp.add(2 + 8 * k) as *const __m128i);
-                *vk = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+            // v[c][k]: values 8c..8c+8 of row k's block, widened.
+            let mut d = [0f32; K];
+            let mut v = [[_mm256_setzero_ps(); K]; 4];
+            for (k, dk) in d.iter_mut().enumerate() {
+                let rp = rows[k].as_ptr().add(b * BlockQ8_0::BYTES);
+                *dk = f16_at(rp);
+                for (c, vc) in v.iter_mut().enumerate() {
+                    let q = _mm_loadl_epi64(rp.add(2 + 8 * c) as *const __m128i);
+                    vc[k] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+                }
             }
-            for (i, ai) in a[..runs].iter().enumerate() {
-                let ad = _mm256_set1_ps(ai * d);
+            for i in 0..runs {
+                let mut ad = [_mm256_setzero_ps(); K];
+                for (k, adk) in ad.iter_mut().enumerate() {
+                    *adk = _mm256_set1_ps(*a.get_unchecked(i * K + k) * d[k]);
+                }
                 let op = out.as_mut_ptr().add(i * n + b * QK);
-                for (k, vk) in v.iter().enumerate() {
-                    let o = _mm256_loadu_ps(op.add(8 * k));
-                    _mm256_storeu_ps(op.add(8 * k), _mm256_fmadd_ps(ad, *vk, o));
+                for (c, vc) in v.iter().enumerate() {
+                    let mut o = _mm256_loadu_ps(op.add(8 * c));
+                    for (adk, vck) in ad.iter().zip(vc) {
+                        o = _mm256_fmadd_ps(*adk, *vck, o);
+                    }
+                    _mm256_storeu_ps(op.add(8 * c), o);
                 }
             }
         }
