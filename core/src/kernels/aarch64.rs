@@ -116,6 +116,19 @@ fn dot_i8x32(x0: int8x16_t, x1: int8x16_t, y0: int8x16_t, y1: int8x16_t) -> i32 
     }
 }
 
+/// The largest |x| of a block; `maxnm` ignores NaN, as the scalar fold does.
+#[inline(always)]
+fn block_amax(v: [float32x4_t; 8]) -> f32 {
+    // SAFETY: register-only NEON arithmetic.
+    unsafe {
+        let mut m = vdupq_n_f32(0.0);
+        for vi in v {
+            m = vmaxnmq_f32(m, vabsq_f32(vi));
+        }
+        vmaxnmvq_f32(m)
+    }
+}
+
 fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
     let nb = (x.len() / QK).min(out.len() / BlockQ8_0::BYTES);
     for b in 0..nb {
@@ -123,13 +136,7 @@ fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
         unsafe {
             let p = x.as_ptr().add(b * QK);
             let v: [float32x4_t; 8] = core::array::from_fn(|i| vld1q_f32(p.add(4 * i)));
-            // maxnm ignores NaN, as the scalar fold does.
-            let mut m = vdupq_n_f32(0.0);
-            for vi in v {
-                m = vmaxnmq_f32(m, vabsq_f32(vi));
-            }
-            let amax = vmaxnmvq_f32(m);
-            let d = amax / 127.0;
+            let d = block_amax(v) / 127.0;
             let id = if d != 0.0 { 1.0 / d } else { 0.0 };
             let lo = vdupq_n_s32(-127);
             let hi = vdupq_n_s32(127);
@@ -155,11 +162,7 @@ fn quantize_q16(x: &[f32], out: &mut [u8]) {
         unsafe {
             let p = x.as_ptr().add(b * QK);
             let v: [float32x4_t; 8] = core::array::from_fn(|i| vld1q_f32(p.add(4 * i)));
-            let mut m = vdupq_n_f32(0.0);
-            for vi in v {
-                m = vmaxnmq_f32(m, vabsq_f32(vi));
-            }
-            let d = vmaxnmvq_f32(m) / BlockQ16::MAX;
+            let d = block_amax(v) / BlockQ16::MAX;
             let id = if d != 0.0 { 1.0 / d } else { 0.0 };
             let (lo, hi) = (vdupq_n_s32(-32639), vdupq_n_s32(32639));
             // fcvtns rounds to nearest even, saturates and maps NaN to 0, like the scalar path.
