@@ -1,6 +1,6 @@
 //! Dot products and mat-muls for every weight format, with a scalar reference (`scalar`) and SIMD
-//! twins (`x86`: AVX2+FMA+F16C, `aarch64`: NEON), collected in a table of function pointers that
-//! is picked once from the CPU's features (`Kernels::best`).
+//! twins (`x86`: AVX2+FMA+F16C, with AVX-VNNI and AVX-512 variants; `aarch64`: NEON), collected
+//! in a table of function pointers that is picked once from the CPU's features (`Kernels::best`).
 //!
 //! Quantized weights are multiplied with activations quantized to Q16 per 32-block (see
 //! `quant::q16` for why not ggml's Q8_0); f32 weights with f32 activations; f16/bf16 weights are
