@@ -346,14 +346,12 @@ fn attend_group(
                 // Rows come from the cache, whose layout fixed their lengths: the table's
                 // kernels need no further checks.
                 let k = kv.k_row(j, kv_head);
-                if kv.format != Format::F32 {
-                    quant::dequantize_row(kv.format, k, &mut row[..hd])?;
-                }
+                let dot = match kv.format {
+                    Format::F32 => kernels.dot_f32,
+                    _ => kernels.dot_f16,
+                };
                 for (s, qi) in s.iter_mut().zip(q.chunks_exact(hd)) {
-                    *s = match kv.format {
-                        Format::F32 => (kernels.dot_f32)(k, qi),
-                        _ => row[..hd].iter().zip(qi).map(|(a, b)| a * b).sum(),
-                    };
+                    *s = dot(k, qi);
                 }
             }
         }

@@ -21,6 +21,9 @@ pub(super) static KERNELS: Kernels = Kernels {
     q4_1: dots::<BlockQ4_1>(),
     dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
     dot_f32_x4: dot_f32::<TILE>,
+    // NEON's f16 conversions need `float16x4_t`, still unstable in Rust: the scalar loop.
+    dot_f16: |w, x| super::scalar::dot_f16::<1>(w, [x])[0],
+    dot_f16_x4: super::scalar::dot_f16::<TILE>,
     axpy_q8_0,
 };
 

@@ -3,8 +3,8 @@
 //! in a table of function pointers that is picked once from the CPU's features (`Kernels::best`).
 //!
 //! Quantized weights are multiplied with activations quantized to Q16 per 32-block (see
-//! `quant::q16` for why not ggml's Q8_0); f32 weights with f32 activations; f16/bf16 weights are
-//! widened to f32 row by row.
+//! `quant::q16` for why not ggml's Q8_0); f32 and f16 weights with f32 activations; bf16 weights
+//! are widened to f32 a chunk of a row at a time.
 use core::ops::Range;
 
 use crate::error::{Error, Result};
@@ -52,6 +52,9 @@ pub struct Kernels {
     pub q4_1: QuantDots,
     pub dot_f32: fn(&[u8], &[f32]) -> f32,
     pub dot_f32_x4: fn(&[u8], [&[f32]; TILE]) -> [f32; TILE],
+    /// f16 weights (little-endian bytes: GGUF F16 matrices, an F16 KV cache) · f32 activations.
+    pub dot_f16: fn(&[u8], &[f32]) -> f32,
+    pub dot_f16_x4: fn(&[u8], [&[f32]; TILE]) -> [f32; TILE],
     /// `out[i] += Σ_k a[i·K + k] · rows[k]` for each run `out[i]` (as long as the Q8_0 rows) of
     /// `out`, over the first `K = min(rows.len(), AXPY_ROWS)` rows: attention's weighted sum
     /// over a quantized V cache, each row widened once for all the query heads that share it
@@ -156,6 +159,12 @@ impl Kernels {
         Ok((self.dot_f32)(w, x))
     }
 
+    /// Dot product of an f16 vector (little-endian bytes) and an f32 one.
+    pub fn dot_f16_bytes(&self, w: &[u8], x: &[f32]) -> Result<f32> {
+        expect_len("f16 weight bytes", x.len() * 2, w.len())?;
+        Ok((self.dot_f16)(w, x))
+    }
+
     /// Rows `row0 .. row0 + out.len() / n_tok` of `W · Xᵀ`, for the `n_tok` activation rows in `x`.
     ///
     /// `out[(r - row0) * n_tok + t]` receives row `r` against token `t`: a run of rows is one
@@ -248,22 +257,26 @@ impl Kernels {
                     put,
                 );
             }
-            Format::F32 => {
+            Format::F32 | Format::F16 => {
                 let xf = x.f32;
                 expect_len("f32 activations", x.cols * x.n_tok, xf.len())?;
                 let c = x.cols;
                 let x1 = |t: usize| &xf[(toks.start + t) * c..(toks.start + t + 1) * c];
+                let (one, four) = match w.format {
+                    Format::F32 => (self.dot_f32, self.dot_f32_x4),
+                    _ => (self.dot_f16, self.dot_f16_x4),
+                };
                 let no_pairs: Option<(QuadAt, PairAt)> = None;
                 tile(
                     n_rows,
                     n_tok,
-                    |r, t| (self.dot_f32)(w_row(r), x1(t)),
-                    |r, t| (self.dot_f32_x4)(w_row(r), core::array::from_fn(|i| x1(t + i))),
+                    |r, t| one(w_row(r), x1(t)),
+                    |r, t| four(w_row(r), core::array::from_fn(|i| x1(t + i))),
                     no_pairs,
                     put,
                 );
             }
-            Format::F16 | Format::BF16 => {
+            Format::BF16 => {
                 let xf = x.f32;
                 expect_len("f32 activations", x.cols * x.n_tok, xf.len())?;
                 let c = x.cols;

@@ -15,6 +15,8 @@ pub static KERNELS: Kernels = Kernels {
     q4_1: dots::<BlockQ4_1>(),
     dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
     dot_f32_x4: dot_f32::<4>,
+    dot_f16: |w, x| dot_f16::<1>(w, [x])[0],
+    dot_f16_x4: dot_f16::<4>,
     axpy_q8_0,
 };
 
@@ -125,6 +127,19 @@ pub fn dot_f32<const N: usize>(w: &[u8], xs: [&[f32]; N]) -> [f32; N] {
     let mut acc = [0f32; N];
     for (i, b) in w[..n * 4].chunks_exact(4).enumerate() {
         let v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        for (a, x) in acc.iter_mut().zip(&xs) {
+            *a += v * x[i];
+        }
+    }
+    acc
+}
+
+/// f16 weights (little-endian bytes) · N rows of f32 activations.
+pub fn dot_f16<const N: usize>(w: &[u8], xs: [&[f32]; N]) -> [f32; N] {
+    let n = xs.iter().fold(w.len() / 2, |n, x| n.min(x.len()));
+    let mut acc = [0f32; N];
+    for (i, b) in w[..n * 2].chunks_exact(2).enumerate() {
+        let v = f16_at(b);
         for (a, x) in acc.iter_mut().zip(&xs) {
             *a += v * x[i];
         }

@@ -142,6 +142,23 @@ proptest! {
         }
     }
 
+    /// f16 dots on any length, within 1e-5 of Σ|w·x| (of the f16 values).
+    #[test]
+    fn f16_dots_match_scalar(len in 0usize..300, w in proptest::collection::vec(-100f32..100.0, 300), xs in proptest::collection::vec(values(300), TILE)) {
+        let wb = quantized(Format::F16, &w[..len]);
+        let mut wd = vec![0f32; len];
+        dequantize_row(Format::F16, &wb, &mut wd).unwrap();
+        let xs: [&[f32]; TILE] = core::array::from_fn(|i| &xs[i][..len]);
+        let tile = (Kernels::best().dot_f16_x4)(&wb, xs);
+        for (i, x) in xs.iter().enumerate() {
+            let s = Kernels::scalar().dot_f16_bytes(&wb, x).unwrap();
+            let b = Kernels::best().dot_f16_bytes(&wb, x).unwrap();
+            let bound = 1e-5 * wd.iter().zip(x.iter()).map(|(a, b)| (a * b).abs()).sum::<f32>();
+            close(s, b, bound)?;
+            close(s, tile[i], bound)?;
+        }
+    }
+
     /// f32 dots on any length (not only multiples of 32), within 1e-5 of Σ|w·x|.
     #[test]
     fn f32_dots_match_scalar(len in 0usize..300, w in values(300), xs in proptest::collection::vec(values(300), TILE)) {
@@ -238,6 +255,7 @@ fn mismatched_lengths_are_errors() {
     assert!(k.quantize_q16(&[0.0; 33], &mut [0u8; 72]).is_err());
     assert!(k.quantize_q16(&[0.0; 32], &mut [0u8; 71]).is_err());
     assert!(k.dot_f32_bytes(&[0u8; 8], &[1.0]).is_err());
+    assert!(k.dot_f16_bytes(&[0u8; 8], &[1.0]).is_err());
     let row: &[u8] = &[0u8; 34];
     assert!(k.axpy_q8_0(&mut [0.0; 64], &[1.0; 3], &[row]).is_err());
     assert!(k
