@@ -38,11 +38,7 @@ const fn dots<W: Unpack>() -> QuantDots {
 
 fn axpy_q8_0(out: &mut [f32], a: &[f32], rows: &[&[u8]]) {
     let rows = &rows[..rows.len().min(AXPY_ROWS)];
-    let nb = rows
-        .iter()
-        .map(|r| r.len() / BlockQ8_0::BYTES)
-        .min()
-        .unwrap_or(0);
+    let nb = super::q8_0_blocks(rows);
     let n = nb * QK;
     if n == 0 {
         return;

@@ -384,6 +384,14 @@ pub struct Activations<'a> {
     pub cols: usize,
 }
 
+/// Whole Q8_0 blocks in the shortest of `rows` (0 for none): what an axpy kernel may read.
+fn q8_0_blocks(rows: &[&[u8]]) -> usize {
+    rows.iter()
+        .map(|r| r.len() / quant::BlockQ8_0::BYTES)
+        .min()
+        .unwrap_or(0)
+}
+
 fn expect_len(what: &'static str, expected: usize, got: usize) -> Result<()> {
     if expected != got {
         return Err(Error::Length {

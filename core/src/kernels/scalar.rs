@@ -76,11 +76,7 @@ fn nibbles(qs: &[u8]) -> [i32; QK] {
 /// runs of `out` as long as the shortest row's whole blocks.
 pub fn axpy_q8_0(out: &mut [f32], a: &[f32], rows: &[&[u8]]) {
     let rows = &rows[..rows.len().min(AXPY_ROWS)];
-    let nb = rows
-        .iter()
-        .map(|r| r.len() / BlockQ8_0::BYTES)
-        .min()
-        .unwrap_or(0);
+    let nb = super::q8_0_blocks(rows);
     let n = nb * QK;
     if n == 0 {
         return;

@@ -83,9 +83,7 @@ fn axpy_q8_0(out: &mut [f32], a: &[f32], rows: &[&[u8]]) {
 /// `K` rows at a time, so that their widened blocks stay in registers.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn axpy_q8_0_avx2<const K: usize>(out: &mut [f32], a: &[f32], rows: [&[u8]; K]) {
-    let nb = rows
-        .iter()
-        .fold(usize::MAX, |n, r| n.min(r.len() / BlockQ8_0::BYTES));
+    let nb = super::q8_0_blocks(&rows);
     let n = nb * QK;
     if n == 0 {
         return;
