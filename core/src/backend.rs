@@ -7,6 +7,7 @@ use core::ops::RangeInclusive;
 use crate::config::{RopeStyle, MAX_HEAD_DIM};
 use crate::error::{Error, Result};
 use crate::exec::Exec;
+use crate::kernels::panel::PANEL;
 use crate::kernels::{Activations, Kernels, AXPY_ROWS, TILE};
 use crate::kv_cache::LayerKv;
 use crate::ops;
@@ -144,8 +145,8 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, E> {
                 needed: total * n_tok * 4,
                 got: have * 4,
             })?;
-        // A few chunks per thread balance uneven progress.
-        let rows_per_chunk = total.div_ceil(threads * 4).max(1);
+        // A few chunks per thread balance uneven progress; whole panels keep padding rows out.
+        let rows_per_chunk = total.div_ceil(threads * 4).next_multiple_of(PANEL);
         self.exec
             .for_each_chunk(tmp, rows_per_chunk * n_tok, &|i, out| {
                 let mut row = i * rows_per_chunk;

@@ -33,6 +33,7 @@ const fn dots<W: Unpack>() -> QuantDots {
         x4: dot::<W, TILE>,
         rows4: |w, x| w.map(|w| dot::<W, 1>(w, [x])[0]),
         rows2x4: |w, x| w.map(|w| dot::<W, TILE>(w, x)),
+        panel: None,
     }
 }
 

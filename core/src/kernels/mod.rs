@@ -13,6 +13,7 @@ use crate::weights::Matrix;
 
 #[cfg(target_arch = "aarch64")]
 pub mod aarch64;
+pub mod panel;
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
@@ -20,11 +21,36 @@ pub mod x86;
 /// How many activation rows a tiled kernel takes at once.
 pub const TILE: usize = 4;
 
+/// From this many activation rows on, quantized mat-muls use the panel kernel where the table
+/// has one. The choice depends on the activations alone, never on how rows or tokens are split
+/// across threads, so threads never change a result.
+pub const PANEL_MIN_TOKENS: usize = 2 * TILE;
+
 /// The most rows one `axpy_q8_0` call adds.
 pub const AXPY_ROWS: usize = 4;
 
 /// Two weight rows · `TILE` activation rows.
 pub type Dot2x4 = fn([&[u8]; 2], [&[u8]; TILE]) -> [[f32; TILE]; 2];
+
+/// A panel's weight rows before packing (`None`: a padding row of zeros).
+pub type PanelRows<'a> = [Option<&'a [u8]>; panel::PANEL];
+
+/// A panel's results for a tile of tokens: `[token][row]`.
+pub type PanelAcc = [[f32; panel::PANEL]; TILE];
+
+/// The many-token kernel of one weight format (see `panel`).
+pub struct PanelDots {
+    /// Packs blocks `b0 ..` of `PANEL` weight rows (`None`: a padding row of zeros) into as many
+    /// whole packed blocks as the output holds, as `panel::pack_ref` does.
+    pub pack: fn(&PanelRows<'_>, usize, &mut [u8]),
+    /// A packed panel (whole blocks) · `TILE` activation rows from the same block on:
+    /// `acc[t][r] +=` each block's contribution, blocks in order.
+    pub dot: fn(&[u8], [&[u8]; TILE], &mut PanelAcc),
+    /// `PANEL` weight rows · one activation row, unpacked (decoding), with `dot`'s arithmetic:
+    /// the same bits for every (row, token), so a token's result does not depend on how many
+    /// were computed with it.
+    pub rows: fn([&[u8]; panel::PANEL], &[u8]) -> [f32; panel::PANEL],
+}
 
 /// One weight format's dot products with Q16 activation rows. The multi-row shapes load each
 /// activation block once for all their rows.
@@ -35,8 +61,11 @@ pub struct QuantDots {
     pub x4: fn(&[u8], [&[u8]; TILE]) -> [f32; TILE],
     /// Four weight rows · one activation row (decoding).
     pub rows4: fn([&[u8]; 4], &[u8]) -> [f32; 4],
-    /// Two weight rows · `TILE` activation rows (prefill).
+    /// Two weight rows · `TILE` activation rows (short prompts).
     pub rows2x4: Dot2x4,
+    /// A packed panel of weight rows · `TILE` activation rows (prefill), where this instruction
+    /// set has one.
+    pub panel: Option<PanelDots>,
 }
 
 /// One instruction set's kernels. Each entry is memory-safe for any input (it works on the whole
@@ -244,6 +273,14 @@ impl Kernels {
                 let xb = q16::row_bytes(x.cols);
                 expect_len("Q16 activations", xb * x.n_tok, q.len())?;
                 let x1 = |t: usize| &q[(toks.start + t) * xb..(toks.start + t + 1) * xb];
+                if let Some(kernels) = &dots.panel {
+                    if x.n_tok >= PANEL_MIN_TOKENS {
+                        panel::matmul(kernels, n_rows, x.cols / QK, w_row, n_tok, x1, put);
+                    } else {
+                        panel::matvec(kernels, n_rows, w_row, n_tok, x1, put);
+                    }
+                    return Ok(());
+                }
                 let x4 = |t: usize| -> [&[u8]; TILE] { core::array::from_fn(|i| x1(t + i)) };
                 tile(
                     n_rows,

@@ -26,6 +26,7 @@ const fn dots<W: Unpack>() -> QuantDots {
         x4: dot::<W, 4>,
         rows4: |w, x| w.map(|w| dot::<W, 1>(w, [x])[0]),
         rows2x4: |w, x| w.map(|w| dot::<W, 4>(w, x)),
+        panel: None,
     }
 }
 

@@ -6,7 +6,7 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::quant::test_data::{array_rmse, ggml_signal};
-use crate::quant::{dequantize_row, q16, quantize_row};
+use crate::quant::{dequantize_row, q16, quantize_row, BlockQ16};
 
 fn quantized(format: Format, x: &[f32]) -> Vec<u8> {
     let mut q = vec![0u8; format.row_bytes(x.len()).unwrap()];
@@ -118,6 +118,61 @@ proptest! {
                     if r == 0 {
                         close(s, x4[t], bound)?;
                     }
+                }
+            }
+        }
+    }
+
+    /// The panel kernels (where the table has them): packing is byte-exact with the reference
+    /// packer, padding rows included; the packed dot and the unpacked rows give the same bits for
+    /// every (row, token), within 1e-5 of Σ|w·x| of the scalar dot; and a packed dot split in two
+    /// chunks of blocks gives the bits of one.
+    #[test]
+    fn panel_kernels_match_scalar(blocks in 1usize..20, split in 0usize..20, w in values(20 * 32), xs in proptest::collection::vec(values(20 * 32), TILE), rows in 1usize..=panel::PANEL) {
+        let n = blocks * 32;
+        let split = split.min(blocks);
+        let xq: Vec<Vec<u8>> = xs.iter().map(|x| q16_row(&x[..n])).collect();
+        let xs: [&[u8]; TILE] = core::array::from_fn(|i| xq[i].as_slice());
+        for format in QUANTIZED {
+            let Some(kernels) = &Kernels::best().dots(format).unwrap().panel else {
+                continue;
+            };
+            // Rows made from the weights by scaling and rotating them.
+            let wq: Vec<Vec<u8>> = (0..rows).map(|r| {
+                let k = [1.0, -0.5, 2.0, 0.25][r % 4] * (1 + r / 4) as f32;
+                let wr: Vec<f32> = (0..n).map(|i| w[(i + 7 * r) % n] * k).collect();
+                quantized(format, &wr)
+            }).collect();
+            let panel: [Option<&[u8]>; panel::PANEL] = core::array::from_fn(|r| wq.get(r).map(Vec::as_slice));
+            let mut packed = vec![0u8; blocks * panel::PANEL_BLOCK_BYTES];
+            (kernels.pack)(&panel, 0, &mut packed);
+            let mut reference = vec![0u8; packed.len()];
+            match format {
+                Format::Q8_0 => panel::pack_ref::<quant::BlockQ8_0>(&panel, 0, &mut reference),
+                Format::Q4_0 => panel::pack_ref::<quant::BlockQ4_0>(&panel, 0, &mut reference),
+                _ => panel::pack_ref::<quant::BlockQ4_1>(&panel, 0, &mut reference),
+            }
+            prop_assert!(packed == reference, "{format}: packing differs");
+
+            let mut acc = [[0f32; panel::PANEL]; TILE];
+            (kernels.dot)(&packed, xs, &mut acc);
+            let mut chunked = [[0f32; panel::PANEL]; TILE];
+            let at = split * panel::PANEL_BLOCK_BYTES;
+            (kernels.dot)(&packed[..at], xs, &mut chunked);
+            (kernels.dot)(&packed[at..], xs.map(|x| &x[split * BlockQ16::BYTES..]), &mut chunked);
+            prop_assert!(acc.map(|a| a.map(f32::to_bits)) == chunked.map(|a| a.map(f32::to_bits)), "{format}: chunks differ");
+
+            let padded: [&[u8]; panel::PANEL] = core::array::from_fn(|r| wq[r.min(rows - 1)].as_slice());
+            for (t, x) in xq.iter().enumerate() {
+                let unpacked = (kernels.rows)(padded, x);
+                for (r, wr) in wq.iter().enumerate() {
+                    prop_assert_eq!(unpacked[r].to_bits(), acc[t][r].to_bits(), "{} r{} t{}", format, r, t);
+                    let s = Kernels::scalar().dot_quantized(format, wr, x).unwrap();
+                    let bound = 1e-5 * abs_dot(format, wr, x, n) + f32::MIN_POSITIVE;
+                    close(s, acc[t][r], bound)?;
+                }
+                for (r, v) in acc[t].iter().enumerate().skip(rows) {
+                    prop_assert_eq!(*v, 0.0, "padding row {}", r);
                 }
             }
         }
@@ -405,6 +460,56 @@ fn tile_shapes_agree_bit_for_bit() {
     }
 }
 
+/// A token's mat-mul result does not depend on how many tokens go with it, on either side of
+/// `PANEL_MIN_TOKENS`, nor on the rows computed with it.
+#[test]
+fn batch_size_changes_no_result() {
+    let (rows, cols, n_tok) = (37, 96, 2 * PANEL_MIN_TOKENS + 3);
+    let w: Vec<f32> = (0..rows * cols)
+        .map(|i| libm::sinf(i as f32 * 0.37))
+        .collect();
+    let x: Vec<f32> = (0..n_tok * cols)
+        .map(|i| libm::cosf(i as f32 * 0.11) * 4.0)
+        .collect();
+    let xq: Vec<u8> = x.chunks(cols).flat_map(q16_row).collect();
+    let xb = q16::row_bytes(cols);
+    let acts = |t0: usize, n: usize| Activations {
+        f32: &x[t0 * cols..(t0 + n) * cols],
+        q16: Some(&xq[t0 * xb..(t0 + n) * xb]),
+        n_tok: n,
+        cols,
+    };
+    for format in QUANTIZED {
+        let bytes: Vec<u8> = w.chunks(cols).flat_map(|r| quantized(format, r)).collect();
+        let m = Matrix::new(format, rows, cols, bytes.into()).unwrap();
+        let mut all = vec![0f32; rows * n_tok];
+        Kernels::best()
+            .matmul_rows(&m, &acts(0, n_tok), 0, &mut all)
+            .unwrap();
+        for (t0, n) in [
+            (0, 1),
+            (5, 1),
+            (3, 4),
+            (1, PANEL_MIN_TOKENS),
+            (2, PANEL_MIN_TOKENS + 5),
+        ] {
+            let mut part = vec![0f32; (rows - 3) * n];
+            Kernels::best()
+                .matmul_rows(&m, &acts(t0, n), 3, &mut part)
+                .unwrap();
+            for r in 3..rows {
+                for t in 0..n {
+                    assert_eq!(
+                        part[(r - 3) * n + t].to_bits(),
+                        all[r * n_tok + t0 + t].to_bits(),
+                        "{format} {n} tokens from {t0}: r{r} t{t}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// The AVX-VNNI and AVX-512 tables give the AVX2 table's bits (where this CPU runs them).
 #[cfg(target_arch = "x86_64")]
 #[test]
@@ -438,6 +543,28 @@ fn x86_tables_agree_bit_for_bit() {
             .collect();
         for r in &results {
             assert_eq!(*r, results[0], "{format}");
+        }
+        let panel: [&[u8]; panel::PANEL] = core::array::from_fn(|r| [&wq, &wq2][r % 2].as_slice());
+        let packed_rows = panel.map(Some);
+        let results: Vec<Vec<u32>> = tables
+            .iter()
+            .filter(|(ok, _)| *ok)
+            .map(|(_, k)| {
+                let kernels = k.dots(format).unwrap().panel.as_ref().unwrap();
+                let mut packed = vec![0u8; 8 * panel::PANEL_BLOCK_BYTES];
+                (kernels.pack)(&packed_rows, 0, &mut packed);
+                let mut acc = [[0f32; panel::PANEL]; TILE];
+                (kernels.dot)(&packed, x4, &mut acc);
+                let rows = (kernels.rows)(panel, x4[1]);
+                acc.iter()
+                    .flatten()
+                    .chain(&rows)
+                    .map(|v| v.to_bits())
+                    .collect()
+            })
+            .collect();
+        for r in &results {
+            assert_eq!(*r, results[0], "{format} panel");
         }
     }
 }

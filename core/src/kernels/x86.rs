@@ -4,7 +4,8 @@
 //! what makes the safe wrappers below sound.
 use core::arch::x86_64::*;
 
-use super::{Kernels, QuantDots, TILE};
+use super::panel::{PANEL, PANEL_BLOCK_BYTES, PANEL_QUANTS};
+use super::{Kernels, PanelAcc, PanelDots, PanelRows, QuantDots, TILE};
 use crate::quant::{BlockQ16, BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
 
 // cpufeatures also checks that the OS saves the AVX registers; it does not know F16C.
@@ -64,6 +65,11 @@ const fn dots<W: Unpack, const ISA: u8>() -> QuantDots {
         x4: |w, xs| dot::<W, 1, TILE, ISA>([w], xs)[0],
         rows4: |w, x| dot::<W, 4, 1, ISA>(w, [x]).map(|r| r[0]),
         rows2x4: dot::<W, 2, TILE, ISA>,
+        panel: Some(PanelDots {
+            pack: pack::<W>,
+            dot: panel::<W, ISA>,
+            rows: panel_rows::<W, ISA>,
+        }),
     }
 }
 
@@ -150,6 +156,138 @@ fn dot<W: Unpack, const R: usize, const N: usize, const ISA: u8>(
     }
 }
 
+/// Packs blocks `b0 ..` of `PANEL` weight rows (see `super::panel`).
+fn pack<W: Unpack>(rows: &PanelRows<'_>, b0: usize, out: &mut [u8]) {
+    let nb = out.len() / PANEL_BLOCK_BYTES;
+    let nb = rows
+        .iter()
+        .flatten()
+        .fold(nb, |n, w| n.min((w.len() / W::BYTES).saturating_sub(b0)));
+    // SAFETY: CPU features as above; blocks `b0 .. b0 + nb` lie inside every row, and `nb`
+    // packed blocks inside `out`.
+    unsafe { pack_avx2::<W>(nb, rows, b0, out) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_avx2<W: Unpack>(nb: usize, rows: &PanelRows<'_>, b0: usize, out: &mut [u8]) {
+    for b in 0..nb {
+        // SAFETY: as the caller guarantees: block `b0 + b` inside every row, packed block `b`
+        // inside `out`.
+        unsafe {
+            let mut lo = [_mm256_setzero_si256(); PANEL];
+            let mut hi = [_mm256_setzero_si256(); PANEL];
+            let mut dm = [0f32; 2 * PANEL];
+            for r in 0..PANEL {
+                if let Some(w) = rows[r] {
+                    let p = w.as_ptr().add((b0 + b) * W::BYTES);
+                    // The panel's rows are read from memory once per group of tokens, sixteen
+                    // streams at once: more than the hardware prefetcher follows.
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH) as *const i8);
+                    (lo[r], hi[r]) = W::unpack(p);
+                    let (d, m) = W::scales(p);
+                    dm[r] = _mm256_cvtss_f32(d);
+                    dm[PANEL + r] = _mm256_cvtss_f32(m);
+                }
+            }
+            let o = out.as_mut_ptr().add(b * PANEL_BLOCK_BYTES);
+            core::ptr::copy_nonoverlapping(dm.as_ptr() as *const u8, o, PANEL_QUANTS);
+            // lo[r] holds row r's pairs 0..8 (one per 32-bit lane), hi[r] pairs 8..16. Eight rows
+            // at a time, transposed: each vector then holds one pair of eight rows, the half of
+            // a packed pair that belongs to those rows.
+            let q = o.add(PANEL_QUANTS) as *mut __m256i;
+            for h in 0..PANEL / 8 {
+                let rows8 = |v: &[__m256i; PANEL]| -> [__m256i; 8] {
+                    [0, 1, 2, 3, 4, 5, 6, 7].map(|i| v[8 * h + i])
+                };
+                let pairs = transpose8(rows8(&lo))
+                    .into_iter()
+                    .chain(transpose8(rows8(&hi)));
+                for (p, v) in pairs.enumerate() {
+                    _mm256_storeu_si256(q.add(p * PANEL / 8 + h), v);
+                }
+            }
+        }
+    }
+}
+
+/// Transposes eight vectors of eight 32-bit lanes.
+#[inline(always)]
+unsafe fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
+    // SAFETY: register-only; the caller has AVX2.
+    unsafe {
+        // Pairs of rows interleaved, then fours: u[i] holds columns i and i + 4 of four rows.
+        let t: [__m256i; 8] = [
+            _mm256_unpacklo_epi32(r[0], r[1]),
+            _mm256_unpackhi_epi32(r[0], r[1]),
+            _mm256_unpacklo_epi32(r[2], r[3]),
+            _mm256_unpackhi_epi32(r[2], r[3]),
+            _mm256_unpacklo_epi32(r[4], r[5]),
+            _mm256_unpackhi_epi32(r[4], r[5]),
+            _mm256_unpacklo_epi32(r[6], r[7]),
+            _mm256_unpackhi_epi32(r[6], r[7]),
+        ];
+        let u: [__m256i; 8] = [
+            _mm256_unpacklo_epi64(t[0], t[2]),
+            _mm256_unpackhi_epi64(t[0], t[2]),
+            _mm256_unpacklo_epi64(t[1], t[3]),
+            _mm256_unpackhi_epi64(t[1], t[3]),
+            _mm256_unpacklo_epi64(t[4], t[6]),
+            _mm256_unpackhi_epi64(t[4], t[6]),
+            _mm256_unpacklo_epi64(t[5], t[7]),
+            _mm256_unpackhi_epi64(t[5], t[7]),
+        ];
+        [
+            _mm256_permute2x128_si256(u[0], u[4], 0x20),
+            _mm256_permute2x128_si256(u[1], u[5], 0x20),
+            _mm256_permute2x128_si256(u[2], u[6], 0x20),
+            _mm256_permute2x128_si256(u[3], u[7], 0x20),
+            _mm256_permute2x128_si256(u[0], u[4], 0x31),
+            _mm256_permute2x128_si256(u[1], u[5], 0x31),
+            _mm256_permute2x128_si256(u[2], u[6], 0x31),
+            _mm256_permute2x128_si256(u[3], u[7], 0x31),
+        ]
+    }
+}
+
+/// `PANEL` weight rows against one row of Q16 activations, with the panel kernel's arithmetic.
+fn panel_rows<W: Unpack, const ISA: u8>(w: [&[u8]; PANEL], x: &[u8]) -> [f32; PANEL] {
+    let nb = w
+        .iter()
+        .fold(x.len() / BlockQ16::BYTES, |n, w| n.min(w.len() / W::BYTES));
+    let mut out = [0f32; PANEL];
+    // SAFETY: as for `dot`; `nb` whole blocks lie inside every slice.
+    unsafe {
+        match ISA {
+            AVX512_VNNI => rows_avx512::<W>(nb, w, x, &mut out),
+            AVX_VNNI => rows_vnni::<W>(nb, w, x, &mut out),
+            _ => rows_avx2::<W>(nb, w, x, &mut out),
+        }
+    }
+    out
+}
+
+/// A packed panel against `TILE` rows of Q16 activations.
+fn panel<W: Unpack, const ISA: u8>(packed: &[u8], xs: [&[u8]; TILE], acc: &mut PanelAcc) {
+    let nb = packed.len() / PANEL_BLOCK_BYTES;
+    let nb = xs.iter().fold(nb, |n, x| n.min(x.len() / BlockQ16::BYTES));
+    // SAFETY: as for `dot`; `nb` whole blocks lie inside `packed` and every `xs[t]`.
+    unsafe {
+        match ISA {
+            AVX512_VNNI => panel_avx512::<W>(nb, packed, xs, acc),
+            AVX_VNNI => {
+                for h in 0..PANEL / 8 {
+                    panel_vnni::<W>(nb, packed, xs, acc, h);
+                }
+            }
+            _ => {
+                for h in 0..PANEL / 8 {
+                    panel_avx2::<W>(nb, packed, xs, acc, h);
+                }
+            }
+        }
+    }
+}
+
 fn dot_f16<const N: usize>(w: &[u8], xs: [&[f32]; N]) -> [f32; N] {
     let n = xs.iter().fold(w.len() / 2, |n, x| n.min(x.len()));
     // SAFETY: CPU features as above; `n` values lie inside `w` (as bytes) and every `xs[i]`.
@@ -214,6 +352,38 @@ trait Unpack {
         // SAFETY: the block starts with its f16 scale.
         unsafe { (_mm256_set1_ps(f16_at(p)), _mm256_setzero_ps()) }
     }
+
+    /// The scales and the minimums (zeros without) of the blocks at `p[0..8]`, one per lane.
+    ///
+    /// # Safety
+    /// As for `scales`, at every `p[i]`.
+    #[inline(always)]
+    unsafe fn scales8(p: [*const u8; 8]) -> (__m256, __m256) {
+        // SAFETY: each block starts with its f16 scale.
+        unsafe { (f16s_at(p, 0), _mm256_setzero_ps()) }
+    }
+}
+
+/// The f16s at byte `offset` of `p[0..8]`, widened, one per lane.
+///
+/// # Safety
+/// Two readable bytes at each `p[i] + offset`; F16C.
+#[inline(always)]
+unsafe fn f16s_at(p: [*const u8; 8], offset: usize) -> __m256 {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        let h = |i: usize| (p[i].add(offset) as *const i16).read_unaligned();
+        _mm256_cvtph_ps(_mm_setr_epi16(
+            h(0),
+            h(1),
+            h(2),
+            h(3),
+            h(4),
+            h(5),
+            h(6),
+            h(7),
+        ))
+    }
 }
 
 impl Unpack for BlockQ8_0 {
@@ -257,6 +427,11 @@ impl Unpack for BlockQ4_1 {
                 _mm256_broadcastss_ps(_mm_movehdup_ps(dm)),
             )
         }
+    }
+    #[inline(always)]
+    unsafe fn scales8(p: [*const u8; 8]) -> (__m256, __m256) {
+        // SAFETY: each block starts with two f16s, the scale and the minimum.
+        unsafe { (f16s_at(p, 0), f16s_at(p, 2)) }
     }
     #[inline(always)]
     unsafe fn unpack(p: *const u8) -> (__m256i, __m256i) {
@@ -487,13 +662,13 @@ unsafe fn dpwssd_vex(mut acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
 #[inline]
 unsafe fn dpwssd_evex(mut acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
     // SAFETY: register-only; AVX512-VNNI and AVX512VL as this function requires. The EVEX form
-    // also reaches ymm16-31.
+    // also reaches ymm16-31, which only the zmm register class offers (printed as ymm).
     unsafe {
         core::arch::asm!(
-            "vpdpwssd {acc}, {a}, {b}",
-            acc = inout(ymm_reg) acc,
-            a = in(ymm_reg) a,
-            b = in(ymm_reg) b,
+            "vpdpwssd {acc:y}, {a:y}, {b:y}",
+            acc = inout(zmm_reg) acc,
+            a = in(zmm_reg) a,
+            b = in(zmm_reg) b,
             options(pure, nomem, nostack),
         );
     }
@@ -528,6 +703,245 @@ unsafe fn tile_avx512<W: Unpack, const R: usize, const N: usize>(
 ) -> [[f32; N]; R] {
     // SAFETY: as the caller guarantees for this function.
     unsafe { tile::<W, R, N, AVX512_VNNI>(nb, w, xs) }
+}
+
+/// The 256-bit panel kernel (see `super::panel`) on rows `8h .. 8h + 8` of the panel: per block,
+/// one integer sum per (row, token) in a lane of `isum[t]`, then `acc += Σ·(dw·dx)` and `m·s`
+/// for the eight rows at once.
+#[inline(always)]
+unsafe fn panel_half<W: Unpack, const ISA: u8>(
+    nb: usize,
+    packed: &[u8],
+    xs: [&[u8]; TILE],
+    acc: &mut PanelAcc,
+    h: usize,
+) {
+    // SAFETY: the caller guarantees `nb` whole blocks in `packed` and every `xs[t]`, h < 2,
+    // AVX2/FMA, and the features of `ISA`.
+    unsafe {
+        let mut facc = [_mm256_setzero_ps(); TILE];
+        for t in 0..TILE {
+            facc[t] = _mm256_loadu_ps(acc[t].as_ptr().add(8 * h));
+        }
+        for b in 0..nb {
+            let pb = packed.as_ptr().add(b * PANEL_BLOCK_BYTES);
+            let mut xp = [pb; TILE];
+            for t in 0..TILE {
+                xp[t] = xs[t].as_ptr().add(b * BlockQ16::BYTES);
+            }
+            // Two sums per token, pairs taken in turn, so that enough `vpdpwssd`s are in flight
+            // to cover its latency; integer addition is exact, so this changes no result.
+            let mut split = [[_mm256_setzero_si256(); TILE]; 2];
+            for p0 in (0..QK / 2).step_by(2) {
+                for (s, sums) in split.iter_mut().enumerate() {
+                    let p = p0 + s;
+                    let wp = pb.add(PANEL_QUANTS + p * PANEL * 4 + h * 32);
+                    let wv = _mm256_loadu_si256(wp as *const __m256i);
+                    for t in 0..TILE {
+                        let pair = (xp[t].add(8 + 4 * p) as *const i32).read_unaligned();
+                        let xv = _mm256_set1_epi32(pair);
+                        sums[t] = match ISA {
+                            AVX_VNNI => dpwssd_vex(sums[t], wv, xv),
+                            _ => _mm256_add_epi32(sums[t], _mm256_madd_epi16(wv, xv)),
+                        };
+                    }
+                }
+            }
+            let dw = _mm256_loadu_ps(pb.add(h * 32) as *const f32);
+            for t in 0..TILE {
+                let isum = _mm256_add_epi32(split[0][t], split[1][t]);
+                let dx = _mm256_set1_ps((xp[t] as *const f32).read_unaligned());
+                let scale = _mm256_mul_ps(dw, dx);
+                facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, facc[t]);
+            }
+            if W::HAS_MIN {
+                let mw = _mm256_loadu_ps(pb.add(PANEL * 4 + h * 32) as *const f32);
+                for t in 0..TILE {
+                    let s = _mm256_set1_ps((xp[t].add(4) as *const f32).read_unaligned());
+                    facc[t] = _mm256_fmadd_ps(mw, s, facc[t]);
+                }
+            }
+        }
+        for t in 0..TILE {
+            _mm256_storeu_ps(acc[t].as_mut_ptr().add(8 * h), facc[t]);
+        }
+    }
+}
+
+/// `panel_rows` for a decoded token: each row's block sum as the one-row kernels start it (eight
+/// lanes of partial sums), then eight rows' lanes added across into one vector of eight block
+/// sums, so that the block's scaling is the panel kernel's, lane for lane, in the same order.
+#[inline(always)]
+unsafe fn rows_tile<W: Unpack, const ISA: u8>(
+    nb: usize,
+    w: [&[u8]; PANEL],
+    x: &[u8],
+    out: &mut [f32; PANEL],
+) {
+    // SAFETY: the caller guarantees `nb` whole blocks in every slice, AVX2/FMA/F16C, and the
+    // features of `ISA`.
+    unsafe {
+        let mut facc = [_mm256_setzero_ps(); PANEL / 8];
+        for b in 0..nb {
+            let xp = x.as_ptr().add(b * BlockQ16::BYTES);
+            let x0 = _mm256_loadu_si256(xp.add(8) as *const __m256i);
+            let x1 = _mm256_loadu_si256(xp.add(40) as *const __m256i);
+            let dx = _mm256_set1_ps((xp as *const f32).read_unaligned());
+            let s = _mm256_set1_ps((xp.add(4) as *const f32).read_unaligned());
+            for (h, acc) in facc.iter_mut().enumerate() {
+                let mut wp = [xp; 8];
+                let mut v = [_mm256_setzero_si256(); 8];
+                for r in 0..8 {
+                    wp[r] = w[8 * h + r].as_ptr().add(b * W::BYTES);
+                    _mm_prefetch::<_MM_HINT_T0>(wp[r].wrapping_add(PREFETCH) as *const i8);
+                    let (lo, hi) = W::unpack(wp[r]);
+                    let dot = _mm256_madd_epi16(lo, x0);
+                    v[r] = match ISA {
+                        AVX512_VNNI | AVX_VNNI => dpwssd::<ISA>(dot, hi, x1),
+                        _ => _mm256_add_epi32(dot, _mm256_madd_epi16(hi, x1)),
+                    };
+                }
+                let isum = sum_across8(v);
+                let (dw, mw) = W::scales8(wp);
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), *acc);
+                if W::HAS_MIN {
+                    *acc = _mm256_fmadd_ps(mw, s, *acc);
+                }
+            }
+        }
+        for (h, acc) in facc.iter().enumerate() {
+            _mm256_storeu_ps(out.as_mut_ptr().add(8 * h), *acc);
+        }
+    }
+}
+
+/// Lane `r` of the result: the sum of `v[r]`'s eight lanes.
+#[inline(always)]
+unsafe fn sum_across8(v: [__m256i; 8]) -> __m256i {
+    // SAFETY: register-only; the caller has AVX2.
+    unsafe {
+        // After two rounds of pairwise sums each 128-bit half holds four rows' partial sums:
+        // rows 0..4 in `q0`, rows 4..8 in `q1`, low halves and high halves apart.
+        let q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+        let q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256(q0, q1, 0x20),
+            _mm256_permute2x128_si256(q0, q1, 0x31),
+        )
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_avx2<W: Unpack>(nb: usize, w: [&[u8]; PANEL], x: &[u8], out: &mut [f32; PANEL]) {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { rows_tile::<W, AVX2>(nb, w, x, out) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn rows_vnni<W: Unpack>(nb: usize, w: [&[u8]; PANEL], x: &[u8], out: &mut [f32; PANEL]) {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { rows_tile::<W, AVX_VNNI>(nb, w, x, out) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows_avx512<W: Unpack>(nb: usize, w: [&[u8]; PANEL], x: &[u8], out: &mut [f32; PANEL]) {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { rows_tile::<W, AVX512_VNNI>(nb, w, x, out) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn panel_avx2<W: Unpack>(
+    nb: usize,
+    packed: &[u8],
+    xs: [&[u8]; TILE],
+    acc: &mut PanelAcc,
+    h: usize,
+) {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { panel_half::<W, AVX2>(nb, packed, xs, acc, h) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn panel_vnni<W: Unpack>(
+    nb: usize,
+    packed: &[u8],
+    xs: [&[u8]; TILE],
+    acc: &mut PanelAcc,
+    h: usize,
+) {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { panel_half::<W, AVX_VNNI>(nb, packed, xs, acc, h) }
+}
+
+/// The 512-bit panel kernel: as `panel_half`, all sixteen rows in one vector, four sums per
+/// token in flight. The same integer sums and float operations per lane, so the same bits.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn panel_avx512<W: Unpack>(nb: usize, packed: &[u8], xs: [&[u8]; TILE], acc: &mut PanelAcc) {
+    const SPLIT: usize = 4;
+    // SAFETY: the caller guarantees `nb` whole blocks in `packed` and every `xs[t]`, and the
+    // features enabled here.
+    unsafe {
+        let mut facc = [_mm512_setzero_ps(); TILE];
+        for t in 0..TILE {
+            facc[t] = _mm512_loadu_ps(acc[t].as_ptr());
+        }
+        for b in 0..nb {
+            let pb = packed.as_ptr().add(b * PANEL_BLOCK_BYTES);
+            let mut xp = [pb; TILE];
+            for t in 0..TILE {
+                xp[t] = xs[t].as_ptr().add(b * BlockQ16::BYTES);
+            }
+            let mut split = [[_mm512_setzero_si512(); TILE]; SPLIT];
+            for p0 in (0..QK / 2).step_by(SPLIT) {
+                for (s, sums) in split.iter_mut().enumerate() {
+                    let p = p0 + s;
+                    let wp = pb.add(PANEL_QUANTS + p * PANEL * 4);
+                    let wv = _mm512_loadu_si512(wp as *const __m512i);
+                    for t in 0..TILE {
+                        let pair = (xp[t].add(8 + 4 * p) as *const i32).read_unaligned();
+                        sums[t] = dpwssd_zmm(sums[t], wv, _mm512_set1_epi32(pair));
+                    }
+                }
+            }
+            let dw = _mm512_loadu_ps(pb as *const f32);
+            for t in 0..TILE {
+                let isum = _mm512_add_epi32(
+                    _mm512_add_epi32(split[0][t], split[1][t]),
+                    _mm512_add_epi32(split[2][t], split[3][t]),
+                );
+                let dx = _mm512_set1_ps((xp[t] as *const f32).read_unaligned());
+                let scale = _mm512_mul_ps(dw, dx);
+                facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, facc[t]);
+            }
+            if W::HAS_MIN {
+                let mw = _mm512_loadu_ps(pb.add(PANEL * 4) as *const f32);
+                for t in 0..TILE {
+                    let s = _mm512_set1_ps((xp[t].add(4) as *const f32).read_unaligned());
+                    facc[t] = _mm512_fmadd_ps(mw, s, facc[t]);
+                }
+            }
+        }
+        for t in 0..TILE {
+            _mm512_storeu_ps(acc[t].as_mut_ptr(), facc[t]);
+        }
+    }
+}
+
+/// `vpdpwssd` on 512-bit vectors, in assembly for the reason `dpwssd` gives.
+#[target_feature(enable = "avx512f,avx512vnni")]
+#[inline]
+unsafe fn dpwssd_zmm(mut acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+    // SAFETY: register-only; AVX512-VNNI as this function requires.
+    unsafe {
+        core::arch::asm!(
+            "vpdpwssd {acc}, {a}, {b}",
+            acc = inout(zmm_reg) acc,
+            a = in(zmm_reg) a,
+            b = in(zmm_reg) b,
+            options(pure, nomem, nostack),
+        );
+    }
+    acc
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -1,0 +1,130 @@
+//! The many-token mat-mul (prefill): `PANEL` weight rows are widened once into a packed panel,
+//! then every tile of tokens runs over it.
+//!
+//! Packed, the quants of a block sit `[pair][row][2]` as i16: one vector load gives the same two
+//! values of every row, and one `vpdpwssd` against a token's broadcast pair of Q16 values adds
+//! them to one integer sum per row. A (row, token) pair's block sum then ends in one vector lane,
+//! so the block's scaling (convert, scale, add) is shared by all the panel's rows, and each
+//! broadcast value by all of them: several times fewer vector operations per multiply-add than
+//! the one-row kernels, whose lanes hold parts of one pair's sum.
+//!
+//! Each (row, token) result is the same whatever other rows and tokens share its panel and tile
+//! (padding rows and tokens are computed and dropped), so threads and splits change nothing.
+//! It is not the bits of the one-row kernels: those sum each lane's part of a block in float.
+#[cfg(test)]
+use super::scalar::Unpack;
+use super::{PanelDots, PanelRows, TILE};
+use crate::quant::{BlockQ16, QK};
+
+/// Weight rows per panel: one 512-bit vector of i32 sums (two 256-bit ones).
+pub const PANEL: usize = 16;
+
+/// Bytes of one packed block: the rows' scales, the rows' minimums (zero for formats without),
+/// both f32, then the quants as i16 `[pair][row][2]`.
+pub const PANEL_BLOCK_BYTES: usize = 2 * PANEL * 4 + PANEL * QK * 2;
+
+/// Byte offset of the quants in a packed block.
+pub const PANEL_QUANTS: usize = 2 * PANEL * 4;
+
+/// Blocks packed at a time: 18 KiB on the stack, which stays in L1 while the tiles pass.
+const CHUNK_BLOCKS: usize = 16;
+
+/// Tokens whose accumulators wait on the stack while the blocks go chunk by chunk: the packing
+/// of each chunk is shared by this many tokens.
+const GROUP_TOKENS: usize = 128;
+
+#[repr(align(64))]
+struct Packed([u8; CHUNK_BLOCKS * PANEL_BLOCK_BYTES]);
+
+/// Packs blocks `b0 ..` of `rows` (`None`: a padding row of zeros) into `out`, as many as it
+/// holds whole: the reference the SIMD packers are tested against.
+#[cfg(test)]
+pub fn pack_ref<W: Unpack>(rows: &PanelRows<'_>, b0: usize, out: &mut [u8]) {
+    for (b, o) in out.chunks_exact_mut(PANEL_BLOCK_BYTES).enumerate() {
+        let (scales, quants) = o.split_at_mut(PANEL_QUANTS);
+        for (r, row) in rows.iter().enumerate() {
+            let (d, m, q) = match row {
+                Some(w) => W::unpack(&w[(b0 + b) * W::BYTES..]),
+                None => (0.0, 0.0, [0; QK]),
+            };
+            scales[r * 4..r * 4 + 4].copy_from_slice(&d.to_le_bytes());
+            scales[(PANEL + r) * 4..(PANEL + r) * 4 + 4].copy_from_slice(&m.to_le_bytes());
+            for (p, pair) in q.chunks_exact(2).enumerate() {
+                let at = (p * PANEL + r) * 4;
+                quants[at..at + 2].copy_from_slice(&(pair[0] as i16).to_le_bytes());
+                quants[at + 2..at + 4].copy_from_slice(&(pair[1] as i16).to_le_bytes());
+            }
+        }
+    }
+}
+
+/// `rows × n_tok` results of weight rows `row(r)` (`nb` blocks each) against Q16 activation
+/// rows `x(t)`, by `kernels`; `put(r, t, value)` stores each.
+pub fn matmul<'a>(
+    kernels: &PanelDots,
+    rows: usize,
+    nb: usize,
+    row: impl Fn(usize) -> &'a [u8],
+    n_tok: usize,
+    x: impl Fn(usize) -> &'a [u8],
+    mut put: impl FnMut(usize, usize, f32),
+) {
+    if n_tok == 0 {
+        return;
+    }
+    let mut packed = Packed([0; CHUNK_BLOCKS * PANEL_BLOCK_BYTES]);
+    let mut acc = [[[0f32; PANEL]; TILE]; GROUP_TOKENS / TILE];
+    for r0 in (0..rows).step_by(PANEL) {
+        let panel: PanelRows<'_> = core::array::from_fn(|i| (r0 + i < rows).then(|| row(r0 + i)));
+        for t0 in (0..n_tok).step_by(GROUP_TOKENS) {
+            let tiles = (n_tok - t0).min(GROUP_TOKENS).div_ceil(TILE);
+            let acc = &mut acc[..tiles];
+            acc.fill([[0.0; PANEL]; TILE]);
+            for b0 in (0..nb).step_by(CHUNK_BLOCKS) {
+                let chunk = &mut packed.0[..(nb - b0).min(CHUNK_BLOCKS) * PANEL_BLOCK_BYTES];
+                (kernels.pack)(&panel, b0, chunk);
+                for (i, a) in acc.iter_mut().enumerate() {
+                    // Tokens past the end repeat the last one; their results are dropped.
+                    let xs = core::array::from_fn(|j| {
+                        let t = (t0 + i * TILE + j).min(n_tok - 1);
+                        &x(t)[b0 * BlockQ16::BYTES..]
+                    });
+                    (kernels.dot)(chunk, xs, a);
+                }
+            }
+            for (i, a) in acc.iter().enumerate() {
+                for (j, a) in a.iter().enumerate() {
+                    let t = t0 + i * TILE + j;
+                    if t >= n_tok {
+                        break;
+                    }
+                    for (r, v) in a.iter().enumerate().take(rows - r0) {
+                        put(r0 + r, t, *v);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `rows × n_tok` results as `matmul` gives them, one token at a time without packing (few
+/// tokens: decoding).
+pub fn matvec<'a>(
+    kernels: &PanelDots,
+    rows: usize,
+    row: impl Fn(usize) -> &'a [u8],
+    n_tok: usize,
+    x: impl Fn(usize) -> &'a [u8],
+    mut put: impl FnMut(usize, usize, f32),
+) {
+    for r0 in (0..rows).step_by(PANEL) {
+        // Rows past the end repeat the last one; their results are dropped.
+        let panel = core::array::from_fn(|i| row((r0 + i).min(rows - 1)));
+        for t in 0..n_tok {
+            let out = (kernels.rows)(panel, x(t));
+            for (r, v) in out.iter().enumerate().take(rows - r0) {
+                put(r0 + r, t, *v);
+            }
+        }
+    }
+}
