@@ -7,7 +7,7 @@ use core::ops::RangeInclusive;
 use crate::config::{RopeStyle, MAX_HEAD_DIM};
 use crate::error::{Error, Result};
 use crate::exec::Exec;
-use crate::kernels::panel::PANEL;
+use crate::kernels::panel::{PANEL, PANEL_BLOCK_BYTES};
 use crate::kernels::{Activations, Kernels, AXPY_ROWS, TILE};
 use crate::kv_cache::LayerKv;
 use crate::ops;
@@ -305,6 +305,7 @@ fn attend_group(
     // The kernels take TILE queries: a smaller group repeats its last one.
     let x4: [&[u8]; TILE] = core::array::from_fn(|i| &q16[i.min(g - 1)][..qb]);
     let mut row = [0f32; MAX_HEAD_DIM];
+    let mut packed = [0u8; MAX_HEAD_DIM / QK * PANEL_BLOCK_BYTES];
     out.fill(0.0);
     let (mut max, mut sum) = ([f32::NEG_INFINITY; TILE], [0.0f32; TILE]);
     // scores[j][i]: key j of the step against query i, as the kernels give them; probs[i][j]
@@ -315,7 +316,21 @@ fn attend_group(
     while start <= pos {
         let end = (start + KEY_STEP).min(pos + 1);
         let scores = &mut scores[..end - start];
-        if kv.format == Format::Q8_0 && g == 1 {
+        if let (Format::Q8_0, Some(panel)) = (kv.format, &kernels.q8_0.panel) {
+            // The cached keys take the weight rows' place, PANEL at a time, against the group's
+            // queries: a key's score is then the same bits whichever queries share its tile.
+            let packed = &mut packed[..hd / QK * PANEL_BLOCK_BYTES];
+            for (j, s) in (start..end).step_by(PANEL).zip(scores.chunks_mut(PANEL)) {
+                let keys =
+                    core::array::from_fn(|i| (i < s.len()).then(|| kv.k_row(j + i, kv_head)));
+                (panel.pack)(&keys, 0, packed);
+                let mut acc = [[0f32; PANEL]; TILE];
+                (panel.dot)(packed, x4, &mut acc);
+                for (k, sk) in s.iter_mut().enumerate() {
+                    *sk = core::array::from_fn(|i| acc[i][k]);
+                }
+            }
+        } else if kv.format == Format::Q8_0 && g == 1 {
             // The cached keys take the weight rows' place: four keys against the one query.
             let mut j = start;
             for s4 in scores.chunks_mut(4) {

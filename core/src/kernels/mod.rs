@@ -214,8 +214,10 @@ impl Kernels {
             });
         }
         let rows = out.len() / n_tok;
-        self.matmul(w, x, row0..row0 + rows, 0..n_tok, |r, t, v| {
-            out[r * n_tok + t] = v
+        self.matmul(w, x, row0..row0 + rows, 0..n_tok, |r, t, run| {
+            for (i, v) in run.iter().enumerate() {
+                out[(r + i) * n_tok + t] = *v;
+            }
         })
     }
 
@@ -239,20 +241,20 @@ impl Kernels {
             });
         }
         let n = out.len() / rows;
-        self.matmul(w, x, 0..rows, tok0..tok0 + n, |r, t, v| {
-            out[t * rows + r] = v
+        self.matmul(w, x, 0..rows, tok0..tok0 + n, |r, t, run| {
+            out[t * rows + r..][..run.len()].copy_from_slice(run)
         })
     }
 
-    /// Weight rows `rows` against tokens `toks`; `put(r, t, value)` takes each result, with `r`
-    /// and `t` counted from the ranges' starts.
+    /// Weight rows `rows` against tokens `toks`; `put(r, t, run)` takes the results of rows
+    /// `r .. r + run.len()` against token `t`, with `r` and `t` counted from the ranges' starts.
     fn matmul(
         &self,
         w: &Matrix<'_>,
         x: &Activations<'_>,
         rows: Range<usize>,
         toks: Range<usize>,
-        mut put: impl FnMut(usize, usize, f32),
+        mut put: impl FnMut(usize, usize, &[f32]),
     ) -> Result<()> {
         if x.cols != w.cols {
             return Err(Error::Length {
@@ -291,7 +293,7 @@ impl Kernels {
                         |r, t| (dots.rows4)(core::array::from_fn(|i| w_row(r + i)), x1(t)),
                         |r, t| (dots.rows2x4)([w_row(r), w_row(r + 1)], x4(t)),
                     )),
-                    put,
+                    |r, t, v| put(r, t, &[v]),
                 );
             }
             Format::F32 | Format::F16 => {
@@ -310,7 +312,7 @@ impl Kernels {
                     |r, t| one(w_row(r), x1(t)),
                     |r, t| four(w_row(r), core::array::from_fn(|i| x1(t + i))),
                     no_pairs,
-                    put,
+                    |r, t, v| put(r, t, &[v]),
                 );
             }
             Format::BF16 => {
@@ -339,7 +341,7 @@ impl Kernels {
                             start += len;
                         }
                         for (i, a) in acc.iter().enumerate() {
-                            put(r, t0 + i, *a);
+                            put(r, t0 + i, &[*a]);
                         }
                     }
                 }

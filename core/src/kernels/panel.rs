@@ -59,7 +59,7 @@ pub fn pack_ref<W: Unpack>(rows: &PanelRows<'_>, b0: usize, out: &mut [u8]) {
 }
 
 /// `rows × n_tok` results of weight rows `row(r)` (`nb` blocks each) against Q16 activation
-/// rows `x(t)`, by `kernels`; `put(r, t, value)` stores each.
+/// rows `x(t)`, by `kernels`; `put(r, t, run)` stores those of rows `r .. r + run.len()`.
 pub fn matmul<'a>(
     kernels: &PanelDots,
     rows: usize,
@@ -67,7 +67,7 @@ pub fn matmul<'a>(
     row: impl Fn(usize) -> &'a [u8],
     n_tok: usize,
     x: impl Fn(usize) -> &'a [u8],
-    mut put: impl FnMut(usize, usize, f32),
+    mut put: impl FnMut(usize, usize, &[f32]),
 ) {
     if n_tok == 0 {
         return;
@@ -98,9 +98,7 @@ pub fn matmul<'a>(
                     if t >= n_tok {
                         break;
                     }
-                    for (r, v) in a.iter().enumerate().take(rows - r0) {
-                        put(r0 + r, t, *v);
-                    }
+                    put(r0, t, &a[..(rows - r0).min(PANEL)]);
                 }
             }
         }
@@ -115,16 +113,14 @@ pub fn matvec<'a>(
     row: impl Fn(usize) -> &'a [u8],
     n_tok: usize,
     x: impl Fn(usize) -> &'a [u8],
-    mut put: impl FnMut(usize, usize, f32),
+    mut put: impl FnMut(usize, usize, &[f32]),
 ) {
     for r0 in (0..rows).step_by(PANEL) {
         // Rows past the end repeat the last one; their results are dropped.
         let panel = core::array::from_fn(|i| row((r0 + i).min(rows - 1)));
         for t in 0..n_tok {
             let out = (kernels.rows)(panel, x(t));
-            for (r, v) in out.iter().enumerate().take(rows - r0) {
-                put(r0 + r, t, *v);
-            }
+            put(r0, t, &out[..(rows - r0).min(PANEL)]);
         }
     }
 }

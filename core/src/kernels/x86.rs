@@ -174,38 +174,35 @@ unsafe fn pack_avx2<W: Unpack>(nb: usize, rows: &PanelRows<'_>, b0: usize, out: 
         // SAFETY: as the caller guarantees: block `b0 + b` inside every row, packed block `b`
         // inside `out`.
         unsafe {
-            let mut lo = [_mm256_setzero_si256(); PANEL];
-            let mut hi = [_mm256_setzero_si256(); PANEL];
-            let mut dm = [0f32; 2 * PANEL];
-            for r in 0..PANEL {
-                if let Some(w) = rows[r] {
-                    let p = w.as_ptr().add((b0 + b) * W::BYTES);
-                    // The panel's rows are read from memory once per group of tokens, sixteen
-                    // streams at once: more than the hardware prefetcher follows.
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH) as *const i8);
-                    (lo[r], hi[r]) = W::unpack(p);
-                    let (d, m) = W::scales(p);
-                    dm[r] = _mm256_cvtss_f32(d);
-                    dm[PANEL + r] = _mm256_cvtss_f32(m);
-                }
-            }
             let o = out.as_mut_ptr().add(b * PANEL_BLOCK_BYTES);
-            core::ptr::copy_nonoverlapping(dm.as_ptr() as *const u8, o, PANEL_QUANTS);
-            // lo[r] holds row r's pairs 0..8 (one per 32-bit lane), hi[r] pairs 8..16. Eight rows
-            // at a time, transposed: each vector then holds one pair of eight rows, the half of
-            // a packed pair that belongs to those rows.
             let q = o.add(PANEL_QUANTS) as *mut __m256i;
+            let mut dm = [0f32; 2 * PANEL];
+            // Eight rows at a time: lo[i] holds row i's pairs 0..8 (one per 32-bit lane), hi[i]
+            // pairs 8..16; transposed, each vector holds one pair of the eight rows, the half
+            // of a packed pair that belongs to them.
             for h in 0..PANEL / 8 {
-                let rows8 = |v: &[__m256i; PANEL]| -> [__m256i; 8] {
-                    [0, 1, 2, 3, 4, 5, 6, 7].map(|i| v[8 * h + i])
-                };
-                let pairs = transpose8(rows8(&lo))
-                    .into_iter()
-                    .chain(transpose8(rows8(&hi)));
-                for (p, v) in pairs.enumerate() {
-                    _mm256_storeu_si256(q.add(p * PANEL / 8 + h), v);
+                let mut lo = [_mm256_setzero_si256(); 8];
+                let mut hi = [_mm256_setzero_si256(); 8];
+                for i in 0..8 {
+                    let r = 8 * h + i;
+                    if let Some(w) = rows[r] {
+                        let p = w.as_ptr().add((b0 + b) * W::BYTES);
+                        // The next panel's rows: packing reads sixteen streams at a time, more
+                        // than the hardware prefetcher follows.
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PANEL * w.len()) as *const i8);
+                        (lo[i], hi[i]) = W::unpack(p);
+                        let (d, m) = W::scales(p);
+                        dm[r] = _mm256_cvtss_f32(d);
+                        dm[PANEL + r] = _mm256_cvtss_f32(m);
+                    }
+                }
+                let (lo, hi) = (transpose8(lo), transpose8(hi));
+                for p in 0..8 {
+                    _mm256_storeu_si256(q.add(p * PANEL / 8 + h), lo[p]);
+                    _mm256_storeu_si256(q.add((p + 8) * PANEL / 8 + h), hi[p]);
                 }
             }
+            core::ptr::copy_nonoverlapping(dm.as_ptr() as *const u8, o, PANEL_QUANTS);
         }
     }
 }
