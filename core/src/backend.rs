@@ -2,8 +2,6 @@
 //!
 //! `model.rs` calls only these; a GPU backend implements the same trait, so the loop is never
 //! copied. The CPU backend splits every mat-mul and the attention across an `Exec`.
-use core::ops::RangeInclusive;
-
 use crate::config::{RopeStyle, MAX_HEAD_DIM};
 use crate::error::{Error, Result};
 use crate::exec::Exec;
@@ -232,30 +230,47 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, E> {
             });
         }
         let kernels = self.kernels;
-        // Query heads that share a KV head go together (up to TILE of them), so that each cached
-        // key and value row is read and widened once for all of them.
+        // The query heads that share a KV head (up to QUERY_ROWS of them) go together, and with
+        // them, while prefilling, the same heads of the next few tokens: each cached key and value
+        // row is then read and widened once for all of them.
         let per_kv = shape.n_heads / shape.n_kv_heads;
-        let group = (1..=TILE.min(per_kv))
+        let group = (1..=QUERY_ROWS.min(per_kv))
             .rev()
             .find(|g| per_kv.is_multiple_of(*g))
             .unwrap_or(1);
-        let groups_per_tok = shape.n_heads / group;
+        let n_tok = q.len() / (shape.n_heads * hd);
+        let block = Block {
+            q,
+            first_pos,
+            shape,
+            group,
+        };
+        // Decoding: a chunk per group of heads, so that threads share a long context's work.
+        // Prefill: a chunk per QUERY_ROWS / group tokens, all their heads.
+        let chunk = if n_tok == 1 {
+            group * hd
+        } else {
+            (QUERY_ROWS / group) * shape.n_heads * hd
+        };
         let attend = |i: usize, o: &mut [f32]| {
-            let (t, first_head) = (i / groups_per_tok, i % groups_per_tok * group);
-            let pos = first_pos + t;
-            let lo = shape.window.map_or(0, |w| (pos + 1).saturating_sub(w));
-            let start = (t * shape.n_heads + first_head) * hd;
-            let queries = &q[start..start + group * hd];
-            attend_group(kernels, queries, hd, &kv, first_head / per_kv, lo..=pos, o)
+            if n_tok == 1 {
+                block.attend(kernels, &kv, (0, i * group), o, (group * hd, 0))
+            } else {
+                let t0 = i * (QUERY_ROWS / group);
+                for h0 in (0..shape.n_heads).step_by(group) {
+                    let stride = shape.n_heads * hd;
+                    block.attend(kernels, &kv, (t0, h0), o, (stride, h0 * hd))?;
+                }
+                Ok(())
+            }
         };
         // Roughly the multiply-adds of the scores and the weighted sum. Below a few hundred
         // thousand, handing chunks to other threads costs more than it saves.
-        let n_tok = q.len() / (shape.n_heads * hd);
         let work = q.len() * 2 * (first_pos + n_tok);
         if work < PARALLEL_ATTENTION_WORK {
-            crate::exec::Serial.for_each_chunk(out, group * hd, &attend)
+            crate::exec::Serial.for_each_chunk(out, chunk, &attend)
         } else {
-            self.exec.for_each_chunk(out, group * hd, &attend)
+            self.exec.for_each_chunk(out, chunk, &attend)
         }
     }
 
@@ -275,150 +290,249 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, E> {
 /// Attention smaller than this many multiply-adds runs on the calling thread.
 const PARALLEL_ATTENTION_WORK: usize = 1 << 18;
 
-/// Keys scored per step of the online softmax.
+/// Keys scored per step of the online softmax. Steps start at multiples of it, whatever the
+/// queries, so a query's arithmetic does not depend on which others share its block.
 const KEY_STEP: usize = 32;
 
-/// Query heads that share the KV head `kv_head` (`q` holds up to `TILE` of them, one `head_dim`
-/// run each) against the cached `positions`, into `out` (laid out like `q`).
-///
-/// An online softmax (keep the running maximum, rescale when it grows) visits every key once and
-/// needs no buffer as long as the context, so attention takes no scratch memory at all.
-fn attend_group(
-    kernels: &Kernels,
-    q: &[f32],
-    hd: usize,
-    kv: &LayerKv<'_>,
-    kv_head: usize,
-    positions: RangeInclusive<usize>,
-    out: &mut [f32],
-) -> Result<()> {
-    let (lo, pos) = positions.into_inner();
-    let g = q.len() / hd;
-    let scale = 1.0 / libm::sqrtf(hd as f32);
-    let qb = q16::row_bytes(hd);
-    let mut q16 = [[0u8; MAX_HEAD_DIM / QK * BlockQ16::BYTES]; TILE];
-    if kv.format == Format::Q8_0 {
-        for (qi, buf) in q.chunks_exact(hd).zip(q16.iter_mut()) {
-            kernels.quantize_q16(qi, &mut buf[..qb])?;
-        }
-    }
-    // The kernels take TILE queries: a smaller group repeats its last one.
-    let x4: [&[u8]; TILE] = core::array::from_fn(|i| &q16[i.min(g - 1)][..qb]);
-    let mut row = [0f32; MAX_HEAD_DIM];
-    let mut packed = [0u8; MAX_HEAD_DIM / QK * PANEL_BLOCK_BYTES];
-    out.fill(0.0);
-    let (mut max, mut sum) = ([f32::NEG_INFINITY; TILE], [0.0f32; TILE]);
-    // scores[j][i]: key j of the step against query i, as the kernels give them; probs[i][j]
-    // the same, scaled, then exponentiated.
-    let mut scores = [[0f32; TILE]; KEY_STEP];
-    let mut probs = [[0f32; KEY_STEP]; TILE];
-    let mut start = lo;
-    while start <= pos {
-        let end = (start + KEY_STEP).min(pos + 1);
-        let scores = &mut scores[..end - start];
-        if let (Format::Q8_0, Some(panel)) = (kv.format, &kernels.q8_0.panel) {
-            // The cached keys take the weight rows' place, PANEL at a time, against the group's
-            // queries: a key's score is then the same bits whichever queries share its tile.
-            let packed = &mut packed[..hd / QK * PANEL_BLOCK_BYTES];
-            for (j, s) in (start..end).step_by(PANEL).zip(scores.chunks_mut(PANEL)) {
-                let keys =
-                    core::array::from_fn(|i| (i < s.len()).then(|| kv.k_row(j + i, kv_head)));
-                (panel.pack)(&keys, 0, packed);
-                let mut acc = [[0f32; PANEL]; TILE];
-                (panel.dot)(packed, x4, &mut acc);
-                for (k, sk) in s.iter_mut().enumerate() {
-                    *sk = core::array::from_fn(|i| acc[i][k]);
-                }
+/// The most query rows (tokens × heads of one KV head) attended together.
+const QUERY_ROWS: usize = 4 * TILE;
+
+/// One attention call's queries, and how they are grouped.
+struct Block<'a> {
+    q: &'a [f32],
+    first_pos: usize,
+    shape: AttentionShape,
+    /// Query heads per block, all sharing one KV head.
+    group: usize,
+}
+
+impl Block<'_> {
+    /// Query heads `h0 .. h0 + group` of the tokens `t0 ..` that `out` holds (each token's
+    /// output `stride` floats after the last, the heads' `head_dim` runs from `col0` on), against
+    /// the cached keys and values each token sees.
+    ///
+    /// An online softmax (keep the running maximum, rescale when it grows) visits every key once
+    /// and needs no buffer as long as the context, so attention takes no scratch memory at all.
+    fn attend(
+        &self,
+        kernels: &Kernels,
+        kv: &LayerKv<'_>,
+        (t0, h0): (usize, usize),
+        out: &mut [f32],
+        (stride, col0): (usize, usize),
+    ) -> Result<()> {
+        let (hd, g) = (self.shape.head_dim, self.group);
+        let n_tok = out.len().div_ceil(stride);
+        let n = n_tok * g;
+        let kv_head = h0 / (self.shape.n_heads / self.shape.n_kv_heads);
+        // Row i: token t0 + i / g, head h0 + i % g, seeing keys span[i].
+        let q_row = |i: usize| {
+            let (t, h) = (t0 + i / g, h0 + i % g);
+            &self.q[(t * self.shape.n_heads + h) * hd..][..hd]
+        };
+        let span: [(usize, usize); QUERY_ROWS] = core::array::from_fn(|i| {
+            let pos = self.first_pos + t0 + i.min(n - 1) / g;
+            (
+                self.shape.window.map_or(0, |w| (pos + 1).saturating_sub(w)),
+                pos,
+            )
+        });
+        let span = &span[..n];
+        let scale = 1.0 / libm::sqrtf(hd as f32);
+        let qb = q16::row_bytes(hd);
+        let mut q16 = [[0u8; MAX_HEAD_DIM / QK * BlockQ16::BYTES]; QUERY_ROWS];
+        if kv.format == Format::Q8_0 {
+            for (i, buf) in q16[..n].iter_mut().enumerate() {
+                kernels.quantize_q16(q_row(i), &mut buf[..qb])?;
             }
-        } else if kv.format == Format::Q8_0 && g == 1 {
-            // The cached keys take the weight rows' place: four keys against the one query.
-            let mut j = start;
-            for s4 in scores.chunks_mut(4) {
-                if s4.len() == 4 {
-                    let keys = core::array::from_fn(|i| kv.k_row(j + i, kv_head));
-                    let r = (kernels.q8_0.rows4)(keys, x4[0]);
-                    s4.iter_mut().zip(r).for_each(|(s, r)| s[0] = r);
-                } else {
-                    for (i, s) in s4.iter_mut().enumerate() {
-                        s[0] = (kernels.q8_0.one)(kv.k_row(j + i, kv_head), x4[0]);
+        }
+        // The kernels take TILE queries: the last tile repeats the last row.
+        let tile = |k: usize| -> [&[u8]; TILE] {
+            core::array::from_fn(|j| &q16[(k * TILE + j).min(n - 1)][..qb])
+        };
+        // Row i's weighted sum of values so far: acc[i * hd ..][..hd].
+        let mut acc = [0f32; QUERY_ROWS * MAX_HEAD_DIM];
+        let acc = &mut acc[..n * hd];
+        let (mut max, mut sum) = ([f32::NEG_INFINITY; QUERY_ROWS], [0.0f32; QUERY_ROWS]);
+        // scores[j][i]: key j of the step against row i, as the kernels give them; probs[i][j]
+        // the same, scaled, then exponentiated (zero outside the row's span).
+        let mut scores = [[0f32; QUERY_ROWS]; KEY_STEP];
+        let mut probs = [[0f32; KEY_STEP]; QUERY_ROWS];
+        let mut packed = [0u8; MAX_HEAD_DIM / QK * PANEL_BLOCK_BYTES];
+        let mut row = [0f32; MAX_HEAD_DIM];
+        let first = span.iter().map(|s| s.0).min().unwrap_or(0);
+        let last = span.iter().map(|s| s.1).max().unwrap_or(0);
+        let mut start = first / KEY_STEP * KEY_STEP;
+        while start <= last {
+            let end = (start + KEY_STEP).min(last + 1);
+            let scores = &mut scores[..end - start];
+            if let (Format::Q8_0, Some(panel)) = (kv.format, &kernels.q8_0.panel) {
+                // The cached keys take the weight rows' place, PANEL at a time: a key's score
+                // is then the same bits whichever rows share its tile.
+                let packed = &mut packed[..hd / QK * PANEL_BLOCK_BYTES];
+                for (j, s) in (start..end).step_by(PANEL).zip(scores.chunks_mut(PANEL)) {
+                    let keys =
+                        core::array::from_fn(|i| (i < s.len()).then(|| kv.k_row(j + i, kv_head)));
+                    (panel.pack)(&keys, 0, packed);
+                    for k in 0..n.div_ceil(TILE) {
+                        let mut out = [[0f32; PANEL]; TILE];
+                        (panel.dot)(packed, tile(k), &mut out);
+                        for (key, sk) in s.iter_mut().enumerate() {
+                            for (i, o) in out.iter().enumerate() {
+                                sk[(k * TILE + i).min(QUERY_ROWS - 1)] = o[key];
+                            }
+                        }
                     }
                 }
-                j += s4.len();
-            }
-        } else if kv.format == Format::Q8_0 {
-            // Two keys against the group's queries per call.
-            let mut j = start;
-            for s2 in scores.chunks_mut(2) {
-                if let [a, b] = s2 {
-                    let keys = [kv.k_row(j, kv_head), kv.k_row(j + 1, kv_head)];
-                    [*a, *b] = (kernels.q8_0.rows2x4)(keys, x4);
-                } else {
-                    s2[0] = (kernels.q8_0.x4)(kv.k_row(j, kv_head), x4);
+            } else if kv.format == Format::Q8_0 && n == 1 {
+                // Four keys against the one query per call.
+                let mut j = start;
+                for s4 in scores.chunks_mut(4) {
+                    if s4.len() == 4 {
+                        let keys = core::array::from_fn(|i| kv.k_row(j + i, kv_head));
+                        let r = (kernels.q8_0.rows4)(keys, &q16[0][..qb]);
+                        s4.iter_mut().zip(r).for_each(|(s, r)| s[0] = r);
+                    } else {
+                        for (i, s) in s4.iter_mut().enumerate() {
+                            s[0] = (kernels.q8_0.one)(kv.k_row(j + i, kv_head), &q16[0][..qb]);
+                        }
+                    }
+                    j += s4.len();
                 }
-                j += s2.len();
-            }
-        } else {
-            for (j, s) in (start..end).zip(scores.iter_mut()) {
-                // Rows come from the cache, whose layout fixed their lengths: the table's
-                // kernels need no further checks.
-                let k = kv.k_row(j, kv_head);
+            } else if kv.format == Format::Q8_0 {
+                // Two keys against a tile of queries per call.
+                for k in 0..n.div_ceil(TILE) {
+                    let at = |i: usize| (k * TILE + i).min(QUERY_ROWS - 1);
+                    let mut j = start;
+                    for s2 in scores.chunks_mut(2) {
+                        if let [a, b] = s2 {
+                            let keys = [kv.k_row(j, kv_head), kv.k_row(j + 1, kv_head)];
+                            let [ra, rb] = (kernels.q8_0.rows2x4)(keys, tile(k));
+                            for i in 0..TILE {
+                                (a[at(i)], b[at(i)]) = (ra[i], rb[i]);
+                            }
+                        } else {
+                            let r = (kernels.q8_0.x4)(kv.k_row(j, kv_head), tile(k));
+                            for (i, r) in r.into_iter().enumerate() {
+                                s2[0][at(i)] = r;
+                            }
+                        }
+                        j += s2.len();
+                    }
+                }
+            } else {
                 let dot = match kv.format {
                     Format::F32 => kernels.dot_f32,
                     _ => kernels.dot_f16,
                 };
-                for (s, qi) in s.iter_mut().zip(q.chunks_exact(hd)) {
-                    *s = dot(k, qi);
+                for (j, s) in (start..end).zip(scores.iter_mut()) {
+                    // Rows come from the cache, whose layout fixed their lengths: the table's
+                    // kernels need no further checks.
+                    let k = kv.k_row(j, kv_head);
+                    for (i, s) in s[..n].iter_mut().enumerate() {
+                        *s = dot(k, q_row(i));
+                    }
                 }
             }
+            // Per row, contiguous: loops the compiler vectorizes.
+            let steps = end - start;
+            for (i, pi) in probs[..n].iter_mut().enumerate() {
+                let pi = &mut pi[..steps];
+                pi.fill(0.0);
+                let (lo, pos) = span[i];
+                let (a, b) = (
+                    lo.max(start) - start,
+                    (pos + 1).min(end).saturating_sub(start),
+                );
+                if a >= b {
+                    continue;
+                }
+                let live = &mut pi[a..b];
+                for (p, s) in live.iter_mut().zip(&scores[a..b]) {
+                    *p = s[i] * scale;
+                }
+                let step_max = live.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
+                if step_max > max[i] {
+                    let r = ops::exp(max[i] - step_max);
+                    acc[i * hd..][..hd].iter_mut().for_each(|o| *o *= r);
+                    sum[i] *= r;
+                    max[i] = step_max;
+                }
+                for p in live.iter_mut() {
+                    *p = ops::exp(*p - max[i]);
+                }
+                sum[i] += live.iter().sum::<f32>();
+            }
+            self.add_values(
+                kernels,
+                kv,
+                kv_head,
+                start,
+                steps,
+                &probs[..n],
+                acc,
+                &mut row,
+            )?;
+            start = end;
         }
-        // Per query, contiguous: loops the compiler vectorizes.
-        let n = end - start;
-        for (i, pi) in probs[..g].iter_mut().enumerate() {
-            let pi = &mut pi[..n];
-            for (p, s) in pi.iter_mut().zip(scores.iter()) {
-                *p = s[i] * scale;
+        for (i, (a, s)) in acc.chunks_exact_mut(hd).zip(sum).enumerate() {
+            if s > 0.0 {
+                let inv = 1.0 / s;
+                a.iter_mut().for_each(|o| *o *= inv);
             }
-            let step_max = pi.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
-            if step_max > max[i] {
-                let r = ops::exp(max[i] - step_max);
-                out[i * hd..(i + 1) * hd].iter_mut().for_each(|o| *o *= r);
-                sum[i] *= r;
-                max[i] = step_max;
-            }
-            for p in pi.iter_mut() {
-                *p = ops::exp(*p - max[i]);
-            }
-            sum[i] += pi.iter().sum::<f32>();
+            out[(i / g) * stride + col0 + (i % g) * hd..][..hd].copy_from_slice(a);
         }
+        Ok(())
+    }
+
+    /// `acc[i] += Σ_j probs[i][j] · V[start + j]` over the `len` keys of one step, in key order;
+    /// keys outside a row's span have probability zero, which adds exactly nothing.
+    #[allow(clippy::too_many_arguments)]
+    fn add_values(
+        &self,
+        kernels: &Kernels,
+        kv: &LayerKv<'_>,
+        kv_head: usize,
+        start: usize,
+        len: usize,
+        probs: &[[f32; KEY_STEP]],
+        acc: &mut [f32],
+        row: &mut [f32; MAX_HEAD_DIM],
+    ) -> Result<()> {
+        let hd = self.shape.head_dim;
+        // Past the step's last key with weight in any row, nothing is read.
+        let steps = probs.iter().fold(0, |m, p| {
+            m.max(
+                p[..len]
+                    .iter()
+                    .rposition(|v| *v != 0.0)
+                    .map_or(0, |j| j + 1),
+            )
+        });
         if kv.format == Format::Q8_0 {
-            // Up to AXPY_ROWS values per call: each run of `out` is loaded and stored once.
-            for j in (0..n).step_by(AXPY_ROWS) {
-                let k = (n - j).min(AXPY_ROWS);
+            // Up to AXPY_ROWS values per call, each widened once for all rows.
+            for j in (0..steps).step_by(AXPY_ROWS) {
+                let k = (steps - j).min(AXPY_ROWS);
                 let rows: [&[u8]; AXPY_ROWS] =
                     core::array::from_fn(|r| kv.v_row(start + j + r.min(k - 1), kv_head));
-                let mut a = [0f32; AXPY_ROWS * TILE];
-                for (i, pi) in probs[..g].iter().enumerate() {
+                let mut a = [0f32; AXPY_ROWS * QUERY_ROWS];
+                for (i, pi) in probs.iter().enumerate() {
                     a[i * k..(i + 1) * k].copy_from_slice(&pi[j..j + k]);
                 }
-                (kernels.axpy_q8_0)(out, &a[..g * k], &rows[..k]);
+                (kernels.axpy_q8_0)(acc, &a[..probs.len() * k], &rows[..k]);
             }
         } else {
-            for (j, pos) in (start..end).enumerate() {
-                let v = kv.v_row(pos, kv_head);
-                for (o, pi) in out.chunks_exact_mut(hd).zip(&probs[..g]) {
-                    add_scaled_row(kv.format, v, pi[j], o, &mut row[..hd])?;
+            for j in 0..steps {
+                let v = kv.v_row(start + j, kv_head);
+                for (a, pi) in acc.chunks_exact_mut(hd).zip(probs) {
+                    if pi[j] != 0.0 {
+                        add_scaled_row(kv.format, v, pi[j], a, &mut row[..hd])?;
+                    }
                 }
             }
         }
-        start = end;
+        Ok(())
     }
-    for (o, s) in out.chunks_exact_mut(hd).zip(sum) {
-        if s > 0.0 {
-            let inv = 1.0 / s;
-            o.iter_mut().for_each(|o| *o *= inv);
-        }
-    }
-    Ok(())
 }
 
 /// `out += p · v` for a cached f32 or f16 V row; `buf` (as long as `out`) holds a widened f16 row.
@@ -474,6 +588,60 @@ mod tests {
 
     fn wave(n: usize, seed: f32) -> Vec<f32> {
         (0..n).map(|i| libm::sinf(i as f32 * seed) * 2.0).collect()
+    }
+
+    /// A token's attention is the same bits whether it comes alone (decoding) or in a block of
+    /// prefill tokens, with and without a sliding window, for every KV format and grouping.
+    #[test]
+    fn prefill_attention_equals_one_token_at_a_time() {
+        let hd = 64;
+        for (n_heads, n_kv_heads) in [(4, 4), (6, 2), (9, 3), (7, 1), (32, 2)] {
+            for format in [KvFormat::F32, KvFormat::F16, KvFormat::Q8_0] {
+                for window in [None, Some(5), Some(40)] {
+                    let c = config(n_heads, n_kv_heads);
+                    let c = Config { head_dim: hd, ..c };
+                    let (n_past, n_tok, ctx) = (30, 21, 64);
+                    let mut mem = vec![0u8; KvCache::bytes_needed(&c, ctx, format).unwrap()];
+                    let mut cache = KvCache::new(&c, ctx, format, &mut mem).unwrap();
+                    let kvd = n_kv_heads * hd;
+                    let (k, v) = (
+                        wave((n_past + n_tok) * kvd, 0.37),
+                        wave((n_past + n_tok) * kvd, 0.11),
+                    );
+                    cache.store(Kernels::best(), 0, 0, &k, &v).unwrap();
+                    let q = wave(n_tok * n_heads * hd, 0.23);
+                    let mut be = Cpu {
+                        kernels: Kernels::best(),
+                        exec: &Serial,
+                        q16: &mut [],
+                        tmp: &mut [],
+                    };
+                    let shape = AttentionShape {
+                        n_heads,
+                        n_kv_heads,
+                        head_dim: hd,
+                        window,
+                    };
+                    let mut all = vec![0f32; q.len()];
+                    be.attention(&q, cache.layer(0), n_past, shape, &mut all)
+                        .unwrap();
+                    for (t, (qt, want)) in q
+                        .chunks(n_heads * hd)
+                        .zip(all.chunks(n_heads * hd))
+                        .enumerate()
+                    {
+                        let mut one = vec![0f32; qt.len()];
+                        be.attention(qt, cache.layer(0), n_past + t, shape, &mut one)
+                            .unwrap();
+                        let same = one
+                            .iter()
+                            .zip(want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits() || (*a == 0.0 && *b == 0.0));
+                        assert!(same, "{n_heads}/{n_kv_heads} {format:?} {window:?} t{t}");
+                    }
+                }
+            }
+        }
     }
 
     /// Grouped attention (one to four query heads per KV head, and a group size that does not
