@@ -790,7 +790,10 @@ unsafe fn rows_tile<W: Unpack, const ISA: u8>(
                 let mut v = [_mm256_setzero_si256(); 8];
                 for r in 0..8 {
                     wp[r] = w[8 * h + r].as_ptr().add(b * W::BYTES);
-                    _mm_prefetch::<_MM_HINT_T0>(wp[r].wrapping_add(PREFETCH) as *const i8);
+                    // The same block of the next panel's row (the panel's rows are usually one
+                    // run of memory, which a fixed distance would land inside).
+                    let ahead = PANEL * w[8 * h + r].len();
+                    _mm_prefetch::<_MM_HINT_T0>(wp[r].wrapping_add(ahead) as *const i8);
                     let (lo, hi) = W::unpack(wp[r]);
                     let dot = _mm256_madd_epi16(lo, x0);
                     v[r] = match ISA {
