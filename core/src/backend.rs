@@ -586,6 +586,19 @@ mod tests {
         }
     }
 
+    /// The CPU backend's attention, serial, with the best kernels.
+    fn attention(q: &[f32], kv: LayerKv<'_>, first_pos: usize, shape: AttentionShape) -> Vec<f32> {
+        let mut be = Cpu {
+            kernels: Kernels::best(),
+            exec: &Serial,
+            q16: &mut [],
+            tmp: &mut [],
+        };
+        let mut out = vec![0f32; q.len()];
+        be.attention(q, kv, first_pos, shape, &mut out).unwrap();
+        out
+    }
+
     fn wave(n: usize, seed: f32) -> Vec<f32> {
         (0..n).map(|i| libm::sinf(i as f32 * seed) * 2.0).collect()
     }
@@ -610,29 +623,19 @@ mod tests {
                     );
                     cache.store(Kernels::best(), 0, 0, &k, &v).unwrap();
                     let q = wave(n_tok * n_heads * hd, 0.23);
-                    let mut be = Cpu {
-                        kernels: Kernels::best(),
-                        exec: &Serial,
-                        q16: &mut [],
-                        tmp: &mut [],
-                    };
                     let shape = AttentionShape {
                         n_heads,
                         n_kv_heads,
                         head_dim: hd,
                         window,
                     };
-                    let mut all = vec![0f32; q.len()];
-                    be.attention(&q, cache.layer(0), n_past, shape, &mut all)
-                        .unwrap();
+                    let all = attention(&q, cache.layer(0), n_past, shape);
                     for (t, (qt, want)) in q
                         .chunks(n_heads * hd)
                         .zip(all.chunks(n_heads * hd))
                         .enumerate()
                     {
-                        let mut one = vec![0f32; qt.len()];
-                        be.attention(qt, cache.layer(0), n_past + t, shape, &mut one)
-                            .unwrap();
+                        let one = attention(qt, cache.layer(0), n_past + t, shape);
                         let same = one
                             .iter()
                             .zip(want)
@@ -661,21 +664,13 @@ mod tests {
                 let v = &v[..(n_past + n_tok) * kvd];
                 cache.store(Kernels::best(), 0, 0, k, v).unwrap();
                 let q = wave(n_tok * n_heads * hd, 0.23);
-                let mut out = vec![0f32; q.len()];
-                let mut be = Cpu {
-                    kernels: Kernels::best(),
-                    exec: &Serial,
-                    q16: &mut [],
-                    tmp: &mut [],
-                };
                 let shape = AttentionShape {
                     n_heads,
                     n_kv_heads,
                     head_dim: hd,
                     window: None,
                 };
-                be.attention(&q, cache.layer(0), n_past, shape, &mut out)
-                    .unwrap();
+                let out = attention(&q, cache.layer(0), n_past, shape);
 
                 let kv = cache.layer(0);
                 let row = |bytes: &[u8]| {
