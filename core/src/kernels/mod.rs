@@ -59,12 +59,12 @@ pub struct QuantDots {
     pub one: fn(&[u8], &[u8]) -> f32,
     /// One weight row · `TILE` activation rows.
     pub x4: fn(&[u8], [&[u8]; TILE]) -> [f32; TILE],
-    /// Four weight rows · one activation row (decoding).
+    /// Four weight rows · one activation row (decoding without panel kernels).
     pub rows4: fn([&[u8]; 4], &[u8]) -> [f32; 4],
-    /// Two weight rows · `TILE` activation rows (short prompts).
+    /// Two weight rows · `TILE` activation rows (prefill without panel kernels).
     pub rows2x4: Dot2x4,
-    /// A packed panel of weight rows · `TILE` activation rows (prefill), where this instruction
-    /// set has one.
+    /// The panel kernels, where this instruction set has them: mat-muls and attention scores
+    /// then use them alone, so their arithmetic is the one every result gets.
     pub panel: Option<PanelDots>,
 }
 

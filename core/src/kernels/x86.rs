@@ -560,12 +560,11 @@ unsafe fn round_q8(v: __m256) -> __m256 {
     }
 }
 
-// The quantized dots: R weight rows against N activation rows, one accumulator per (row, token),
-// blocks added in order. Every tile shape therefore gives a (row, token) pair the same sum, so a
-// token's result does not depend on how many tokens or rows were computed with it (prefill in
-// one batch equals token-by-token decoding, and threads change nothing). Independent FMA chains,
-// which hide the FMA's four-cycle latency, come from several rows and tokens per tile: decode
-// uses 4x1 tiles, prefill 2x4.
+// The one-row quantized dots (the table's `one`, `x4`, `rows4`, `rows2x4`; mat-muls and
+// attention use the panel kernels further down): R weight rows against N activation rows, one
+// accumulator per (row, token), blocks added in order. Every tile shape therefore gives a
+// (row, token) pair the same sum. Independent FMA chains, which hide the FMA's four-cycle
+// latency, come from several rows and tokens per tile.
 
 /// How far ahead of the block in use the weight stream is prefetched, in bytes. A single core's
 /// hardware prefetcher does not keep up with one weight stream on its own: measured on SmolLM2
