@@ -283,7 +283,15 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, E> {
     }
 
     fn silu_mul(&mut self, gate: &mut [f32], up: &[f32]) -> Result<()> {
-        ops::silu_mul(gate, up)
+        if gate.len() != up.len() {
+            return Err(Error::Length {
+                what: "silu_mul",
+                expected: gate.len(),
+                got: up.len(),
+            });
+        }
+        (self.kernels.silu_mul)(gate, up);
+        Ok(())
     }
 }
 
@@ -458,9 +466,7 @@ impl Block<'_> {
                     sum[i] *= r;
                     max[i] = step_max;
                 }
-                for p in live.iter_mut() {
-                    *p = ops::exp(*p - max[i]);
-                }
+                (kernels.exp_sub)(live, max[i]);
                 sum[i] += live.iter().sum::<f32>();
             }
             self.add_values(

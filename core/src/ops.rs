@@ -82,13 +82,22 @@ pub fn softmax(x: &mut [f32]) {
     }
 }
 
-/// `gate = silu(gate) * up`.
-pub fn silu_mul(gate: &mut [f32], up: &[f32]) -> Result<()> {
-    same_len("silu_mul", gate.len(), up.len())?;
+/// `gate = silu(gate) * up` over the shorter length: the loop the kernel tables compile for
+/// each instruction set (the same operations, so the same bits, at any vector width).
+#[inline(always)]
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     for (g, u) in gate.iter_mut().zip(up) {
         *g = *g / (1.0 + exp(-*g)) * u;
     }
-    Ok(())
+}
+
+/// `x = e^(x - m)`, element-wise: a softmax's exponentials, compiled per instruction set like
+/// `silu_mul`.
+#[inline(always)]
+pub fn exp_sub(x: &mut [f32], m: f32) {
+    for v in x.iter_mut() {
+        *v = exp(*v - m);
+    }
 }
 
 /// `x += y`.

@@ -25,6 +25,8 @@ pub(super) static KERNELS: Kernels = Kernels {
     dot_f16: |w, x| super::scalar::dot_f16::<1>(w, [x])[0],
     dot_f16_x4: super::scalar::dot_f16::<TILE>,
     axpy_q8_0,
+    silu_mul: crate::ops::silu_mul,
+    exp_sub: crate::ops::exp_sub,
 };
 
 const fn dots<W: Unpack>() -> QuantDots {

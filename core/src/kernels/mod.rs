@@ -89,6 +89,10 @@ pub struct Kernels {
     /// over a quantized V cache, each row widened once for all the query heads that share it
     /// and each run of `out` loaded and stored once for several rows.
     pub axpy_q8_0: fn(&mut [f32], &[f32], &[&[u8]]),
+    /// `ops::silu_mul` and `ops::exp_sub`, compiled for this instruction set: the same
+    /// bits as the scalar table's.
+    pub silu_mul: fn(&mut [f32], &[f32]),
+    pub exp_sub: fn(&mut [f32], f32),
 }
 
 impl Kernels {

@@ -18,6 +18,8 @@ pub static KERNELS: Kernels = Kernels {
     dot_f16: |w, x| dot_f16::<1>(w, [x])[0],
     dot_f16_x4: dot_f16::<4>,
     axpy_q8_0,
+    silu_mul: crate::ops::silu_mul,
+    exp_sub: crate::ops::exp_sub,
 };
 
 const fn dots<W: Unpack>() -> QuantDots {

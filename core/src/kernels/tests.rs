@@ -178,6 +178,25 @@ proptest! {
         }
     }
 
+    /// SiLU·mul and the softmax's exponentials give the scalar table's bits on any length,
+    /// NaN, infinities and huge values included.
+    #[test]
+    fn elementwise_kernels_are_bit_exact(len in 0usize..100, x in values(100), y in values(100), m in -50f32..50.0, specials in proptest::collection::vec((0usize..100, prop_oneof![Just(f32::NAN), Just(f32::INFINITY), Just(f32::NEG_INFINITY), Just(-0.0f32), Just(88.0f32), Just(-100.0f32)]), 0..4)) {
+        let mut x = x[..len].to_vec();
+        for (i, v) in specials {
+            if i < len { x[i] = v; }
+        }
+        let (best, scalar) = (Kernels::best(), Kernels::scalar());
+        let (mut a, mut b) = (x.clone(), x.clone());
+        (best.silu_mul)(&mut a, &y);
+        (scalar.silu_mul)(&mut b, &y);
+        prop_assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        let (mut a, mut b) = (x.clone(), x);
+        (best.exp_sub)(&mut a, m);
+        (scalar.exp_sub)(&mut b, m);
+        prop_assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+    }
+
     /// Q16 activations cost next to nothing in accuracy: a quantized dot is within 1e-4 of
     /// Σ|w·x| of the f32 dot of the (dequantized) weights with the unquantized activations.
     #[test]

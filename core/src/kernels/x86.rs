@@ -56,7 +56,31 @@ const fn table<const ISA: u8>(name: &'static str) -> Kernels {
         dot_f16: |w, x| dot_f16::<1>(w, [x])[0],
         dot_f16_x4: dot_f16::<TILE>,
         axpy_q8_0,
+        silu_mul,
+        exp_sub,
     }
+}
+
+fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    // SAFETY: CPU features as above.
+    unsafe { silu_mul_avx2(gate, up) }
+}
+
+fn exp_sub(x: &mut [f32], m: f32) {
+    // SAFETY: CPU features as above.
+    unsafe { exp_sub_avx2(x, m) }
+}
+
+/// The portable loop, vectorized eight wide instead of baseline x86-64's four.
+#[target_feature(enable = "avx2")]
+unsafe fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
+    crate::ops::silu_mul(gate, up)
+}
+
+/// The portable loop, vectorized eight wide instead of baseline x86-64's four.
+#[target_feature(enable = "avx2")]
+unsafe fn exp_sub_avx2(x: &mut [f32], m: f32) {
+    crate::ops::exp_sub(x, m)
 }
 
 const fn dots<W: Unpack, const ISA: u8>() -> QuantDots {
