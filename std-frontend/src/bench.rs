@@ -1,12 +1,13 @@
 //! `sapient bench`: prefill and decode speed the way llama.cpp's `llama-bench` measures them
-//! (pp: a prompt of N tokens from an empty cache; tg: N tokens fed one at a time from an empty
-//! cache), after a warm-up, over repetitions.
+//! (pp: a prompt of N tokens; tg: N tokens fed one at a time; each from an empty cache, or from
+//! one already holding `depth` tokens, like llama-bench's `-d`), after a warm-up, over
+//! repetitions.
 use std::time::Instant;
 
 use anyhow::Result;
 use sapient_core::exec::Exec;
 use sapient_core::sample::Rng;
-use sapient_core::{KvFormat, Model, Want};
+use sapient_core::{KvCache, KvFormat, Model, Scratch, Want};
 
 use crate::run::{Arenas, DEFAULT_BATCH};
 
@@ -41,32 +42,56 @@ pub struct BenchResult {
     pub decode: Option<Rate>,
 }
 
-/// Runs `reps` timed repetitions (after one warm-up) of a `prompt`-token prefill and of
-/// `generate` single-token steps; 0 skips either.
+/// What to measure: tokens of prefill and of single-token decoding (0 skips either), each after
+/// `depth` tokens were put in the cache untimed.
+#[derive(Debug, Clone, Copy)]
+pub struct Tests {
+    pub prompt: usize,
+    pub generate: usize,
+    pub depth: usize,
+}
+
+/// Runs `reps` timed repetitions (after one warm-up) of each test.
 pub fn bench<E: Exec>(
     model: &Model<'_>,
     exec: &E,
     kv: KvFormat,
-    prompt: usize,
-    generate: usize,
+    tests: Tests,
     reps: usize,
 ) -> Result<BenchResult> {
     let c = &model.config;
-    let ctx = prompt.max(generate).max(1);
-    let mut arenas = Arenas::new(c, ctx, kv, prompt.clamp(1, DEFAULT_BATCH))?;
+    let Tests {
+        prompt,
+        generate,
+        depth,
+    } = tests;
+    let ctx = depth + prompt.max(generate).max(1);
+    let batch = prompt.max(depth).clamp(1, DEFAULT_BATCH);
+    let mut arenas = Arenas::new(c, ctx, kv, batch)?;
     let (mut cache, mut scratch) = arenas.borrow(c)?;
     let mut rng = Rng::new(42);
     let tokens: Vec<u32> = (0..ctx)
         .map(|_| (rng.next_u64() % c.vocab_size as u64) as u32)
         .collect();
+    // The cache as each test starts: empty, then `depth` tokens prefilled.
+    let mut depth_logits = vec![0f32; c.vocab_size];
+    let mut fill = |cache: &mut KvCache<'_>, scratch: &mut Scratch<'_>| -> Result<()> {
+        cache.clear();
+        if depth > 0 {
+            let want = Want::LastLogits(&mut depth_logits);
+            model.forward(&tokens[..depth], cache, scratch, exec, want)?;
+        }
+        Ok(())
+    };
+    let tokens_after = &tokens[depth..];
     let mut logits = vec![0f32; c.vocab_size];
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
     for rep in 0..=reps {
         if prompt > 0 {
-            cache.clear();
+            fill(&mut cache, &mut scratch)?;
             let t = Instant::now();
             model.forward(
-                &tokens[..prompt],
+                &tokens_after[..prompt],
                 &mut cache,
                 &mut scratch,
                 exec,
@@ -78,9 +103,9 @@ pub fn bench<E: Exec>(
             }
         }
         if generate > 0 {
-            cache.clear();
+            fill(&mut cache, &mut scratch)?;
             let t = Instant::now();
-            for &tok in &tokens[..generate] {
+            for &tok in &tokens_after[..generate] {
                 model.forward(
                     &[tok],
                     &mut cache,

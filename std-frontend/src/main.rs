@@ -75,6 +75,10 @@ enum Command {
         /// Tokens to decode one at a time (0 skips).
         #[arg(short = 'n', long, default_value_t = 128)]
         generate: usize,
+        /// Tokens already in the cache when each test starts (prefilled, untimed), like
+        /// llama-bench's -d: decoding speed at a long context.
+        #[arg(short = 'd', long, default_value_t = 0)]
+        depth: usize,
         /// Timed repetitions, after one warm-up.
         #[arg(short = 'r', long, default_value_t = 5)]
         reps: usize,
@@ -398,20 +402,26 @@ fn run_command(command: Command) -> Result<()> {
             model,
             prompt,
             generate,
+            depth,
             reps,
             format,
         } => {
             let l = Loaded::open(&model)?;
             let m = l.model()?;
             let threads = sapient_core::Exec::threads(&l.exec);
-            let r =
-                sapient::bench::bench(&m, &l.exec, l.kv_format(&m), prompt, generate, reps.max(1))?;
+            let tests = sapient::bench::Tests {
+                prompt,
+                generate,
+                depth,
+            };
+            let r = sapient::bench::bench(&m, &l.exec, l.kv_format(&m), tests, reps.max(1))?;
             let rss = sapient::bench::peak_rss_bytes();
             match format {
                 OutputFormat::Json => println!(
                     "{}",
                     json!({
                         "threads": threads,
+                        "depth": depth,
                         "prefill_tokens": prompt,
                         "prefill_tokens_per_s": r.prefill.map(|r| r.mean),
                         "prefill_stddev": r.prefill.map(|r| r.stddev),
@@ -422,15 +432,21 @@ fn run_command(command: Command) -> Result<()> {
                     })
                 ),
                 OutputFormat::Text => {
+                    // As llama-bench names them: "pp512", "tg128 @ d4096".
+                    let at = if depth > 0 {
+                        format!(" @ d{depth}")
+                    } else {
+                        String::new()
+                    };
                     if let Some(p) = r.prefill {
                         println!(
-                            "pp{prompt}  t={threads}: {:.1} ± {:.1} tokens/s",
+                            "pp{prompt}{at}  t={threads}: {:.1} ± {:.1} tokens/s",
                             p.mean, p.stddev
                         );
                     }
                     if let Some(d) = r.decode {
                         println!(
-                            "tg{generate}  t={threads}: {:.1} ± {:.1} tokens/s",
+                            "tg{generate}{at}  t={threads}: {:.1} ± {:.1} tokens/s",
                             d.mean, d.stddev
                         );
                     }

@@ -197,3 +197,21 @@ fn chat_keeps_the_conversation_in_the_cache() {
     // (the end of the first reply's turn and the new question) goes through the model.
     assert!(prompts[1] < prompts[0], "{prompts:?}");
 }
+
+/// `bench --format json` reports both tests, at a depth too.
+#[test]
+fn bench_json_reports_rates_at_a_depth() {
+    let m = fixture("llama");
+    let args = |depth: &str| {
+        sapient(&[
+            "bench", "-m", &m, "-p", "8", "-n", "4", "-d", depth, "-r", "1", "-t", "2", "--format",
+            "json",
+        ])
+    };
+    let r = json(&args("20"));
+    assert_eq!(r["threads"], 2);
+    assert_eq!(r["depth"], 20);
+    assert!(r["prefill_tokens_per_s"].as_f64().unwrap() > 0.0);
+    assert!(r["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(args("-1").status.code(), Some(2));
+}
