@@ -230,14 +230,16 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, E> {
             });
         }
         let kernels = self.kernels;
-        // The query heads that share a KV head (up to QUERY_ROWS of them) go together, and with
-        // them, while prefilling, the same heads of the next few tokens: each cached key and value
-        // row is then read and widened once for all of them.
+        // The query heads that share a KV head (as many as fit in a block) go together, and with
+        // them, while prefilling, the same heads of the next tokens: each cached key and value
+        // row is then read and widened (or packed) once for all of them.
+        let rows = query_rows(hd);
         let per_kv = shape.n_heads / shape.n_kv_heads;
-        let group = (1..=QUERY_ROWS.min(per_kv))
+        let group = (1..=rows.min(per_kv))
             .rev()
             .find(|g| per_kv.is_multiple_of(*g))
             .unwrap_or(1);
+        let block_tokens = rows / group;
         let n_tok = q.len() / (shape.n_heads * hd);
         let block = Block {
             q,
@@ -246,17 +248,17 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, E> {
             group,
         };
         // Decoding: a chunk per group of heads, so that threads share a long context's work.
-        // Prefill: a chunk per QUERY_ROWS / group tokens, all their heads.
+        // Prefill: a chunk per block of tokens, all their heads.
         let chunk = if n_tok == 1 {
             group * hd
         } else {
-            (QUERY_ROWS / group) * shape.n_heads * hd
+            block_tokens * shape.n_heads * hd
         };
         let attend = |i: usize, o: &mut [f32]| {
             if n_tok == 1 {
                 block.attend(kernels, &kv, (0, i * group), o, (group * hd, 0))
             } else {
-                let t0 = i * (QUERY_ROWS / group);
+                let t0 = i * block_tokens;
                 for h0 in (0..shape.n_heads).step_by(group) {
                     let stride = shape.n_heads * hd;
                     block.attend(kernels, &kv, (t0, h0), o, (stride, h0 * hd))?;
@@ -302,8 +304,22 @@ const PARALLEL_ATTENTION_WORK: usize = 1 << 18;
 /// queries, so a query's arithmetic does not depend on which others share its block.
 const KEY_STEP: usize = 32;
 
-/// The most query rows (tokens × heads of one KV head) attended together.
-const QUERY_ROWS: usize = 4 * TILE;
+/// The most query rows (tokens × heads of one KV head) attended together: with more, each key
+/// is packed for more of them.
+const MAX_ROWS: usize = 16 * TILE;
+
+/// The stack buffers of a block (floats of weighted value sums, bytes of Q16 queries): as many
+/// rows as they hold for the head size, 16 at the largest heads, `MAX_ROWS` at 128 and below.
+const ACC_FLOATS: usize = 16 * MAX_HEAD_DIM;
+const Q16_BYTES: usize = 16 * (MAX_HEAD_DIM / QK) * BlockQ16::BYTES;
+
+/// Query rows per block for heads of `hd` (at most `MAX_HEAD_DIM`).
+fn query_rows(hd: usize) -> usize {
+    let hd = hd.max(QK);
+    MAX_ROWS
+        .min(ACC_FLOATS / hd)
+        .min(Q16_BYTES / q16::row_bytes(hd))
+}
 
 /// One attention call's queries, and how they are grouped.
 struct Block<'a> {
@@ -338,7 +354,7 @@ impl Block<'_> {
             let (t, h) = (t0 + i / g, h0 + i % g);
             &self.q[(t * self.shape.n_heads + h) * hd..][..hd]
         };
-        let span: [(usize, usize); QUERY_ROWS] = core::array::from_fn(|i| {
+        let span: [(usize, usize); MAX_ROWS] = core::array::from_fn(|i| {
             let pos = self.first_pos + t0 + i.min(n - 1) / g;
             (
                 self.shape.window.map_or(0, |w| (pos + 1).saturating_sub(w)),
@@ -348,24 +364,25 @@ impl Block<'_> {
         let span = &span[..n];
         let scale = 1.0 / libm::sqrtf(hd as f32);
         let qb = q16::row_bytes(hd);
-        let mut q16 = [[0u8; MAX_HEAD_DIM / QK * BlockQ16::BYTES]; QUERY_ROWS];
+        // Row i's Q16 query: q16[i * qb ..][..qb].
+        let mut q16 = [0u8; Q16_BYTES];
         if kv.format == Format::Q8_0 {
-            for (i, buf) in q16[..n].iter_mut().enumerate() {
-                kernels.quantize_q16(q_row(i), &mut buf[..qb])?;
+            for (i, buf) in q16[..n * qb].chunks_exact_mut(qb).enumerate() {
+                kernels.quantize_q16(q_row(i), buf)?;
             }
         }
         // The kernels take TILE queries: the last tile repeats the last row.
         let tile = |k: usize| -> [&[u8]; TILE] {
-            core::array::from_fn(|j| &q16[(k * TILE + j).min(n - 1)][..qb])
+            core::array::from_fn(|j| &q16[(k * TILE + j).min(n - 1) * qb..][..qb])
         };
         // Row i's weighted sum of values so far: acc[i * hd ..][..hd].
-        let mut acc = [0f32; QUERY_ROWS * MAX_HEAD_DIM];
+        let mut acc = [0f32; ACC_FLOATS];
         let acc = &mut acc[..n * hd];
-        let (mut max, mut sum) = ([f32::NEG_INFINITY; QUERY_ROWS], [0.0f32; QUERY_ROWS]);
+        let (mut max, mut sum) = ([f32::NEG_INFINITY; MAX_ROWS], [0.0f32; MAX_ROWS]);
         // scores[j][i]: key j of the step against row i, as the kernels give them; probs[i][j]
         // the same, scaled, then exponentiated (zero outside the row's span).
-        let mut scores = [[0f32; QUERY_ROWS]; KEY_STEP];
-        let mut probs = [[0f32; KEY_STEP]; QUERY_ROWS];
+        let mut scores = [[0f32; MAX_ROWS]; KEY_STEP];
+        let mut probs = [[0f32; KEY_STEP]; MAX_ROWS];
         let mut packed = [0u8; MAX_HEAD_DIM / QK * PANEL_BLOCK_BYTES];
         let mut row = [0f32; MAX_HEAD_DIM];
         let first = span.iter().map(|s| s.0).min().unwrap_or(0);
@@ -387,7 +404,7 @@ impl Block<'_> {
                         (panel.dot)(packed, tile(k), &mut out);
                         for (key, sk) in s.iter_mut().enumerate() {
                             for (i, o) in out.iter().enumerate() {
-                                sk[(k * TILE + i).min(QUERY_ROWS - 1)] = o[key];
+                                sk[(k * TILE + i).min(MAX_ROWS - 1)] = o[key];
                             }
                         }
                     }
@@ -398,11 +415,11 @@ impl Block<'_> {
                 for s4 in scores.chunks_mut(4) {
                     if s4.len() == 4 {
                         let keys = core::array::from_fn(|i| kv.k_row(j + i, kv_head));
-                        let r = (kernels.q8_0.rows4)(keys, &q16[0][..qb]);
+                        let r = (kernels.q8_0.rows4)(keys, &q16[..qb]);
                         s4.iter_mut().zip(r).for_each(|(s, r)| s[0] = r);
                     } else {
                         for (i, s) in s4.iter_mut().enumerate() {
-                            s[0] = (kernels.q8_0.one)(kv.k_row(j + i, kv_head), &q16[0][..qb]);
+                            s[0] = (kernels.q8_0.one)(kv.k_row(j + i, kv_head), &q16[..qb]);
                         }
                     }
                     j += s4.len();
@@ -410,7 +427,7 @@ impl Block<'_> {
             } else if kv.format == Format::Q8_0 {
                 // Two keys against a tile of queries per call.
                 for k in 0..n.div_ceil(TILE) {
-                    let at = |i: usize| (k * TILE + i).min(QUERY_ROWS - 1);
+                    let at = |i: usize| (k * TILE + i).min(MAX_ROWS - 1);
                     let mut j = start;
                     for s2 in scores.chunks_mut(2) {
                         if let [a, b] = s2 {
@@ -517,13 +534,18 @@ impl Block<'_> {
         });
         if kv.format == Format::Q8_0 {
             // Up to AXPY_ROWS values per call, each widened once for all rows.
+            let mut a = [0f32; AXPY_ROWS * MAX_ROWS];
             for j in (0..steps).step_by(AXPY_ROWS) {
                 let k = (steps - j).min(AXPY_ROWS);
                 let rows: [&[u8]; AXPY_ROWS] =
                     core::array::from_fn(|r| kv.v_row(start + j + r.min(k - 1), kv_head));
-                let mut a = [0f32; AXPY_ROWS * QUERY_ROWS];
                 for (i, pi) in probs.iter().enumerate() {
-                    a[i * k..(i + 1) * k].copy_from_slice(&pi[j..j + k]);
+                    if k == AXPY_ROWS {
+                        // A constant length: moved inline, not by a call to memmove.
+                        a[i * AXPY_ROWS..][..AXPY_ROWS].copy_from_slice(&pi[j..j + AXPY_ROWS]);
+                    } else {
+                        a[i * k..(i + 1) * k].copy_from_slice(&pi[j..j + k]);
+                    }
                 }
                 (kernels.axpy_q8_0)(acc, &a[..probs.len() * k], &rows[..k]);
             }
