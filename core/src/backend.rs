@@ -483,8 +483,7 @@ impl Block<'_> {
                     sum[i] *= r;
                     max[i] = step_max;
                 }
-                (kernels.exp_sub)(live, max[i]);
-                sum[i] += live.iter().sum::<f32>();
+                sum[i] += (kernels.exp_sub)(live, max[i]);
             }
             self.add_values(
                 kernels,

@@ -91,13 +91,26 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-/// `x = e^(x - m)`, element-wise: a softmax's exponentials, compiled per instruction set like
-/// `silu_mul`.
+/// `x = e^(x - m)`, element-wise, and the sum of the results: a softmax's exponentials,
+/// compiled per instruction set like `silu_mul`. The sum goes in eight lanes (element `j` into
+/// lane `j % 8`), then pairwise: a fixed order, so the same bits at any vector width, without a
+/// chain of dependent additions.
 #[inline(always)]
-pub fn exp_sub(x: &mut [f32], m: f32) {
-    for v in x.iter_mut() {
-        *v = exp(*v - m);
+pub fn exp_sub(x: &mut [f32], m: f32) -> f32 {
+    let mut lanes = [0f32; 8];
+    let mut chunks = x.chunks_exact_mut(8);
+    for c in &mut chunks {
+        for (l, v) in lanes.iter_mut().zip(c.iter_mut()) {
+            *v = exp(*v - m);
+            *l += *v;
+        }
     }
+    for (l, v) in lanes.iter_mut().zip(chunks.into_remainder()) {
+        *v = exp(*v - m);
+        *l += *v;
+    }
+    let [a, b, c, d, e, f, g, h] = lanes;
+    ((a + e) + (c + g)) + ((b + f) + (d + h))
 }
 
 /// `x += y`.

@@ -92,7 +92,7 @@ pub struct Kernels {
     /// `ops::silu_mul` and `ops::exp_sub`, compiled for this instruction set: the same
     /// bits as the scalar table's.
     pub silu_mul: fn(&mut [f32], &[f32]),
-    pub exp_sub: fn(&mut [f32], f32),
+    pub exp_sub: fn(&mut [f32], f32) -> f32,
 }
 
 impl Kernels {

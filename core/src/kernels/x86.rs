@@ -55,7 +55,11 @@ const fn table<const ISA: u8>(name: &'static str) -> Kernels {
         dot_f32_x4: dot_f32::<TILE>,
         dot_f16: |w, x| dot_f16::<1>(w, [x])[0],
         dot_f16_x4: dot_f16::<TILE>,
-        axpy_q8_0,
+        axpy_q8_0: if ISA == AVX512_VNNI {
+            axpy_q8_0_zmm
+        } else {
+            axpy_q8_0
+        },
         silu_mul,
         exp_sub,
     }
@@ -66,7 +70,7 @@ fn silu_mul(gate: &mut [f32], up: &[f32]) {
     unsafe { silu_mul_avx2(gate, up) }
 }
 
-fn exp_sub(x: &mut [f32], m: f32) {
+fn exp_sub(x: &mut [f32], m: f32) -> f32 {
     // SAFETY: CPU features as above.
     unsafe { exp_sub_avx2(x, m) }
 }
@@ -79,7 +83,7 @@ unsafe fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
 
 /// The portable loop, vectorized eight wide instead of baseline x86-64's four.
 #[target_feature(enable = "avx2")]
-unsafe fn exp_sub_avx2(x: &mut [f32], m: f32) {
+unsafe fn exp_sub_avx2(x: &mut [f32], m: f32) -> f32 {
     crate::ops::exp_sub(x, m)
 }
 
@@ -106,6 +110,62 @@ fn axpy_q8_0(out: &mut [f32], a: &[f32], rows: &[&[u8]]) {
             [r0, r1, r2] => axpy_q8_0_avx2::<3>(out, a, [r0, r1, r2]),
             [r0, r1, r2, r3, ..] => axpy_q8_0_avx2::<4>(out, a, [r0, r1, r2, r3]),
             [] => {}
+        }
+    }
+}
+
+/// `axpy_q8_0` in 512-bit vectors: the same multiply-adds per value, in the same order.
+fn axpy_q8_0_zmm(out: &mut [f32], a: &[f32], rows: &[&[u8]]) {
+    // SAFETY: this table is used only when `avx512_available()` said yes; the kernel stays
+    // within the whole blocks and runs it has.
+    unsafe {
+        match rows {
+            [r0] => axpy_q8_0_avx512::<1>(out, a, [r0]),
+            [r0, r1] => axpy_q8_0_avx512::<2>(out, a, [r0, r1]),
+            [r0, r1, r2] => axpy_q8_0_avx512::<3>(out, a, [r0, r1, r2]),
+            [r0, r1, r2, r3, ..] => axpy_q8_0_avx512::<4>(out, a, [r0, r1, r2, r3]),
+            [] => {}
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn axpy_q8_0_avx512<const K: usize>(out: &mut [f32], a: &[f32], rows: [&[u8]; K]) {
+    let nb = super::q8_0_blocks(&rows);
+    let n = nb * QK;
+    if n == 0 {
+        return;
+    }
+    let runs = (a.len() / K).min(out.len() / n);
+    for b in 0..nb {
+        // SAFETY: block `b` < nb lies inside every row (34 bytes), and in each of the `runs`
+        // runs of `out` (32 floats at `i * n + b * 32`); `a` holds `runs · K` values.
+        unsafe {
+            // v[c][k]: values 16c..16c+16 of row k's block, widened.
+            let mut d = [0f32; K];
+            let mut v = [[_mm512_setzero_ps(); K]; 2];
+            for (k, dk) in d.iter_mut().enumerate() {
+                let rp = rows[k].as_ptr().add(b * BlockQ8_0::BYTES);
+                *dk = f16_at(rp);
+                for (c, vc) in v.iter_mut().enumerate() {
+                    let q = _mm_loadu_si128(rp.add(2 + 16 * c) as *const __m128i);
+                    vc[k] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+                }
+            }
+            for i in 0..runs {
+                let mut ad = [_mm512_setzero_ps(); K];
+                for (k, adk) in ad.iter_mut().enumerate() {
+                    *adk = _mm512_set1_ps(*a.get_unchecked(i * K + k) * d[k]);
+                }
+                let op = out.as_mut_ptr().add(i * n + b * QK);
+                for (c, vc) in v.iter().enumerate() {
+                    let mut o = _mm512_loadu_ps(op.add(16 * c));
+                    for (adk, vck) in ad.iter().zip(vc) {
+                        o = _mm512_fmadd_ps(*adk, *vck, o);
+                    }
+                    _mm512_storeu_ps(op.add(16 * c), o);
+                }
+            }
         }
     }
 }
