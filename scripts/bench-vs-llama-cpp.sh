@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # sapient against llama.cpp on the same GGUF files, thread count and machine, run by run.
 #
-#   scripts/bench-vs-llama-cpp.sh [threads] [repetitions]
+#   scripts/bench-vs-llama-cpp.sh [threads] [repetitions] [depth]
 #
 # Builds llama.cpp's llama-bench and llama-quantize (CPU only) from the source vendored in the
 # PyPI sdist of llama-cpp-python, cached in ~/.cache/sapient/llama.cpp; makes a Q8_0 GGUF from
 # the Q4_1 one with llama-quantize --allow-requantize; then alternates the two tools, pp512 and
-# tg128 each run, and prints every figure and the medians' ratios.
+# tg128 each run (after `depth` tokens already in the cache, llama-bench's -d; 0 by default),
+# and prints every figure and the medians' ratios.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads="${1:-2}"
 reps="${2:-5}"
+depth="${3:-0}"
 version=0.3.36
 # llama.cpp gets the instruction sets sapient picks on this CPU (AVX2+FMA+F16C, plus AVX-VNNI and
 # AVX-512 F/BW/VL/VNNI where present), never -march=native: these machines' CPUs report AMX,
@@ -55,18 +57,18 @@ fi
 cargo build --release --quiet -p sapient
 sapient=target/release/sapient
 
-python3 - "$bin/llama-bench" "$sapient" "$threads" "$reps" "$q8" "$q4" <<'PY'
+python3 - "$bin/llama-bench" "$sapient" "$threads" "$reps" "$depth" "$q8" "$q4" <<'PY'
 import json, statistics, subprocess, sys
-llama_bench, sapient, threads, reps, *models = sys.argv[1:]
+llama_bench, sapient, threads, reps, depth, *models = sys.argv[1:]
 reps = int(reps)
 
 def llama(model, p, n):
-    out = subprocess.run([llama_bench, "-m", model, "-t", threads, "-p", str(p), "-n", str(n), "-r", "1", "-o", "json"],
+    out = subprocess.run([llama_bench, "-m", model, "-t", threads, "-p", str(p), "-n", str(n), "-d", depth, "-r", "1", "-o", "json"],
                          check=True, capture_output=True, text=True).stdout
     return json.loads(out)[0]["avg_ts"]
 
 def ours(model, p, n):
-    out = subprocess.run([sapient, "bench", "-m", model, "-t", threads, "-p", str(p), "-n", str(n), "-r", "1", "--format", "json"],
+    out = subprocess.run([sapient, "bench", "-m", model, "-t", threads, "-p", str(p), "-n", str(n), "-d", depth, "-r", "1", "--format", "json"],
                          check=True, capture_output=True, text=True).stdout
     j = json.loads(out)
     return j["prefill_tokens_per_s"] if p else j["decode_tokens_per_s"]
@@ -79,6 +81,7 @@ for model in models:
             b.append(llama(model, p, n))
         ma, mb = statistics.median(a), statistics.median(b)
         name = model.rsplit("/", 1)[-1]
-        print(f"{name} {test} t={threads}: sapient {ma:.1f} tok/s {[round(x, 1) for x in a]}, "
+        at = f" @ d{depth}" if depth != "0" else ""
+        print(f"{name} {test}{at} t={threads}: sapient {ma:.1f} tok/s {[round(x, 1) for x in a]}, "
               f"llama.cpp {mb:.1f} tok/s {[round(x, 1) for x in b]}, ratio {ma / mb:.2f}")
 PY
