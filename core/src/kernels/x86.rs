@@ -55,11 +55,7 @@ const fn table<const ISA: u8>(name: &'static str) -> Kernels {
         dot_f32_x4: dot_f32::<TILE>,
         dot_f16: |w, x| dot_f16::<1>(w, [x])[0],
         dot_f16_x4: dot_f16::<TILE>,
-        axpy_q8_0: if ISA == AVX512_VNNI {
-            axpy_q8_0_zmm
-        } else {
-            axpy_q8_0
-        },
+        axpy_q8_0: axpy_q8_0::<ISA>,
         silu_mul,
         exp_sub,
     }
@@ -101,30 +97,31 @@ const fn dots<W: Unpack, const ISA: u8>() -> QuantDots {
     }
 }
 
-fn axpy_q8_0(out: &mut [f32], a: &[f32], rows: &[&[u8]]) {
-    // SAFETY: CPU features as above; the kernel stays within the whole blocks and runs it has.
+/// Up to four rows at a time, in 512-bit vectors with AVX-512 (the same multiply-adds per value,
+/// in the same order, so the same bits).
+fn axpy_q8_0<const ISA: u8>(out: &mut [f32], a: &[f32], rows: &[&[u8]]) {
+    // SAFETY: CPU features as above (AVX-512 only in its table); the kernels stay within the
+    // whole blocks and runs they have.
     unsafe {
         match rows {
-            [r0] => axpy_q8_0_avx2::<1>(out, a, [r0]),
-            [r0, r1] => axpy_q8_0_avx2::<2>(out, a, [r0, r1]),
-            [r0, r1, r2] => axpy_q8_0_avx2::<3>(out, a, [r0, r1, r2]),
-            [r0, r1, r2, r3, ..] => axpy_q8_0_avx2::<4>(out, a, [r0, r1, r2, r3]),
+            [r0] => axpy_rows::<1, ISA>(out, a, [r0]),
+            [r0, r1] => axpy_rows::<2, ISA>(out, a, [r0, r1]),
+            [r0, r1, r2] => axpy_rows::<3, ISA>(out, a, [r0, r1, r2]),
+            [r0, r1, r2, r3, ..] => axpy_rows::<4, ISA>(out, a, [r0, r1, r2, r3]),
             [] => {}
         }
     }
 }
 
-/// `axpy_q8_0` in 512-bit vectors: the same multiply-adds per value, in the same order.
-fn axpy_q8_0_zmm(out: &mut [f32], a: &[f32], rows: &[&[u8]]) {
-    // SAFETY: this table is used only when `avx512_available()` said yes; the kernel stays
-    // within the whole blocks and runs it has.
+/// # Safety
+/// The CPU features of `ISA`.
+unsafe fn axpy_rows<const K: usize, const ISA: u8>(out: &mut [f32], a: &[f32], rows: [&[u8]; K]) {
+    // SAFETY: as the caller guarantees.
     unsafe {
-        match rows {
-            [r0] => axpy_q8_0_avx512::<1>(out, a, [r0]),
-            [r0, r1] => axpy_q8_0_avx512::<2>(out, a, [r0, r1]),
-            [r0, r1, r2] => axpy_q8_0_avx512::<3>(out, a, [r0, r1, r2]),
-            [r0, r1, r2, r3, ..] => axpy_q8_0_avx512::<4>(out, a, [r0, r1, r2, r3]),
-            [] => {}
+        if ISA == AVX512_VNNI {
+            axpy_q8_0_avx512::<K>(out, a, rows)
+        } else {
+            axpy_q8_0_avx2::<K>(out, a, rows)
         }
     }
 }
