@@ -230,17 +230,19 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, E> {
             });
         }
         let kernels = self.kernels;
-        // The query heads that share a KV head (as many as fit in a block) go together, and with
-        // them, while prefilling, the same heads of the next tokens: each cached key and value
-        // row is then read and widened (or packed) once for all of them.
+        // The query heads that share a KV head go together, and with them, while prefilling, the
+        // same heads of the next tokens: each cached key and value row is then read and widened
+        // (or packed) once for all of them. Decoding keeps groups to a tile of heads, so that
+        // threads still share a long context's work when there are few KV heads.
         let rows = query_rows(hd);
+        let n_tok = q.len() / (shape.n_heads * hd);
         let per_kv = shape.n_heads / shape.n_kv_heads;
-        let group = (1..=rows.min(per_kv))
+        let most = if n_tok == 1 { TILE } else { rows };
+        let group = (1..=most.min(per_kv))
             .rev()
             .find(|g| per_kv.is_multiple_of(*g))
             .unwrap_or(1);
         let block_tokens = rows / group;
-        let n_tok = q.len() / (shape.n_heads * hd);
         let block = Block {
             q,
             first_pos,
