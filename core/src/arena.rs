@@ -25,6 +25,7 @@ struct Layout {
     up: usize,
     rope: usize,
     tmp: usize,
+    logits: usize,
     q16: usize,
 }
 
@@ -54,6 +55,7 @@ impl Layout {
             up: b * ff,
             rope: b * c.head_dim,
             tmp,
+            logits: c.vocab_size,
             q16: blocks * BlockQ16::BYTES,
         })
     }
@@ -69,6 +71,7 @@ impl Layout {
             + self.up
             + self.rope
             + self.tmp
+            + self.logits
     }
 }
 
@@ -134,7 +137,8 @@ impl<'a> Scratch<'a> {
         let (gate, f) = f.split_at_mut(l.gate);
         let (up, f) = f.split_at_mut(l.up);
         let (rope, f) = f.split_at_mut(l.rope);
-        let tmp = &mut f[..l.tmp];
+        let (tmp, f) = f.split_at_mut(l.tmp);
+        let logits = &mut f[..l.logits];
         Buffers {
             x,
             xb,
@@ -146,6 +150,7 @@ impl<'a> Scratch<'a> {
             up,
             rope,
             tmp,
+            logits,
             q16: &mut *self.q16,
         }
     }
@@ -163,5 +168,7 @@ pub(crate) struct Buffers<'s> {
     /// cos then sin of each token's RoPE angles: `head_dim` per token.
     pub rope: &'s mut [f32],
     pub tmp: &'s mut [f32],
+    /// One row of logits, for greedy decoding.
+    pub logits: &'s mut [f32],
     pub q16: &'s mut [u8],
 }

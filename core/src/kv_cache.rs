@@ -127,18 +127,6 @@ impl<'a> KvCache<'a> {
         Ok(())
     }
 
-    /// Checks that `n` more positions fit and returns the first of them.
-    pub(crate) fn reserve(&self, n: usize) -> Result<usize> {
-        if n > self.max_seq - self.len {
-            return Err(Error::ContextFull {
-                pos: self.len,
-                tokens: n,
-                max_seq: self.max_seq,
-            });
-        }
-        Ok(self.len)
-    }
-
     /// Marks `n` positions as filled (after every layer wrote them).
     pub(crate) fn advance(&mut self, n: usize) {
         self.len += n;

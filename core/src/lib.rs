@@ -13,8 +13,10 @@
 extern crate alloc;
 
 pub mod arena;
+pub mod attention;
 pub mod backend;
 pub mod config;
+mod cpu;
 pub mod error;
 pub mod exec;
 pub mod kernels;
@@ -26,6 +28,7 @@ pub mod sample;
 pub mod weights;
 
 pub use arena::Scratch;
+pub use backend::Backend;
 pub use config::{Config, RopeScaling, RopeStyle};
 pub use error::{Error, Result};
 pub use exec::{Exec, Serial};

@@ -122,6 +122,13 @@ impl Sampler {
         &self.config
     }
 
+    /// Whether every choice is the argmax of the raw logits (greedy, no penalty): a backend can
+    /// then pick the token itself (`Want::LastArgmax`) without handing over the logits.
+    pub fn is_argmax(&self) -> bool {
+        let c = &self.config;
+        (c.temperature == 0.0 || c.top_k == 1) && c.repeat_penalty == 1.0
+    }
+
     /// The next token given `logits` and the tokens so far (for the repetition penalty).
     /// `logits` is modified by the penalty.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {

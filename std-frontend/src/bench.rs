@@ -5,11 +5,10 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use sapient_core::exec::Exec;
 use sapient_core::sample::Rng;
-use sapient_core::{KvCache, KvFormat, Model, Scratch, Want};
+use sapient_core::Want;
 
-use crate::run::{Arenas, DEFAULT_BATCH};
+use crate::run::{Runner, Session, DEFAULT_BATCH};
 
 /// Mean and sample standard deviation.
 #[derive(Debug, Clone, Copy, Default)]
@@ -52,14 +51,8 @@ pub struct Tests {
 }
 
 /// Runs `reps` timed repetitions (after one warm-up) of each test.
-pub fn bench<E: Exec>(
-    model: &Model<'_>,
-    exec: &E,
-    kv: KvFormat,
-    tests: Tests,
-    reps: usize,
-) -> Result<BenchResult> {
-    let c = &model.config;
+pub fn bench(runner: &impl Runner, tests: Tests, reps: usize) -> Result<BenchResult> {
+    let c = runner.config();
     let Tests {
         prompt,
         generate,
@@ -67,62 +60,50 @@ pub fn bench<E: Exec>(
     } = tests;
     let ctx = depth + prompt.max(generate).max(1);
     let batch = prompt.max(depth).clamp(1, DEFAULT_BATCH);
-    let mut arenas = Arenas::new(c, ctx, kv, batch)?;
-    let (mut cache, mut scratch) = arenas.borrow(c)?;
     let mut rng = Rng::new(42);
     let tokens: Vec<u32> = (0..ctx)
         .map(|_| (rng.next_u64() % c.vocab_size as u64) as u32)
         .collect();
-    // The cache as each test starts: empty, then `depth` tokens prefilled.
-    let mut depth_logits = vec![0f32; c.vocab_size];
-    let mut fill = |cache: &mut KvCache<'_>, scratch: &mut Scratch<'_>| -> Result<()> {
-        cache.clear();
-        if depth > 0 {
-            let want = Want::LastLogits(&mut depth_logits);
-            model.forward(&tokens[..depth], cache, scratch, exec, want)?;
-        }
-        Ok(())
-    };
-    let tokens_after = &tokens[depth..];
-    let mut logits = vec![0f32; c.vocab_size];
-    let (mut pp, mut tg) = (Vec::new(), Vec::new());
-    for rep in 0..=reps {
-        if prompt > 0 {
-            fill(&mut cache, &mut scratch)?;
-            let t = Instant::now();
-            model.forward(
-                &tokens_after[..prompt],
-                &mut cache,
-                &mut scratch,
-                exec,
-                Want::LastLogits(&mut logits),
-            )?;
-            let rate = prompt as f64 / t.elapsed().as_secs_f64();
-            if rep > 0 {
-                pp.push(rate);
+    let vocab = c.vocab_size;
+    runner.with_session(ctx, batch, |s| {
+        // The cache as each test starts: empty, then `depth` tokens prefilled.
+        let mut depth_logits = vec![0f32; vocab];
+        let mut fill = |s: &mut dyn Session| -> Result<()> {
+            s.truncate(0);
+            if depth > 0 {
+                s.forward(&tokens[..depth], Want::LastLogits(&mut depth_logits))?;
+            }
+            Ok(())
+        };
+        let tokens_after = &tokens[depth..];
+        let mut logits = vec![0f32; vocab];
+        let (mut pp, mut tg) = (Vec::new(), Vec::new());
+        for rep in 0..=reps {
+            if prompt > 0 {
+                fill(s)?;
+                let t = Instant::now();
+                s.forward(&tokens_after[..prompt], Want::LastLogits(&mut logits))?;
+                let rate = prompt as f64 / t.elapsed().as_secs_f64();
+                if rep > 0 {
+                    pp.push(rate);
+                }
+            }
+            if generate > 0 {
+                fill(s)?;
+                let t = Instant::now();
+                for &tok in &tokens_after[..generate] {
+                    s.forward(&[tok], Want::LastLogits(&mut logits))?;
+                }
+                let rate = generate as f64 / t.elapsed().as_secs_f64();
+                if rep > 0 {
+                    tg.push(rate);
+                }
             }
         }
-        if generate > 0 {
-            fill(&mut cache, &mut scratch)?;
-            let t = Instant::now();
-            for &tok in &tokens_after[..generate] {
-                model.forward(
-                    &[tok],
-                    &mut cache,
-                    &mut scratch,
-                    exec,
-                    Want::LastLogits(&mut logits),
-                )?;
-            }
-            let rate = generate as f64 / t.elapsed().as_secs_f64();
-            if rep > 0 {
-                tg.push(rate);
-            }
-        }
-    }
-    Ok(BenchResult {
-        prefill: (prompt > 0).then(|| Rate::of(&pp)),
-        decode: (generate > 0).then(|| Rate::of(&tg)),
+        Ok(BenchResult {
+            prefill: (prompt > 0).then(|| Rate::of(&pp)),
+            decode: (generate > 0).then(|| Rate::of(&tg)),
+        })
     })
 }
 

@@ -2,9 +2,10 @@
 use std::time::Instant;
 
 use anyhow::Result;
-use sapient_core::exec::Exec;
 use sapient_core::sample::Sampler;
-use sapient_core::{KvCache, Model, Scratch, Want};
+use sapient_core::Want;
+
+use crate::run::Session;
 
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Stats {
@@ -36,16 +37,12 @@ pub enum Stop {
     Interrupted,
 }
 
-/// Runs `new_tokens` after what `cache` holds, then samples up to `max_tokens` tokens, calling
-/// `on_token` with each (it returns false to stop). The cache ends holding every token that was
-/// fed through the model; the last token sampled (a stop token, or the last of
+/// Runs `new_tokens` after what the session's cache holds, then samples up to `max_tokens`
+/// tokens, calling `on_token` with each (it returns false to stop). The cache ends holding every
+/// token that was fed through the model; the last token sampled (a stop token, or the last of
 /// `max_tokens`) is reported but not fed.
-#[allow(clippy::too_many_arguments)]
-pub fn generate<E: Exec>(
-    model: &Model<'_>,
-    exec: &E,
-    cache: &mut KvCache<'_>,
-    scratch: &mut Scratch<'_>,
+pub fn generate(
+    session: &mut dyn Session,
     sampler: &mut Sampler,
     new_tokens: &[u32],
     history: &mut Vec<u32>,
@@ -53,34 +50,40 @@ pub fn generate<E: Exec>(
     stop: &[u32],
     mut on_token: impl FnMut(u32) -> Result<bool>,
 ) -> Result<(Stats, Stop)> {
-    let mut logits = vec![0f32; model.config.vocab_size];
+    let mut logits = vec![0f32; session.config().vocab_size];
     let mut stats = Stats {
         prompt_tokens: new_tokens.len(),
         ..Stats::default()
     };
-    if new_tokens.len() > cache.max_seq() - cache.len() {
+    if new_tokens.len() > session.max_seq() - session.kv_len() {
         return Err(sapient_core::Error::ContextFull {
-            pos: cache.len(),
+            pos: session.kv_len(),
             tokens: new_tokens.len(),
-            max_seq: cache.max_seq(),
+            max_seq: session.max_seq(),
         }
         .into());
     }
+    // Greedy decoding lets the backend pick the token: a GPU then reads back one id.
+    let argmax = sampler.is_argmax();
+    let mut next = 0;
+    let step = |s: &mut dyn Session, tokens: &[u32], logits: &mut [f32], next: &mut u32| {
+        if argmax {
+            s.forward(tokens, Want::LastArgmax(next))
+        } else {
+            s.forward(tokens, Want::LastLogits(logits))
+        }
+    };
     let t0 = Instant::now();
-    model.forward(
-        new_tokens,
-        cache,
-        scratch,
-        exec,
-        Want::LastLogits(&mut logits),
-    )?;
+    step(session, new_tokens, &mut logits, &mut next)?;
     history.extend_from_slice(new_tokens);
     stats.prompt_secs = t0.elapsed().as_secs_f64();
 
     let t1 = Instant::now();
     let mut why = Stop::MaxTokens;
     for i in 0..max_tokens {
-        let next = sampler.sample(&mut logits, history);
+        if !argmax {
+            next = sampler.sample(&mut logits, history);
+        }
         if stop.contains(&next) {
             why = Stop::EndOfSequence;
             break;
@@ -93,12 +96,13 @@ pub fn generate<E: Exec>(
         if i + 1 == max_tokens {
             break;
         }
-        if cache.len() == cache.max_seq() {
+        if session.kv_len() == session.max_seq() {
             why = Stop::ContextFull;
             break;
         }
-        model.forward(&[next], cache, scratch, exec, Want::LastLogits(&mut logits))?;
-        history.push(next);
+        let token = next;
+        step(session, &[token], &mut logits, &mut next)?;
+        history.push(token);
     }
     stats.generate_secs = t1.elapsed().as_secs_f64();
     Ok((stats, why))

@@ -10,18 +10,18 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use sapient::chat::{ChatTemplate, Message};
 use sapient::generate::{generate, Stop};
 use sapient::load::{self, resolve, LoadOptions, ModelFiles, Quantize};
-use sapient::run::{self, Arenas, DEFAULT_BATCH};
+use sapient::run::{self, CpuRunner, Runner, Session, DEFAULT_BATCH};
 use sapient::tokenizer::{TextStream, Tokenizer};
 use sapient::Rayon;
 use sapient_core::sample::{Sampler, SamplerConfig};
-use sapient_core::{KvCache, KvFormat, Model};
+use sapient_core::{Config, KvCache, KvFormat, Model};
 use serde_json::json;
 
 #[derive(Parser)]
 #[command(
     name = "sapient",
     version,
-    about = "Llama-family LLM inference on the CPU"
+    about = "Llama-family LLM inference on the CPU and the GPU"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -114,6 +114,17 @@ struct ModelArgs {
     /// Worker threads (default: one per physical core).
     #[arg(short, long)]
     threads: Option<usize>,
+    /// Where to run: auto takes a hardware GPU when this build has the GPU backend and one is
+    /// present (never a software one), the CPU otherwise; gpu takes any GPU adapter, or fails.
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
+    backend: BackendArg,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BackendArg {
+    Cpu,
+    Gpu,
+    Auto,
 }
 
 #[derive(Args)]
@@ -219,6 +230,37 @@ struct Loaded {
     exec: Rayon,
     quantize: Quantize,
     kv: Option<KvArg>,
+    backend: BackendArg,
+}
+
+/// A loaded model on the backend the user chose.
+enum Engine<'m, 'w> {
+    Cpu(CpuRunner<'m, 'w, Rayon>),
+    #[cfg(feature = "gpu")]
+    Gpu(sapient::gpu::GpuModel),
+}
+
+impl Runner for Engine<'_, '_> {
+    fn config(&self) -> &Config {
+        match self {
+            Engine::Cpu(r) => r.config(),
+            #[cfg(feature = "gpu")]
+            Engine::Gpu(g) => g.config(),
+        }
+    }
+
+    fn with_session<R>(
+        &self,
+        max_seq: usize,
+        max_batch: usize,
+        f: impl FnOnce(&mut dyn Session) -> Result<R>,
+    ) -> Result<R> {
+        match self {
+            Engine::Cpu(r) => r.with_session(max_seq, max_batch, f),
+            #[cfg(feature = "gpu")]
+            Engine::Gpu(g) => g.with_session(max_seq, max_batch, f),
+        }
+    }
 }
 
 impl Loaded {
@@ -238,7 +280,43 @@ impl Loaded {
             exec: Rayon::new(a.threads)?,
             quantize,
             kv: a.kv,
+            backend: a.backend,
         })
+    }
+
+    /// The model on the chosen backend; the GPU's adapter is named on stderr.
+    fn engine<'m, 'w>(&'m self, model: &'m Model<'w>) -> Result<Engine<'m, 'w>> {
+        let cpu = || Engine::Cpu(CpuRunner::new(model, self.kv_format(model), &self.exec));
+        #[cfg(feature = "gpu")]
+        {
+            use sapient::gpu::{GpuModel, GpuOptions};
+            let software = match self.backend {
+                BackendArg::Cpu => return Ok(cpu()),
+                BackendArg::Gpu => true,
+                BackendArg::Auto => false,
+            };
+            let opts = GpuOptions {
+                allow_software: software,
+                ..GpuOptions::default()
+            };
+            match GpuModel::new(model, &opts)? {
+                Some(g) => {
+                    eprintln!("GPU: {}", g.summary());
+                    Ok(Engine::Gpu(g))
+                }
+                None if software => {
+                    bail!("--backend gpu: no GPU adapter found (wgpu: Metal, Vulkan, DX12)")
+                }
+                None => Ok(cpu()),
+            }
+        }
+        #[cfg(not(feature = "gpu"))]
+        {
+            if self.backend == BackendArg::Gpu {
+                bail!("--backend gpu: this sapient was built without the GPU backend (cargo build --release --features gpu)");
+            }
+            Ok(cpu())
+        }
     }
 
     /// Builds the model with a progress bar (shown only on a terminal) and a one-line summary.
@@ -348,7 +426,7 @@ fn run_command(command: Command) -> Result<()> {
             let l = Loaded::open(&model)?;
             let (ids, _) = l.prompt(&prompt)?;
             let m = l.model()?;
-            let logits = run::logits(&m, &ids, all_positions, l.kv_format(&m), &l.exec)?;
+            let logits = run::logits(&l.engine(&m)?, &ids, all_positions)?;
             println!("{}", json!({ "prompt_ids": ids, "logits": logits }));
             Ok(())
         }
@@ -360,7 +438,7 @@ fn run_command(command: Command) -> Result<()> {
             let l = Loaded::open(&model)?;
             let (ids, _) = l.prompt(&prompt)?;
             let m = l.model()?;
-            let e = run::embedding(&m, &ids, l.kv_format(&m), &l.exec)?;
+            let e = run::embedding(&l.engine(&m)?, &ids)?;
             match format {
                 OutputFormat::Json => println!("{}", json!({ "embedding": e })),
                 OutputFormat::Text => println!(
@@ -382,8 +460,9 @@ fn run_command(command: Command) -> Result<()> {
             let tok = Tokenizer::load(&l.files)?;
             let ids = tok.encode(&text)?;
             let m = l.model()?;
+            let engine = l.engine(&m)?;
             let t0 = Instant::now();
-            let (ppl, scored) = run::perplexity(&m, &ids, ctx, l.kv_format(&m), &l.exec)?;
+            let (ppl, scored) = run::perplexity(&engine, &ids, ctx)?;
             let processed = ids.len() / ctx * ctx;
             let tps = processed as f64 / t0.elapsed().as_secs_f64();
             match format {
@@ -414,7 +493,8 @@ fn run_command(command: Command) -> Result<()> {
                 generate,
                 depth,
             };
-            let r = sapient::bench::bench(&m, &l.exec, l.kv_format(&m), tests, reps.max(1))?;
+            let engine = l.engine(&m)?;
+            let r = sapient::bench::bench(&engine, tests, reps.max(1))?;
             let rss = sapient::bench::peak_rss_bytes();
             match format {
                 OutputFormat::Json => println!(
@@ -478,45 +558,39 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         );
     }
     let mut sampler = Sampler::new(a.sampling.config())?;
-    let mut arenas = Arenas::new(
-        c,
-        ctx,
-        l.kv_format(&m),
-        prompt.len().clamp(1, DEFAULT_BATCH),
-    )?;
-    let (mut cache, mut scratch) = arenas.borrow(c)?;
+    let engine = l.engine(&m)?;
     let stop = l.files.eos_token_ids.clone();
     let mut out_ids = Vec::new();
     let mut stream = tok.as_ref().map(TextStream::new);
     let json = a.format == OutputFormat::Json;
     let mut stdout = std::io::stdout().lock();
     let mut history = Vec::new();
-    let (stats, why) = generate(
-        &m,
-        &l.exec,
-        &mut cache,
-        &mut scratch,
-        &mut sampler,
-        &prompt,
-        &mut history,
-        a.max_tokens,
-        &stop,
-        |t| {
-            out_ids.push(t);
-            if !json {
-                match stream.as_mut() {
-                    Some(s) => {
-                        if let Some(text) = s.push(t)? {
-                            write!(stdout, "{text}")?;
-                            stdout.flush()?;
+    let batch = prompt.len().clamp(1, DEFAULT_BATCH);
+    let (stats, why) = engine.with_session(ctx, batch, |session| {
+        generate(
+            session,
+            &mut sampler,
+            &prompt,
+            &mut history,
+            a.max_tokens,
+            &stop,
+            |t| {
+                out_ids.push(t);
+                if !json {
+                    match stream.as_mut() {
+                        Some(s) => {
+                            if let Some(text) = s.push(t)? {
+                                write!(stdout, "{text}")?;
+                                stdout.flush()?;
+                            }
                         }
+                        None => write!(stdout, "{t} ")?,
                     }
-                    None => write!(stdout, "{t} ")?,
                 }
-            }
-            Ok(true)
-        },
-    )?;
+                Ok(true)
+            },
+        )
+    })?;
     if let Some(rest) = stream
         .as_mut()
         .map(TextStream::finish)
@@ -564,10 +638,8 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
     let tok = Tokenizer::load(&l.files)?;
     let template = ChatTemplate::load(&l.files, &tok)?;
     let m = l.model()?;
-    let c = &m.config;
     let mut sampler = Sampler::new(a.sampling.config())?;
-    let mut arenas = Arenas::new(c, a.ctx, l.kv_format(&m), DEFAULT_BATCH)?;
-    let (mut cache, mut scratch) = arenas.borrow(c)?;
+    let engine = l.engine(&m)?;
     let mut stop = l.files.eos_token_ids.clone();
     stop.extend(
         ["<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"]
@@ -587,7 +659,7 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
     let stdin = std::io::stdin();
     let mut stdout = std::io::stdout();
     eprintln!("(Ctrl-D or Ctrl-C to quit; Ctrl-C during a reply ends the reply)");
-    loop {
+    engine.with_session(a.ctx, DEFAULT_BATCH, |session| loop {
         write!(stdout, "> ")?;
         stdout.flush()?;
         let mut line = String::new();
@@ -610,14 +682,14 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
         }
         // Only what the cache does not hold yet goes through the model.
         let common = history.iter().zip(&ids).take_while(|(a, b)| a == b).count();
-        cache.truncate(common);
+        session.truncate(common);
         history.truncate(common);
-        let room = cache.max_seq() - common;
+        let room = session.max_seq() - common;
         if ids.len() - common >= room {
             messages.pop();
             eprintln!(
                 "error: the conversation no longer fits in --ctx {}",
-                cache.max_seq()
+                session.max_seq()
             );
             continue;
         }
@@ -626,10 +698,7 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
         INTERRUPTED.store(false, Ordering::SeqCst);
         GENERATING.store(true, Ordering::SeqCst);
         let result = generate(
-            &m,
-            &l.exec,
-            &mut cache,
-            &mut scratch,
+            session,
             &mut sampler,
             &ids[common..],
             &mut history,
@@ -655,7 +724,7 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
             role: "assistant".into(),
             content: tok.decode(&reply_ids, true)?,
         });
-    }
+    })
 }
 
 fn cmd_inspect(spec: &str, ctx: usize) -> Result<()> {

@@ -1,4 +1,5 @@
-//! Running a model with arenas from the heap: what the CLI and the tests share.
+//! Running a model on a backend: sessions (a KV cache and working memory) and what the CLI and
+//! the tests do with them.
 use anyhow::Result;
 use sapient_core::exec::Exec;
 use sapient_core::model::mean_rows;
@@ -7,6 +8,101 @@ use sapient_core::{Config, KvCache, KvFormat, Model, Scratch, Want};
 /// Tokens processed per batch when none is asked for: enough to tile every weight block over many
 /// tokens, small enough that the scratch stays a few MiB for small models.
 pub const DEFAULT_BATCH: usize = 256;
+
+/// A model with a KV cache and working memory on one backend: what generation, perplexity and
+/// the benchmarks drive.
+pub trait Session {
+    fn config(&self) -> &Config;
+    /// Runs `tokens` after the positions the cache holds, and fills `want`.
+    fn forward(&mut self, tokens: &[u32], want: Want<'_>) -> Result<()>;
+    /// Positions the cache holds.
+    fn kv_len(&self) -> usize;
+    /// Positions the cache can hold.
+    fn max_seq(&self) -> usize;
+    /// Forgets every position after the first `len`.
+    fn truncate(&mut self, len: usize);
+}
+
+/// A model on a backend, which opens sessions.
+pub trait Runner {
+    fn config(&self) -> &Config;
+    /// Calls `f` with a session of `max_seq` positions that runs up to `max_batch` tokens at once.
+    fn with_session<R>(
+        &self,
+        max_seq: usize,
+        max_batch: usize,
+        f: impl FnOnce(&mut dyn Session) -> Result<R>,
+    ) -> Result<R>;
+}
+
+/// The CPU backend: the core's `Model` with a KV format and an executor.
+pub struct CpuRunner<'m, 'w, E> {
+    pub model: &'m Model<'w>,
+    pub kv: KvFormat,
+    pub exec: &'m E,
+}
+
+impl<'m, 'w, E: Exec> CpuRunner<'m, 'w, E> {
+    pub fn new(model: &'m Model<'w>, kv: KvFormat, exec: &'m E) -> Self {
+        CpuRunner { model, kv, exec }
+    }
+}
+
+impl<E: Exec> Runner for CpuRunner<'_, '_, E> {
+    fn config(&self) -> &Config {
+        &self.model.config
+    }
+
+    fn with_session<R>(
+        &self,
+        max_seq: usize,
+        max_batch: usize,
+        f: impl FnOnce(&mut dyn Session) -> Result<R>,
+    ) -> Result<R> {
+        let c = &self.model.config;
+        let mut arenas = Arenas::new(c, max_seq, self.kv, max_batch)?;
+        let (cache, scratch) = arenas.borrow(c)?;
+        f(&mut CpuSession {
+            model: self.model,
+            cache,
+            scratch,
+            exec: self.exec,
+        })
+    }
+}
+
+/// A CPU session over heap arenas.
+pub struct CpuSession<'a, 'w, E> {
+    pub model: &'a Model<'w>,
+    pub cache: KvCache<'a>,
+    pub scratch: Scratch<'a>,
+    pub exec: &'a E,
+}
+
+impl<E: Exec> Session for CpuSession<'_, '_, E> {
+    fn config(&self) -> &Config {
+        &self.model.config
+    }
+
+    fn forward(&mut self, tokens: &[u32], want: Want<'_>) -> Result<()> {
+        let (cache, scratch) = (&mut self.cache, &mut self.scratch);
+        Ok(self
+            .model
+            .forward(tokens, cache, scratch, self.exec, want)?)
+    }
+
+    fn kv_len(&self) -> usize {
+        self.cache.len()
+    }
+
+    fn max_seq(&self) -> usize {
+        self.cache.max_seq()
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.cache.truncate(len)
+    }
+}
 
 /// Heap memory for a KV cache and a scratch, sized with the core's `bytes_needed`.
 pub struct Arenas {
@@ -49,137 +145,97 @@ impl Arenas {
 }
 
 /// Logits of the last position, or of every position when `all`.
-pub fn logits<E: Exec>(
-    model: &Model<'_>,
-    tokens: &[u32],
-    all: bool,
-    kv: KvFormat,
-    exec: &E,
-) -> Result<Vec<Vec<f32>>> {
-    let c = &model.config;
-    let mut arenas = Arenas::new(c, tokens.len(), kv, tokens.len().clamp(1, DEFAULT_BATCH))?;
-    let (mut cache, mut scratch) = arenas.borrow(c)?;
-    let rows = if all { tokens.len() } else { 1 };
-    let mut out = vec![0f32; rows * c.vocab_size];
-    let want = if all {
-        Want::AllLogits(&mut out)
-    } else {
-        Want::LastLogits(&mut out)
-    };
-    model.forward(tokens, &mut cache, &mut scratch, exec, want)?;
-    Ok(out.chunks(c.vocab_size).map(<[f32]>::to_vec).collect())
+pub fn logits(runner: &impl Runner, tokens: &[u32], all: bool) -> Result<Vec<Vec<f32>>> {
+    let vocab = runner.config().vocab_size;
+    let batch = tokens.len().clamp(1, DEFAULT_BATCH);
+    runner.with_session(tokens.len(), batch, |s| {
+        let rows = if all { tokens.len() } else { 1 };
+        let mut out = vec![0f32; rows * vocab];
+        let want = if all {
+            Want::AllLogits(&mut out)
+        } else {
+            Want::LastLogits(&mut out)
+        };
+        s.forward(tokens, want)?;
+        Ok(out.chunks(vocab).map(<[f32]>::to_vec).collect())
+    })
 }
 
 /// Greedy continuation of `prompt`: up to `max_tokens` tokens, stopping after any of `stop`.
-pub fn greedy<E: Exec>(
-    model: &Model<'_>,
+pub fn greedy(
+    runner: &impl Runner,
     prompt: &[u32],
     max_tokens: usize,
     stop: &[u32],
-    kv: KvFormat,
-    exec: &E,
 ) -> Result<Vec<u32>> {
-    let c = &model.config;
-    let mut arenas = Arenas::new(
-        c,
-        prompt.len() + max_tokens,
-        kv,
-        prompt.len().clamp(1, DEFAULT_BATCH),
-    )?;
-    let (mut cache, mut scratch) = arenas.borrow(c)?;
-    let mut logits = vec![0f32; c.vocab_size];
-    let mut out = Vec::with_capacity(max_tokens);
-    let mut input = prompt.to_vec();
-    while out.len() < max_tokens {
-        model.forward(
-            &input,
-            &mut cache,
-            &mut scratch,
-            exec,
-            Want::LastLogits(&mut logits),
-        )?;
-        let next = sapient_core::sample::argmax(&logits);
-        out.push(next);
-        if stop.contains(&next) {
-            break;
+    let batch = prompt.len().clamp(1, DEFAULT_BATCH);
+    runner.with_session(prompt.len() + max_tokens, batch, |s| {
+        let mut out = Vec::with_capacity(max_tokens);
+        let mut input = prompt.to_vec();
+        while out.len() < max_tokens {
+            let mut next = 0;
+            s.forward(&input, Want::LastArgmax(&mut next))?;
+            out.push(next);
+            if stop.contains(&next) {
+                break;
+            }
+            input.clear();
+            input.push(next);
         }
-        input.clear();
-        input.push(next);
-    }
-    Ok(out)
+        Ok(out)
+    })
 }
 
 /// Final hidden states (after the final norm) of every position, `n × hidden`.
-pub fn hidden_states<E: Exec>(
-    model: &Model<'_>,
-    tokens: &[u32],
-    kv: KvFormat,
-    exec: &E,
-) -> Result<Vec<f32>> {
-    let c = &model.config;
-    let mut arenas = Arenas::new(c, tokens.len(), kv, tokens.len().clamp(1, DEFAULT_BATCH))?;
-    let (mut cache, mut scratch) = arenas.borrow(c)?;
-    let mut hidden = vec![0f32; tokens.len() * c.hidden_size];
-    model.forward(
-        tokens,
-        &mut cache,
-        &mut scratch,
-        exec,
-        Want::Hidden(&mut hidden),
-    )?;
-    Ok(hidden)
+pub fn hidden_states(runner: &impl Runner, tokens: &[u32]) -> Result<Vec<f32>> {
+    let hidden = runner.config().hidden_size;
+    let batch = tokens.len().clamp(1, DEFAULT_BATCH);
+    runner.with_session(tokens.len(), batch, |s| {
+        let mut out = vec![0f32; tokens.len() * hidden];
+        s.forward(tokens, Want::Hidden(&mut out))?;
+        Ok(out)
+    })
 }
 
 /// The mean of the final hidden states over positions.
-pub fn embedding<E: Exec>(
-    model: &Model<'_>,
-    tokens: &[u32],
-    kv: KvFormat,
-    exec: &E,
-) -> Result<Vec<f32>> {
-    let hidden = hidden_states(model, tokens, kv, exec)?;
-    let mut out = vec![0f32; model.config.hidden_size];
-    mean_rows(&hidden, model.config.hidden_size, &mut out)?;
+pub fn embedding(runner: &impl Runner, tokens: &[u32]) -> Result<Vec<f32>> {
+    let hidden = hidden_states(runner, tokens)?;
+    let mut out = vec![0f32; runner.config().hidden_size];
+    mean_rows(&hidden, runner.config().hidden_size, &mut out)?;
     Ok(out)
 }
 
 /// Perplexity with llama.cpp's and the reference's recipe: non-overlapping windows of `ctx`
 /// tokens (a partial last window is dropped), each from an empty cache, every token but the
 /// first of a window scored; NLL summed in f64. Returns (ppl, scored tokens).
-pub fn perplexity<E: Exec>(
-    model: &Model<'_>,
-    tokens: &[u32],
-    ctx: usize,
-    kv: KvFormat,
-    exec: &E,
-) -> Result<(f64, usize)> {
+pub fn perplexity(runner: &impl Runner, tokens: &[u32], ctx: usize) -> Result<(f64, usize)> {
     anyhow::ensure!(ctx >= 2, "--ctx must be at least 2");
     anyhow::ensure!(
         tokens.len() >= ctx,
         "the text has {} tokens, fewer than one window of {ctx}",
         tokens.len()
     );
-    let c = &model.config;
+    let vocab = runner.config().vocab_size;
     let batch = ctx.min(64);
-    let mut arenas = Arenas::new(c, ctx, kv, batch)?;
-    let (mut cache, mut scratch) = arenas.borrow(c)?;
-    let mut logits = vec![0f32; batch * c.vocab_size];
-    let (mut nll, mut scored) = (0f64, 0usize);
-    for window in tokens.chunks_exact(ctx) {
-        cache.clear();
-        for (b, part) in window.chunks(batch).enumerate() {
-            let out = &mut logits[..part.len() * c.vocab_size];
-            model.forward(part, &mut cache, &mut scratch, exec, Want::AllLogits(out))?;
-            for (i, row) in out.chunks_exact(c.vocab_size).enumerate() {
-                let pos = b * batch + i;
-                if pos + 1 < ctx {
-                    nll -= log_softmax_at(row, window[pos + 1] as usize);
-                    scored += 1;
+    runner.with_session(ctx, batch, |s| {
+        let mut logits = vec![0f32; batch * vocab];
+        let (mut nll, mut scored) = (0f64, 0usize);
+        for window in tokens.chunks_exact(ctx) {
+            s.truncate(0);
+            for (b, part) in window.chunks(batch).enumerate() {
+                let out = &mut logits[..part.len() * vocab];
+                s.forward(part, Want::AllLogits(out))?;
+                for (i, row) in out.chunks_exact(vocab).enumerate() {
+                    let pos = b * batch + i;
+                    if pos + 1 < ctx {
+                        nll -= log_softmax_at(row, window[pos + 1] as usize);
+                        scored += 1;
+                    }
                 }
             }
         }
-    }
-    Ok(((nll / scored as f64).exp(), scored))
+        Ok(((nll / scored as f64).exp(), scored))
+    })
 }
 
 fn log_softmax_at(row: &[f32], target: usize) -> f64 {

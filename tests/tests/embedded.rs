@@ -1,6 +1,7 @@
 //! The core used the way firmware would: weights borrowed from one byte image, the KV cache and
 //! the scratch in fixed arrays sized with `bytes_needed`, the `Serial` executor, and nothing from
 //! the std frontend. It must produce the std path's greedy tokens.
+use sapient::run::CpuRunner;
 use std::borrow::Cow;
 
 use sapient_core::sample::argmax;
@@ -155,7 +156,12 @@ fn core_alone_with_fixed_arenas_matches_the_std_path() {
         files.config, config,
         "the hand-written config is the fixture's"
     );
-    let std_tokens =
-        sapient::run::greedy(&std_model, &prompt, 16, &[], KvFormat::Q8_0, &Serial).unwrap();
+    let std_tokens = sapient::run::greedy(
+        &CpuRunner::new(&std_model, KvFormat::Q8_0, &Serial),
+        &prompt,
+        16,
+        &[],
+    )
+    .unwrap();
     assert_eq!(generated, std_tokens);
 }

@@ -1,5 +1,6 @@
 //! Bad inputs get errors that name the problem.
 use sapient::load::{LoadOptions, ModelFiles, Quantize};
+use sapient::run::CpuRunner;
 use sapient_core::{Error, KvCache, KvFormat, Scratch, Serial, Want};
 use sapient_tests::*;
 
@@ -72,7 +73,12 @@ fn position_past_max_seq() {
 fn token_out_of_vocabulary() {
     let files = llama();
     let model = files.model(Quantize::None).unwrap();
-    let err = sapient::run::logits(&model, &[1, 512], false, KvFormat::F32, &Serial).unwrap_err();
+    let err = sapient::run::logits(
+        &CpuRunner::new(&model, KvFormat::F32, &Serial),
+        &[1, 512],
+        false,
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("512"), "{err}");
 }
 

@@ -1,6 +1,6 @@
 //! sapient against Hugging Face transformers on every tiny fixture, with both config layouts.
 use sapient::load::{LoadOptions, ModelFiles, Quantize};
-use sapient::run;
+use sapient::run::{self, CpuRunner};
 use sapient_core::{KvFormat, Model, Serial};
 use sapient_tests::*;
 use serde_json::Value;
@@ -36,7 +36,8 @@ fn f32_logits_hidden_states_and_greedy_match_transformers() {
         let model = files.model(Quantize::None).unwrap();
         let r = reference(name);
         let seq7 = ids(&r["inputs"]["seq7"]);
-        let all = run::logits(&model, &seq7, true, KvFormat::F32, &Serial).unwrap();
+        let all =
+            run::logits(&CpuRunner::new(&model, KvFormat::F32, &Serial), &seq7, true).unwrap();
         for (p, (ours, theirs)) in all
             .iter()
             .zip(r["outputs"]["seq7"]["all_logits"].as_array().unwrap())
@@ -51,21 +52,33 @@ fn f32_logits_hidden_states_and_greedy_match_transformers() {
         for seq in ["seq7", "seq40"] {
             let out = &r["outputs"][seq];
             let prompt = ids(&r["inputs"][seq]);
-            let last = run::logits(&model, &prompt, false, KvFormat::F32, &Serial).unwrap();
+            let last = run::logits(
+                &CpuRunner::new(&model, KvFormat::F32, &Serial),
+                &prompt,
+                false,
+            )
+            .unwrap();
             let d = max_abs_diff(&last[0], &floats(&out["last_logits"]));
             assert!(
                 d < F32_TOL,
                 "{name}/{config}: {seq} last logits differ by {d}"
             );
 
-            let emb = run::embedding(&model, &prompt, KvFormat::F32, &Serial).unwrap();
+            let emb =
+                run::embedding(&CpuRunner::new(&model, KvFormat::F32, &Serial), &prompt).unwrap();
             let d = max_abs_diff(&emb, &floats(&out["hidden_mean"]));
             assert!(
                 d < F32_TOL,
                 "{name}/{config}: {seq} embedding differs by {d}"
             );
 
-            let greedy = run::greedy(&model, &prompt, 16, &[], KvFormat::F32, &Serial).unwrap();
+            let greedy = run::greedy(
+                &CpuRunner::new(&model, KvFormat::F32, &Serial),
+                &prompt,
+                16,
+                &[],
+            )
+            .unwrap();
             assert_eq!(
                 greedy,
                 ids(&out["greedy16"]),
@@ -88,7 +101,12 @@ fn half_precision_checkpoints_match_their_parents() {
         let files = open(name, "config.json", Quantize::None);
         let model = files.model(Quantize::None).unwrap();
         let prompt = ids(&r["inputs"]["seq40"]);
-        let last = run::logits(&model, &prompt, false, KvFormat::F32, &Serial).unwrap();
+        let last = run::logits(
+            &CpuRunner::new(&model, KvFormat::F32, &Serial),
+            &prompt,
+            false,
+        )
+        .unwrap();
         let own = max_abs_diff(&last[0], &floats(&r["outputs"]["seq40"]["last_logits"]));
         assert!(
             own < F32_TOL,
@@ -121,7 +139,7 @@ fn q8_0_weights_stay_close_and_greedy_agrees_where_it_must() {
         let exact = f32_files.model(Quantize::None).unwrap();
 
         let seq7 = ids(&r["inputs"]["seq7"]);
-        let all = run::logits(&q8, &seq7, true, kv, &Serial).unwrap();
+        let all = run::logits(&CpuRunner::new(&q8, kv, &Serial), &seq7, true).unwrap();
         let mut max_err = 0f32;
         let mut min_cos = 1f64;
         for (ours, theirs) in all
@@ -133,7 +151,7 @@ fn q8_0_weights_stay_close_and_greedy_agrees_where_it_must() {
             min_cos = min_cos.min(cosine(ours, &theirs));
         }
         let seq40 = ids(&r["inputs"]["seq40"]);
-        let last = run::logits(&q8, &seq40, false, kv, &Serial).unwrap();
+        let last = run::logits(&CpuRunner::new(&q8, kv, &Serial), &seq40, false).unwrap();
         let theirs = floats(&r["outputs"]["seq40"]["last_logits"]);
         max_err = max_err.max(max_abs_diff(&last[0], &theirs));
         min_cos = min_cos.min(cosine(&last[0], &theirs));
@@ -142,7 +160,7 @@ fn q8_0_weights_stay_close_and_greedy_agrees_where_it_must() {
         for seq in ["seq7", "seq40"] {
             let prompt = ids(&r["inputs"][seq]);
             let expected = ids(&r["outputs"][seq]["greedy16"]);
-            let got = run::greedy(&q8, &prompt, 16, &[], kv, &Serial).unwrap();
+            let got = run::greedy(&CpuRunner::new(&q8, kv, &Serial), &prompt, 16, &[]).unwrap();
             let mut context = prompt.clone();
             let mut checked = 0;
             for (i, &want) in expected.iter().enumerate() {
@@ -163,9 +181,13 @@ fn q8_0_weights_stay_close_and_greedy_agrees_where_it_must() {
 }
 
 fn gap(model: &Model<'_>, context: &[u32]) -> f32 {
-    let l = run::logits(model, context, false, KvFormat::F32, &Serial)
-        .unwrap()
-        .remove(0);
+    let l = run::logits(
+        &CpuRunner::new(model, KvFormat::F32, &Serial),
+        context,
+        false,
+    )
+    .unwrap()
+    .remove(0);
     let mut v = l.clone();
     v.sort_by(|a, b| b.total_cmp(a));
     v[0] - v[1]
@@ -185,7 +207,7 @@ fn incremental_decoding_equals_full_forward() {
             let model = files.model(quantize).unwrap();
             let r = reference(&name);
             let seq = ids(&r["inputs"]["seq40"]);
-            let full = run::logits(&model, &seq, true, kv, &Serial).unwrap();
+            let full = run::logits(&CpuRunner::new(&model, kv, &Serial), &seq, true).unwrap();
             let c = &model.config;
             let mut arenas = Arenas::new(c, seq.len(), kv, 8).unwrap();
             let (mut cache, mut scratch) = arenas.borrow(c).unwrap();
@@ -240,11 +262,11 @@ fn threads_and_simd_agree_with_serial_scalar() {
     ] {
         let files = open("qwen2", "config.json", quantize);
         let model = files.model(quantize).unwrap();
-        let threaded = run::logits(&model, &seq, true, kv, &pool).unwrap();
-        let serial = run::logits(&model, &seq, true, kv, &Serial).unwrap();
+        let threaded = run::logits(&CpuRunner::new(&model, kv, &pool), &seq, true).unwrap();
+        let serial = run::logits(&CpuRunner::new(&model, kv, &Serial), &seq, true).unwrap();
         assert_eq!(threaded, serial, "{quantize:?}: threads changed the result");
         let model = model.with_kernels(scalar);
-        let reference = run::logits(&model, &seq, true, kv, &Serial).unwrap();
+        let reference = run::logits(&CpuRunner::new(&model, kv, &Serial), &seq, true).unwrap();
         for (a, b) in serial.iter().zip(&reference) {
             match quantize {
                 Quantize::None => assert!(max_abs_diff(a, b) < 1e-3, "{}", max_abs_diff(a, b)),
@@ -286,19 +308,23 @@ fn sharded_checkpoint_loads_like_the_single_file() {
     let sharded = ModelFiles::open(&dir, &LoadOptions::default()).unwrap();
     let single = open("qwen2", "config.json", Quantize::Q8_0);
     let a = run::logits(
-        &sharded.model(Quantize::Q8_0).unwrap(),
+        &CpuRunner::new(
+            &sharded.model(Quantize::Q8_0).unwrap(),
+            KvFormat::F32,
+            &Serial,
+        ),
         &seq,
         true,
-        KvFormat::F32,
-        &Serial,
     )
     .unwrap();
     let b = run::logits(
-        &single.model(Quantize::Q8_0).unwrap(),
+        &CpuRunner::new(
+            &single.model(Quantize::Q8_0).unwrap(),
+            KvFormat::F32,
+            &Serial,
+        ),
         &seq,
         true,
-        KvFormat::F32,
-        &Serial,
     )
     .unwrap();
     std::fs::remove_dir_all(&dir).unwrap();

@@ -1,7 +1,7 @@
 //! The real SmolLM2-135M-Instruct Q4_1 GGUF against transformers' reference (weights dequantized
 //! exactly from the same file).
 use sapient::load::{LoadOptions, ModelFiles, Quantize};
-use sapient::run;
+use sapient::run::{self, CpuRunner};
 use sapient::tokenizer::{TextStream, Tokenizer};
 use sapient_core::{KvFormat, Model, Serial};
 use sapient_tests::*;
@@ -45,7 +45,7 @@ fn gguf_tokenizer_matches_reference_ids() {
 fn assert_top10_within(model: &Model<'_>, kv: KvFormat, tol: f32) {
     let r = smollm2_reference();
     for p in r["prompts"].as_array().unwrap() {
-        let logits = run::logits(model, &ids(&p["ids"]), false, kv, &Serial)
+        let logits = run::logits(&CpuRunner::new(model, kv, &Serial), &ids(&p["ids"]), false)
             .unwrap()
             .remove(0);
         for (id, v) in ids(&p["last_logits_top10_ids"])
@@ -96,7 +96,7 @@ fn greedy_starts_like_the_reference() {
         let prompt = ids(&p["ids"]);
         let want = &ids(&p["greedy_new_ids"])[..8];
         for kv in [KvFormat::Q8_0, KvFormat::F16, KvFormat::F32] {
-            let got = run::greedy(&model, &prompt, 8, &[], kv, &pool).unwrap();
+            let got = run::greedy(&CpuRunner::new(&model, kv, &pool), &prompt, 8, &[]).unwrap();
             assert_eq!(got, want, "{} with a {kv:?} KV cache", p["prompt"]);
         }
     }
@@ -111,11 +111,9 @@ fn perplexity_within_two_percent_of_reference() {
     let ids = ids(&pf["token_ids"]);
     let pool = sapient::Rayon::new(None).unwrap();
     let (ppl, scored) = run::perplexity(
-        &model,
+        &CpuRunner::new(&model, KvFormat::default_for(&model.config), &pool),
         &ids,
         512,
-        KvFormat::default_for(&model.config),
-        &pool,
     )
     .unwrap();
     let want = pf["ppl"].as_f64().unwrap();

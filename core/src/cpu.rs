@@ -1,0 +1,345 @@
+//! The CPU backend: SIMD kernels from `Kernels`, threads from `Exec`, the activations and the KV
+//! cache in memory the caller lent (`Scratch`, `KvCache`).
+use crate::arena::Buffers;
+use crate::attention::{self, AttentionShape};
+use crate::backend::Backend;
+use crate::config::RopeStyle;
+use crate::error::{Error, Result};
+use crate::exec::Exec;
+use crate::kernels::panel::PANEL;
+use crate::kernels::{Activations, Kernels, TILE};
+use crate::kv_cache::KvCache;
+use crate::model::Model;
+use crate::ops;
+use crate::quant::q16;
+use crate::sample;
+use crate::weights::Matrix;
+
+pub(crate) struct Cpu<'a, 'w, 'c, E: Exec + ?Sized> {
+    model: &'a Model<'w>,
+    cache: &'a mut KvCache<'c>,
+    b: Buffers<'a>,
+    mm: MatMul<'a, E>,
+}
+
+/// A mat-mul's kernels, threads and working memory.
+struct MatMul<'a, E: Exec + ?Sized> {
+    kernels: &'static Kernels,
+    exec: &'a E,
+    /// Q16 copy of the current mat-mul input.
+    q16: &'a mut [u8],
+    /// Mat-mul output before it is reordered per token.
+    tmp: &'a mut [f32],
+}
+
+impl<'a, 'w, 'c, E: Exec + ?Sized> Cpu<'a, 'w, 'c, E> {
+    pub(crate) fn new(
+        model: &'a Model<'w>,
+        exec: &'a E,
+        cache: &'a mut KvCache<'c>,
+        mut b: Buffers<'a>,
+    ) -> Self {
+        let mm = MatMul {
+            kernels: model.kernels(),
+            exec,
+            q16: core::mem::take(&mut b.q16),
+            tmp: core::mem::take(&mut b.tmp),
+        };
+        Cpu {
+            model,
+            cache,
+            b,
+            mm,
+        }
+    }
+}
+
+impl<E: Exec + ?Sized> Backend for Cpu<'_, '_, '_, E> {
+    fn max_batch(&self) -> usize {
+        self.b.x.len() / self.model.config.hidden_size
+    }
+
+    fn kv_len(&self) -> usize {
+        self.cache.len()
+    }
+
+    fn kv_capacity(&self) -> usize {
+        self.cache.max_seq()
+    }
+
+    fn embed(&mut self, tokens: &[u32], pos0: usize) -> Result<()> {
+        let c = &self.model.config;
+        let h = c.hidden_size;
+        for (&token, x) in tokens.iter().zip(self.b.x.chunks_exact_mut(h)) {
+            self.model.weights.embed.dequantize_row(token as usize, x)?;
+        }
+        let half = c.head_dim / 2;
+        let angles = self.b.rope.chunks_exact_mut(c.head_dim).take(tokens.len());
+        for (t, a) in angles.enumerate() {
+            let (cos, sin) = a.split_at_mut(half);
+            ops::rope_angles(pos0 + t, self.model.inv_freq(), cos, sin);
+        }
+        Ok(())
+    }
+
+    fn qkv(&mut self, layer: usize, n: usize) -> Result<()> {
+        let (c, l) = (&self.model.config, &self.model.weights.layers[layer]);
+        let (h, qd, kvd) = (c.hidden_size, c.q_dim(), c.kv_dim());
+        let b = &mut self.b;
+        let xb = &mut b.xb[..n * h];
+        ops::rms_norm(&b.x[..n * h], &l.attn_norm, c.rms_norm_eps, xb)?;
+        let (q, k, v) = (&mut b.q[..n * qd], &mut b.k[..n * kvd], &mut b.v[..n * kvd]);
+        self.mm
+            .matmul(xb, n, &[&l.wq, &l.wk, &l.wv], &mut [q, k, v])?;
+        for (buf, bias) in [(q, &l.bq), (k, &l.bk), (v, &l.bv)] {
+            if let Some(bias) = bias {
+                ops::add_bias(buf, bias)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn rope_store(&mut self, layer: usize, n: usize, pos0: usize) -> Result<()> {
+        let c = &self.model.config;
+        let b = &mut self.b;
+        let angles = &b.rope[..n * c.head_dim];
+        let (q, k) = (&mut b.q[..n * c.q_dim()], &mut b.k[..n * c.kv_dim()]);
+        rope(q, n, angles, c.rope_style)?;
+        rope(k, n, angles, c.rope_style)?;
+        let v = &b.v[..n * c.kv_dim()];
+        self.cache.store(self.mm.kernels, layer, pos0, k, v)
+    }
+
+    fn attention(&mut self, layer: usize, n: usize, pos0: usize) -> Result<()> {
+        let c = &self.model.config;
+        let shape = AttentionShape {
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            window: c.sliding_window,
+        };
+        let (q, att) = (&self.b.q[..n * c.q_dim()], &mut self.b.att[..n * c.q_dim()]);
+        let kv = self.cache.layer(layer);
+        attention::attend(self.mm.kernels, self.mm.exec, q, kv, pos0, shape, att)
+    }
+
+    fn attn_out(&mut self, layer: usize, n: usize) -> Result<()> {
+        let (c, l) = (&self.model.config, &self.model.weights.layers[layer]);
+        let h = c.hidden_size;
+        let b = &mut self.b;
+        let xb = &mut b.xb[..n * h];
+        self.mm
+            .matmul(&b.att[..n * c.q_dim()], n, &[&l.wo], &mut [&mut *xb])?;
+        ops::add(&mut b.x[..n * h], xb)
+    }
+
+    fn gate_up(&mut self, layer: usize, n: usize) -> Result<()> {
+        let (c, l) = (&self.model.config, &self.model.weights.layers[layer]);
+        let (h, ff) = (c.hidden_size, c.intermediate_size);
+        let b = &mut self.b;
+        let xb = &mut b.xb[..n * h];
+        ops::rms_norm(&b.x[..n * h], &l.ffn_norm, c.rms_norm_eps, xb)?;
+        let (gate, up) = (&mut b.gate[..n * ff], &mut b.up[..n * ff]);
+        self.mm
+            .matmul(xb, n, &[&l.w_gate, &l.w_up], &mut [gate, up])
+    }
+
+    fn ffn_out(&mut self, layer: usize, n: usize) -> Result<()> {
+        let (c, l) = (&self.model.config, &self.model.weights.layers[layer]);
+        let (h, ff) = (c.hidden_size, c.intermediate_size);
+        let b = &mut self.b;
+        let gate = &mut b.gate[..n * ff];
+        (self.mm.kernels.silu_mul)(gate, &b.up[..n * ff]);
+        let xb = &mut b.xb[..n * h];
+        self.mm.matmul(gate, n, &[&l.w_down], &mut [&mut *xb])?;
+        ops::add(&mut b.x[..n * h], xb)
+    }
+
+    fn final_norm(&mut self, first: usize, n: usize) -> Result<()> {
+        let c = &self.model.config;
+        let rows = first * c.hidden_size..(first + n) * c.hidden_size;
+        let (x, out) = (&self.b.x[rows.clone()], &mut self.b.xb[rows]);
+        ops::rms_norm(x, &self.model.weights.norm, c.rms_norm_eps, out)
+    }
+
+    fn read_hidden(&mut self, out: &mut [f32]) -> Result<()> {
+        let have = self.b.xb.len();
+        let src = self.b.xb.get(..out.len()).ok_or(Error::Length {
+            what: "hidden states",
+            expected: have,
+            got: out.len(),
+        })?;
+        out.copy_from_slice(src);
+        Ok(())
+    }
+
+    fn logits(&mut self, first: usize, out: &mut [f32]) -> Result<()> {
+        let c = &self.model.config;
+        let (h, vocab) = (c.hidden_size, c.vocab_size);
+        let out_proj = self.model.weights.output();
+        let rows = &self.b.xb[first * h..];
+        // A tile of tokens at a time: the mat-mul's reorder buffer holds that many rows of logits.
+        for (xs, o) in rows.chunks(TILE * h).zip(out.chunks_mut(TILE * vocab)) {
+            let k = o.len() / vocab;
+            self.mm.matmul(&xs[..k * h], k, &[out_proj], &mut [o])?;
+        }
+        Ok(())
+    }
+
+    fn argmax(&mut self, row: usize) -> Result<u32> {
+        let logits = core::mem::take(&mut self.b.logits);
+        let result = self.logits(row, logits);
+        let id = sample::argmax(logits);
+        self.b.logits = logits;
+        result.map(|()| id)
+    }
+
+    fn commit(&mut self, n: usize) -> Result<()> {
+        self.cache.advance(n);
+        Ok(())
+    }
+}
+
+/// Rotates each token's heads; `angles` holds `cos` then `sin` (`head_dim / 2` each) per token.
+fn rope(x: &mut [f32], n_tok: usize, angles: &[f32], style: RopeStyle) -> Result<()> {
+    if n_tok == 0 || !x.len().is_multiple_of(n_tok) || !angles.len().is_multiple_of(n_tok) {
+        return Err(Error::Length {
+            what: "rope input",
+            expected: n_tok,
+            got: x.len(),
+        });
+    }
+    let per_tok = x.len() / n_tok;
+    let half = angles.len() / n_tok / 2;
+    for (xt, a) in x
+        .chunks_exact_mut(per_tok)
+        .zip(angles.chunks_exact(2 * half))
+    {
+        ops::rope(xt, &a[..half], &a[half..], style)?;
+    }
+    Ok(())
+}
+
+impl<E: Exec + ?Sized> MatMul<'_, E> {
+    /// `outs[i] = x · mats[i]ᵀ` for `n_tok` rows of `x`, all matrices in one parallel job.
+    fn matmul(
+        &mut self,
+        x: &[f32],
+        n_tok: usize,
+        mats: &[&Matrix<'_>],
+        outs: &mut [&mut [f32]],
+    ) -> Result<()> {
+        let cols = mats.first().map_or(0, |m| m.cols);
+        if mats.len() != outs.len()
+            || mats.iter().any(|m| m.cols != cols)
+            || x.len() != n_tok * cols
+        {
+            return Err(Error::Length {
+                what: "mat-mul input",
+                expected: n_tok * cols,
+                got: x.len(),
+            });
+        }
+        for (m, o) in mats.iter().zip(outs.iter()) {
+            if o.len() != n_tok * m.rows {
+                return Err(Error::Length {
+                    what: "mat-mul output",
+                    expected: n_tok * m.rows,
+                    got: o.len(),
+                });
+            }
+        }
+        let q16 = if mats.iter().any(|m| m.format.is_quantized()) {
+            let row = q16::row_bytes(cols);
+            let have = self.q16.len();
+            let q16 = self
+                .q16
+                .get_mut(..n_tok * row)
+                .ok_or(Error::ArenaTooSmall {
+                    what: "scratch (Q16 activations)",
+                    needed: n_tok * row,
+                    got: have,
+                })?;
+            for (xr, qr) in x.chunks_exact(cols).zip(q16.chunks_exact_mut(row)) {
+                self.kernels.quantize_q16(xr, qr)?;
+            }
+            Some(&*q16)
+        } else {
+            None
+        };
+        let acts = Activations {
+            f32: x,
+            q16,
+            n_tok,
+            cols,
+        };
+        let kernels = self.kernels;
+        let threads = self.exec.threads();
+        // With whole tiles of tokens for every thread (prefill), split by tokens: each chunk
+        // writes its tokens' outputs where they belong, one parallel job per matrix. The weights
+        // are then read once per chunk, which costs little next to a prefill's arithmetic.
+        if n_tok >= 2 * TILE * threads {
+            let per_chunk = n_tok.div_ceil(2 * threads).next_multiple_of(TILE);
+            for (m, o) in mats.iter().zip(outs.iter_mut()) {
+                self.exec.for_each_chunk(o, per_chunk * m.rows, &|i, out| {
+                    kernels.matmul_tokens(m, &acts, i * per_chunk, out)
+                })?;
+            }
+            return Ok(());
+        }
+        // Otherwise by rows (a decoded token's mat-vec): each chunk is a run of rows, written
+        // [row][token] to the scratch and reordered after.
+        let total: usize = mats.iter().map(|m| m.rows).sum();
+        let have = self.tmp.len();
+        let tmp = self
+            .tmp
+            .get_mut(..total * n_tok)
+            .ok_or(Error::ArenaTooSmall {
+                what: "scratch (mat-mul output)",
+                needed: total * n_tok * 4,
+                got: have * 4,
+            })?;
+        // A few chunks per thread balance uneven progress; whole panels keep padding rows out.
+        let rows_per_chunk = total.div_ceil(threads * 4).next_multiple_of(PANEL);
+        self.exec
+            .for_each_chunk(tmp, rows_per_chunk * n_tok, &|i, out| {
+                let mut row = i * rows_per_chunk;
+                let mut out = out;
+                let mut first = 0;
+                for m in mats {
+                    if out.is_empty() {
+                        break;
+                    }
+                    if row >= first + m.rows {
+                        first += m.rows;
+                        continue;
+                    }
+                    let n = (first + m.rows - row).min(out.len() / n_tok);
+                    let (here, rest) = out.split_at_mut(n * n_tok);
+                    kernels.matmul_rows(m, &acts, row - first, here)?;
+                    out = rest;
+                    row += n;
+                    first += m.rows;
+                }
+                Ok(())
+            })?;
+        // Reorder from [row][token] to [token][row], matrix by matrix, in blocks of rows: each
+        // token then gets a contiguous run written, instead of one float per cache line.
+        const ROWS: usize = 16;
+        let mut first = 0;
+        for (m, o) in mats.iter().zip(outs.iter_mut()) {
+            let src = &tmp[first * n_tok..(first + m.rows) * n_tok];
+            for (b, block) in src.chunks(ROWS * n_tok).enumerate() {
+                let r0 = b * ROWS;
+                let rows = block.len() / n_tok;
+                for (t, dst) in o.chunks_exact_mut(m.rows).enumerate() {
+                    for (r, d) in dst[r0..r0 + rows].iter_mut().enumerate() {
+                        *d = block[r * n_tok + t];
+                    }
+                }
+            }
+            first += m.rows;
+        }
+        Ok(())
+    }
+}
