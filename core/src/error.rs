@@ -19,6 +19,8 @@ pub enum Error {
         len: usize,
         block: usize,
     },
+    /// A backend could not run a step (a GPU's device error, say); the backend reports details.
+    Backend(&'static str),
     /// A caller-provided arena is smaller than `bytes_needed` said.
     ArenaTooSmall {
         what: &'static str,
@@ -89,6 +91,7 @@ impl fmt::Display for Error {
                 f,
                 "{what} arena too small: needs {needed} bytes, was given {got}"
             ),
+            Error::Backend(what) => write!(f, "{what}"),
             Error::Misaligned { what, align } => {
                 write!(f, "{what} arena is not aligned to {align} bytes")
             }

@@ -5,6 +5,8 @@ pub mod bench;
 pub mod chat;
 pub mod exec;
 pub mod generate;
+#[cfg(feature = "gpu")]
+pub mod gpu;
 pub mod load;
 pub mod run;
 pub mod tokenizer;

@@ -21,6 +21,10 @@ pub trait Session {
     fn max_seq(&self) -> usize;
     /// Forgets every position after the first `len`.
     fn truncate(&mut self, len: usize);
+    /// GPU dispatches the last one-token forward pass recorded (none on the CPU).
+    fn dispatches_per_token(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// A model on a backend, which opens sessions.

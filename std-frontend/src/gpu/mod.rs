@@ -1,0 +1,237 @@
+//! The GPU backend, on wgpu: Metal on macOS, Vulkan on Linux (and Mesa's software lavapipe),
+//! DX12 on Windows. Weights are uploaded once, repacked for the shaders; the KV cache and every
+//! activation stay on the device; a decoded token is one command submission, and only the chosen
+//! id (greedy) or the logits come back. The layer loop is the core's: `GpuSession` implements
+//! `sapient_core::Backend` with WGSL kernels.
+mod kernels;
+mod session;
+mod weights;
+
+use std::sync::{Arc, Mutex};
+
+use anyhow::{anyhow, bail, Result};
+use sapient_core::{Config, Model};
+use wgpu::util::DeviceExt;
+
+pub use session::GpuSession;
+use weights::GpuMatrix;
+
+use crate::run::{Runner, Session};
+
+/// Rows a mat-mul workgroup computes; parts of a matrix hold whole multiples of it (and so
+/// whole gate/up pairs).
+const ROWS: usize = 4;
+
+#[derive(Debug, Clone, Default)]
+pub struct GpuOptions {
+    /// Accept a software adapter (lavapipe, WARP): `--backend gpu` does, `auto` does not.
+    pub allow_software: bool,
+    /// Split matrices into parts of at most this many bytes (default: the adapter's limit).
+    pub max_binding_bytes: Option<u64>,
+}
+
+/// One transformer block on the device.
+struct GpuLayer {
+    /// Q|K|V rows.
+    qkv: GpuMatrix,
+    /// The attention norm's weights, then the Q|K|V biases where the model has them.
+    qkv_aux: wgpu::Buffer,
+    wo: GpuMatrix,
+    /// Gate and up rows interleaved.
+    gate_up: GpuMatrix,
+    ffn_norm: wgpu::Buffer,
+    down: GpuMatrix,
+}
+
+/// A model uploaded to a GPU.
+pub struct GpuModel {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    info: wgpu::AdapterInfo,
+    limits: wgpu::Limits,
+    config: Config,
+    inv_freq: Vec<f32>,
+    embed: GpuMatrix,
+    /// The output projection; `None` when tied to the embedding.
+    lm_head: Option<GpuMatrix>,
+    layers: Vec<GpuLayer>,
+    norm: wgpu::Buffer,
+    kernels: kernels::Kernels,
+    weight_bytes: u64,
+    /// The first error the device reported outside an error scope.
+    error: Arc<Mutex<Option<String>>>,
+}
+
+/// Every adapter wgpu finds, as "name (backend, kind)".
+pub fn adapters() -> Vec<String> {
+    let instance =
+        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+        .iter()
+        .map(|a| describe(&a.get_info()))
+        .collect()
+}
+
+fn describe(info: &wgpu::AdapterInfo) -> String {
+    let kind = match info.device_type {
+        wgpu::DeviceType::DiscreteGpu => "discrete",
+        wgpu::DeviceType::IntegratedGpu => "integrated",
+        wgpu::DeviceType::VirtualGpu => "virtual",
+        wgpu::DeviceType::Cpu => "software",
+        wgpu::DeviceType::Other => "other",
+    };
+    format!("{} ({:?}, {kind})", info.name, info.backend)
+}
+
+/// The best adapter: discrete, then integrated, then virtual or other, then (if allowed) a
+/// software one.
+fn pick_adapter(allow_software: bool) -> Option<wgpu::Adapter> {
+    let instance =
+        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let rank = |t: wgpu::DeviceType| match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu | wgpu::DeviceType::Other => 2,
+        wgpu::DeviceType::Cpu => 3,
+    };
+    pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+        .into_iter()
+        .filter(|a| allow_software || a.get_info().device_type != wgpu::DeviceType::Cpu)
+        .min_by_key(|a| rank(a.get_info().device_type))
+}
+
+impl GpuModel {
+    /// Uploads `model` to the best adapter; `None` when there is no adapter `opts` accepts.
+    pub fn new(model: &Model<'_>, opts: &GpuOptions) -> Result<Option<Self>> {
+        let Some(adapter) = pick_adapter(opts.allow_software) else {
+            return Ok(None);
+        };
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("sapient"),
+            required_limits: limits.clone(),
+            ..Default::default()
+        }))
+        .map_err(|e| anyhow!("GPU {}: cannot open the device: {e}", info.name))?;
+        let error = Arc::new(Mutex::new(None));
+        let slot = error.clone();
+        device.on_uncaptured_error(Arc::new(move |e| {
+            let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+            slot.get_or_insert_with(|| e.to_string());
+        }));
+        let max_binding = opts
+            .max_binding_bytes
+            .unwrap_or(u64::MAX)
+            .min(limits.max_storage_buffer_binding_size)
+            .min(limits.max_buffer_size);
+
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let c = &model.config;
+        let w = &model.weights;
+        let upload = |name: &str, mats: &[&sapient_core::Matrix<'_>], interleave: bool| {
+            GpuMatrix::upload(&device, name, mats, interleave, ROWS, max_binding)
+        };
+        let floats = |name: &str, values: &[f32]| {
+            device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(name),
+                contents: bytemuck::cast_slice(values),
+                usage: wgpu::BufferUsages::STORAGE,
+            })
+        };
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for l in &w.layers {
+            let mut aux = l.attn_norm.clone();
+            for b in [&l.bq, &l.bk, &l.bv].into_iter().flatten() {
+                aux.extend_from_slice(b);
+            }
+            layers.push(GpuLayer {
+                qkv: upload("qkv", &[&l.wq, &l.wk, &l.wv], false)?,
+                qkv_aux: floats("attn_norm", &aux),
+                wo: upload("o_proj", &[&l.wo], false)?,
+                gate_up: upload("gate_up", &[&l.w_gate, &l.w_up], true)?,
+                ffn_norm: floats("ffn_norm", &l.ffn_norm),
+                down: upload("down_proj", &[&l.w_down], false)?,
+            });
+        }
+        let embed = upload("embed_tokens", &[&w.embed], false)?;
+        let lm_head = match &w.lm_head {
+            Some(m) => Some(upload("lm_head", &[m], false)?),
+            None => None,
+        };
+        let norm = floats("norm", &w.norm);
+        let mut formats: Vec<_> = layers
+            .iter()
+            .flat_map(|l| [&l.qkv, &l.wo, &l.gate_up, &l.down])
+            .chain(lm_head.iter())
+            .chain([&embed])
+            .map(|m| m.format)
+            .collect();
+        formats.sort_by_key(|f| f.name());
+        formats.dedup();
+        let kernels = kernels::Kernels::new(&device, &formats, c.qkv_bias)?;
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            bail!("GPU {}: {e}", info.name);
+        }
+        let weight_bytes = layers
+            .iter()
+            .flat_map(|l| [&l.qkv, &l.wo, &l.gate_up, &l.down])
+            .chain(lm_head.iter())
+            .chain([&embed])
+            .flat_map(|m| &m.parts)
+            .map(|p| p.buffer.size())
+            .sum();
+        Ok(Some(GpuModel {
+            device,
+            queue,
+            info,
+            limits,
+            config: c.clone(),
+            inv_freq: model.inv_freq().to_vec(),
+            embed,
+            lm_head,
+            layers,
+            norm,
+            kernels,
+            weight_bytes,
+            error,
+        }))
+    }
+
+    /// The adapter, its API and the weights' size on the device.
+    pub fn summary(&self) -> String {
+        format!(
+            "{}, {:.1} MiB of weights",
+            describe(&self.info),
+            self.weight_bytes as f64 / (1 << 20) as f64
+        )
+    }
+
+    fn output(&self) -> &GpuMatrix {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// The first error the device reported, if any.
+    fn check(&self) -> Result<()> {
+        let slot = self.error.lock().unwrap_or_else(|p| p.into_inner());
+        match &*slot {
+            Some(e) => bail!("GPU {}: {e}", self.info.name),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Runner for GpuModel {
+    fn config(&self) -> &Config {
+        &self.config
+    }
+
+    fn with_session<R>(
+        &self,
+        max_seq: usize,
+        max_batch: usize,
+        f: impl FnOnce(&mut dyn Session) -> Result<R>,
+    ) -> Result<R> {
+        f(&mut GpuSession::new(self, max_seq, max_batch)?)
+    }
+}

@@ -1,0 +1,731 @@
+//! A KV cache and activations on the device, and the core's `Backend` over them: each step of the
+//! layer loop records its dispatches into one command encoder, submitted when a result is read
+//! back or the batch ends. Every buffer and bind group is made when the session starts; a forward
+//! pass writes only the token ids and the batch's numbers.
+use anyhow::{bail, Result};
+use sapient_core::model::layer_loop;
+use sapient_core::{ops, Backend, Config, Want};
+use wgpu::util::DeviceExt;
+
+use super::kernels::{Fused, PREFILL_TILE};
+use super::weights::GpuMatrix;
+use super::{GpuModel, ROWS};
+use crate::run::Session;
+
+/// Logit rows computed and read back per submission.
+const LOGIT_ROWS: usize = 8;
+/// The most pieces a decoded token's attention is split into over a long context.
+const MAX_SPLITS: usize = 32;
+/// Context positions per piece of a decoded token's attention.
+const SPLIT_KEYS: usize = 256;
+const MAX_WORKGROUPS: usize = 65535;
+
+/// `Rows` in the shaders: the tokens a dispatch covers and where they sit.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Rows {
+    first: u32,
+    count: u32,
+    pos0: u32,
+    splits: u32,
+}
+
+/// `Mat` in matmul.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Mat {
+    rows: u32,
+    cols: u32,
+    out_row0: u32,
+    x_stride: u32,
+    out_stride: u32,
+    d_off: u32,
+    m_off: u32,
+    bias_off: u32,
+    eps: f32,
+    nb: u32,
+    pad: [u32; 2],
+}
+
+/// `Shape` in layer.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct Shape {
+    n_heads: u32,
+    n_kv_heads: u32,
+    head_dim: u32,
+    window: u32,
+    qkv_stride: u32,
+    q_dim: u32,
+    kv_dim: u32,
+    rope_adjacent: u32,
+    scale: f32,
+    hidden: u32,
+    eps: f32,
+    vocab: u32,
+}
+
+/// One mat-mul: a bind group per part of its matrix.
+struct MatMul {
+    parts: Vec<(wgpu::BindGroup, usize)>,
+    format: super::weights::GpuFormat,
+    fused: Fused,
+}
+
+struct LayerGroups {
+    qkv: MatMul,
+    rope: wgpu::BindGroup,
+    attention: wgpu::BindGroup,
+    wo: MatMul,
+    gate_up: MatMul,
+    down: MatMul,
+}
+
+/// The command encoder of the batch being recorded, and its dispatches.
+#[derive(Default)]
+struct Recorder {
+    encoder: Option<wgpu::CommandEncoder>,
+    dispatches: usize,
+}
+
+impl Recorder {
+    fn dispatch(
+        &mut self,
+        device: &wgpu::Device,
+        pipeline: &wgpu::ComputePipeline,
+        group: &wgpu::BindGroup,
+        size: [usize; 3],
+    ) {
+        let encoder = self
+            .encoder
+            .get_or_insert_with(|| device.create_command_encoder(&Default::default()));
+        let mut pass = encoder.begin_compute_pass(&Default::default());
+        pass.set_pipeline(pipeline);
+        pass.set_bind_group(0, group, &[]);
+        pass.dispatch_workgroups(size[0] as u32, size[1] as u32, size[2] as u32);
+        self.dispatches += 1;
+    }
+
+    /// Every part of `mm` for `count` tokens (rows of the embedding when `embed`).
+    fn matmul(&mut self, model: &GpuModel, mm: &MatMul, count: usize, embed: bool) -> Result<()> {
+        let (k, device) = (&model.kernels, &model.device);
+        if embed {
+            let pipeline = k.embed(mm.format)?;
+            let cols = model.config.hidden_size;
+            for (group, _) in &mm.parts {
+                self.dispatch(
+                    device,
+                    pipeline,
+                    group,
+                    [cols.div_ceil(4).div_ceil(64), count, 1],
+                );
+            }
+            return Ok(());
+        }
+        let tile = if count == 1 { 1 } else { PREFILL_TILE };
+        let pipeline = k.matmul(mm.format, mm.fused, tile)?;
+        for (group, rows) in &mm.parts {
+            let groups = rows.div_ceil(ROWS);
+            let gx = groups.min(MAX_WORKGROUPS);
+            self.dispatch(
+                device,
+                pipeline,
+                group,
+                [gx, groups.div_ceil(gx), count.div_ceil(tile)],
+            );
+        }
+        Ok(())
+    }
+}
+
+pub struct GpuSession<'m> {
+    model: &'m GpuModel,
+    max_seq: usize,
+    max_batch: usize,
+    kv_len: usize,
+    batch: wgpu::Buffer,
+    logit_rows: wgpu::Buffer,
+    tokens: wgpu::Buffer,
+    out: wgpu::Buffer,
+    logits: wgpu::Buffer,
+    best: wgpu::Buffer,
+    staging: wgpu::Buffer,
+    embed: MatMul,
+    layers: Vec<LayerGroups>,
+    norm: wgpu::BindGroup,
+    lm_head: MatMul,
+    argmax: wgpu::BindGroup,
+    rec: Recorder,
+    /// Tokens in the batch being recorded, and its attention's splits.
+    n: usize,
+    splits: usize,
+    last_dispatches: usize,
+    /// What went wrong on the device, for the error the forward pass returns.
+    failure: Option<anyhow::Error>,
+}
+
+impl<'m> GpuSession<'m> {
+    pub fn new(model: &'m GpuModel, max_seq: usize, max_batch: usize) -> Result<Self> {
+        let c = &model.config;
+        let device = &model.device;
+        if max_seq == 0 || max_batch == 0 {
+            bail!("a GPU session needs room for at least one position and one token per batch");
+        }
+        let (h, qd, kvd, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let qkv_stride = qd + 2 * kvd;
+        let limit = model
+            .limits
+            .max_storage_buffer_binding_size
+            .min(model.limits.max_buffer_size);
+        let storage =
+            |name: &str, floats: usize, extra: wgpu::BufferUsages| -> Result<wgpu::Buffer> {
+                let bytes = (floats.max(4) * 4) as u64;
+                if bytes > limit {
+                    bail!(
+                    "GPU {}: the {name} buffer needs {bytes} bytes, more than one binding may hold \
+                     ({limit}); use a shorter --ctx or smaller batches",
+                    model.info.name
+                );
+                }
+                Ok(device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some(name),
+                    size: bytes,
+                    usage: wgpu::BufferUsages::STORAGE | extra,
+                    mapped_at_creation: false,
+                }))
+            };
+        let none = wgpu::BufferUsages::empty();
+        let copy_src = wgpu::BufferUsages::COPY_SRC;
+        let copy_dst = wgpu::BufferUsages::COPY_DST;
+        let x = storage("x", max_batch * h, none)?;
+        let out = storage("final norm", max_batch * h, copy_src)?;
+        let qkv = storage("qkv", max_batch * qkv_stride, none)?;
+        let att = storage("attention", max_batch * qd, none)?;
+        let hidden = storage("swiglu", max_batch * ff, none)?;
+        let logits = storage("logits", LOGIT_ROWS * c.vocab_size, copy_src)?;
+        let best = storage("argmax", 1, copy_src)?;
+        let partial = storage(
+            "attention splits",
+            c.n_heads * MAX_SPLITS * (c.head_dim + 2),
+            none,
+        )?;
+        let tokens = storage("tokens", max_batch, copy_dst)?;
+        let dummy = storage("unused", 1, none)?;
+        let mut angles = vec![0f32; max_seq * c.head_dim];
+        for (pos, a) in angles.chunks_exact_mut(c.head_dim).enumerate() {
+            let (cos, sin) = a.split_at_mut(c.head_dim / 2);
+            ops::rope_angles(pos, &model.inv_freq, cos, sin);
+        }
+        let angles_bytes = (angles.len() * 4) as u64;
+        if angles_bytes > limit {
+            bail!(
+                "GPU {}: RoPE angles for {max_seq} positions exceed one binding",
+                model.info.name
+            );
+        }
+        let angles = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("rope angles"),
+            contents: bytemuck::cast_slice(&angles),
+            usage: wgpu::BufferUsages::STORAGE,
+        });
+        let uniform = |name: &str, bytes: &[u8], extra| {
+            device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(name),
+                contents: bytes,
+                usage: wgpu::BufferUsages::UNIFORM | extra,
+            })
+        };
+        let zero = Rows {
+            first: 0,
+            count: 0,
+            pos0: 0,
+            splits: 1,
+        };
+        let batch = uniform("batch", bytemuck::bytes_of(&zero), copy_dst);
+        let logit_rows = uniform("logit rows", bytemuck::bytes_of(&zero), copy_dst);
+        let shape = Shape {
+            n_heads: c.n_heads as u32,
+            n_kv_heads: c.n_kv_heads as u32,
+            head_dim: c.head_dim as u32,
+            window: c.sliding_window.unwrap_or(0) as u32,
+            qkv_stride: qkv_stride as u32,
+            q_dim: qd as u32,
+            kv_dim: kvd as u32,
+            rope_adjacent: (c.rope_style == sapient_core::RopeStyle::Adjacent) as u32,
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+            hidden: h as u32,
+            eps: c.rms_norm_eps,
+            vocab: c.vocab_size as u32,
+        };
+        let shape = uniform("shape", bytemuck::bytes_of(&shape), none);
+        let staging = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: (LOGIT_ROWS * c.vocab_size).max(max_batch * h) as u64 * 4,
+            usage: wgpu::BufferUsages::MAP_READ | copy_dst,
+            mapped_at_creation: false,
+        });
+
+        let k = &model.kernels;
+        let group = |layout: &wgpu::BindGroupLayout, entries: &[(u32, &wgpu::Buffer)]| {
+            let entries: Vec<_> = entries
+                .iter()
+                .map(|&(binding, b)| wgpu::BindGroupEntry {
+                    binding,
+                    resource: b.as_entire_binding(),
+                })
+                .collect();
+            device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout,
+                entries: &entries,
+            })
+        };
+        // A mat-mul's bind groups: its parts, each with its numbers in a uniform.
+        let matmul = |m: &GpuMatrix,
+                      fused: Fused,
+                      rows: &wgpu::Buffer,
+                      (x, x_stride): (&wgpu::Buffer, usize),
+                      (y, out_stride): (&wgpu::Buffer, usize),
+                      aux: &wgpu::Buffer| {
+            let parts = m
+                .parts
+                .iter()
+                .map(|p| {
+                    let mat = Mat {
+                        rows: p.rows as u32,
+                        cols: m.cols as u32,
+                        out_row0: p.row0 as u32,
+                        x_stride: x_stride as u32,
+                        out_stride: out_stride as u32,
+                        d_off: p.d_off as u32,
+                        m_off: p.m_off as u32,
+                        bias_off: m.cols as u32,
+                        eps: c.rms_norm_eps,
+                        nb: m.blocks as u32,
+                        pad: [0; 2],
+                    };
+                    let mat = uniform("mat", bytemuck::bytes_of(&mat), none);
+                    let bg = group(
+                        &k.matmul_layout,
+                        &[
+                            (0, rows),
+                            (1, &mat),
+                            (2, &p.buffer),
+                            (3, x),
+                            (4, y),
+                            (5, aux),
+                        ],
+                    );
+                    (bg, p.rows)
+                })
+                .collect();
+            MatMul {
+                parts,
+                format: m.format,
+                fused,
+            }
+        };
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for l in &model.layers {
+            let kv_bytes = (max_seq * kvd) as u64 * 4;
+            if kv_bytes > limit {
+                bail!(
+                    "GPU {}: a layer's KV cache for --ctx {max_seq} ({kv_bytes} bytes) exceeds one \
+                     binding ({limit}); use a shorter --ctx",
+                    model.info.name
+                );
+            }
+            let k_cache = storage("k cache", max_seq * kvd, none)?;
+            let v_cache = storage("v cache", max_seq * kvd, none)?;
+            layers.push(LayerGroups {
+                qkv: matmul(
+                    &l.qkv,
+                    Fused::NormStore,
+                    &batch,
+                    (&x, h),
+                    (&qkv, qkv_stride),
+                    &l.qkv_aux,
+                ),
+                rope: group(
+                    &k.rope_layout,
+                    &[
+                        (0, &batch),
+                        (1, &shape),
+                        (2, &qkv),
+                        (3, &angles),
+                        (4, &k_cache),
+                        (5, &v_cache),
+                    ],
+                ),
+                attention: group(
+                    &k.attention_layout,
+                    &[
+                        (0, &batch),
+                        (1, &shape),
+                        (2, &qkv),
+                        (3, &k_cache),
+                        (4, &v_cache),
+                        (5, &att),
+                        (6, &partial),
+                    ],
+                ),
+                wo: matmul(&l.wo, Fused::Add, &batch, (&att, qd), (&x, h), &dummy),
+                gate_up: matmul(
+                    &l.gate_up,
+                    Fused::NormSwiglu,
+                    &batch,
+                    (&x, h),
+                    (&hidden, ff),
+                    &l.ffn_norm,
+                ),
+                down: matmul(&l.down, Fused::Add, &batch, (&hidden, ff), (&x, h), &dummy),
+            });
+        }
+        let embed = {
+            let m = &model.embed;
+            let parts = m
+                .parts
+                .iter()
+                .map(|p| {
+                    let mat = Mat {
+                        rows: p.rows as u32,
+                        cols: m.cols as u32,
+                        out_row0: p.row0 as u32,
+                        x_stride: 0,
+                        out_stride: h as u32,
+                        d_off: p.d_off as u32,
+                        m_off: p.m_off as u32,
+                        bias_off: 0,
+                        eps: 0.0,
+                        nb: m.blocks as u32,
+                        pad: [0; 2],
+                    };
+                    let mat = uniform("embed", bytemuck::bytes_of(&mat), none);
+                    let bg = group(
+                        &k.embed_layout,
+                        &[
+                            (0, &batch),
+                            (1, &mat),
+                            (2, &p.buffer),
+                            (4, &x),
+                            (6, &tokens),
+                        ],
+                    );
+                    (bg, p.rows)
+                })
+                .collect();
+            MatMul {
+                parts,
+                format: m.format,
+                fused: Fused::Store,
+            }
+        };
+        let norm = group(
+            &k.norm_layout,
+            &[
+                (0, &batch),
+                (1, &shape),
+                (2, &x),
+                (3, &model.norm),
+                (4, &out),
+            ],
+        );
+        let lm_head = matmul(
+            model.output(),
+            Fused::Store,
+            &logit_rows,
+            (&out, h),
+            (&logits, c.vocab_size),
+            &dummy,
+        );
+        let argmax = group(
+            &k.argmax_layout,
+            &[(0, &batch), (1, &shape), (2, &logits), (3, &best)],
+        );
+        model.check()?;
+        Ok(GpuSession {
+            model,
+            max_seq,
+            max_batch,
+            kv_len: 0,
+            batch,
+            logit_rows,
+            tokens,
+            out,
+            logits,
+            best,
+            staging,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            argmax,
+            rec: Recorder::default(),
+            n: 0,
+            splits: 1,
+            last_dispatches: 0,
+            failure: None,
+        })
+    }
+
+    /// Submits what was recorded, plus a copy of `bytes` of `src` to the staging buffer, waits,
+    /// and hands the bytes to `read`.
+    fn read_back(
+        &mut self,
+        src: &wgpu::Buffer,
+        bytes: usize,
+        read: impl FnOnce(&[u8]),
+    ) -> Result<()> {
+        let device = &self.model.device;
+        let mut encoder = self
+            .rec
+            .encoder
+            .take()
+            .unwrap_or_else(|| device.create_command_encoder(&Default::default()));
+        encoder.copy_buffer_to_buffer(src, 0, &self.staging, 0, bytes as u64);
+        self.model.queue.submit([encoder.finish()]);
+        let slice = self.staging.slice(..bytes as u64);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        device
+            .poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            })
+            .map_err(|e| anyhow::anyhow!("GPU {}: {e}", self.model.info.name))?;
+        self.model.check()?;
+        rx.recv()?
+            .map_err(|e| anyhow::anyhow!("GPU {}: reading back: {e}", self.model.info.name))?;
+        let view = slice
+            .get_mapped_range()
+            .map_err(|e| anyhow::anyhow!("GPU {}: reading back: {e}", self.model.info.name))?;
+        read(&view);
+        drop(view);
+        self.staging.unmap();
+        Ok(())
+    }
+
+    fn submit(&mut self) -> Result<()> {
+        if let Some(encoder) = self.rec.encoder.take() {
+            self.model.queue.submit([encoder.finish()]);
+        }
+        self.model.check()
+    }
+
+    fn write_rows(&self, buffer: &wgpu::Buffer, rows: Rows) {
+        self.model
+            .queue
+            .write_buffer(buffer, 0, bytemuck::bytes_of(&rows));
+    }
+}
+
+// The steps record dispatches; errors the device finds surface at the next read-back or commit.
+impl Backend for GpuSession<'_> {
+    fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    fn kv_len(&self) -> usize {
+        self.kv_len
+    }
+
+    fn kv_capacity(&self) -> usize {
+        self.max_seq
+    }
+
+    fn embed(&mut self, tokens: &[u32], pos0: usize) -> sapient_core::Result<()> {
+        let n = tokens.len();
+        self.n = n;
+        self.rec.dispatches = 0;
+        self.splits = if n == 1 {
+            (pos0 + 1).div_ceil(SPLIT_KEYS).clamp(1, MAX_SPLITS)
+        } else {
+            1
+        };
+        let rows = Rows {
+            first: 0,
+            count: n as u32,
+            pos0: pos0 as u32,
+            splits: self.splits as u32,
+        };
+        self.write_rows(&self.batch, rows);
+        self.model
+            .queue
+            .write_buffer(&self.tokens, 0, bytemuck::cast_slice(tokens));
+        let result = self.rec.matmul(self.model, &self.embed, n, true);
+        result.map_err(|e| self.fail(e))
+    }
+
+    fn qkv(&mut self, layer: usize, n: usize) -> sapient_core::Result<()> {
+        let result = self
+            .rec
+            .matmul(self.model, &self.layers[layer].qkv, n, false);
+        result.map_err(|e| self.fail(e))
+    }
+
+    fn rope_store(&mut self, layer: usize, n: usize, _pos0: usize) -> sapient_core::Result<()> {
+        let c = &self.model.config;
+        let threads = (c.n_heads + c.n_kv_heads) * c.head_dim / 2 + c.kv_dim();
+        let (model, group) = (self.model, &self.layers[layer].rope);
+        let size = [threads.div_ceil(64), n, 1];
+        self.rec
+            .dispatch(&model.device, &model.kernels.rope_store, group, size);
+        Ok(())
+    }
+
+    fn attention(&mut self, layer: usize, n: usize, _pos0: usize) -> sapient_core::Result<()> {
+        let heads = self.model.config.n_heads;
+        let (model, group) = (self.model, &self.layers[layer].attention);
+        let (device, k) = (&model.device, &model.kernels);
+        self.rec
+            .dispatch(device, &k.attention, group, [heads, n, self.splits]);
+        if self.splits > 1 {
+            self.rec
+                .dispatch(device, &k.attention_reduce, group, [heads, 1, 1]);
+        }
+        Ok(())
+    }
+
+    fn attn_out(&mut self, layer: usize, n: usize) -> sapient_core::Result<()> {
+        let result = self
+            .rec
+            .matmul(self.model, &self.layers[layer].wo, n, false);
+        result.map_err(|e| self.fail(e))
+    }
+
+    fn gate_up(&mut self, layer: usize, n: usize) -> sapient_core::Result<()> {
+        let result = self
+            .rec
+            .matmul(self.model, &self.layers[layer].gate_up, n, false);
+        result.map_err(|e| self.fail(e))
+    }
+
+    fn ffn_out(&mut self, layer: usize, n: usize) -> sapient_core::Result<()> {
+        let result = self
+            .rec
+            .matmul(self.model, &self.layers[layer].down, n, false);
+        result.map_err(|e| self.fail(e))
+    }
+
+    fn final_norm(&mut self, _first: usize, _n: usize) -> sapient_core::Result<()> {
+        // Every row of the batch: one dispatch whatever the rows asked for.
+        let model = self.model;
+        let size = [self.n, 1, 1];
+        self.rec
+            .dispatch(&model.device, &model.kernels.rms_norm, &self.norm, size);
+        Ok(())
+    }
+
+    fn read_hidden(&mut self, out: &mut [f32]) -> sapient_core::Result<()> {
+        let src = self.out.clone();
+        self.read_back(&src, out.len() * 4, |b| {
+            out.copy_from_slice(bytemuck::cast_slice(b))
+        })
+        .map_err(|e| self.fail(e))
+    }
+
+    fn logits(&mut self, first: usize, out: &mut [f32]) -> sapient_core::Result<()> {
+        let vocab = self.model.config.vocab_size;
+        let logits = self.logits.clone();
+        let mut result = Ok(());
+        for (i, chunk) in out.chunks_mut(LOGIT_ROWS * vocab).enumerate() {
+            let count = chunk.len() / vocab;
+            let rows = Rows {
+                first: (first + i * LOGIT_ROWS) as u32,
+                count: count as u32,
+                pos0: 0,
+                splits: 1,
+            };
+            self.write_rows(&self.logit_rows, rows);
+            result = self
+                .rec
+                .matmul(self.model, &self.lm_head, count, false)
+                .and_then(|()| {
+                    self.read_back(&logits, chunk.len() * 4, |b| {
+                        chunk.copy_from_slice(bytemuck::cast_slice(b))
+                    })
+                });
+            if result.is_err() {
+                break;
+            }
+        }
+        result.map_err(|e| self.fail(e))
+    }
+
+    fn argmax(&mut self, row: usize) -> sapient_core::Result<u32> {
+        let rows = Rows {
+            first: row as u32,
+            count: 1,
+            pos0: 0,
+            splits: 1,
+        };
+        self.write_rows(&self.logit_rows, rows);
+        let model = self.model;
+        let result = self.rec.matmul(model, &self.lm_head, 1, false);
+        result.map_err(|e| self.fail(e))?;
+        self.rec.dispatch(
+            &model.device,
+            &model.kernels.argmax,
+            &self.argmax,
+            [1, 1, 1],
+        );
+        let best = self.best.clone();
+        let mut id = 0u32;
+        self.read_back(&best, 4, |b| {
+            id = u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+        })
+        .map_err(|e| self.fail(e))?;
+        Ok(id)
+    }
+
+    fn commit(&mut self, n: usize) -> sapient_core::Result<()> {
+        self.submit().map_err(|e| self.fail(e))?;
+        self.kv_len += n;
+        if n == 1 {
+            self.last_dispatches = self.rec.dispatches;
+        }
+        Ok(())
+    }
+}
+
+impl GpuSession<'_> {
+    /// Keeps `e` for the forward pass to return, and gives the core its static stand-in.
+    fn fail(&mut self, e: anyhow::Error) -> sapient_core::Error {
+        self.failure.get_or_insert(e);
+        sapient_core::Error::Backend("the GPU failed")
+    }
+}
+
+impl Session for GpuSession<'_> {
+    fn config(&self) -> &Config {
+        &self.model.config
+    }
+
+    fn forward(&mut self, tokens: &[u32], want: Want<'_>) -> Result<()> {
+        let config = &self.model.config;
+        let result = layer_loop(config, self, tokens, want);
+        match (result, self.failure.take()) {
+            (Ok(()), _) => Ok(()),
+            (Err(_), Some(detail)) => Err(detail),
+            (Err(e), None) => Err(e.into()),
+        }
+    }
+
+    fn kv_len(&self) -> usize {
+        self.kv_len
+    }
+
+    fn max_seq(&self) -> usize {
+        self.max_seq
+    }
+
+    fn truncate(&mut self, len: usize) {
+        self.kv_len = self.kv_len.min(len);
+    }
+
+    fn dispatches_per_token(&self) -> Option<usize> {
+        Some(self.last_dispatches)
+    }
+}
