@@ -237,7 +237,7 @@ struct Loaded {
 enum Engine<'m, 'w> {
     Cpu(CpuRunner<'m, 'w, Rayon>),
     #[cfg(feature = "gpu")]
-    Gpu(sapient::gpu::GpuModel),
+    Gpu(Box<sapient::gpu::GpuModel>),
 }
 
 impl Runner for Engine<'_, '_> {
@@ -302,7 +302,7 @@ impl Loaded {
             match GpuModel::new(model, &opts)? {
                 Some(g) => {
                     eprintln!("GPU: {}", g.summary());
-                    Ok(Engine::Gpu(g))
+                    Ok(Engine::Gpu(Box::new(g)))
                 }
                 None if software => {
                     bail!("--backend gpu: no GPU adapter found (wgpu: Metal, Vulkan, DX12)")
