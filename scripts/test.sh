@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/fetch-model.sh >/dev/null
-cargo test --workspace "$@"
+# The GPU backend's tests run on any adapter wgpu finds (lavapipe will do) and skip, saying so,
+# where there is none.
+cargo test --workspace --features sapient-tests/gpu "$@"

@@ -39,6 +39,8 @@ impl Rate {
 pub struct BenchResult {
     pub prefill: Option<Rate>,
     pub decode: Option<Rate>,
+    /// GPU dispatches per decoded token (none on the CPU).
+    pub dispatches_per_token: Option<usize>,
 }
 
 /// What to measure: tokens of prefill and of single-token decoding (0 skips either), each after
@@ -103,6 +105,11 @@ pub fn bench(runner: &impl Runner, tests: Tests, reps: usize) -> Result<BenchRes
         Ok(BenchResult {
             prefill: (prompt > 0).then(|| Rate::of(&pp)),
             decode: (generate > 0).then(|| Rate::of(&tg)),
+            dispatches_per_token: if generate > 0 {
+                s.dispatches_per_token()
+            } else {
+                None
+            },
         })
     })
 }

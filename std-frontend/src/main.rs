@@ -240,6 +240,16 @@ enum Engine<'m, 'w> {
     Gpu(Box<sapient::gpu::GpuModel>),
 }
 
+impl Engine<'_, '_> {
+    fn name(&self) -> &'static str {
+        match self {
+            Engine::Cpu(_) => "cpu",
+            #[cfg(feature = "gpu")]
+            Engine::Gpu(_) => "gpu",
+        }
+    }
+}
+
 impl Runner for Engine<'_, '_> {
     fn config(&self) -> &Config {
         match self {
@@ -508,6 +518,8 @@ fn run_command(command: Command) -> Result<()> {
                         "decode_tokens": generate,
                         "decode_tokens_per_s": r.decode.map(|r| r.mean),
                         "decode_stddev": r.decode.map(|r| r.stddev),
+                        "backend": engine.name(),
+                        "dispatches_per_token": r.dispatches_per_token,
                         "peak_rss_bytes": rss,
                     })
                 ),
@@ -529,6 +541,9 @@ fn run_command(command: Command) -> Result<()> {
                             "tg{generate}{at}  t={threads}: {:.1} ± {:.1} tokens/s",
                             d.mean, d.stddev
                         );
+                    }
+                    if let Some(d) = r.dispatches_per_token {
+                        println!("GPU dispatches per decoded token: {d}");
                     }
                     if let Some(b) = rss {
                         println!(
@@ -738,6 +753,16 @@ fn cmd_inspect(spec: &str, ctx: usize) -> Result<()> {
     )?;
     let c = &files.config;
     println!("model: {}", path.display());
+    #[cfg(feature = "gpu")]
+    {
+        let adapters = sapient::gpu::adapters();
+        if adapters.is_empty() {
+            println!("GPU adapters: none");
+        }
+        for a in adapters {
+            println!("GPU adapter: {a}");
+        }
+    }
     println!("architecture: {}", files.arch);
     println!(
         "vocab {}, hidden {}, intermediate {}, layers {}, heads {} (kv {}), head_dim {}",

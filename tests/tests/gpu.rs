@@ -14,11 +14,12 @@ use sapient_core::{KvFormat, Matrix, Model, Serial, Weights};
 use sapient_tests::*;
 
 /// Largest normalized mean squared error (Σ(gpu − cpu)² / Σcpu², as llama.cpp's
-/// `test-backend-ops` measures) allowed between the backends' logits. The GPU computes with f32
-/// activations where the CPU quantizes them to Q16 before a quantized mat-mul, and sums in
-/// another order: on the fixtures the measured NMSE is below 1e-9 with f32 weights and below
-/// 1e-6 with quantized ones.
-const MAX_NMSE: f64 = 1e-5;
+/// `test-backend-ops` measures) allowed between the backends' logits, with float weights and with
+/// quantized ones. The GPU sums in another order, and meets quantized weights with f32
+/// activations where the CPU quantizes them to Q16. Measured on the fixtures (lavapipe): at most
+/// 1.2e-11 with float weights, 1.3e-7 with quantized ones.
+const MAX_NMSE_FLOAT: f64 = 1e-9;
+const MAX_NMSE_QUANTIZED: f64 = 1e-6;
 
 fn gpu(model: &Model<'_>, max_binding_bytes: Option<u64>) -> Option<GpuModel> {
     let opts = GpuOptions {
@@ -84,7 +85,7 @@ fn converted(model: &Model<'_>, format: Format) -> Model<'static> {
 }
 
 /// Logits at every position and greedy continuations: GPU against CPU.
-fn compare(name: &str, model: &Model<'_>, g: &GpuModel, seqs: &[Vec<u32>]) -> f64 {
+fn compare(name: &str, model: &Model<'_>, g: &GpuModel, seqs: &[Vec<u32>], max_nmse: f64) -> f64 {
     let cpu = CpuRunner::new(model, KvFormat::F32, &Serial);
     let mut worst = 0f64;
     for seq in seqs {
@@ -93,7 +94,7 @@ fn compare(name: &str, model: &Model<'_>, g: &GpuModel, seqs: &[Vec<u32>]) -> f6
         assert_eq!(got.len(), seq.len());
         for (p, (a, b)) in got.iter().zip(&want).enumerate() {
             let e = nmse(a, b);
-            assert!(e < MAX_NMSE, "{name}: position {p}: NMSE {e:.2e}");
+            assert!(e < max_nmse, "{name}: position {p}: NMSE {e:.2e}");
             worst = worst.max(e);
         }
         let greedy_cpu = run::greedy(&cpu, seq, 16, &[]).unwrap();
@@ -136,7 +137,12 @@ fn every_fixture_in_every_format_matches_the_cpu() {
             }
             let m = converted(&model, format);
             let Some(g) = gpu(&m, None) else { return };
-            let worst = compare(&format!("{name} {format:?}"), &m, &g, &seqs);
+            let max_nmse = if format.is_quantized() {
+                MAX_NMSE_QUANTIZED
+            } else {
+                MAX_NMSE_FLOAT
+            };
+            let worst = compare(&format!("{name} {format:?}"), &m, &g, &seqs, max_nmse);
             eprintln!("{name} {format:?}: worst NMSE {worst:.2e}");
             compared += 1;
         }
