@@ -55,7 +55,7 @@ if [ ! -f "$q8" ]; then
     "$bin/llama-quantize" --allow-requantize "$q4" "$q8" Q8_0 >/dev/null 2>&1
 fi
 cargo build --release --quiet -p sapient
-sapient=target/release/sapient
+sapient="$(bash scripts/target-dir.sh)/release/sapient"
 
 python3 - "$bin/llama-bench" "$sapient" "$threads" "$reps" "$depth" "$q8" "$q4" <<'PY'
 import json, statistics, subprocess, sys

@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 prompt="${1:-Once upon a time, in a small village by the sea,}"
 model=$(bash scripts/fetch-model.sh)
 cargo build --release --quiet -p sapient
-exec target/release/sapient generate -m "$model" -p "$prompt" --max-tokens 200
+exec "$(bash scripts/target-dir.sh)/release/sapient" generate -m "$model" -p "$prompt" --max-tokens 200

@@ -8,7 +8,7 @@ use sapient_core::{ops, Backend, Config, Want};
 use wgpu::util::DeviceExt;
 
 use super::kernels::{Fused, PREFILL_TILE};
-use super::weights::GpuMatrix;
+use super::weights::{GpuMatrix, Part};
 use super::{GpuModel, ROWS};
 use crate::run::Session;
 
@@ -45,6 +45,26 @@ struct Mat {
     eps: f32,
     nb: u32,
     pad: [u32; 2],
+}
+
+impl Mat {
+    /// The numbers of part `p` of `m`, reading rows of `x_stride` inputs and writing rows of
+    /// `out_stride` outputs (the bias, where there is one, follows the norm's `cols` weights).
+    fn new(m: &GpuMatrix, p: &Part, x_stride: usize, out_stride: usize, eps: f32) -> Self {
+        Mat {
+            rows: p.rows as u32,
+            cols: m.cols as u32,
+            out_row0: p.row0 as u32,
+            x_stride: x_stride as u32,
+            out_stride: out_stride as u32,
+            d_off: p.d_off as u32,
+            m_off: p.m_off as u32,
+            bias_off: m.cols as u32,
+            eps,
+            nb: m.blocks as u32,
+            pad: [0; 2],
+        }
+    }
 }
 
 /// `Shape` in layer.wgsl.
@@ -291,19 +311,7 @@ impl<'m> GpuSession<'m> {
                 .parts
                 .iter()
                 .map(|p| {
-                    let mat = Mat {
-                        rows: p.rows as u32,
-                        cols: m.cols as u32,
-                        out_row0: p.row0 as u32,
-                        x_stride: x_stride as u32,
-                        out_stride: out_stride as u32,
-                        d_off: p.d_off as u32,
-                        m_off: p.m_off as u32,
-                        bias_off: m.cols as u32,
-                        eps: c.rms_norm_eps,
-                        nb: m.blocks as u32,
-                        pad: [0; 2],
-                    };
+                    let mat = Mat::new(m, p, x_stride, out_stride, c.rms_norm_eps);
                     let mat = uniform("mat", bytemuck::bytes_of(&mat), none);
                     let bg = group(
                         &k.matmul_layout,
@@ -327,14 +335,6 @@ impl<'m> GpuSession<'m> {
         };
         let mut layers = Vec::with_capacity(c.n_layers);
         for l in &model.layers {
-            let kv_bytes = (max_seq * kvd) as u64 * 4;
-            if kv_bytes > limit {
-                bail!(
-                    "GPU {}: a layer's KV cache for --ctx {max_seq} ({kv_bytes} bytes) exceeds one \
-                     binding ({limit}); use a shorter --ctx",
-                    model.info.name
-                );
-            }
             let k_cache = storage("k cache", max_seq * kvd, none)?;
             let v_cache = storage("v cache", max_seq * kvd, none)?;
             layers.push(LayerGroups {
@@ -387,20 +387,11 @@ impl<'m> GpuSession<'m> {
                 .parts
                 .iter()
                 .map(|p| {
-                    let mat = Mat {
-                        rows: p.rows as u32,
-                        cols: m.cols as u32,
-                        out_row0: p.row0 as u32,
-                        x_stride: 0,
-                        out_stride: h as u32,
-                        d_off: p.d_off as u32,
-                        m_off: p.m_off as u32,
-                        bias_off: 0,
-                        eps: 0.0,
-                        nb: m.blocks as u32,
-                        pad: [0; 2],
-                    };
-                    let mat = uniform("embed", bytemuck::bytes_of(&mat), none);
+                    let mat = uniform(
+                        "embed",
+                        bytemuck::bytes_of(&Mat::new(m, p, 0, h, 0.0)),
+                        none,
+                    );
                     let bg = group(
                         &k.embed_layout,
                         &[
