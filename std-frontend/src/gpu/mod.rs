@@ -5,6 +5,8 @@
 //! `sapient_core::Backend` with WGSL kernels.
 mod kernels;
 mod session;
+#[cfg(test)]
+mod tests;
 mod weights;
 
 use std::sync::{Arc, Mutex};
@@ -100,10 +102,20 @@ fn pick_adapter(allow_software: bool) -> Option<wgpu::Adapter> {
         .min_by_key(|a| rank(a.get_info().device_type))
 }
 
-impl GpuModel {
-    /// Uploads `model` to the best adapter; `None` when there is no adapter `opts` accepts.
-    pub fn new(model: &Model<'_>, opts: &GpuOptions) -> Result<Option<Self>> {
-        let Some(adapter) = pick_adapter(opts.allow_software) else {
+/// An opened adapter.
+struct Device {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    info: wgpu::AdapterInfo,
+    limits: wgpu::Limits,
+    /// The first error the device reported outside an error scope.
+    error: Arc<Mutex<Option<String>>>,
+}
+
+impl Device {
+    /// The best adapter's device with every limit the adapter has; `None` without an adapter.
+    fn open(allow_software: bool) -> Result<Option<Self>> {
+        let Some(adapter) = pick_adapter(allow_software) else {
             return Ok(None);
         };
         let info = adapter.get_info();
@@ -120,6 +132,29 @@ impl GpuModel {
             let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
             slot.get_or_insert_with(|| e.to_string());
         }));
+        Ok(Some(Device {
+            device,
+            queue,
+            info,
+            limits,
+            error,
+        }))
+    }
+}
+
+impl GpuModel {
+    /// Uploads `model` to the best adapter; `None` when there is no adapter `opts` accepts.
+    pub fn new(model: &Model<'_>, opts: &GpuOptions) -> Result<Option<Self>> {
+        let Some(Device {
+            device,
+            queue,
+            info,
+            limits,
+            error,
+        }) = Device::open(opts.allow_software)?
+        else {
+            return Ok(None);
+        };
         let max_binding = opts
             .max_binding_bytes
             .unwrap_or(u64::MAX)

@@ -7,8 +7,8 @@ use sapient_core::model::layer_loop;
 use sapient_core::{ops, Backend, Config, Want};
 use wgpu::util::DeviceExt;
 
-use super::kernels::{Fused, PREFILL_TILE};
-use super::weights::{GpuMatrix, Part};
+use super::kernels::{Fused, Kernels, PREFILL_TILE};
+use super::weights::{GpuFormat, GpuMatrix, Part};
 use super::{GpuModel, ROWS};
 use crate::run::Session;
 
@@ -23,17 +23,17 @@ const MAX_WORKGROUPS: usize = 65535;
 /// `Rows` in the shaders: the tokens a dispatch covers and where they sit.
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Rows {
-    first: u32,
-    count: u32,
-    pos0: u32,
-    splits: u32,
+pub(super) struct Rows {
+    pub(super) first: u32,
+    pub(super) count: u32,
+    pub(super) pos0: u32,
+    pub(super) splits: u32,
 }
 
 /// `Mat` in matmul.wgsl.
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Mat {
+pub(super) struct Mat {
     rows: u32,
     cols: u32,
     out_row0: u32,
@@ -50,7 +50,13 @@ struct Mat {
 impl Mat {
     /// The numbers of part `p` of `m`, reading rows of `x_stride` inputs and writing rows of
     /// `out_stride` outputs (the bias, where there is one, follows the norm's `cols` weights).
-    fn new(m: &GpuMatrix, p: &Part, x_stride: usize, out_stride: usize, eps: f32) -> Self {
+    pub(super) fn new(
+        m: &GpuMatrix,
+        p: &Part,
+        x_stride: usize,
+        out_stride: usize,
+        eps: f32,
+    ) -> Self {
         Mat {
             rows: p.rows as u32,
             cols: m.cols as u32,
@@ -67,28 +73,146 @@ impl Mat {
     }
 }
 
+/// A uniform buffer holding `bytes` (rewritable, for the numbers a forward pass sets).
+pub(super) fn uniform(device: &wgpu::Device, name: &str, bytes: &[u8]) -> wgpu::Buffer {
+    device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+        label: Some(name),
+        contents: bytes,
+        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+    })
+}
+
+/// A bind group of whole buffers.
+pub(super) fn bind_group(
+    device: &wgpu::Device,
+    layout: &wgpu::BindGroupLayout,
+    entries: &[(u32, &wgpu::Buffer)],
+) -> wgpu::BindGroup {
+    let entries: Vec<_> = entries
+        .iter()
+        .map(|&(binding, b)| wgpu::BindGroupEntry {
+            binding,
+            resource: b.as_entire_binding(),
+        })
+        .collect();
+    device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout,
+        entries: &entries,
+    })
+}
+
+/// A mat-mul's bind groups: one per part of `m`, each with its numbers in a uniform. It reads
+/// rows of `x` (`x.1` floats apart) and writes rows of `y` (`y.1` apart).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn matmul_groups(
+    device: &wgpu::Device,
+    k: &Kernels,
+    m: &GpuMatrix,
+    fused: Fused,
+    rows: &wgpu::Buffer,
+    (x, x_stride): (&wgpu::Buffer, usize),
+    (y, out_stride): (&wgpu::Buffer, usize),
+    aux: &wgpu::Buffer,
+    eps: f32,
+) -> MatMul {
+    let parts = m
+        .parts
+        .iter()
+        .map(|p| {
+            let mat = Mat::new(m, p, x_stride, out_stride, eps);
+            let mat = uniform(device, "mat", bytemuck::bytes_of(&mat));
+            let entries = [
+                (0, rows),
+                (1, &mat),
+                (2, &p.buffer),
+                (3, x),
+                (4, y),
+                (5, aux),
+            ];
+            (bind_group(device, &k.matmul_layout, &entries), p.rows)
+        })
+        .collect();
+    MatMul {
+        parts,
+        format: m.format,
+        fused,
+    }
+}
+
+/// The embedding's bind groups: rows of `m` for the ids in `tokens` into rows of `y`
+/// (`cols` floats apart).
+pub(super) fn embed_groups(
+    device: &wgpu::Device,
+    k: &Kernels,
+    m: &GpuMatrix,
+    rows: &wgpu::Buffer,
+    tokens: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    cols: usize,
+) -> MatMul {
+    let parts = m
+        .parts
+        .iter()
+        .map(|p| {
+            let mat = uniform(
+                device,
+                "embed",
+                bytemuck::bytes_of(&Mat::new(m, p, 0, cols, 0.0)),
+            );
+            let entries = [(0, rows), (1, &mat), (2, &p.buffer), (4, y), (6, tokens)];
+            (bind_group(device, &k.embed_layout, &entries), p.rows)
+        })
+        .collect();
+    MatMul {
+        parts,
+        format: m.format,
+        fused: Fused::Store,
+    }
+}
+
 /// `Shape` in layer.wgsl.
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
-struct Shape {
-    n_heads: u32,
-    n_kv_heads: u32,
-    head_dim: u32,
-    window: u32,
-    qkv_stride: u32,
-    q_dim: u32,
-    kv_dim: u32,
-    rope_adjacent: u32,
-    scale: f32,
-    hidden: u32,
-    eps: f32,
-    vocab: u32,
+pub(super) struct Shape {
+    pub(super) n_heads: u32,
+    pub(super) n_kv_heads: u32,
+    pub(super) head_dim: u32,
+    pub(super) window: u32,
+    pub(super) qkv_stride: u32,
+    pub(super) q_dim: u32,
+    pub(super) kv_dim: u32,
+    pub(super) rope_adjacent: u32,
+    pub(super) scale: f32,
+    pub(super) hidden: u32,
+    pub(super) eps: f32,
+    pub(super) vocab: u32,
+}
+
+impl Shape {
+    pub(super) fn new(c: &Config) -> Self {
+        let (qd, kvd) = (c.q_dim(), c.kv_dim());
+        Shape {
+            n_heads: c.n_heads as u32,
+            n_kv_heads: c.n_kv_heads as u32,
+            head_dim: c.head_dim as u32,
+            window: c.sliding_window.unwrap_or(0) as u32,
+            qkv_stride: (qd + 2 * kvd) as u32,
+            q_dim: qd as u32,
+            kv_dim: kvd as u32,
+            rope_adjacent: (c.rope_style == sapient_core::RopeStyle::Adjacent) as u32,
+            scale: 1.0 / (c.head_dim as f32).sqrt(),
+            hidden: c.hidden_size as u32,
+            eps: c.rms_norm_eps,
+            vocab: c.vocab_size as u32,
+        }
+    }
 }
 
 /// One mat-mul: a bind group per part of its matrix.
-struct MatMul {
+pub(super) struct MatMul {
     parts: Vec<(wgpu::BindGroup, usize)>,
-    format: super::weights::GpuFormat,
+    format: GpuFormat,
     fused: Fused,
 }
 
@@ -103,13 +227,13 @@ struct LayerGroups {
 
 /// The command encoder of the batch being recorded, and its dispatches.
 #[derive(Default)]
-struct Recorder {
-    encoder: Option<wgpu::CommandEncoder>,
+pub(super) struct Recorder {
+    pub(super) encoder: Option<wgpu::CommandEncoder>,
     dispatches: usize,
 }
 
 impl Recorder {
-    fn dispatch(
+    pub(super) fn dispatch(
         &mut self,
         device: &wgpu::Device,
         pipeline: &wgpu::ComputePipeline,
@@ -126,32 +250,41 @@ impl Recorder {
         self.dispatches += 1;
     }
 
-    /// Every part of `mm` for `count` tokens (rows of the embedding when `embed`).
-    fn matmul(&mut self, model: &GpuModel, mm: &MatMul, count: usize, embed: bool) -> Result<()> {
-        let (k, device) = (&model.kernels, &model.device);
-        if embed {
-            let pipeline = k.embed(mm.format)?;
-            let cols = model.config.hidden_size;
-            for (group, _) in &mm.parts {
-                self.dispatch(
-                    device,
-                    pipeline,
-                    group,
-                    [cols.div_ceil(4).div_ceil(64), count, 1],
-                );
-            }
-            return Ok(());
-        }
+    /// Every part of `mm` for `count` tokens.
+    pub(super) fn matmul(
+        &mut self,
+        device: &wgpu::Device,
+        k: &Kernels,
+        mm: &MatMul,
+        count: usize,
+    ) -> Result<()> {
         let tile = if count == 1 { 1 } else { PREFILL_TILE };
         let pipeline = k.matmul(mm.format, mm.fused, tile)?;
         for (group, rows) in &mm.parts {
             let groups = rows.div_ceil(ROWS);
             let gx = groups.min(MAX_WORKGROUPS);
+            let size = [gx, groups.div_ceil(gx), count.div_ceil(tile)];
+            self.dispatch(device, pipeline, group, size);
+        }
+        Ok(())
+    }
+
+    /// The embedding rows (`cols` wide) of `count` tokens, from every part of `mm`.
+    pub(super) fn embed(
+        &mut self,
+        device: &wgpu::Device,
+        k: &Kernels,
+        mm: &MatMul,
+        count: usize,
+        cols: usize,
+    ) -> Result<()> {
+        let pipeline = k.embed(mm.format)?;
+        for (group, _) in &mm.parts {
             self.dispatch(
                 device,
                 pipeline,
                 group,
-                [gx, groups.div_ceil(gx), count.div_ceil(tile)],
+                [cols.div_ceil(4).div_ceil(64), count, 1],
             );
         }
         Ok(())
@@ -248,36 +381,15 @@ impl<'m> GpuSession<'m> {
             contents: bytemuck::cast_slice(&angles),
             usage: wgpu::BufferUsages::STORAGE,
         });
-        let uniform = |name: &str, bytes: &[u8], extra| {
-            device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(name),
-                contents: bytes,
-                usage: wgpu::BufferUsages::UNIFORM | extra,
-            })
-        };
         let zero = Rows {
             first: 0,
             count: 0,
             pos0: 0,
             splits: 1,
         };
-        let batch = uniform("batch", bytemuck::bytes_of(&zero), copy_dst);
-        let logit_rows = uniform("logit rows", bytemuck::bytes_of(&zero), copy_dst);
-        let shape = Shape {
-            n_heads: c.n_heads as u32,
-            n_kv_heads: c.n_kv_heads as u32,
-            head_dim: c.head_dim as u32,
-            window: c.sliding_window.unwrap_or(0) as u32,
-            qkv_stride: qkv_stride as u32,
-            q_dim: qd as u32,
-            kv_dim: kvd as u32,
-            rope_adjacent: (c.rope_style == sapient_core::RopeStyle::Adjacent) as u32,
-            scale: 1.0 / (c.head_dim as f32).sqrt(),
-            hidden: h as u32,
-            eps: c.rms_norm_eps,
-            vocab: c.vocab_size as u32,
-        };
-        let shape = uniform("shape", bytemuck::bytes_of(&shape), none);
+        let batch = uniform(device, "batch", bytemuck::bytes_of(&zero));
+        let logit_rows = uniform(device, "logit rows", bytemuck::bytes_of(&zero));
+        let shape = uniform(device, "shape", bytemuck::bytes_of(&Shape::new(c)));
         let staging = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
             size: (LOGIT_ROWS * c.vocab_size).max(max_batch * h) as u64 * 4,
@@ -286,53 +398,10 @@ impl<'m> GpuSession<'m> {
         });
 
         let k = &model.kernels;
-        let group = |layout: &wgpu::BindGroupLayout, entries: &[(u32, &wgpu::Buffer)]| {
-            let entries: Vec<_> = entries
-                .iter()
-                .map(|&(binding, b)| wgpu::BindGroupEntry {
-                    binding,
-                    resource: b.as_entire_binding(),
-                })
-                .collect();
-            device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: None,
-                layout,
-                entries: &entries,
-            })
-        };
-        // A mat-mul's bind groups: its parts, each with its numbers in a uniform.
-        let matmul = |m: &GpuMatrix,
-                      fused: Fused,
-                      rows: &wgpu::Buffer,
-                      (x, x_stride): (&wgpu::Buffer, usize),
-                      (y, out_stride): (&wgpu::Buffer, usize),
-                      aux: &wgpu::Buffer| {
-            let parts = m
-                .parts
-                .iter()
-                .map(|p| {
-                    let mat = Mat::new(m, p, x_stride, out_stride, c.rms_norm_eps);
-                    let mat = uniform("mat", bytemuck::bytes_of(&mat), none);
-                    let bg = group(
-                        &k.matmul_layout,
-                        &[
-                            (0, rows),
-                            (1, &mat),
-                            (2, &p.buffer),
-                            (3, x),
-                            (4, y),
-                            (5, aux),
-                        ],
-                    );
-                    (bg, p.rows)
-                })
-                .collect();
-            MatMul {
-                parts,
-                format: m.format,
-                fused,
-            }
-        };
+        let group = |layout, entries: &[(u32, &wgpu::Buffer)]| bind_group(device, layout, entries);
+        let eps = c.rms_norm_eps;
+        let matmul =
+            |m, fused, rows, x, y, aux| matmul_groups(device, k, m, fused, rows, x, y, aux, eps);
         let mut layers = Vec::with_capacity(c.n_layers);
         for l in &model.layers {
             let k_cache = storage("k cache", max_seq * kvd, none)?;
@@ -381,36 +450,7 @@ impl<'m> GpuSession<'m> {
                 down: matmul(&l.down, Fused::Add, &batch, (&hidden, ff), (&x, h), &dummy),
             });
         }
-        let embed = {
-            let m = &model.embed;
-            let parts = m
-                .parts
-                .iter()
-                .map(|p| {
-                    let mat = uniform(
-                        "embed",
-                        bytemuck::bytes_of(&Mat::new(m, p, 0, h, 0.0)),
-                        none,
-                    );
-                    let bg = group(
-                        &k.embed_layout,
-                        &[
-                            (0, &batch),
-                            (1, &mat),
-                            (2, &p.buffer),
-                            (4, &x),
-                            (6, &tokens),
-                        ],
-                    );
-                    (bg, p.rows)
-                })
-                .collect();
-            MatMul {
-                parts,
-                format: m.format,
-                fused: Fused::Store,
-            }
-        };
+        let embed = embed_groups(device, k, &model.embed, &batch, &tokens, &x, h);
         let norm = group(
             &k.norm_layout,
             &[
@@ -545,14 +585,23 @@ impl Backend for GpuSession<'_> {
         self.model
             .queue
             .write_buffer(&self.tokens, 0, bytemuck::cast_slice(tokens));
-        let result = self.rec.matmul(self.model, &self.embed, n, true);
+        let result = self.rec.embed(
+            &self.model.device,
+            &self.model.kernels,
+            &self.embed,
+            n,
+            self.model.config.hidden_size,
+        );
         result.map_err(|e| self.fail(e))
     }
 
     fn qkv(&mut self, layer: usize, n: usize) -> sapient_core::Result<()> {
-        let result = self
-            .rec
-            .matmul(self.model, &self.layers[layer].qkv, n, false);
+        let result = self.rec.matmul(
+            &self.model.device,
+            &self.model.kernels,
+            &self.layers[layer].qkv,
+            n,
+        );
         result.map_err(|e| self.fail(e))
     }
 
@@ -580,23 +629,32 @@ impl Backend for GpuSession<'_> {
     }
 
     fn attn_out(&mut self, layer: usize, n: usize) -> sapient_core::Result<()> {
-        let result = self
-            .rec
-            .matmul(self.model, &self.layers[layer].wo, n, false);
+        let result = self.rec.matmul(
+            &self.model.device,
+            &self.model.kernels,
+            &self.layers[layer].wo,
+            n,
+        );
         result.map_err(|e| self.fail(e))
     }
 
     fn gate_up(&mut self, layer: usize, n: usize) -> sapient_core::Result<()> {
-        let result = self
-            .rec
-            .matmul(self.model, &self.layers[layer].gate_up, n, false);
+        let result = self.rec.matmul(
+            &self.model.device,
+            &self.model.kernels,
+            &self.layers[layer].gate_up,
+            n,
+        );
         result.map_err(|e| self.fail(e))
     }
 
     fn ffn_out(&mut self, layer: usize, n: usize) -> sapient_core::Result<()> {
-        let result = self
-            .rec
-            .matmul(self.model, &self.layers[layer].down, n, false);
+        let result = self.rec.matmul(
+            &self.model.device,
+            &self.model.kernels,
+            &self.layers[layer].down,
+            n,
+        );
         result.map_err(|e| self.fail(e))
     }
 
@@ -632,7 +690,12 @@ impl Backend for GpuSession<'_> {
             self.write_rows(&self.logit_rows, rows);
             result = self
                 .rec
-                .matmul(self.model, &self.lm_head, count, false)
+                .matmul(
+                    &self.model.device,
+                    &self.model.kernels,
+                    &self.lm_head,
+                    count,
+                )
                 .and_then(|()| {
                     self.read_back(&logits, chunk.len() * 4, |b| {
                         chunk.copy_from_slice(bytemuck::cast_slice(b))
@@ -654,7 +717,9 @@ impl Backend for GpuSession<'_> {
         };
         self.write_rows(&self.logit_rows, rows);
         let model = self.model;
-        let result = self.rec.matmul(model, &self.lm_head, 1, false);
+        let result = self
+            .rec
+            .matmul(&model.device, &model.kernels, &self.lm_head, 1);
         result.map_err(|e| self.fail(e))?;
         self.rec.dispatch(
             &model.device,

@@ -1,0 +1,488 @@
+//! Each GPU kernel against its CPU twin on random shapes that are not multiples of the workgroup
+//! sizes, matrices split across storage bindings included. Without an adapter the tests say so
+//! and pass, unless `SAPIENT_REQUIRE_GPU` is set (CI sets it and runs them on lavapipe).
+use sapient_core::attention::{attend, AttentionShape};
+use sapient_core::kernels::Kernels as CpuKernels;
+use sapient_core::kv_cache::LayerKv;
+use sapient_core::quant::Format;
+use sapient_core::sample::{argmax, Rng};
+use sapient_core::{ops, Matrix, RopeStyle, Serial};
+use wgpu::util::DeviceExt;
+
+use super::kernels::{Fused, Kernels};
+use super::session::{bind_group, embed_groups, matmul_groups, uniform, Recorder, Rows, Shape};
+use super::weights::GpuMatrix;
+use super::Device;
+
+fn device() -> Option<Device> {
+    let d = Device::open(true).unwrap();
+    if d.is_none() {
+        assert!(
+            std::env::var_os("SAPIENT_REQUIRE_GPU").is_none(),
+            "SAPIENT_REQUIRE_GPU is set but wgpu finds no adapter"
+        );
+        eprintln!("SKIPPED: no GPU adapter (install mesa-vulkan-drivers for lavapipe)");
+    }
+    d
+}
+
+fn random(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.next_f32() * 2.0 - 1.0).collect()
+}
+
+fn buffer(d: &Device, values: &[f32]) -> wgpu::Buffer {
+    let mut bytes = bytemuck::cast_slice::<f32, u8>(values).to_vec();
+    bytes.resize(bytes.len().max(16), 0);
+    d.device
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: None,
+            contents: &bytes,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        })
+}
+
+/// Submits what `rec` recorded and reads `n` floats of `src` back.
+fn run_and_read(d: &Device, rec: &mut Recorder, src: &wgpu::Buffer, n: usize) -> Vec<f32> {
+    let staging = d.device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: (n * 4) as u64,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let mut encoder = rec
+        .encoder
+        .take()
+        .unwrap_or_else(|| d.device.create_command_encoder(&Default::default()));
+    encoder.copy_buffer_to_buffer(src, 0, &staging, 0, (n * 4) as u64);
+    d.queue.submit([encoder.finish()]);
+    let slice = staging.slice(..);
+    slice.map_async(wgpu::MapMode::Read, |r| r.unwrap());
+    d.device
+        .poll(wgpu::PollType::Wait {
+            submission_index: None,
+            timeout: None,
+        })
+        .unwrap();
+    let error = d.error.lock().unwrap().clone();
+    assert!(error.is_none(), "{error:?}");
+    let out = bytemuck::cast_slice(&slice.get_mapped_range().unwrap()).to_vec();
+    out
+}
+
+fn rows(first: usize, count: usize, pos0: usize, splits: usize) -> Rows {
+    Rows {
+        first: first as u32,
+        count: count as u32,
+        pos0: pos0 as u32,
+        splits: splits as u32,
+    }
+}
+
+/// `Σ_c w[r][c]·x[c]` in f64, and `Σ|w·x|` (the scale of its rounding error).
+fn dot(m: &Matrix<'_>, r: usize, x: &[f32]) -> (f64, f64) {
+    let mut w = vec![0f32; m.cols];
+    m.dequantize_row(r, &mut w).unwrap();
+    let exact = w.iter().zip(x).map(|(a, b)| *a as f64 * *b as f64).sum();
+    let scale = w
+        .iter()
+        .zip(x)
+        .map(|(a, b)| (*a as f64 * *b as f64).abs())
+        .sum();
+    (exact, scale)
+}
+
+fn silu(v: f64) -> f64 {
+    v / (1.0 + (-v).exp())
+}
+
+/// Every mat-mul variant (each fusion, bias or not, one token and tiles of 8 with a partial
+/// last tile, logits from a row offset) in every format, on 37 rows (not a multiple of the 4 a
+/// workgroup takes) of 96 or 70 columns, whole and split into parts of 2 KiB.
+#[test]
+fn matmul_kernels_match_the_cpu() {
+    let Some(d) = device() else { return };
+    let mut rng = Rng::new(7);
+    let eps = 1e-5;
+    let mut checked = 0;
+    for format in [
+        Format::Q8_0,
+        Format::Q4_0,
+        Format::Q4_1,
+        Format::F16,
+        Format::BF16,
+        Format::F32,
+    ] {
+        let cols = if format.is_quantized() { 96 } else { 70 };
+        let gpu_format = super::weights::GpuFormat::of(format);
+        for bias in [false, true] {
+            let k = Kernels::new(&d.device, &[gpu_format], bias).unwrap();
+            for fused in [
+                Fused::NormStore,
+                Fused::Add,
+                Fused::NormSwiglu,
+                Fused::Store,
+            ] {
+                let pairs = fused == Fused::NormSwiglu;
+                let rows_each = if pairs { 19 } else { 37 };
+                let mats: Vec<Matrix<'_>> = (0..if pairs { 2 } else { 1 })
+                    .map(|_| {
+                        let v = random(&mut rng, rows_each * cols);
+                        Matrix::quantize(format, rows_each, cols, &v).unwrap()
+                    })
+                    .collect();
+                let refs: Vec<&Matrix<'_>> = mats.iter().collect();
+                for max_binding in [u64::MAX, 2048] {
+                    let m =
+                        GpuMatrix::upload(&d.device, "w", &refs, pairs, 4, max_binding).unwrap();
+                    assert_eq!(m.parts.len() > 1, max_binding == 2048, "{format:?}");
+                    for (n, first) in [(1, 0), (11, 0), (11, 3)] {
+                        if first > 0 && fused != Fused::Store {
+                            continue;
+                        }
+                        let out_cols = rows_each;
+                        let x = random(&mut rng, n * cols);
+                        let gain = random(&mut rng, cols);
+                        let b = random(&mut rng, rows_each);
+                        let mut aux = gain.clone();
+                        aux.extend_from_slice(&b);
+                        let y0 = random(&mut rng, n * out_cols);
+                        let (xb, yb, auxb) = (buffer(&d, &x), buffer(&d, &y0), buffer(&d, &aux));
+                        let count = n - first;
+                        let rb = uniform(
+                            &d.device,
+                            "rows",
+                            bytemuck::bytes_of(&rows(first, count, 0, 1)),
+                        );
+                        let mm = matmul_groups(
+                            &d.device,
+                            &k,
+                            &m,
+                            fused,
+                            &rb,
+                            (&xb, cols),
+                            (&yb, out_cols),
+                            &auxb,
+                            eps,
+                        );
+                        let mut rec = Recorder::default();
+                        rec.matmul(&d.device, &k, &mm, count).unwrap();
+                        let got = run_and_read(&d, &mut rec, &yb, n * out_cols);
+                        for t in first..n {
+                            let xt = &x[t * cols..(t + 1) * cols];
+                            let mut xn = vec![0f32; cols];
+                            let norm = matches!(fused, Fused::NormStore | Fused::NormSwiglu);
+                            if norm {
+                                ops::rms_norm(xt, &gain, eps, &mut xn).unwrap();
+                            } else {
+                                xn.copy_from_slice(xt);
+                            }
+                            for (r, bias_r) in b.iter().enumerate() {
+                                let o = (t - first) * out_cols + r;
+                                let (want, tol) = match fused {
+                                    Fused::NormSwiglu => {
+                                        let (g, sg) = dot(&mats[0], r, &xn);
+                                        let (u, su) = dot(&mats[1], r, &xn);
+                                        {
+                                            // silu' ≤ 1.1: the error of g moves the result by at most 1.1·|u|·δg.
+                                            let tol = 2e-5
+                                                * ((1.0 + sg) * (1.1 + u.abs())
+                                                    + (1.0 + silu(g).abs()) * (1.0 + su));
+                                            (silu(g) * u, tol)
+                                        }
+                                    }
+                                    _ => {
+                                        let (v, s) = dot(&mats[0], r, &xn);
+                                        let v = match fused {
+                                            Fused::Add => v + y0[o] as f64,
+                                            Fused::NormStore if bias => v + *bias_r as f64,
+                                            _ => v,
+                                        };
+                                        (v, 2e-5 * (1.0 + s))
+                                    }
+                                };
+                                let e = (got[o] as f64 - want).abs();
+                                assert!(
+                                    e <= tol,
+                                    "{format:?} {fused:?} bias {bias} n {n} first {first} \
+                                     binding {max_binding}: token {t} row {r}: {} vs {want}",
+                                    got[o]
+                                );
+                            }
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(checked, 6 * 2 * 2 * (3 * 2 + 3));
+}
+
+/// Embedding rows of tokens spread over the parts of a split matrix equal the CPU's rows.
+#[test]
+fn embedding_kernel_matches_the_cpu() {
+    let Some(d) = device() else { return };
+    let mut rng = Rng::new(11);
+    for format in [
+        Format::Q8_0,
+        Format::Q4_0,
+        Format::Q4_1,
+        Format::F16,
+        Format::F32,
+    ] {
+        let (vocab, cols) = (77, 96);
+        let m = Matrix::quantize(format, vocab, cols, &random(&mut rng, vocab * cols)).unwrap();
+        let k = Kernels::new(&d.device, &[super::weights::GpuFormat::of(format)], false).unwrap();
+        let g = GpuMatrix::upload(&d.device, "embed", &[&m], false, 4, 2048).unwrap();
+        assert!(g.parts.len() > 1);
+        let tokens: Vec<u32> = vec![0, 76, 40, 3, 40, 63];
+        let n = tokens.len();
+        let tb = d
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: None,
+                contents: bytemuck::cast_slice(&tokens),
+                usage: wgpu::BufferUsages::STORAGE,
+            });
+        let y = buffer(&d, &vec![0f32; n * cols]);
+        let rb = uniform(&d.device, "rows", bytemuck::bytes_of(&rows(0, n, 0, 1)));
+        let mm = embed_groups(&d.device, &k, &g, &rb, &tb, &y, cols);
+        let mut rec = Recorder::default();
+        rec.embed(&d.device, &k, &mm, n, cols).unwrap();
+        let got = run_and_read(&d, &mut rec, &y, n * cols);
+        for (t, &id) in tokens.iter().enumerate() {
+            let mut want = vec![0f32; cols];
+            m.dequantize_row(id as usize, &mut want).unwrap();
+            for (a, b) in got[t * cols..(t + 1) * cols].iter().zip(&want) {
+                assert!(
+                    (a - b).abs() <= 1e-6 * (1.0 + b.abs()),
+                    "{format:?} token {id}"
+                );
+            }
+        }
+    }
+}
+
+fn shape(n_heads: usize, n_kv_heads: usize, hd: usize, window: usize, style: RopeStyle) -> Shape {
+    let (qd, kvd) = (n_heads * hd, n_kv_heads * hd);
+    Shape {
+        n_heads: n_heads as u32,
+        n_kv_heads: n_kv_heads as u32,
+        head_dim: hd as u32,
+        window: window as u32,
+        qkv_stride: (qd + 2 * kvd) as u32,
+        q_dim: qd as u32,
+        kv_dim: kvd as u32,
+        rope_adjacent: (style == RopeStyle::Adjacent) as u32,
+        scale: 1.0 / (hd as f32).sqrt(),
+        hidden: 0,
+        eps: 0.0,
+        vocab: 0,
+    }
+}
+
+/// RoPE (both pair styles) rotates Q in place and K into the cache, and V is copied, as the CPU's
+/// `ops::rope` does.
+#[test]
+fn rope_store_kernel_matches_the_cpu() {
+    let Some(d) = device() else { return };
+    let k = Kernels::new(&d.device, &[], false).unwrap();
+    let mut rng = Rng::new(3);
+    for style in [RopeStyle::Halves, RopeStyle::Adjacent] {
+        for (n_heads, n_kv, hd) in [(4, 2, 16), (7, 1, 48), (3, 3, 128)] {
+            let (n, pos0, max_seq) = (5, 9, 20);
+            let sh = shape(n_heads, n_kv, hd, 0, style);
+            let (qd, kvd) = (n_heads * hd, n_kv * hd);
+            let stride = qd + 2 * kvd;
+            let qkv = random(&mut rng, n * stride);
+            let inv_freq: Vec<f32> = (0..hd / 2)
+                .map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / hd as f32))
+                .collect();
+            let mut angles = vec![0f32; max_seq * hd];
+            for (pos, a) in angles.chunks_exact_mut(hd).enumerate() {
+                let (c, s) = a.split_at_mut(hd / 2);
+                ops::rope_angles(pos, &inv_freq, c, s);
+            }
+            let (qb, ab) = (buffer(&d, &qkv), buffer(&d, &angles));
+            let (kc, vc) = (
+                buffer(&d, &vec![0f32; max_seq * kvd]),
+                buffer(&d, &vec![0f32; max_seq * kvd]),
+            );
+            let rb = uniform(&d.device, "rows", bytemuck::bytes_of(&rows(0, n, pos0, 1)));
+            let sb = uniform(&d.device, "shape", bytemuck::bytes_of(&sh));
+            let entries = [(0, &rb), (1, &sb), (2, &qb), (3, &ab), (4, &kc), (5, &vc)];
+            let group = bind_group(&d.device, &k.rope_layout, &entries);
+            let threads = (n_heads + n_kv) * hd / 2 + kvd;
+            let mut rec = Recorder::default();
+            rec.dispatch(
+                &d.device,
+                &k.rope_store,
+                &group,
+                [threads.div_ceil(64), n, 1],
+            );
+            let got_q = run_and_read(&d, &mut rec, &qb, n * stride);
+            let got_k = run_and_read(&d, &mut rec, &kc, max_seq * kvd);
+            let got_v = run_and_read(&d, &mut rec, &vc, max_seq * kvd);
+            for t in 0..n {
+                let a = &angles[(pos0 + t) * hd..][..hd];
+                let row = &qkv[t * stride..(t + 1) * stride];
+                let mut q = row[..qd].to_vec();
+                let mut kk = row[qd..qd + kvd].to_vec();
+                ops::rope(&mut q, &a[..hd / 2], &a[hd / 2..], style).unwrap();
+                ops::rope(&mut kk, &a[..hd / 2], &a[hd / 2..], style).unwrap();
+                let close =
+                    |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(a, b)| (a - b).abs() < 1e-5);
+                assert!(
+                    close(&got_q[t * stride..][..qd], &q),
+                    "{style:?} hd {hd} q t{t}"
+                );
+                let p = (pos0 + t) * kvd;
+                assert!(close(&got_k[p..p + kvd], &kk), "{style:?} hd {hd} k t{t}");
+                assert_eq!(&got_v[p..p + kvd], &row[qd + kvd..], "v t{t}");
+            }
+        }
+    }
+}
+
+/// Attention against the CPU's on f32 caches: head sizes 16 to 128, one to seven query heads per
+/// KV head, sliding windows, prefill blocks, and decoding split into 1, 2 and 5 pieces over up
+/// to 700 positions.
+#[test]
+fn attention_kernel_matches_the_cpu() {
+    let Some(d) = device() else { return };
+    let k = Kernels::new(&d.device, &[], false).unwrap();
+    let mut rng = Rng::new(5);
+    let mut checked = 0;
+    for (n_heads, n_kv, hd) in [(4, 4, 16), (6, 2, 48), (7, 1, 128)] {
+        for window in [0, 20] {
+            for (n, pos0, splits) in [(1, 0, 1), (1, 299, 2), (1, 700, 5), (5, 30, 1), (3, 90, 1)] {
+                let sh = shape(n_heads, n_kv, hd, window, RopeStyle::Halves);
+                let (qd, kvd) = (n_heads * hd, n_kv * hd);
+                let stride = qd + 2 * kvd;
+                let ctx = pos0 + n;
+                let qkv = random(&mut rng, n * stride);
+                let (kv_k, kv_v) = (random(&mut rng, ctx * kvd), random(&mut rng, ctx * kvd));
+                let (qb, kb, vb) = (buffer(&d, &qkv), buffer(&d, &kv_k), buffer(&d, &kv_v));
+                let att = buffer(&d, &vec![0f32; n * qd]);
+                let partial = buffer(&d, &vec![0f32; n_heads * splits * (hd + 2)]);
+                let rb = uniform(
+                    &d.device,
+                    "rows",
+                    bytemuck::bytes_of(&rows(0, n, pos0, splits)),
+                );
+                let sb = uniform(&d.device, "shape", bytemuck::bytes_of(&sh));
+                let entries = [
+                    (0, &rb),
+                    (1, &sb),
+                    (2, &qb),
+                    (3, &kb),
+                    (4, &vb),
+                    (5, &att),
+                    (6, &partial),
+                ];
+                let group = bind_group(&d.device, &k.attention_layout, &entries);
+                let mut rec = Recorder::default();
+                rec.dispatch(&d.device, &k.attention, &group, [n_heads, n, splits]);
+                if splits > 1 {
+                    rec.dispatch(&d.device, &k.attention_reduce, &group, [n_heads, 1, 1]);
+                }
+                let got = run_and_read(&d, &mut rec, &att, n * qd);
+
+                let q: Vec<f32> = qkv
+                    .chunks_exact(stride)
+                    .flat_map(|r| r[..qd].to_vec())
+                    .collect();
+                let (kbytes, vbytes) = (bytemuck::cast_slice(&kv_k), bytemuck::cast_slice(&kv_v));
+                let kv = LayerKv {
+                    k: kbytes,
+                    v: vbytes,
+                    format: Format::F32,
+                    row_bytes: hd * 4,
+                    n_kv_heads: n_kv,
+                };
+                let cpu_shape = AttentionShape {
+                    n_heads,
+                    n_kv_heads: n_kv,
+                    head_dim: hd,
+                    window: (window > 0).then_some(window),
+                };
+                let mut want = vec![0f32; n * qd];
+                attend(
+                    CpuKernels::scalar(),
+                    &Serial,
+                    &q,
+                    kv,
+                    pos0,
+                    cpu_shape,
+                    &mut want,
+                )
+                .unwrap();
+                for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (a - b).abs() < 1e-4,
+                        "{n_heads}/{n_kv} hd {hd} window {window} n {n} pos0 {pos0} splits \
+                         {splits}: [{i}] {a} vs {b}"
+                    );
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 3 * 2 * 5);
+}
+
+/// The final RMSNorm and greedy argmax (ties go to the first index, as the CPU's) on sizes that
+/// are not multiples of their workgroups.
+#[test]
+fn norm_and_argmax_kernels_match_the_cpu() {
+    let Some(d) = device() else { return };
+    let k = Kernels::new(&d.device, &[], false).unwrap();
+    let mut rng = Rng::new(9);
+    let (n, hidden, vocab) = (3, 200, 1001);
+    let mut sh = shape(1, 1, 2, 0, RopeStyle::Halves);
+    (sh.hidden, sh.eps, sh.vocab) = (hidden as u32, 1e-6, vocab as u32);
+    let sb = uniform(&d.device, "shape", bytemuck::bytes_of(&sh));
+    let rb = uniform(&d.device, "rows", bytemuck::bytes_of(&rows(0, n, 0, 1)));
+
+    let (x, gain) = (random(&mut rng, n * hidden), random(&mut rng, hidden));
+    let (xb, gb, out) = (
+        buffer(&d, &x),
+        buffer(&d, &gain),
+        buffer(&d, &vec![0f32; n * hidden]),
+    );
+    let group = bind_group(
+        &d.device,
+        &k.norm_layout,
+        &[(0, &rb), (1, &sb), (2, &xb), (3, &gb), (4, &out)],
+    );
+    let mut rec = Recorder::default();
+    rec.dispatch(&d.device, &k.rms_norm, &group, [n, 1, 1]);
+    let got = run_and_read(&d, &mut rec, &out, n * hidden);
+    let mut want = vec![0f32; hidden];
+    for t in 0..n {
+        ops::rms_norm(&x[t * hidden..(t + 1) * hidden], &gain, 1e-6, &mut want).unwrap();
+        for (a, b) in got[t * hidden..].iter().zip(&want) {
+            assert!(
+                (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                "row {t}: {a} vs {b}"
+            );
+        }
+    }
+
+    for best in [0, 517, 1000] {
+        let mut logits = random(&mut rng, vocab);
+        logits[best] = 5.0;
+        logits[(best + 300) % vocab] = 5.0;
+        let lb = buffer(&d, &logits);
+        let id = buffer(&d, &[0.0]);
+        let group = bind_group(
+            &d.device,
+            &k.argmax_layout,
+            &[(0, &rb), (1, &sb), (2, &lb), (3, &id)],
+        );
+        let mut rec = Recorder::default();
+        rec.dispatch(&d.device, &k.argmax, &group, [1, 1, 1]);
+        let got = run_and_read(&d, &mut rec, &id, 1)[0].to_bits();
+        assert_eq!(got, argmax(&logits), "max at {best}");
+    }
+}
