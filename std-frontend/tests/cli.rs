@@ -215,3 +215,97 @@ fn bench_json_reports_rates_at_a_depth() {
     assert!(r["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
     assert_eq!(args("-1").status.code(), Some(2));
 }
+
+/// `--backend gpu` (any adapter, lavapipe included) gives the CPU's greedy tokens, and `bench`
+/// reports its dispatches per decoded token: six per layer and three more.
+#[cfg(feature = "gpu")]
+#[test]
+fn gpu_backend_from_the_cli() {
+    if sapient::gpu::adapters().is_empty() {
+        assert!(
+            std::env::var_os("SAPIENT_REQUIRE_GPU").is_none(),
+            "SAPIENT_REQUIRE_GPU is set but wgpu finds no adapter"
+        );
+        eprintln!("SKIPPED: no GPU adapter");
+        return;
+    }
+    let m = fixture("qwen2");
+    let generate = |backend: &str| {
+        json(&sapient(&[
+            "generate",
+            "-m",
+            &m,
+            "--prompt-ids",
+            "1,5,9,13",
+            "-n",
+            "12",
+            "--temperature",
+            "0",
+            "--kv",
+            "f32",
+            "--format",
+            "json",
+            "--backend",
+            backend,
+        ]))["generated_ids"]
+            .clone()
+    };
+    assert_eq!(generate("gpu"), generate("cpu"));
+    let out = sapient(&[
+        "generate",
+        "-m",
+        &m,
+        "--prompt-ids",
+        "1,5",
+        "-n",
+        "2",
+        "--backend",
+        "gpu",
+    ]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("GPU: "));
+    let bench = json(&sapient(&[
+        "bench",
+        "-m",
+        &m,
+        "-p",
+        "8",
+        "-n",
+        "4",
+        "-r",
+        "1",
+        "--backend",
+        "gpu",
+        "--format",
+        "json",
+    ]));
+    assert_eq!(bench["backend"], "gpu");
+    let layers = 2; // the qwen2 fixture's
+    assert_eq!(bench["dispatches_per_token"], 6 * layers + 3);
+}
+
+/// Without the GPU backend, asking for it is a clear error (exit 1), and `auto` runs on the CPU.
+#[cfg(not(feature = "gpu"))]
+#[test]
+fn gpu_backend_missing_is_a_clear_error() {
+    let m = fixture("qwen2");
+    let out = sapient(&[
+        "logits",
+        "-m",
+        &m,
+        "--prompt-ids",
+        "1,5",
+        "--backend",
+        "gpu",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--features gpu"));
+    json(&sapient(&[
+        "logits",
+        "-m",
+        &m,
+        "--prompt-ids",
+        "1,5",
+        "--backend",
+        "auto",
+    ]));
+}

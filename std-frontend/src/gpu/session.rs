@@ -2,6 +2,8 @@
 //! layer loop records its dispatches into one command encoder, submitted when a result is read
 //! back or the batch ends. Every buffer and bind group is made when the session starts; a forward
 //! pass writes only the token ids and the batch's numbers.
+use std::sync::{Arc, Mutex};
+
 use anyhow::{bail, Result};
 use sapient_core::model::layer_loop;
 use sapient_core::{ops, Backend, Config, Want};
@@ -315,6 +317,8 @@ pub struct GpuSession<'m> {
     last_dispatches: usize,
     /// What went wrong on the device, for the error the forward pass returns.
     failure: Option<anyhow::Error>,
+    /// The staging buffer's map result, set by wgpu's callback (made once, not per read-back).
+    mapped: Arc<Mutex<Option<Result<(), wgpu::BufferAsyncError>>>>,
 }
 
 impl<'m> GpuSession<'m> {
@@ -496,6 +500,7 @@ impl<'m> GpuSession<'m> {
             splits: 1,
             last_dispatches: 0,
             failure: None,
+            mapped: Arc::default(),
         })
     }
 
@@ -516,9 +521,9 @@ impl<'m> GpuSession<'m> {
         encoder.copy_buffer_to_buffer(src, 0, &self.staging, 0, bytes as u64);
         self.model.queue.submit([encoder.finish()]);
         let slice = self.staging.slice(..bytes as u64);
-        let (tx, rx) = std::sync::mpsc::channel();
+        let mapped = self.mapped.clone();
         slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
+            *mapped.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
         });
         device
             .poll(wgpu::PollType::Wait {
@@ -527,7 +532,11 @@ impl<'m> GpuSession<'m> {
             })
             .map_err(|e| anyhow::anyhow!("GPU {}: {e}", self.model.info.name))?;
         self.model.check()?;
-        rx.recv()?
+        let mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner()).take();
+        mapped
+            .ok_or_else(|| {
+                anyhow::anyhow!("GPU {}: the read-back never finished", self.model.info.name)
+            })?
             .map_err(|e| anyhow::anyhow!("GPU {}: reading back: {e}", self.model.info.name))?;
         let view = slice
             .get_mapped_range()
