@@ -226,11 +226,17 @@ enum OutputFormat {
 }
 
 struct Loaded {
-    files: ModelFiles,
+    source: Source,
     exec: Rayon,
     quantize: Quantize,
     kv: Option<KvArg>,
     backend: BackendArg,
+}
+
+/// Where the model comes from: files, or random weights of a known shape (`random:SHAPE`).
+enum Source {
+    Files(ModelFiles),
+    Random(load::random::RandomSpec),
 }
 
 /// A loaded model on the backend the user chose.
@@ -284,9 +290,12 @@ impl Loaded {
             quantize,
             config_file: a.config.clone(),
         };
-        let path = resolve::resolve(&a.model)?;
+        let source = match load::random::parse(&a.model)? {
+            Some(spec) => Source::Random(spec),
+            None => Source::Files(ModelFiles::open(&resolve::resolve(&a.model)?, &opts)?),
+        };
         Ok(Loaded {
-            files: ModelFiles::open(&path, &opts)?,
+            source,
             exec: Rayon::new(a.threads)?,
             quantize,
             kv: a.kv,
@@ -329,19 +338,36 @@ impl Loaded {
         }
     }
 
+    /// The model's files; a random model has none (no tokenizer, no chat template).
+    fn files(&self) -> Result<&ModelFiles> {
+        match &self.source {
+            Source::Files(f) => Ok(f),
+            Source::Random(r) => bail!(
+                "random:{} has random weights and no tokenizer: give --prompt-ids",
+                r.name
+            ),
+        }
+    }
+
     /// Builds the model with a progress bar (shown only on a terminal) and a one-line summary.
     fn model(&self) -> Result<Model<'_>> {
         let t0 = Instant::now();
-        let bar = indicatif::ProgressBar::new(self.files.config.n_layers as u64).with_style(
+        let (layers, arch) = match &self.source {
+            Source::Files(f) => (f.config.n_layers, f.arch.clone()),
+            Source::Random(r) => (r.config.n_layers, format!("random {}", r.name)),
+        };
+        let bar = indicatif::ProgressBar::new(layers as u64).with_style(
             indicatif::ProgressStyle::with_template("loading {bar:30} {pos}/{len} layers").unwrap(),
         );
-        let model = self
-            .files
-            .model_with_progress(self.quantize, &|n| bar.set_position(n as u64))?;
+        let progress = |n: usize| bar.set_position(n as u64);
+        let model = match &self.source {
+            Source::Files(f) => f.model_with_progress(self.quantize, &progress)?,
+            Source::Random(r) => load::random::model(r, &progress)?,
+        };
         bar.finish_and_clear();
         eprintln!(
             "{} (loaded in {:.2}s, {} kernels, {} threads)",
-            load::summary(&model, &self.files.arch),
+            load::summary(&model, &arch),
             t0.elapsed().as_secs_f64(),
             model.kernels().name,
             sapient_core::Exec::threads(&self.exec)
@@ -364,11 +390,11 @@ impl Loaded {
                 if ids.is_empty() {
                     bail!("--prompt-ids is empty");
                 }
-                let tok = Tokenizer::load(&self.files).ok();
+                let tok = self.files().ok().and_then(|f| Tokenizer::load(f).ok());
                 Ok((ids.clone(), tok))
             }
             (None, Some(text)) => {
-                let tok = Tokenizer::load(&self.files)?;
+                let tok = Tokenizer::load(self.files()?)?;
                 let ids = if p.no_bos {
                     tok.encode(text)?
                 } else {
@@ -467,7 +493,7 @@ fn run_command(command: Command) -> Result<()> {
             let l = Loaded::open(&model)?;
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("cannot read {}", file.display()))?;
-            let tok = Tokenizer::load(&l.files)?;
+            let tok = Tokenizer::load(l.files()?)?;
             let ids = tok.encode(&text)?;
             let m = l.model()?;
             let engine = l.engine(&m)?;
@@ -574,7 +600,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     }
     let mut sampler = Sampler::new(a.sampling.config())?;
     let engine = l.engine(&m)?;
-    let stop = l.files.eos_token_ids.clone();
+    let stop = l.files().map_or(Vec::new(), |f| f.eos_token_ids.clone());
     let mut out_ids = Vec::new();
     let mut stream = tok.as_ref().map(TextStream::new);
     let json = a.format == OutputFormat::Json;
@@ -650,12 +676,12 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
         }
     })?;
     let l = Loaded::open(&a.model)?;
-    let tok = Tokenizer::load(&l.files)?;
-    let template = ChatTemplate::load(&l.files, &tok)?;
+    let tok = Tokenizer::load(l.files()?)?;
+    let template = ChatTemplate::load(l.files()?, &tok)?;
     let m = l.model()?;
     let mut sampler = Sampler::new(a.sampling.config())?;
     let engine = l.engine(&m)?;
-    let mut stop = l.files.eos_token_ids.clone();
+    let mut stop = l.files()?.eos_token_ids.clone();
     stop.extend(
         ["<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"]
             .iter()

@@ -17,6 +17,7 @@ use sapient_core::{Format, Model};
 pub mod gguf;
 mod gguf_config;
 pub mod hf_config;
+pub mod random;
 pub mod resolve;
 mod safetensors_file;
 

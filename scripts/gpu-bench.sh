@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The GPU backend against the CPU backend on this machine: `sapient bench` on both, one JSON line
+# per run (tokens/s, dispatches per decoded token, peak memory), on models of real shapes with
+# random weights, so that it runs where no model file can be fetched.
+#
+#   scripts/gpu-bench.sh [sapient binary built with --features gpu] [reps]
+#
+# Without a binary it builds one (cargo build --release --features gpu).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+sapient="${1:-}"
+reps="${2:-3}"
+if [ -z "$sapient" ]; then
+    cargo build --release --quiet -p sapient --features gpu
+    sapient="$(bash scripts/target-dir.sh)/release/sapient"
+fi
+for model in random:smollm2-135m:q8_0 random:smollm2-135m:q4_1 random:llama-3.1-8b:q8_0; do
+    for backend in gpu cpu; do
+        printf '%s %s: ' "$model" "$backend"
+        "$sapient" bench -m "$model" --backend "$backend" -p 512 -n 128 -r "$reps" --format json 2>&1 |
+            grep -E '^\{|^GPU|^error' | tr '\n' ' '
+        echo
+    done
+done

@@ -1,0 +1,154 @@
+//! Models of a known shape with random weights, `random:SHAPE[:FORMAT]`: speed depends on the
+//! shape and the weight format, not on the values, so benchmarks can run where no model file can
+//! be fetched (a GPU machine with no network, a CI runner) and on shapes no small file has.
+use anyhow::{bail, Result};
+use rayon::prelude::*;
+use sapient_core::quant::Format;
+use sapient_core::sample::Rng;
+use sapient_core::{Config, LayerWeights, Matrix, Model, RopeStyle, Weights};
+
+/// The shapes `random:` knows, as (name, vocab, hidden, intermediate, layers, heads, kv heads,
+/// head_dim, tied embeddings).
+const SHAPES: [(&str, [usize; 7], bool); 4] = [
+    ("smollm2-135m", [49152, 576, 1536, 30, 9, 3, 64], true),
+    ("tinyllama-1.1b", [32000, 2048, 5632, 22, 32, 4, 64], false),
+    ("llama-3.2-1b", [128256, 2048, 8192, 16, 32, 8, 64], true),
+    ("llama-3.1-8b", [128256, 4096, 14336, 32, 32, 8, 128], false),
+];
+
+/// A parsed `random:SHAPE[:FORMAT]`.
+#[derive(Debug, Clone)]
+pub struct RandomSpec {
+    pub name: String,
+    pub config: Config,
+    pub format: Format,
+}
+
+/// `None` when `spec` does not start with `random:`.
+pub fn parse(spec: &str) -> Result<Option<RandomSpec>> {
+    let Some(rest) = spec.strip_prefix("random:") else {
+        return Ok(None);
+    };
+    let (shape, format) = rest.split_once(':').unwrap_or((rest, "q8_0"));
+    let names: Vec<&str> = SHAPES.iter().map(|s| s.0).collect();
+    let Some((name, [vocab, hidden, inter, layers, heads, kv, hd], tied)) =
+        SHAPES.iter().find(|s| s.0 == shape)
+    else {
+        bail!(
+            "random:{shape}: unknown shape (known: {})",
+            names.join(", ")
+        );
+    };
+    let format = match format {
+        "q8_0" => Format::Q8_0,
+        "q4_0" => Format::Q4_0,
+        "q4_1" => Format::Q4_1,
+        "f16" => Format::F16,
+        "f32" => Format::F32,
+        other => bail!("random:{shape}:{other}: unknown format (q8_0, q4_0, q4_1, f16, f32)"),
+    };
+    let config = Config {
+        vocab_size: *vocab,
+        hidden_size: *hidden,
+        intermediate_size: *inter,
+        n_layers: *layers,
+        n_heads: *heads,
+        n_kv_heads: *kv,
+        head_dim: *hd,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10000.0,
+        rope_style: RopeStyle::Halves,
+        rope_scaling: None,
+        tie_word_embeddings: *tied,
+        qkv_bias: false,
+        sliding_window: None,
+        max_position_embeddings: 131072,
+    };
+    Ok(Some(RandomSpec {
+        name: name.to_string(),
+        config,
+        format,
+    }))
+}
+
+/// The model, its matrices filled from a fixed seed (uniform in ±0.05) in `spec.format`, norms
+/// all ones; `progress` is told each layer made.
+pub fn model(spec: &RandomSpec, progress: &(dyn Fn(usize) + Sync)) -> Result<Model<'static>> {
+    let c = &spec.config;
+    let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+    let matrix = |seed: u64, rows: usize, cols: usize| -> Result<Matrix<'static>> {
+        // Rows in parallel, each from its own stream, so the values do not depend on threads.
+        let mut values = vec![0f32; rows * cols];
+        values
+            .par_chunks_mut(cols)
+            .enumerate()
+            .for_each(|(r, row)| {
+                let mut rng = Rng::new(seed.wrapping_mul(1 << 32).wrapping_add(r as u64));
+                row.iter_mut()
+                    .for_each(|v| *v = (rng.next_f32() * 2.0 - 1.0) * 0.05);
+            });
+        Ok(Matrix::quantize(spec.format, rows, cols, &values)?)
+    };
+    let mut layers = Vec::with_capacity(c.n_layers);
+    for i in 0..c.n_layers {
+        let s = 16 * (i as u64 + 1);
+        layers.push(LayerWeights {
+            attn_norm: vec![1.0; h],
+            wq: matrix(s, q, h)?,
+            wk: matrix(s + 1, kv, h)?,
+            wv: matrix(s + 2, kv, h)?,
+            wo: matrix(s + 3, h, q)?,
+            bq: None,
+            bk: None,
+            bv: None,
+            ffn_norm: vec![1.0; h],
+            w_gate: matrix(s + 4, ff, h)?,
+            w_up: matrix(s + 5, ff, h)?,
+            w_down: matrix(s + 6, h, ff)?,
+        });
+        progress(i + 1);
+    }
+    let weights = Weights {
+        embed: matrix(1, c.vocab_size, h)?,
+        layers,
+        norm: vec![1.0; h],
+        lm_head: if c.tie_word_embeddings {
+            None
+        } else {
+            Some(matrix(2, c.vocab_size, h)?)
+        },
+    };
+    Ok(Model::new(c.clone(), weights)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse_and_build_the_same_weights_each_time() {
+        let spec = parse("random:smollm2-135m:q4_1").unwrap().unwrap();
+        assert_eq!(spec.format, Format::Q4_1);
+        assert_eq!((spec.config.hidden_size, spec.config.n_layers), (576, 30));
+        assert_eq!(
+            parse("random:tinyllama-1.1b").unwrap().unwrap().format,
+            Format::Q8_0
+        );
+        assert!(parse("models/x.gguf").unwrap().is_none());
+        let err = parse("random:llama-9000").unwrap_err().to_string();
+        assert!(
+            err.contains("unknown shape") && err.contains("smollm2-135m"),
+            "{err}"
+        );
+        assert!(parse("random:smollm2-135m:q3_k").is_err());
+
+        let a = model(&spec, &|_| {}).unwrap();
+        let b = model(&spec, &|_| {}).unwrap();
+        assert_eq!(
+            a.weights.layers[29].w_down.bytes(),
+            b.weights.layers[29].w_down.bytes()
+        );
+        assert_eq!(a.weights.embed.format, Format::Q4_1);
+        assert!(a.weights.lm_head.is_none(), "SmolLM2 ties its embeddings");
+    }
+}
