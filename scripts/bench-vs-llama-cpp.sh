@@ -32,19 +32,10 @@ bin="$cache/build/bin"
 
 if [ ! -x "$bin/llama-bench" ] || [ ! -x "$bin/llama-quantize" ]; then
     command -v cmake >/dev/null || { apt-get update -q && apt-get install -y -q cmake; } >&2
-    echo "building llama.cpp (llama-cpp-python $version sdist, $isa) in $cache" >&2
-    mkdir -p "$cache"
-    tmp=$(mktemp -d)
-    # Without build isolation, pip reads the sdist's metadata with the installed scikit-build-core
-    # instead of building a CMake from source first.
-    python3 -m pip install --quiet scikit-build-core >&2
-    python3 -m pip download --quiet --no-deps --no-binary :all: --no-build-isolation --dest "$tmp" "llama-cpp-python==$version" >&2
-    tar -xzf "$tmp"/llama_cpp_python-*.tar.gz -C "$tmp"
-    rm -rf "$cache/src"
-    mv "$tmp"/llama_cpp_python-*/vendor/llama.cpp "$cache/src"
-    rm -rf "$tmp"
+    src=$(bash scripts/fetch-llama-cpp.sh)
+    echo "building llama.cpp ($isa) in $cache" >&2
     # shellcheck disable=SC2086 # $flags is a list of options
-    cmake -S "$cache/src" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF $flags \
+    cmake -S "$src" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF $flags \
         -DLLAMA_CURL=OFF -DGGML_METAL=OFF -DGGML_CUDA=OFF -DLLAMA_BUILD_TESTS=OFF >&2
     cmake --build "$cache/build" -j "$(nproc)" --target llama-bench llama-quantize >&2
 fi

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The test command: gets the real model the end-to-end tests use (once), then runs every test of
-# the workspace. Needs ../shared/fixtures beside the repository (or SAPIENT_FIXTURES).
+# The test command: gets the real model and llama.cpp's tokenizer data the tests use (once),
+# then runs every test of the workspace. Needs ../shared/fixtures beside the repository (or SAPIENT_FIXTURES).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/fetch-model.sh >/dev/null
+# llama.cpp's tokenizer test data (vocabulary-only GGUFs with expected ids), downloaded once.
+SAPIENT_LLAMA_CPP_SRC="$(bash scripts/fetch-llama-cpp.sh)"
+export SAPIENT_LLAMA_CPP_SRC
 # The GPU backend's tests run on any adapter wgpu finds (lavapipe will do) and skip, saying so,
 # where there is none.
 cargo test --workspace --features sapient-tests/gpu "$@"

@@ -85,6 +85,24 @@ enum Command {
         #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
         format: OutputFormat,
     },
+    /// Print the token ids of a text (works on vocabulary-only GGUF files).
+    Tokenize {
+        /// A model directory, a .gguf file (vocabulary-only ones too), or a Hugging Face id in the
+        /// local cache.
+        #[arg(short, long)]
+        model: String,
+        /// The text.
+        #[arg(short, long, conflicts_with = "file", required_unless_present = "file")]
+        prompt: Option<String>,
+        /// Read the text from this file.
+        #[arg(short, long)]
+        file: Option<PathBuf>,
+        /// Do not put the BOS token first even where the model asks for it.
+        #[arg(long)]
+        no_bos: bool,
+        #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+        format: OutputFormat,
+    },
     /// Describe a model: architecture, hyper-parameters, tensors, KV cache memory.
     Inspect {
         /// A model directory, .gguf or .safetensors file, or a Hugging Face id in the local cache.
@@ -513,6 +531,35 @@ fn run_command(command: Command) -> Result<()> {
             Ok(())
         }
         Command::Inspect { model, ctx } => cmd_inspect(&model, ctx),
+        Command::Tokenize {
+            model,
+            prompt,
+            file,
+            no_bos,
+            format,
+        } => {
+            let tok = Tokenizer::open(&resolve::resolve(&model)?)?;
+            let text = match (prompt, file) {
+                (Some(p), _) => p,
+                (None, Some(f)) => std::fs::read_to_string(&f)
+                    .with_context(|| format!("cannot read {}", f.display()))?,
+                (None, None) => bail!("give --prompt or --file"),
+            };
+            let ids = if no_bos {
+                tok.encode(&text)?
+            } else {
+                tok.encode_prompt(&text)?
+            };
+            let mut out = std::io::stdout().lock();
+            match format {
+                OutputFormat::Json => writeln!(out, "{}", serde_json::json!({ "ids": ids }))?,
+                OutputFormat::Text => {
+                    let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+                    writeln!(out, "{}", ids.join(" "))?
+                }
+            }
+            Ok(())
+        }
         Command::Bench {
             model,
             prompt,

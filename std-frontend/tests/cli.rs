@@ -309,3 +309,40 @@ fn gpu_backend_missing_is_a_clear_error() {
         "auto",
     ]));
 }
+
+/// `tokenize` gives the reference ids of SmolLM2's prompts from its GGUF file, from `-p` and from
+/// `-f`, with and without the BOS the file does not ask for.
+#[test]
+fn tokenize_prints_the_reference_ids() {
+    let model =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let model = model.to_str().unwrap();
+    let reference = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/fixtures/smollm2/reference.json");
+    let reference: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(reference).unwrap()).unwrap();
+    let prompts = reference["prompts"].as_array().unwrap();
+    assert!(!prompts.is_empty());
+    let dir = std::env::temp_dir().join(format!("sapient-tokenize-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for p in prompts {
+        let text = p["prompt"].as_str().unwrap();
+        let out = json(&sapient(&[
+            "tokenize", "-m", model, "-p", text, "--format", "json",
+        ]));
+        assert_eq!(out["ids"], p["ids"], "{text:?}");
+        let file = dir.join("prompt.txt");
+        std::fs::write(&file, text).unwrap();
+        let out = sapient(&["tokenize", "-m", model, "-f", file.to_str().unwrap()]);
+        let ids: Vec<u64> = String::from_utf8(out.stdout)
+            .unwrap()
+            .split_whitespace()
+            .map(|t| t.parse().unwrap())
+            .collect();
+        assert_eq!(serde_json::json!(ids), p["ids"], "{text:?}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    let out = sapient(&["tokenize", "-m", "/nonexistent/model.gguf", "-p", "x"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/model.gguf"));
+}

@@ -1,0 +1,386 @@
+//! Text <-> token ids: from `tokenizer.json` with the `tokenizers` crate, or built from a GGUF
+//! file's `tokenizer.ggml.*` keys. From GGUF, byte-level BPE (`tokenizer.ggml.model = "gpt2"`)
+//! with the pre-tokenizers `pre_tokenizer` lists, and SentencePiece (`llama`, see `spm`).
+use anyhow::{anyhow, bail, Result};
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::BPE;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
+
+use crate::load::gguf::{Gguf, Value};
+use crate::load::ModelFiles;
+
+pub mod spm;
+
+use spm::{Spm, TokenKind};
+
+/// GPT-2's pre-tokenizer regex, and the ones llama.cpp (`llm_tokenizer_bpe`) uses for the
+/// vocabularies that depart from it.
+const GPT2_REGEX: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+const LLAMA3_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN35_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const FALCON_REGEXES: [&str; 3] = [
+    r"[\p{P}\$\+<=>\^~\|`]+",
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
+    r"[0-9][0-9][0-9]",
+];
+const DEEPSEEK_CODER_REGEXES: [&str; 5] = [
+    r"[\r\n]",
+    r"\s?\p{L}+",
+    r"\s?\p{P}+",
+    r"[一-龥ࠀ-一가-퟿]+",
+    r"\p{N}",
+];
+const BLOOM_REGEX: &str = r" ?[^(\s|.,!?…。，、।۔،)]+";
+
+/// The GGUF `tokenizer.ggml.pre` names whose pre-tokenizer sapient builds, for error messages
+/// and the README.
+pub const BPE_PRE_TOKENIZERS: &str = "default, gpt2, gpt-2, phi-2, mpt, olmo, jais, trillion, \
+    llama-bpe, llama3, llama-v3, dbrx, smaug-bpe, falcon3, qwen2, stablelm2, deepseek-r1-qwen, \
+    qwen35, smollm, starcoder, refact, command-r, codeshell, exaone, minerva-7b, falcon, \
+    deepseek-coder, chatglm-bpe, bloom, gpt3-finnish, poro-chat, viking";
+
+pub struct Tokenizer {
+    model: Model,
+    /// Prepended to prompts when the model's files ask for it.
+    pub bos: Option<u32>,
+}
+
+enum Model {
+    /// A `tokenizer.json`, or byte-level BPE from GGUF.
+    Hf(Box<tokenizers::Tokenizer>),
+    /// A SentencePiece vocabulary from GGUF.
+    Spm(Box<Spm>),
+}
+
+impl Tokenizer {
+    /// `tokenizer.json` beside the model, or the GGUF file's own vocabulary.
+    pub fn load(files: &ModelFiles) -> Result<Self> {
+        let json = files.dir().join("tokenizer.json");
+        if json.is_file() && (files.gguf().is_none() || files.path.is_dir()) {
+            return Self::from_json(&json);
+        }
+        match files.gguf() {
+            Some(g) => Self::from_gguf(g),
+            None => bail!(
+                "no tokenizer: {} has no tokenizer.json",
+                files.dir().display()
+            ),
+        }
+    }
+
+    /// The tokenizer alone, without the weights or config a model needs: of a `.gguf` file
+    /// (vocabulary-only ones too), or of a directory's `tokenizer.json` or single `.gguf`.
+    pub fn open(path: &std::path::Path) -> Result<Self> {
+        let gguf = if path.is_dir() {
+            let json = path.join("tokenizer.json");
+            if json.is_file() {
+                return Self::from_json(&json);
+            }
+            crate::load::only_gguf(path)?.ok_or_else(|| {
+                anyhow!(
+                    "no tokenizer: {} has neither tokenizer.json nor a .gguf file",
+                    path.display()
+                )
+            })?
+        } else {
+            path.to_path_buf()
+        };
+        if gguf.extension().is_none_or(|e| e != "gguf") {
+            bail!(
+                "no tokenizer: {} is neither a directory nor a .gguf file",
+                path.display()
+            );
+        }
+        let map = crate::load::map_file(&gguf)?;
+        let g = Gguf::parse(&map).map_err(|e| anyhow!("in {}: {e:#}", gguf.display()))?;
+        Self::from_gguf(&g)
+    }
+
+    pub fn from_json(path: &std::path::Path) -> Result<Self> {
+        let inner = tokenizers::Tokenizer::from_file(path)
+            .map_err(|e| anyhow!("cannot read {}: {e}", path.display()))?;
+        Ok(Tokenizer {
+            model: Model::Hf(Box::new(inner)),
+            bos: None,
+        })
+    }
+
+    pub fn from_gguf(g: &Gguf) -> Result<Self> {
+        let kind = g.str("tokenizer.ggml.model").unwrap_or("");
+        let tokens = strings(g, "tokenizer.ggml.tokens")?;
+        let types: Vec<TokenKind> = match g.get("tokenizer.ggml.token_type") {
+            Some(Value::Array(a)) => a.iter().map(|v| TokenKind::from_gguf(integer(v))).collect(),
+            _ => vec![TokenKind::Normal; tokens.len()],
+        };
+        if types.len() != tokens.len() {
+            bail!(
+                "GGUF vocabulary has {} tokens but {} token types",
+                tokens.len(),
+                types.len()
+            );
+        }
+        let model = match kind {
+            "gpt2" => Model::Hf(Box::new(bpe_from_gguf(g, &tokens, &types)?)),
+            "llama" => Model::Spm(Box::new(spm_from_gguf(g, &tokens, types)?)),
+            other => bail!(
+                "GGUF tokenizer model {other:?} is not supported: sapient builds SentencePiece (\"llama\") and byte-level BPE (\"gpt2\") tokenizers from GGUF; for others put a tokenizer.json beside the model"
+            ),
+        };
+        // SentencePiece vocabularies add BOS unless told not to, as llama.cpp does.
+        let add_bos = g
+            .get("tokenizer.ggml.add_bos_token")
+            .and_then(Value::as_bool)
+            .unwrap_or(kind == "llama");
+        let bos = match g.u64("tokenizer.ggml.bos_token_id") {
+            Some(id) if add_bos => {
+                if id >= tokens.len() as u64 {
+                    bail!(
+                        "BOS token id {id} is outside the vocabulary of {}",
+                        tokens.len()
+                    );
+                }
+                Some(id as u32)
+            }
+            _ => None,
+        };
+        Ok(Tokenizer { model, bos })
+    }
+
+    /// Token ids of `text`; special tokens written in the text (`<|im_start|>`) are recognized, no
+    /// BOS is added.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        match &self.model {
+            Model::Hf(t) => {
+                let enc = t
+                    .encode(text, false)
+                    .map_err(|e| anyhow!("tokenizer: {e}"))?;
+                Ok(enc.get_ids().to_vec())
+            }
+            Model::Spm(s) => s.encode(text),
+        }
+    }
+
+    /// Token ids of a prompt: `encode`, after the BOS token when the model asks for one.
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids: Vec<u32> = self.bos.into_iter().collect();
+        ids.extend(self.encode(text)?);
+        Ok(ids)
+    }
+
+    /// The text of a whole sequence (SentencePiece: without the space its encoding put first).
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
+        match &self.model {
+            Model::Hf(t) => t
+                .decode(ids, skip_special)
+                .map_err(|e| anyhow!("tokenizer: {e}")),
+            Model::Spm(s) => Ok(s.decode(ids, skip_special, true)),
+        }
+    }
+
+    /// The text of tokens that continue a sequence: `decode` without removing a leading space.
+    pub fn decode_continuation(&self, ids: &[u32], skip_special: bool) -> Result<String> {
+        match &self.model {
+            Model::Spm(s) => Ok(s.decode(ids, skip_special, false)),
+            Model::Hf(_) => self.decode(ids, skip_special),
+        }
+    }
+
+    pub fn id(&self, token: &str) -> Option<u32> {
+        match &self.model {
+            Model::Hf(t) => t.token_to_id(token),
+            Model::Spm(s) => s.id(token),
+        }
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        match &self.model {
+            Model::Hf(t) => t.get_vocab_size(true),
+            Model::Spm(s) => s.vocab_size(),
+        }
+    }
+}
+
+fn bpe_from_gguf(g: &Gguf, tokens: &[&str], types: &[TokenKind]) -> Result<tokenizers::Tokenizer> {
+    let merges = strings(g, "tokenizer.ggml.merges")?;
+    let vocab: ahash::AHashMap<String, u32> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.to_string(), i as u32))
+        .collect();
+    let merges = merges
+        .iter()
+        .map(|m| {
+            m.split_once(' ')
+                .map(|(a, b)| (a.to_owned(), b.to_owned()))
+                .ok_or_else(|| anyhow!("GGUF merge {m:?} is not two tokens"))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let pre = g.str("tokenizer.ggml.pre").unwrap_or("default");
+    let (pre_tokenizer, ignore_merges) = pre_tokenizer(pre)?;
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .ignore_merges(ignore_merges)
+        .build()
+        .map_err(|e| anyhow!("cannot build the BPE model from GGUF: {e}"))?;
+    let mut inner = tokenizers::Tokenizer::new(bpe);
+    inner.with_pre_tokenizer(Some(pre_tokenizer));
+    inner.with_decoder(Some(ByteLevelDecoder::default()));
+    let added: Vec<AddedToken> = tokens
+        .iter()
+        .zip(types)
+        .filter(|(_, t)| matches!(t, TokenKind::Control | TokenKind::UserDefined))
+        .map(|(s, t)| AddedToken::from(s.to_string(), *t == TokenKind::Control))
+        .collect();
+    inner.add_special_tokens(&added);
+    Ok(inner)
+}
+
+fn spm_from_gguf(g: &Gguf, tokens: &[&str], types: Vec<TokenKind>) -> Result<Spm> {
+    let scores: Vec<f32> = match g.get("tokenizer.ggml.scores") {
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| {
+                v.as_f64()
+                    .map(|f| f as f32)
+                    .ok_or_else(|| anyhow!("GGUF tokenizer.ggml.scores holds a non-number"))
+            })
+            .collect::<Result<_>>()?,
+        _ => vec![0.0; tokens.len()],
+    };
+    let unknown = g
+        .u64("tokenizer.ggml.unknown_token_id")
+        .map(|u| u32::try_from(u).unwrap_or(u32::MAX));
+    let add_space_prefix = g
+        .get("tokenizer.ggml.add_space_prefix")
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
+    Spm::new(
+        tokens.iter().map(|t| t.to_string()).collect(),
+        scores,
+        types,
+        unknown,
+        add_space_prefix,
+    )
+}
+
+fn integer(v: &Value) -> i64 {
+    match v {
+        Value::I32(t) => *t as i64,
+        other => other.as_u64().map_or(0, |t| t as i64),
+    }
+}
+
+fn strings<'g>(g: &'g Gguf, key: &str) -> Result<Vec<&'g str>> {
+    let a = g
+        .get(key)
+        .and_then(Value::as_array)
+        .ok_or_else(|| anyhow!("GGUF file has no {key}"))?;
+    a.iter()
+        .map(|v| {
+            v.as_str()
+                .ok_or_else(|| anyhow!("GGUF {key} holds a non-string"))
+        })
+        .collect()
+}
+
+/// The pre-tokenizer llama.cpp uses for the GGUF `tokenizer.ggml.pre` name `pre` (its regexes
+/// applied in turn, each splitting the pieces the previous one left), and whether a piece that
+/// is a whole vocabulary entry skips the merges (llama.cpp's `ignore_merges`).
+fn pre_tokenizer(pre: &str) -> Result<(PreTokenizerWrapper, bool)> {
+    let regexes: &[&str] = match pre {
+        "default" | "gpt2" | "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "trillion" => {
+            &[GPT2_REGEX]
+        }
+        "llama-bpe" | "llama3" | "llama-v3" | "dbrx" | "smaug-bpe" | "falcon3" => &[LLAMA3_REGEX],
+        "qwen2" | "stablelm2" | "deepseek-r1-qwen" => &[QWEN2_REGEX],
+        "qwen35" => &[QWEN35_REGEX],
+        "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone"
+        | "minerva-7b" => &[r"\p{N}", GPT2_REGEX],
+        "falcon" => &FALCON_REGEXES,
+        "deepseek-coder" => &DEEPSEEK_CODER_REGEXES,
+        "chatglm-bpe" => &[LLAMA3_REGEX],
+        "bloom" | "gpt3-finnish" | "poro-chat" => &[BLOOM_REGEX],
+        "viking" => &[BLOOM_REGEX, r"\p{N}"],
+        other => bail!(
+            "GGUF pre-tokenizer {other:?} is not supported (sapient knows: {BPE_PRE_TOKENIZERS}); put the model's tokenizer.json beside it"
+        ),
+    };
+    let mut steps: Vec<PreTokenizerWrapper> = Vec::with_capacity(regexes.len() + 1);
+    for re in regexes {
+        let split = Split::new(
+            SplitPattern::Regex((*re).to_owned()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(|e| anyhow!("pre-tokenizer regex: {e}"))?;
+        steps.push(split.into());
+    }
+    steps.push(ByteLevel::new(false, true, false).into());
+    let ignore_merges = matches!(pre, "llama-bpe" | "llama3" | "llama-v3" | "falcon3");
+    Ok((Sequence::new(steps).into(), ignore_merges))
+}
+
+/// Turns a stream of token ids into text without ever emitting half a UTF-8 character: the
+/// tokens since the last emitted boundary are decoded together, and text is emitted only when
+/// it no longer ends in an incomplete character.
+pub struct TextStream<'t> {
+    tokenizer: &'t Tokenizer,
+    ids: Vec<u32>,
+    /// Start of the tokens whose text is not final yet.
+    prev: usize,
+    /// Tokens up to here have been emitted.
+    cur: usize,
+}
+
+impl<'t> TextStream<'t> {
+    pub fn new(tokenizer: &'t Tokenizer) -> Self {
+        TextStream {
+            tokenizer,
+            ids: Vec::new(),
+            prev: 0,
+            cur: 0,
+        }
+    }
+
+    /// Adds a token; returns the text it completes, if any.
+    pub fn push(&mut self, id: u32) -> Result<Option<String>> {
+        let before = self
+            .tokenizer
+            .decode_continuation(&self.ids[self.prev..self.cur], true)?;
+        self.ids.push(id);
+        let now = self
+            .tokenizer
+            .decode_continuation(&self.ids[self.prev..], true)?;
+        if now.len() > before.len()
+            && !now.ends_with('\u{fffd}')
+            && now.is_char_boundary(before.len())
+        {
+            let text = now[before.len()..].to_owned();
+            self.prev = self.cur;
+            self.cur = self.ids.len();
+            Ok(Some(text))
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Whatever is left at the end of the stream (possibly with replacement characters).
+    pub fn finish(&mut self) -> Result<Option<String>> {
+        let before = self
+            .tokenizer
+            .decode_continuation(&self.ids[self.prev..self.cur], true)?;
+        let now = self
+            .tokenizer
+            .decode_continuation(&self.ids[self.prev..], true)?;
+        self.prev = self.ids.len();
+        self.cur = self.ids.len();
+        Ok(now
+            .get(before.len()..)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned))
+    }
+}
