@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
-"""Writes core/tests/data/gguf_quants.txt: inputs and the bytes the `gguf` Python package's
-reference quantizers (gguf.quants.quantize) produce for them, for Q8_0, Q4_0 and Q4_1.
+"""Writes core/tests/data/gguf_quants.txt: inputs, the bytes the `gguf` Python package's
+reference quantizers (gguf.quants.quantize) produce for them, and the values its dequantizers
+give back, for Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1.
 
-Run once (pip install gguf numpy) and commit the output; the core test compares our quantizers'
-bytes with it. Each case is three lines: `name format n`, the inputs as little-endian f32 hex,
-the expected bytes as hex.
+Run once (numpy, and gguf-py: PYTHONPATH=$(scripts/fetch-llama-cpp.sh)/gguf-py) and commit the
+output; the core test compares our quantizers' bytes and dequantizers' values with it. Each case
+is four lines: `name format n`, the inputs as little-endian f32 hex, the expected bytes as hex,
+the dequantized values as little-endian f32 hex.
 """
 import sys
 from pathlib import Path
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from gguf.quants import quantize
+from gguf.quants import dequantize, quantize
 
 
 def cases():
@@ -32,11 +34,12 @@ def cases():
 def main(out: Path):
     lines = []
     for name, x in cases():
-        for fmt, t in (("q8_0", T.Q8_0), ("q4_0", T.Q4_0), ("q4_1", T.Q4_1)):
+        for fmt, t in (("q8_0", T.Q8_0), ("q4_0", T.Q4_0), ("q4_1", T.Q4_1), ("q5_0", T.Q5_0), ("q5_1", T.Q5_1)):
             q = quantize(x.reshape(1, -1), t)
             lines.append(f"{name} {fmt} {x.size}")
             lines.append(x.astype("<f4").tobytes().hex())
             lines.append(np.asarray(q, dtype=np.uint8).tobytes().hex())
+            lines.append(dequantize(q, t).astype("<f4").tobytes().hex())
     out.write_text("\n".join(lines) + "\n")
 
 

@@ -38,8 +38,14 @@ impl<'w> Model<'w> {
     /// Checks every weight against `config` and picks the fastest kernels for this CPU.
     pub fn new(config: Config, weights: Weights<'w>) -> Result<Self> {
         weights.validate(&config)?;
+        let mut inv_freq = config.rope_inv_freq();
+        if let Some(factors) = &weights.rope_freq_factors {
+            for (f, d) in inv_freq.iter_mut().zip(factors) {
+                *f /= d;
+            }
+        }
         Ok(Model {
-            inv_freq: config.rope_inv_freq(),
+            inv_freq,
             config,
             weights,
             kernels: Kernels::best(),
@@ -56,7 +62,8 @@ impl<'w> Model<'w> {
         self.kernels
     }
 
-    /// RoPE's inverse frequency of each pair of a head (Llama-3 scaling applied).
+    /// RoPE's inverse frequency of each pair of a head (Llama-3 scaling or the weights' frequency
+    /// factors applied).
     pub fn inv_freq(&self) -> &[f32] {
         &self.inv_freq
     }

@@ -113,6 +113,9 @@ pub struct Weights<'w> {
     pub norm: Vec<f32>,
     /// `None` when the output projection is tied to the embedding.
     pub lm_head: Option<Matrix<'w>>,
+    /// Llama 3.1+ GGUF files' `rope_freqs.weight`: one divisor per pair of a head, applied to
+    /// RoPE's frequencies (llama.cpp's frequency factors, in place of `Config::rope_scaling`).
+    pub rope_freq_factors: Option<Vec<f32>>,
 }
 
 impl Weights<'_> {
@@ -129,6 +132,22 @@ impl Weights<'_> {
         vector("norm", None, &self.norm, h)?;
         if let Some(m) = &self.lm_head {
             mat("lm_head", None, m, c.vocab_size, h)?;
+        }
+        if let Some(f) = &self.rope_freq_factors {
+            vector("rope_freqs", None, f, c.head_dim / 2)?;
+            if !f.iter().all(|v| v.is_finite() && *v > 0.0) {
+                return Err(Error::InvalidConfig {
+                    field: "rope_freqs",
+                    reason: "frequency factors must be finite and positive",
+                });
+            }
+            if c.rope_scaling.is_some() {
+                return Err(Error::InvalidConfig {
+                    field: "rope_freqs",
+                    reason:
+                        "frequency factors and rope_scaling are two ways to scale RoPE; give one",
+                });
+            }
         }
         if self.layers.len() != c.n_layers {
             return Err(Error::InvalidConfig {

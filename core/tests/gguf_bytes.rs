@@ -1,7 +1,8 @@
 //! Our reference quantizers produce the same bytes as the `gguf` Python package's
-//! (`gguf.quants.quantize`), on the vectors `scripts/gen_quant_vectors.py` wrote.
+//! (`gguf.quants.quantize`), and our dequantizers the same values as its `dequantize`, on the
+//! vectors `scripts/gen_quant_vectors.py` wrote.
 use sapient_core::kernels::Kernels;
-use sapient_core::quant::{quantize_row, Format};
+use sapient_core::quant::{dequantize_row, quantize_row, Format};
 
 fn hex(s: &str) -> Vec<u8> {
     (0..s.len())
@@ -14,14 +15,16 @@ fn hex(s: &str) -> Vec<u8> {
 fn quantizers_match_gguf_py_bytes() {
     let text = include_str!("data/gguf_quants.txt");
     let lines: Vec<&str> = text.lines().collect();
-    assert!(lines.len() >= 3 * 18, "test data is incomplete");
-    for case in lines.chunks(3) {
+    assert!(lines.len() >= 4 * 35, "test data is incomplete");
+    for case in lines.chunks(4) {
         let head: Vec<&str> = case[0].split(' ').collect();
         let (name, format) = (head[0], head[1]);
         let format = match format {
             "q8_0" => Format::Q8_0,
             "q4_0" => Format::Q4_0,
             "q4_1" => Format::Q4_1,
+            "q5_0" => Format::Q5_0,
+            "q5_1" => Format::Q5_1,
             f => panic!("unknown format {f}"),
         };
         let x: Vec<f32> = hex(case[1])
@@ -32,6 +35,14 @@ fn quantizers_match_gguf_py_bytes() {
         let mut ours = vec![0u8; format.row_bytes(x.len()).unwrap()];
         quantize_row(format, &x, &mut ours).unwrap();
         assert_eq!(ours, expected, "{name} {format}");
+        let mut back = vec![0f32; x.len()];
+        dequantize_row(format, &expected, &mut back).unwrap();
+        let want: Vec<u32> = hex(case[3])
+            .chunks(4)
+            .map(|b| u32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let got: Vec<u32> = back.iter().map(|v| v.to_bits()).collect();
+        assert_eq!(got, want, "{name} {format}: dequantized");
         if format == Format::Q8_0 {
             let mut simd = vec![0u8; ours.len()];
             Kernels::best().quantize_q8_0(&x, &mut simd).unwrap();

@@ -104,6 +104,7 @@ fn core_alone_with_fixed_arenas_matches_the_std_path() {
         layers,
         norm: image.vector("model.norm.weight"),
         lm_head: None,
+        rope_freq_factors: None,
     };
     let model = Model::new(config.clone(), weights).unwrap();
 

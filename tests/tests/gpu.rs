@@ -80,6 +80,7 @@ fn converted(model: &Model<'_>, format: Format) -> Model<'static> {
             .collect(),
         norm: w.norm.clone(),
         lm_head: w.lm_head.as_ref().map(convert),
+        rope_freq_factors: w.rope_freq_factors.clone(),
     };
     Model::new(model.config.clone(), weights).unwrap()
 }

@@ -6,7 +6,7 @@
 use core::arch::aarch64::*;
 
 use super::{Kernels, QuantDots, AXPY_ROWS, TILE};
-use crate::quant::{f16_at, BlockQ16, BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
+use crate::quant::{f16_at, BlockQ16, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK};
 
 pub(super) static KERNELS: Kernels = Kernels {
     name: if cfg!(target_feature = "dotprod") {
@@ -19,6 +19,8 @@ pub(super) static KERNELS: Kernels = Kernels {
     q8_0: dots::<BlockQ8_0>(),
     q4_0: dots::<BlockQ4_0>(),
     q4_1: dots::<BlockQ4_1>(),
+    q5_0: dots::<BlockQ5_0>(),
+    q5_1: dots::<BlockQ5_1>(),
     dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
     dot_f32_x4: dot_f32::<TILE>,
     // NEON's f16 conversions need `float16x4_t`, still unstable in Rust: the scalar loop.
@@ -228,6 +230,59 @@ impl Unpack for BlockQ4_1 {
         let (lo, hi) = nibbles(&b[4..]);
         // SAFETY: register-only; nibbles are 0..=15, so reinterpreting them as i8 keeps them.
         unsafe { (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi)) }
+    }
+}
+
+impl Unpack for BlockQ5_0 {
+    const BYTES: usize = Self::BYTES;
+    #[inline(always)]
+    fn unpack(b: &[u8]) -> (int8x16_t, int8x16_t) {
+        let (lo, hi) = fives(&b[2..6], &b[6..]);
+        // SAFETY: register-only NEON arithmetic; five-bit quants are 0..=31, so as i8 they stay.
+        unsafe {
+            let sixteen = vdupq_n_s8(16);
+            (
+                vsubq_s8(vreinterpretq_s8_u8(lo), sixteen),
+                vsubq_s8(vreinterpretq_s8_u8(hi), sixteen),
+            )
+        }
+    }
+}
+
+impl Unpack for BlockQ5_1 {
+    const BYTES: usize = Self::BYTES;
+    const HAS_MIN: bool = true;
+    #[inline(always)]
+    fn unpack(b: &[u8]) -> (int8x16_t, int8x16_t) {
+        let (lo, hi) = fives(&b[4..8], &b[8..]);
+        // SAFETY: register-only; five-bit quants are 0..=31, so reinterpreting them as i8 keeps them.
+        unsafe { (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi)) }
+    }
+}
+
+/// The five-bit quants of a Q5 block (fifth bits `qh`, 4 bytes; nibbles `qs`): elements 0..16
+/// and 16..32. Each lane picks the byte of `qh` that holds its bit and tests it.
+#[inline(always)]
+fn fives(qh: &[u8], qs: &[u8]) -> (uint8x16_t, uint8x16_t) {
+    const BYTE_LO: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
+    const BYTE_HI: [u8; 16] = [2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3];
+    const BIT: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+    let (lo, hi) = nibbles(qs);
+    // SAFETY: register-only NEON arithmetic, and loads of the three 16-byte tables.
+    unsafe {
+        let bits = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+        let q = vreinterpretq_u8_u32(vdupq_n_u32(bits));
+        let bit = vld1q_u8(BIT.as_ptr());
+        let sixteen = vdupq_n_u8(16);
+        let fifth_lo = vandq_u8(
+            vtstq_u8(vqtbl1q_u8(q, vld1q_u8(BYTE_LO.as_ptr())), bit),
+            sixteen,
+        );
+        let fifth_hi = vandq_u8(
+            vtstq_u8(vqtbl1q_u8(q, vld1q_u8(BYTE_HI.as_ptr())), bit),
+            sixteen,
+        );
+        (vorrq_u8(lo, fifth_lo), vorrq_u8(hi, fifth_hi))
     }
 }
 

@@ -79,6 +79,8 @@ pub struct Kernels {
     pub q8_0: QuantDots,
     pub q4_0: QuantDots,
     pub q4_1: QuantDots,
+    pub q5_0: QuantDots,
+    pub q5_1: QuantDots,
     pub dot_f32: fn(&[u8], &[f32]) -> f32,
     pub dot_f32_x4: fn(&[u8], [&[f32]; TILE]) -> [f32; TILE],
     /// f16 weights (little-endian bytes: GGUF F16 matrices, an F16 KV cache) · f32 activations.
@@ -128,6 +130,8 @@ impl Kernels {
             Format::Q8_0 => Ok(&self.q8_0),
             Format::Q4_0 => Ok(&self.q4_0),
             Format::Q4_1 => Ok(&self.q4_1),
+            Format::Q5_0 => Ok(&self.q5_0),
+            Format::Q5_1 => Ok(&self.q5_1),
             _ => Err(Error::UnsupportedFormat {
                 what: "quantized dot product",
                 format,
@@ -150,7 +154,7 @@ impl Kernels {
         Ok(())
     }
 
-    /// Dot product of one weight row stored in `format` (`Q8_0`, `Q4_0` or `Q4_1`) with one row of
+    /// Dot product of one weight row stored in a quantized `format` with one row of
     /// Q16 activations of the same length.
     pub fn dot_quantized(&self, format: Format, w: &[u8], x: &[u8]) -> Result<f32> {
         let dots = self.dots(format)?;
@@ -270,7 +274,7 @@ impl Kernels {
         let (n_rows, n_tok) = (rows.len(), toks.len());
         let w_row = |r: usize| w.row(rows.start + r);
         match w.format {
-            Format::Q8_0 | Format::Q4_0 | Format::Q4_1 => {
+            Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1 => {
                 let dots = self.dots(w.format)?;
                 let q = x.q16.ok_or(Error::UnsupportedFormat {
                     what: "mat-mul without Q16 activations",
@@ -448,7 +452,7 @@ fn expect_len(what: &'static str, expected: usize, got: usize) -> Result<()> {
 
 /// Checks that `bytes` is a whole row of a quantized format and returns its length in values.
 fn expect_quantized_row(format: Format, bytes: usize) -> Result<usize> {
-    if !matches!(format, Format::Q8_0 | Format::Q4_0 | Format::Q4_1) {
+    if !format.is_quantized() {
         return Err(Error::UnsupportedFormat {
             what: "quantized dot product",
             format,

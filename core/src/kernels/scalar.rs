@@ -4,15 +4,20 @@
 //! shortest argument holds. The checked entry points in `kernels` reject mismatched lengths
 //! before calling into any table.
 use super::{Kernels, QuantDots, AXPY_ROWS};
-use crate::quant::{f16_at, q16, q8_0, BlockQ16, BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
+use crate::quant::{
+    f16_at, quantize_blocks, Block, BlockQ16, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1,
+    BlockQ8_0, QK,
+};
 
 pub static KERNELS: Kernels = Kernels {
     name: "scalar",
-    quantize_q8_0: q8_0::quantize_row_ref,
-    quantize_q16: q16::quantize_row_ref,
+    quantize_q8_0: quantize_blocks::<BlockQ8_0>,
+    quantize_q16: quantize_blocks::<BlockQ16>,
     q8_0: dots::<BlockQ8_0>(),
     q4_0: dots::<BlockQ4_0>(),
     q4_1: dots::<BlockQ4_1>(),
+    q5_0: dots::<BlockQ5_0>(),
+    q5_1: dots::<BlockQ5_1>(),
     dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
     dot_f32_x4: dot_f32::<4>,
     dot_f16: |w, x| dot_f16::<1>(w, [x])[0],
@@ -65,6 +70,28 @@ impl Unpack for BlockQ4_1 {
     fn unpack(b: &[u8]) -> (f32, f32, [i32; QK]) {
         (f16_at(b), f16_at(&b[2..]), nibbles(&b[4..]))
     }
+}
+
+impl Unpack for BlockQ5_0 {
+    const BYTES: usize = Self::BYTES;
+    fn unpack(b: &[u8]) -> (f32, f32, [i32; QK]) {
+        let q = Self::read(b);
+        (f16_at(b), 0.0, fives(&q.qh, &q.qs).map(|n| n - 16))
+    }
+}
+
+impl Unpack for BlockQ5_1 {
+    const BYTES: usize = Self::BYTES;
+    const HAS_MIN: bool = true;
+    fn unpack(b: &[u8]) -> (f32, f32, [i32; QK]) {
+        let q = Self::read(b);
+        (f16_at(b), f16_at(&b[2..]), fives(&q.qh, &q.qs))
+    }
+}
+
+/// The five-bit quants of a Q5 block.
+fn fives(qh: &[u8; 4], qs: &[u8; QK / 2]) -> [i32; QK] {
+    crate::quant::q5_0::unpack5(qh, qs).map(i32::from)
 }
 
 /// Values 0..16 are the low nibbles of the 16 bytes, 16..32 the high ones.

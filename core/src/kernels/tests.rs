@@ -6,7 +6,9 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::quant::test_data::{array_rmse, ggml_signal};
-use crate::quant::{dequantize_row, q16, quantize_row, BlockQ16};
+use crate::quant::{
+    dequantize_blocks, dequantize_row, q16, quantize_blocks, quantize_row, BlockQ16,
+};
 
 fn quantized(format: Format, x: &[f32]) -> Vec<u8> {
     let mut q = vec![0u8; format.row_bytes(x.len()).unwrap()];
@@ -17,7 +19,7 @@ fn quantized(format: Format, x: &[f32]) -> Vec<u8> {
 /// Activations as the reference Q16 quantizer gives them.
 fn q16_row(x: &[f32]) -> Vec<u8> {
     let mut q = vec![0u8; q16::row_bytes(x.len())];
-    q16::quantize_row_ref(x, &mut q);
+    quantize_blocks::<BlockQ16>(x, &mut q);
     q
 }
 
@@ -32,12 +34,31 @@ fn values(len: usize) -> impl Strategy<Value = Vec<f32>> {
     proptest::collection::vec(v, len)
 }
 
-/// Σ|w·x| over dequantized values: the scale against which float reordering error is measured.
+/// The scale against which float reordering error is measured: Σ(|d·q| + |m|)·|x| over the
+/// weights' blocks, the sizes of the terms the kernels round (with a minimum `m`, the scaled sum
+/// and `m·Σx` can nearly cancel, so Σ|w·x| alone would understate them).
 fn abs_dot(format: Format, w: &[u8], x: &[u8], n: usize) -> f32 {
-    let (mut a, mut b) = (vec![0f32; n], vec![0f32; n]);
-    dequantize_row(format, w, &mut a).unwrap();
-    q16::dequantize_row(x, &mut b);
-    a.iter().zip(&b).map(|(p, q)| (p * q).abs()).sum()
+    use super::scalar::Unpack;
+    fn terms<W: Unpack>(w: &[u8], x: &[f32]) -> f32 {
+        let mut sum = 0f32;
+        for (b, xb) in w.chunks_exact(W::BYTES).zip(x.chunks_exact(QK)) {
+            let (d, m, q) = W::unpack(b);
+            for (q, x) in q.iter().zip(xb) {
+                sum += ((d * *q as f32).abs() + m.abs()) * x.abs();
+            }
+        }
+        sum
+    }
+    let mut xs = vec![0f32; n];
+    dequantize_blocks::<BlockQ16>(x, &mut xs);
+    match format {
+        Format::Q8_0 => terms::<quant::BlockQ8_0>(w, &xs),
+        Format::Q4_0 => terms::<quant::BlockQ4_0>(w, &xs),
+        Format::Q4_1 => terms::<quant::BlockQ4_1>(w, &xs),
+        Format::Q5_0 => terms::<quant::BlockQ5_0>(w, &xs),
+        Format::Q5_1 => terms::<quant::BlockQ5_1>(w, &xs),
+        other => unreachable!("{other} is not quantized"),
+    }
 }
 
 /// `simd` within `bound` of `scalar`; where the sum overflows f32 (a 1e30 weight squared, or an
@@ -57,7 +78,13 @@ fn close(scalar: f32, simd: f32, bound: f32) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-const QUANTIZED: [Format; 3] = [Format::Q8_0, Format::Q4_0, Format::Q4_1];
+const QUANTIZED: [Format; 5] = [
+    Format::Q8_0,
+    Format::Q4_0,
+    Format::Q4_1,
+    Format::Q5_0,
+    Format::Q5_1,
+];
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
@@ -150,7 +177,10 @@ proptest! {
             match format {
                 Format::Q8_0 => panel::pack_ref::<quant::BlockQ8_0>(&panel, 0, &mut reference),
                 Format::Q4_0 => panel::pack_ref::<quant::BlockQ4_0>(&panel, 0, &mut reference),
-                _ => panel::pack_ref::<quant::BlockQ4_1>(&panel, 0, &mut reference),
+                Format::Q4_1 => panel::pack_ref::<quant::BlockQ4_1>(&panel, 0, &mut reference),
+                Format::Q5_0 => panel::pack_ref::<quant::BlockQ5_0>(&panel, 0, &mut reference),
+                Format::Q5_1 => panel::pack_ref::<quant::BlockQ5_1>(&panel, 0, &mut reference),
+                other => unreachable!("{other} is not quantized"),
             }
             prop_assert!(packed == reference, "{format}: packing differs");
 
@@ -364,6 +394,8 @@ fn matmul_rows_equals_row_dots() {
         Format::Q8_0,
         Format::Q4_0,
         Format::Q4_1,
+        Format::Q5_0,
+        Format::Q5_1,
     ] {
         let bytes: Vec<u8> = w.chunks(cols).flat_map(|r| quantized(format, r)).collect();
         let m = Matrix::new(format, rows, cols, bytes.into()).unwrap();

@@ -6,7 +6,7 @@ use core::arch::x86_64::*;
 
 use super::panel::{PANEL, PANEL_BLOCK_BYTES, PANEL_QUANTS};
 use super::{Kernels, PanelAcc, PanelDots, PanelRows, QuantDots, TILE};
-use crate::quant::{BlockQ16, BlockQ4_0, BlockQ4_1, BlockQ8_0, QK};
+use crate::quant::{BlockQ16, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK};
 
 // cpufeatures also checks that the OS saves the AVX registers; it does not know F16C.
 cpufeatures::new!(cpuid_avx2, "avx2", "fma");
@@ -51,6 +51,8 @@ const fn table<const ISA: u8>(name: &'static str) -> Kernels {
         q8_0: dots::<BlockQ8_0, ISA>(),
         q4_0: dots::<BlockQ4_0, ISA>(),
         q4_1: dots::<BlockQ4_1, ISA>(),
+        q5_0: dots::<BlockQ5_0, ISA>(),
+        q5_1: dots::<BlockQ5_1, ISA>(),
         dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
         dot_f32_x4: dot_f32::<TILE>,
         dot_f16: |w, x| dot_f16::<1>(w, [x])[0],
@@ -496,25 +498,107 @@ impl Unpack for BlockQ4_1 {
     const HAS_MIN: bool = true;
     #[inline(always)]
     unsafe fn scales(p: *const u8) -> (__m256, __m256) {
-        // SAFETY: the block starts with two f16s, the scale and the minimum: one conversion.
-        unsafe {
-            let bits = (p as *const i32).read_unaligned();
-            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
-            (
-                _mm256_broadcastss_ps(dm),
-                _mm256_broadcastss_ps(_mm_movehdup_ps(dm)),
-            )
-        }
+        // SAFETY: the block starts with its scale and minimum.
+        unsafe { scale_min(p) }
     }
     #[inline(always)]
     unsafe fn scales8(p: [*const u8; 8]) -> (__m256, __m256) {
-        // SAFETY: each block starts with two f16s, the scale and the minimum.
+        // SAFETY: each block starts with its scale and minimum.
         unsafe { (f16s_at(p, 0), f16s_at(p, 2)) }
     }
     #[inline(always)]
     unsafe fn unpack(p: *const u8) -> (__m256i, __m256i) {
         // SAFETY: 16 bytes of nibbles follow the scale and the minimum.
         unsafe { nibbles(p.add(4)) }
+    }
+}
+
+impl Unpack for BlockQ5_0 {
+    const BYTES: usize = Self::BYTES;
+    #[inline(always)]
+    unsafe fn unpack(p: *const u8) -> (__m256i, __m256i) {
+        // SAFETY: the fifth bits (4 bytes) follow the 2-byte scale, the nibbles (16) them.
+        unsafe {
+            let (lo, hi) = fives(p.add(2), p.add(6));
+            let sixteen = _mm256_set1_epi16(16);
+            (_mm256_sub_epi16(lo, sixteen), _mm256_sub_epi16(hi, sixteen))
+        }
+    }
+}
+
+impl Unpack for BlockQ5_1 {
+    const BYTES: usize = Self::BYTES;
+    const HAS_MIN: bool = true;
+    #[inline(always)]
+    unsafe fn scales(p: *const u8) -> (__m256, __m256) {
+        // SAFETY: the block starts with its scale and minimum.
+        unsafe { scale_min(p) }
+    }
+    #[inline(always)]
+    unsafe fn scales8(p: [*const u8; 8]) -> (__m256, __m256) {
+        // SAFETY: each block starts with its scale and minimum.
+        unsafe { (f16s_at(p, 0), f16s_at(p, 2)) }
+    }
+    #[inline(always)]
+    unsafe fn unpack(p: *const u8) -> (__m256i, __m256i) {
+        // SAFETY: the fifth bits (4 bytes) follow the scale and minimum, the nibbles (16) them.
+        unsafe { fives(p.add(4), p.add(8)) }
+    }
+}
+
+/// The scale and the minimum, two f16s at `p`, broadcast: one conversion.
+///
+/// # Safety
+/// Four readable bytes at `p`; AVX2 and F16C.
+#[inline(always)]
+unsafe fn scale_min(p: *const u8) -> (__m256, __m256) {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        let bits = (p as *const i32).read_unaligned();
+        let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(bits));
+        (
+            _mm256_broadcastss_ps(dm),
+            _mm256_broadcastss_ps(_mm_movehdup_ps(dm)),
+        )
+    }
+}
+
+/// The five-bit quants of a Q5 block whose fifth bits (a little-endian u32) are at `qh` and
+/// nibbles at `qs`, as `i16` (values 0..16, 16..32): bit `j` of `qh` tested in lane `j % 16` of
+/// the half that holds element `j`.
+///
+/// # Safety
+/// Four readable bytes at `qh`, sixteen at `qs`; AVX2.
+#[inline(always)]
+unsafe fn fives(qh: *const u8, qs: *const u8) -> (__m256i, __m256i) {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        let (lo, hi) = nibbles(qs);
+        let bits = (qh as *const u32).read_unaligned();
+        let lanes = _mm256_setr_epi16(
+            1,
+            2,
+            4,
+            8,
+            16,
+            32,
+            64,
+            128,
+            256,
+            512,
+            1024,
+            2048,
+            4096,
+            8192,
+            16384,
+            i16::MIN,
+        );
+        let sixteen = _mm256_set1_epi16(16);
+        let bits_lo = _mm256_and_si256(_mm256_set1_epi16(bits as u16 as i16), lanes);
+        let bits_hi = _mm256_and_si256(_mm256_set1_epi16((bits >> 16) as u16 as i16), lanes);
+        let fifth_lo = _mm256_and_si256(_mm256_cmpeq_epi16(bits_lo, lanes), sixteen);
+        let fifth_hi = _mm256_and_si256(_mm256_cmpeq_epi16(bits_hi, lanes), sixteen);
+        (_mm256_or_si256(lo, fifth_lo), _mm256_or_si256(hi, fifth_hi))
     }
 }
 

@@ -12,15 +12,49 @@ pub mod k_quants;
 pub mod q16;
 pub mod q4_0;
 pub mod q4_1;
+pub mod q5_0;
+pub mod q5_1;
 pub mod q8_0;
 
 pub use q16::BlockQ16;
 pub use q4_0::BlockQ4_0;
 pub use q4_1::BlockQ4_1;
+pub use q5_0::BlockQ5_0;
+pub use q5_1::BlockQ5_1;
 pub use q8_0::BlockQ8_0;
 
 /// Values per block of every quantized format here.
 pub const QK: usize = 32;
+
+/// One block of 32 values of a quantized format, in ggml's byte layout (Q16 too, in its own):
+/// how it is stored, read, made and widened back. The row loops are written once over it
+/// (`quantize_blocks`, `dequantize_blocks`); the kernels read blocks in place instead.
+pub trait Block: Sized {
+    /// Bytes of one block in a file or an arena.
+    const BYTES: usize;
+    /// The reference quantizer (ggml's `quantize_row_*_ref` on one block).
+    fn quantize(x: &[f32; QK]) -> Self;
+    /// The block at the start of `b` (at least `BYTES` long).
+    fn read(b: &[u8]) -> Self;
+    /// Writes the block to the start of `out` (at least `BYTES` long).
+    fn write(&self, out: &mut [u8]);
+    /// The block's values, as ggml's `dequantize_row_*` computes them.
+    fn dequantize(&self, out: &mut [f32; QK]);
+}
+
+/// Quantizes the whole blocks both `x` and `out` hold, with the reference quantizer.
+pub fn quantize_blocks<B: Block>(x: &[f32], out: &mut [u8]) {
+    for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(B::BYTES)) {
+        B::quantize(xb.try_into().unwrap()).write(ob);
+    }
+}
+
+/// Widens the whole blocks both `bytes` and `out` hold.
+pub fn dequantize_blocks<B: Block>(bytes: &[u8], out: &mut [f32]) {
+    for (b, o) in bytes.chunks_exact(B::BYTES).zip(out.chunks_exact_mut(QK)) {
+        B::read(b).dequantize(o.try_into().unwrap());
+    }
+}
 
 /// How the values of a row are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -31,6 +65,8 @@ pub enum Format {
     Q8_0,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
 }
 
 impl Format {
@@ -38,7 +74,7 @@ impl Format {
     pub const fn block_len(self) -> usize {
         match self {
             Format::F32 | Format::F16 | Format::BF16 => 1,
-            Format::Q8_0 | Format::Q4_0 | Format::Q4_1 => QK,
+            Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1 => QK,
         }
     }
 
@@ -50,6 +86,8 @@ impl Format {
             Format::Q8_0 => BlockQ8_0::BYTES,
             Format::Q4_0 => BlockQ4_0::BYTES,
             Format::Q4_1 => BlockQ4_1::BYTES,
+            Format::Q5_0 => BlockQ5_0::BYTES,
+            Format::Q5_1 => BlockQ5_1::BYTES,
         }
     }
 
@@ -78,6 +116,8 @@ impl Format {
             Format::Q8_0 => "q8_0",
             Format::Q4_0 => "q4_0",
             Format::Q4_1 => "q4_1",
+            Format::Q5_0 => "q5_0",
+            Format::Q5_1 => "q5_1",
         }
     }
 }
@@ -95,9 +135,11 @@ pub fn quantize_row(format: Format, x: &[f32], out: &mut [u8]) -> Result<()> {
         Format::F32 => float::f32_to_bytes(x, out),
         Format::F16 => float::quantize_row_f16(x, out),
         Format::BF16 => float::quantize_row_bf16(x, out),
-        Format::Q8_0 => q8_0::quantize_row_ref(x, out),
-        Format::Q4_0 => q4_0::quantize_row_ref(x, out),
-        Format::Q4_1 => q4_1::quantize_row_ref(x, out),
+        Format::Q8_0 => quantize_blocks::<BlockQ8_0>(x, out),
+        Format::Q4_0 => quantize_blocks::<BlockQ4_0>(x, out),
+        Format::Q4_1 => quantize_blocks::<BlockQ4_1>(x, out),
+        Format::Q5_0 => quantize_blocks::<BlockQ5_0>(x, out),
+        Format::Q5_1 => quantize_blocks::<BlockQ5_1>(x, out),
     }
     Ok(())
 }
@@ -109,9 +151,11 @@ pub fn dequantize_row(format: Format, bytes: &[u8], out: &mut [f32]) -> Result<(
         Format::F32 => float::bytes_to_f32(bytes, out),
         Format::F16 => float::dequantize_row_f16(bytes, out),
         Format::BF16 => float::dequantize_row_bf16(bytes, out),
-        Format::Q8_0 => q8_0::dequantize_row(bytes, out),
-        Format::Q4_0 => q4_0::dequantize_row(bytes, out),
-        Format::Q4_1 => q4_1::dequantize_row(bytes, out),
+        Format::Q8_0 => dequantize_blocks::<BlockQ8_0>(bytes, out),
+        Format::Q4_0 => dequantize_blocks::<BlockQ4_0>(bytes, out),
+        Format::Q4_1 => dequantize_blocks::<BlockQ4_1>(bytes, out),
+        Format::Q5_0 => dequantize_blocks::<BlockQ5_0>(bytes, out),
+        Format::Q5_1 => dequantize_blocks::<BlockQ5_1>(bytes, out),
     }
     Ok(())
 }

@@ -8,7 +8,7 @@
 //! 16-bit pairs where `vpmaddubsw`/`vpdpbusd` take 8-bit quads, but need no sign juggling).
 //! `|qs| <= 127·257`, so each quant is also `256·hi + lo` with both halves in `i8`: the split the
 //! NEON kernels use to run two 8-bit dot products.
-use super::QK;
+use super::{Block, QK};
 
 /// One Q16 block. Not a ggml format: it never leaves memory the engine owns.
 #[repr(C)]
@@ -25,10 +25,14 @@ impl BlockQ16 {
     pub const BYTES: usize = 8 + 2 * QK;
     /// The largest quant: `127 · 256 + 127`.
     pub const MAX: f32 = 32639.0;
+}
+
+impl Block for BlockQ16 {
+    const BYTES: usize = Self::BYTES;
 
     /// Round to nearest, ties to even (what the SIMD conversions do). Non-finite input, which has
     /// no meaningful result, still gives finite quants: NaN becomes 0 and ±inf saturate.
-    pub fn quantize(x: &[f32; QK]) -> Self {
+    fn quantize(x: &[f32; QK]) -> Self {
         let amax = x.iter().fold(0.0f32, |m, v| m.max(libm::fabsf(*v)));
         let d = amax / Self::MAX;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
@@ -50,7 +54,7 @@ impl BlockQ16 {
         }
     }
 
-    pub fn read(b: &[u8]) -> Self {
+    fn read(b: &[u8]) -> Self {
         let f = |i: usize| f32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         let mut qs = [0i16; QK];
         for (q, v) in qs.iter_mut().zip(b[8..Self::BYTES].chunks_exact(2)) {
@@ -63,11 +67,17 @@ impl BlockQ16 {
         }
     }
 
-    pub fn write(&self, out: &mut [u8]) {
+    fn write(&self, out: &mut [u8]) {
         out[..4].copy_from_slice(&self.d.to_le_bytes());
         out[4..8].copy_from_slice(&self.s.to_le_bytes());
         for (o, q) in out[8..Self::BYTES].chunks_exact_mut(2).zip(&self.qs) {
             o.copy_from_slice(&q.to_le_bytes());
+        }
+    }
+
+    fn dequantize(&self, out: &mut [f32; QK]) {
+        for (o, q) in out.iter_mut().zip(&self.qs) {
+            *o = *q as f32 * self.d;
         }
     }
 }
@@ -77,31 +87,10 @@ pub const fn row_bytes(n: usize) -> usize {
     n / QK * BlockQ16::BYTES
 }
 
-/// Reference quantizer over the whole blocks both slices hold.
-pub fn quantize_row_ref(x: &[f32], out: &mut [u8]) {
-    for (xb, ob) in x
-        .chunks_exact(QK)
-        .zip(out.chunks_exact_mut(BlockQ16::BYTES))
-    {
-        BlockQ16::quantize(xb.try_into().unwrap()).write(ob);
-    }
-}
-
-pub fn dequantize_row(bytes: &[u8], out: &mut [f32]) {
-    for (b, o) in bytes
-        .chunks_exact(BlockQ16::BYTES)
-        .zip(out.chunks_exact_mut(QK))
-    {
-        let block = BlockQ16::read(b);
-        for (o, q) in o.iter_mut().zip(&block.qs) {
-            *o = *q as f32 * block.d;
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::quant::{dequantize_blocks, quantize_blocks};
     use proptest::prelude::*;
 
     proptest! {
@@ -110,9 +99,9 @@ mod tests {
         #[test]
         fn round_trip(x in proptest::collection::vec(-1e6f32..1e6, 64)) {
             let mut q = [0u8; 2 * BlockQ16::BYTES];
-            quantize_row_ref(&x, &mut q);
+            quantize_blocks::<BlockQ16>(&x, &mut q);
             let mut back = [0f32; 64];
-            dequantize_row(&q, &mut back);
+            dequantize_blocks::<BlockQ16>(&q, &mut back);
             for (b, (xb, yb)) in q.chunks_exact(BlockQ16::BYTES).zip(x.chunks(32).zip(back.chunks(32))) {
                 let block = BlockQ16::read(b);
                 for (a, c) in xb.iter().zip(yb) {

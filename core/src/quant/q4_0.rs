@@ -2,7 +2,7 @@
 //! high nibble element `j + 16`; value `(n - 8) * d`.
 use half::f16;
 
-use super::{f16_at, QK};
+use super::{Block, QK};
 
 /// One Q4_0 block, laid out exactly as ggml's `block_q4_0`.
 #[repr(C)]
@@ -16,9 +16,13 @@ const _: () = assert!(core::mem::size_of::<BlockQ4_0>() == BlockQ4_0::BYTES);
 
 impl BlockQ4_0 {
     pub const BYTES: usize = 2 + QK / 2;
+}
+
+impl Block for BlockQ4_0 {
+    const BYTES: usize = Self::BYTES;
 
     /// ggml's `quantize_row_q4_0_ref` for one block: the value of largest magnitude maps to -8.
-    pub fn quantize(x: &[f32; QK]) -> Self {
+    fn quantize(x: &[f32; QK]) -> Self {
         let mut amax = 0.0f32;
         let mut max = 0.0f32;
         for &v in x {
@@ -41,37 +45,23 @@ impl BlockQ4_0 {
         }
     }
 
-    pub fn read(b: &[u8]) -> Self {
+    fn read(b: &[u8]) -> Self {
         BlockQ4_0 {
             d: f16::from_bits(u16::from_le_bytes([b[0], b[1]])),
             qs: b[2..Self::BYTES].try_into().unwrap(),
         }
     }
 
-    pub fn write(&self, out: &mut [u8]) {
+    fn write(&self, out: &mut [u8]) {
         out[..2].copy_from_slice(&self.d.to_bits().to_le_bytes());
         out[2..Self::BYTES].copy_from_slice(&self.qs);
     }
-}
 
-pub fn quantize_row_ref(x: &[f32], out: &mut [u8]) {
-    for (xb, ob) in x
-        .chunks_exact(QK)
-        .zip(out.chunks_exact_mut(BlockQ4_0::BYTES))
-    {
-        BlockQ4_0::quantize(xb.try_into().unwrap()).write(ob);
-    }
-}
-
-pub fn dequantize_row(bytes: &[u8], out: &mut [f32]) {
-    for (b, o) in bytes
-        .chunks_exact(BlockQ4_0::BYTES)
-        .zip(out.chunks_exact_mut(QK))
-    {
-        let d = f16_at(b);
-        for (j, q) in b[2..].iter().enumerate() {
-            o[j] = ((q & 0x0f) as i32 - 8) as f32 * d;
-            o[j + QK / 2] = ((q >> 4) as i32 - 8) as f32 * d;
+    fn dequantize(&self, out: &mut [f32; QK]) {
+        let d = self.d.to_f32();
+        for (j, q) in self.qs.iter().enumerate() {
+            out[j] = ((q & 0x0f) as i32 - 8) as f32 * d;
+            out[j + QK / 2] = ((q >> 4) as i32 - 8) as f32 * d;
         }
     }
 }
@@ -80,7 +70,7 @@ pub fn dequantize_row(bytes: &[u8], out: &mut [f32]) {
 mod tests {
     use super::*;
     use crate::quant::test_data::{array_rmse, ggml_signal};
-    use crate::quant::{dequantize_row as dequant, quantize_row, Format};
+    use crate::quant::{dequantize_blocks, dequantize_row as dequant, quantize_row, Format};
     use alloc::vec;
     use proptest::prelude::*;
 
@@ -110,7 +100,7 @@ mod tests {
             b.write(&mut bytes);
             prop_assert_eq!(BlockQ4_0::read(&bytes), b);
             let mut y = [0f32; QK];
-            dequantize_row(&bytes, &mut y);
+            dequantize_blocks::<BlockQ4_0>(&bytes, &mut y);
             let d = b.d.to_f32().abs();
             // The grid is the f16-rounded d; the f16 rounding can move the far end by 8 steps of it.
             let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));

@@ -1,7 +1,7 @@
 //! Q4_1: 32 values as `{ d: f16, m: f16, qs: [u8; 16] }`; nibbles as Q4_0; value `n * d + m`.
 use half::f16;
 
-use super::{f16_at, QK};
+use super::{Block, QK};
 
 /// One Q4_1 block, laid out exactly as ggml's `block_q4_1`.
 #[repr(C)]
@@ -16,9 +16,13 @@ const _: () = assert!(core::mem::size_of::<BlockQ4_1>() == BlockQ4_1::BYTES);
 
 impl BlockQ4_1 {
     pub const BYTES: usize = 4 + QK / 2;
+}
+
+impl Block for BlockQ4_1 {
+    const BYTES: usize = Self::BYTES;
 
     /// ggml's `quantize_row_q4_1_ref` for one block: 16 steps from the minimum to the maximum.
-    pub fn quantize(x: &[f32; QK]) -> Self {
+    fn quantize(x: &[f32; QK]) -> Self {
         let mut min = f32::MAX;
         let mut max = -f32::MAX;
         for &v in x {
@@ -44,7 +48,7 @@ impl BlockQ4_1 {
         }
     }
 
-    pub fn read(b: &[u8]) -> Self {
+    fn read(b: &[u8]) -> Self {
         BlockQ4_1 {
             d: f16::from_bits(u16::from_le_bytes([b[0], b[1]])),
             m: f16::from_bits(u16::from_le_bytes([b[2], b[3]])),
@@ -52,32 +56,17 @@ impl BlockQ4_1 {
         }
     }
 
-    pub fn write(&self, out: &mut [u8]) {
+    fn write(&self, out: &mut [u8]) {
         out[..2].copy_from_slice(&self.d.to_bits().to_le_bytes());
         out[2..4].copy_from_slice(&self.m.to_bits().to_le_bytes());
         out[4..Self::BYTES].copy_from_slice(&self.qs);
     }
-}
 
-pub fn quantize_row_ref(x: &[f32], out: &mut [u8]) {
-    for (xb, ob) in x
-        .chunks_exact(QK)
-        .zip(out.chunks_exact_mut(BlockQ4_1::BYTES))
-    {
-        BlockQ4_1::quantize(xb.try_into().unwrap()).write(ob);
-    }
-}
-
-pub fn dequantize_row(bytes: &[u8], out: &mut [f32]) {
-    for (b, o) in bytes
-        .chunks_exact(BlockQ4_1::BYTES)
-        .zip(out.chunks_exact_mut(QK))
-    {
-        let d = f16_at(b);
-        let m = f16_at(&b[2..]);
-        for (j, q) in b[4..].iter().enumerate() {
-            o[j] = (q & 0x0f) as f32 * d + m;
-            o[j + QK / 2] = (q >> 4) as f32 * d + m;
+    fn dequantize(&self, out: &mut [f32; QK]) {
+        let (d, m) = (self.d.to_f32(), self.m.to_f32());
+        for (j, q) in self.qs.iter().enumerate() {
+            out[j] = (q & 0x0f) as f32 * d + m;
+            out[j + QK / 2] = (q >> 4) as f32 * d + m;
         }
     }
 }
@@ -86,7 +75,7 @@ pub fn dequantize_row(bytes: &[u8], out: &mut [f32]) {
 mod tests {
     use super::*;
     use crate::quant::test_data::{array_rmse, ggml_signal};
-    use crate::quant::{dequantize_row as dequant, quantize_row, Format};
+    use crate::quant::{dequantize_blocks, dequantize_row as dequant, quantize_row, Format};
     use alloc::vec;
     use proptest::prelude::*;
 
@@ -108,7 +97,7 @@ mod tests {
             b.write(&mut bytes);
             prop_assert_eq!(BlockQ4_1::read(&bytes), b);
             let mut y = [0f32; QK];
-            dequantize_row(&bytes, &mut y);
+            dequantize_blocks::<BlockQ4_1>(&bytes, &mut y);
             let d = b.d.to_f32();
             let min = x.iter().fold(f32::MAX, |m, v| m.min(*v));
             let max = x.iter().fold(-f32::MAX, |m, v| m.max(*v));

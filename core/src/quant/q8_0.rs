@@ -1,7 +1,7 @@
 //! Q8_0: 32 values as `{ d: f16, qs: [i8; 32] }`, value `qs[j] * d`.
 use half::f16;
 
-use super::{f16_at, QK};
+use super::{Block, QK};
 
 /// One Q8_0 block, laid out exactly as ggml's `block_q8_0`.
 #[repr(C)]
@@ -15,9 +15,13 @@ const _: () = assert!(core::mem::size_of::<BlockQ8_0>() == BlockQ8_0::BYTES);
 
 impl BlockQ8_0 {
     pub const BYTES: usize = 2 + QK;
+}
+
+impl Block for BlockQ8_0 {
+    const BYTES: usize = Self::BYTES;
 
     /// ggml's `quantize_row_q8_0_ref` for one block.
-    pub fn quantize(x: &[f32; QK]) -> Self {
+    fn quantize(x: &[f32; QK]) -> Self {
         let amax = x.iter().fold(0.0f32, |m, v| m.max(libm::fabsf(*v)));
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
@@ -33,7 +37,7 @@ impl BlockQ8_0 {
         }
     }
 
-    pub fn read(b: &[u8]) -> Self {
+    fn read(b: &[u8]) -> Self {
         let mut qs = [0i8; QK];
         for (q, v) in qs.iter_mut().zip(&b[2..Self::BYTES]) {
             *q = *v as i8;
@@ -44,32 +48,17 @@ impl BlockQ8_0 {
         }
     }
 
-    pub fn write(&self, out: &mut [u8]) {
+    fn write(&self, out: &mut [u8]) {
         out[..2].copy_from_slice(&self.d.to_bits().to_le_bytes());
         for (o, q) in out[2..Self::BYTES].iter_mut().zip(&self.qs) {
             *o = *q as u8;
         }
     }
-}
 
-/// Reference quantizer; `out.len()` must be `x.len() / 32 * 34` (checked by the caller).
-pub fn quantize_row_ref(x: &[f32], out: &mut [u8]) {
-    for (xb, ob) in x
-        .chunks_exact(QK)
-        .zip(out.chunks_exact_mut(BlockQ8_0::BYTES))
-    {
-        BlockQ8_0::quantize(xb.try_into().unwrap()).write(ob);
-    }
-}
-
-pub fn dequantize_row(bytes: &[u8], out: &mut [f32]) {
-    for (b, o) in bytes
-        .chunks_exact(BlockQ8_0::BYTES)
-        .zip(out.chunks_exact_mut(QK))
-    {
-        let d = f16_at(b);
-        for (v, q) in o.iter_mut().zip(&b[2..]) {
-            *v = (*q as i8) as f32 * d;
+    fn dequantize(&self, out: &mut [f32; QK]) {
+        let d = self.d.to_f32();
+        for (v, q) in out.iter_mut().zip(&self.qs) {
+            *v = *q as f32 * d;
         }
     }
 }
@@ -78,7 +67,7 @@ pub fn dequantize_row(bytes: &[u8], out: &mut [f32]) {
 mod tests {
     use super::*;
     use crate::quant::test_data::{array_rmse, ggml_signal};
-    use crate::quant::{dequantize_row as dequant, quantize_row, Format};
+    use crate::quant::{dequantize_blocks, dequantize_row as dequant, quantize_row, Format};
     use alloc::vec;
     use proptest::prelude::*;
 
@@ -119,7 +108,7 @@ mod tests {
             b.write(&mut bytes);
             prop_assert_eq!(BlockQ8_0::read(&bytes), b);
             let mut y = [0f32; QK];
-            dequantize_row(&bytes, &mut y);
+            dequantize_blocks::<BlockQ8_0>(&bytes, &mut y);
             let d = b.d.to_f32();
             // d is rounded to f16, so the grid is d_f16, not amax/127: allow the f16 rounding of d
             // times the largest quant on top of half a step.

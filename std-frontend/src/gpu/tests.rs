@@ -108,6 +108,8 @@ fn matmul_kernels_match_the_cpu() {
         Format::Q8_0,
         Format::Q4_0,
         Format::Q4_1,
+        Format::Q5_0,
+        Format::Q5_1,
         Format::F16,
         Format::BF16,
         Format::F32,
@@ -215,7 +217,7 @@ fn matmul_kernels_match_the_cpu() {
             }
         }
     }
-    assert_eq!(checked, 6 * 2 * 2 * (3 * 2 + 3));
+    assert_eq!(checked, 8 * 2 * 2 * (3 * 2 + 3));
 }
 
 /// Embedding rows of tokens spread over the parts of a split matrix equal the CPU's rows.

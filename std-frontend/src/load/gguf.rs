@@ -82,10 +82,39 @@ pub enum GgmlType {
     BF16,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
     Q8_0,
     Q4K,
     Q5K,
     Q6K,
+}
+
+/// ggml's names of the types sapient does not read, for error messages.
+fn ggml_type_name(id: u32) -> Option<&'static str> {
+    Some(match id {
+        10 => "Q2_K",
+        11 => "Q3_K",
+        15 => "Q8_K",
+        16 => "IQ2_XXS",
+        17 => "IQ2_XS",
+        18 => "IQ3_XXS",
+        19 => "IQ1_S",
+        20 => "IQ4_NL",
+        21 => "IQ3_S",
+        22 => "IQ2_S",
+        23 => "IQ4_XS",
+        24 => "I8",
+        25 => "I16",
+        26 => "I32",
+        27 => "I64",
+        28 => "F64",
+        29 => "IQ1_M",
+        34 => "TQ1_0",
+        35 => "TQ2_0",
+        39 => "MXFP4",
+        _ => return None,
+    })
 }
 
 impl GgmlType {
@@ -95,6 +124,8 @@ impl GgmlType {
             1 => GgmlType::F16,
             2 => GgmlType::Q4_0,
             3 => GgmlType::Q4_1,
+            6 => GgmlType::Q5_0,
+            7 => GgmlType::Q5_1,
             8 => GgmlType::Q8_0,
             12 => GgmlType::Q4K,
             13 => GgmlType::Q5K,
@@ -111,6 +142,8 @@ impl GgmlType {
             GgmlType::F16 | GgmlType::BF16 => (1, 2),
             GgmlType::Q4_0 => (32, 18),
             GgmlType::Q4_1 => (32, 20),
+            GgmlType::Q5_0 => (32, 22),
+            GgmlType::Q5_1 => (32, 24),
             GgmlType::Q8_0 => (32, 34),
             GgmlType::Q4K => (256, 144),
             GgmlType::Q5K => (256, 176),
@@ -125,6 +158,8 @@ impl GgmlType {
             GgmlType::BF16 => "bf16",
             GgmlType::Q4_0 => "q4_0",
             GgmlType::Q4_1 => "q4_1",
+            GgmlType::Q5_0 => "q5_0",
+            GgmlType::Q5_1 => "q5_1",
             GgmlType::Q8_0 => "q8_0",
             GgmlType::Q4K => "q4_K",
             GgmlType::Q5K => "q5_K",
@@ -295,8 +330,13 @@ impl Gguf {
                 dims.push(d as usize);
             }
             let ty = r.u32(&name)?;
-            let ggml_type = GgmlType::from_id(ty).ok_or_else(|| {
-                anyhow!("GGUF tensor {name} has ggml type {ty}, which sapient does not read")
+            let ggml_type = GgmlType::from_id(ty).ok_or_else(|| match ggml_type_name(ty) {
+                Some(t) => anyhow!(
+                    "GGUF tensor {name} is {t} (ggml type {ty}), which sapient does not read yet"
+                ),
+                None => anyhow!(
+                    "GGUF tensor {name} has ggml type {ty}, which is not a ggml type sapient knows"
+                ),
             })?;
             let offset = r.u64(&name)?;
             raw.push((name, dims, ggml_type, offset));

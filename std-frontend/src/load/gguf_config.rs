@@ -33,9 +33,6 @@ pub fn parse(g: &Gguf) -> Result<GgufMeta> {
         "qwen2" => RopeStyle::Halves,
         other => return Err(sapient_core::Error::unknown_architecture(other).into()),
     };
-    if g.tensors.contains_key("rope_freqs.weight") {
-        bail!("GGUF rope frequency factors (rope_freqs.weight, Llama 3.1 style scaling) are not supported yet");
-    }
     let key = |k: &str| format!("{arch}.{k}");
     let req = |k: &str| -> Result<usize> {
         g.u64(&key(k))

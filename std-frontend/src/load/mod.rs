@@ -246,6 +246,8 @@ impl ModelFiles {
                     GgmlType::Q8_0 => Kind::Block(Format::Q8_0),
                     GgmlType::Q4_0 => Kind::Block(Format::Q4_0),
                     GgmlType::Q4_1 => Kind::Block(Format::Q4_1),
+                    GgmlType::Q5_0 => Kind::Block(Format::Q5_0),
+                    GgmlType::Q5_1 => Kind::Block(Format::Q5_1),
                     GgmlType::Q4K => Kind::K(KQuant::Q4K),
                     GgmlType::Q5K => Kind::K(KQuant::Q5K),
                     GgmlType::Q6K => Kind::K(KQuant::Q6K),
@@ -376,10 +378,18 @@ impl ModelFiles {
             layers,
             norm: self.vector(&names.norm)?,
             lm_head,
+            rope_freq_factors: match names.gguf && self.has(ROPE_FREQS) {
+                true => Some(self.vector(ROPE_FREQS)?),
+                false => None,
+            },
         };
         Ok(Model::new(c.clone(), weights)?)
     }
 }
+
+/// Llama 3.1+ GGUF files' RoPE frequency factors (llama.cpp's converter writes them from the
+/// checkpoint's `rope_scaling`).
+const ROPE_FREQS: &str = "rope_freqs.weight";
 
 /// Where each weight lives under the two naming schemes.
 struct TensorNames {
@@ -435,7 +445,7 @@ impl TensorNames {
 }
 
 /// The one `.gguf` file in `dir`, if there is exactly one.
-fn only_gguf(dir: &Path) -> Result<Option<PathBuf>> {
+pub(crate) fn only_gguf(dir: &Path) -> Result<Option<PathBuf>> {
     let mut found = Vec::new();
     for e in std::fs::read_dir(dir).with_context(|| format!("cannot list {}", dir.display()))? {
         let p = e?.path();

@@ -117,6 +117,7 @@ pub fn model(spec: &RandomSpec, progress: &(dyn Fn(usize) + Sync)) -> Result<Mod
         } else {
             Some(matrix(2, c.vocab_size, h)?)
         },
+        rope_freq_factors: None,
     };
     Ok(Model::new(c.clone(), weights)?)
 }
