@@ -122,8 +122,9 @@ struct ModelArgs {
     /// Read the config from this file instead of config.json beside the weights.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// What to do with matrices at load: q8_0 quantizes float (and k-quant) matrices, none keeps
-    /// them as f32, f32 also widens already quantized ones (slow; for checking).
+    /// What to do with float matrices at load: q8_0 quantizes them, none keeps them as f32; f32
+    /// also widens the quantized ones (slow; for checking). Quantized matrices (Q8_0, Q4_x, Q5_x,
+    /// the k-quants) are otherwise used as the file has them.
     #[arg(long, value_enum, default_value_t = QuantizeArg::Q8_0)]
     quantize: QuantizeArg,
     /// KV cache format (default: q8_0 when head_dim is a multiple of 32, f32 otherwise).
@@ -876,10 +877,14 @@ fn cmd_inspect(spec: &str, ctx: usize) -> Result<()> {
                 .join(", "),
             params as f64 / 1e6
         );
-    } else {
-        let m = files.model(Quantize::None)?;
-        println!("{}", load::summary(&m, &files.arch));
     }
+    // As `generate` loads it by default: quantized matrices in place, float ones as Q8_0.
+    let m = files.model(Quantize::Q8_0)?;
+    println!("{}", load::summary(&m, &files.arch));
+    println!(
+        "weights read per decoded token: {:.1} MiB",
+        load::weight_bytes_per_token(&m) as f64 / (1 << 20) as f64
+    );
     for kv in [KvFormat::F32, KvFormat::F16, KvFormat::Q8_0] {
         match KvCache::bytes_needed(c, ctx, kv) {
             Ok(b) => println!(

@@ -6,7 +6,11 @@
 use core::arch::aarch64::*;
 
 use super::{Kernels, QuantDots, AXPY_ROWS, TILE};
-use crate::quant::{f16_at, BlockQ16, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK};
+use crate::quant::k_quants::BLOCKS_PER_SUPER;
+use crate::quant::{
+    f16_at, BlockQ16, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
+    BlockQ8_0, KBlock, QK,
+};
 
 pub(super) static KERNELS: Kernels = Kernels {
     name: if cfg!(target_feature = "dotprod") {
@@ -21,6 +25,9 @@ pub(super) static KERNELS: Kernels = Kernels {
     q4_1: dots::<BlockQ4_1>(),
     q5_0: dots::<BlockQ5_0>(),
     q5_1: dots::<BlockQ5_1>(),
+    q4_k: dots::<BlockQ4K>(),
+    q5_k: dots::<BlockQ5K>(),
+    q6_k: dots::<BlockQ6K>(),
     dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
     dot_f32_x4: dot_f32::<TILE>,
     // NEON's f16 conversions need `float16x4_t`, still unstable in Rust: the scalar loop.
@@ -184,19 +191,96 @@ fn quantize_q16(x: &[f32], out: &mut [u8]) {
     }
 }
 
-/// A weight block's 32 quants as signed bytes (values 0..16, 16..32).
+/// A weight block's 32 quants as signed bytes (values 0..16, 16..32). Blocks are stored in
+/// units of `BYTES` bytes: one block, or a k-quant super-block of `UNIT` blocks, where `j` says
+/// which.
 trait Unpack {
     const BYTES: usize;
-    /// Whether the block has a minimum (an f16 after the scale) whose term `m·(dx·Σq)` is added.
+    /// Blocks of 32 values per unit.
+    const UNIT: usize = 1;
+    /// Whether the block has a minimum whose term `m·(dx·Σq)` is added.
     const HAS_MIN: bool = false;
-    /// The quants of the block at the start of `b` (`BYTES` long).
-    fn unpack(b: &[u8]) -> (int8x16_t, int8x16_t);
+    /// Whether the "minimum" is the scale of the block's second half instead (Q6_K).
+    const HALF_SCALES: bool = false;
+    /// The quants of block `j` of the unit at the start of `b` (`BYTES` long).
+    fn unpack(b: &[u8], j: usize) -> (int8x16_t, int8x16_t);
+    /// The scale and the minimum (or second scale) of block `j`: by default an f16 scale first
+    /// and, with a minimum, an f16 minimum after it.
+    #[inline(always)]
+    fn scales(b: &[u8], _j: usize) -> (f32, f32) {
+        (f16_at(b), if Self::HAS_MIN { f16_at(&b[2..]) } else { 0.0 })
+    }
+}
+
+macro_rules! k_unpack {
+    ($($t:ty => $unpack:expr),* $(,)?) => {$(
+        impl Unpack for $t {
+            const BYTES: usize = <$t as KBlock>::BYTES;
+            const UNIT: usize = BLOCKS_PER_SUPER;
+            const HAS_MIN: bool = <$t as KBlock>::HAS_MIN;
+            const HALF_SCALES: bool = <$t as KBlock>::HALF_SCALES;
+            #[inline(always)]
+            fn unpack(b: &[u8], j: usize) -> (int8x16_t, int8x16_t) {
+                $unpack(b, j)
+            }
+            #[inline(always)]
+            fn scales(b: &[u8], j: usize) -> (f32, f32) {
+                <$t as KBlock>::scales(b, j)
+            }
+        }
+    )*};
+}
+
+k_unpack!(
+    BlockQ4K => |b: &[u8], j: usize| {
+        let (lo, hi) = bits32(&b[16 + 32 * (j / 2)..][..32], 4 * (j % 2), 0x0f);
+        // SAFETY: register-only; nibbles are 0..=15, so reinterpreting them as i8 keeps them.
+        unsafe { (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi)) }
+    },
+    BlockQ5K => |b: &[u8], j: usize| {
+        let (lo, hi) = bits32(&b[48 + 32 * (j / 2)..][..32], 4 * (j % 2), 0x0f);
+        let (h_lo, h_hi) = bits32(&b[16..48], j, 1);
+        // SAFETY: register-only; the quants are 0..=31, so as i8 they stay.
+        unsafe {
+            (
+                vreinterpretq_s8_u8(vorrq_u8(lo, vshlq_n_u8(h_lo, 4))),
+                vreinterpretq_s8_u8(vorrq_u8(hi, vshlq_n_u8(h_hi, 4))),
+            )
+        }
+    },
+    BlockQ6K => |b: &[u8], j: usize| {
+        let (n, c) = (j / 4, j % 4);
+        let (lo, hi) = bits32(&b[64 * n + 32 * (c % 2)..][..32], 4 * (c / 2), 0x0f);
+        let (h_lo, h_hi) = bits32(&b[128 + 32 * n..][..32], 2 * c, 3);
+        // SAFETY: register-only; the quants are 0..=63 before the bias, -32..=31 after.
+        unsafe {
+            let bias = vdupq_n_s8(32);
+            (
+                vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(lo, vshlq_n_u8(h_lo, 4))), bias),
+                vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(hi, vshlq_n_u8(h_hi, 4))), bias),
+            )
+        }
+    },
+);
+
+/// `(byte >> shift) & mask` of the 32 bytes of `b`: nibbles, or a k-quant's high bits.
+#[inline(always)]
+fn bits32(b: &[u8], shift: usize, mask: u8) -> (uint8x16_t, uint8x16_t) {
+    let b = &b[..32];
+    // SAFETY: `b` holds 32 bytes; the rest is register-only NEON arithmetic.
+    unsafe {
+        let count = vdupq_n_s8(-(shift as i8));
+        let mask = vdupq_n_u8(mask);
+        let v0 = vshlq_u8(vld1q_u8(b.as_ptr()), count);
+        let v1 = vshlq_u8(vld1q_u8(b.as_ptr().add(16)), count);
+        (vandq_u8(v0, mask), vandq_u8(v1, mask))
+    }
 }
 
 impl Unpack for BlockQ8_0 {
     const BYTES: usize = Self::BYTES;
     #[inline(always)]
-    fn unpack(b: &[u8]) -> (int8x16_t, int8x16_t) {
+    fn unpack(b: &[u8], _: usize) -> (int8x16_t, int8x16_t) {
         let q = &b[2..Self::BYTES];
         // SAFETY: `q` holds the block's 32 quants.
         unsafe {
@@ -209,7 +293,7 @@ impl Unpack for BlockQ8_0 {
 impl Unpack for BlockQ4_0 {
     const BYTES: usize = Self::BYTES;
     #[inline(always)]
-    fn unpack(b: &[u8]) -> (int8x16_t, int8x16_t) {
+    fn unpack(b: &[u8], _: usize) -> (int8x16_t, int8x16_t) {
         let (lo, hi) = nibbles(&b[2..]);
         // SAFETY: register-only NEON arithmetic.
         unsafe {
@@ -226,7 +310,7 @@ impl Unpack for BlockQ4_1 {
     const BYTES: usize = Self::BYTES;
     const HAS_MIN: bool = true;
     #[inline(always)]
-    fn unpack(b: &[u8]) -> (int8x16_t, int8x16_t) {
+    fn unpack(b: &[u8], _: usize) -> (int8x16_t, int8x16_t) {
         let (lo, hi) = nibbles(&b[4..]);
         // SAFETY: register-only; nibbles are 0..=15, so reinterpreting them as i8 keeps them.
         unsafe { (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi)) }
@@ -236,7 +320,7 @@ impl Unpack for BlockQ4_1 {
 impl Unpack for BlockQ5_0 {
     const BYTES: usize = Self::BYTES;
     #[inline(always)]
-    fn unpack(b: &[u8]) -> (int8x16_t, int8x16_t) {
+    fn unpack(b: &[u8], _: usize) -> (int8x16_t, int8x16_t) {
         let (lo, hi) = fives(&b[2..6], &b[6..]);
         // SAFETY: register-only NEON arithmetic; five-bit quants are 0..=31, so as i8 they stay.
         unsafe {
@@ -253,7 +337,7 @@ impl Unpack for BlockQ5_1 {
     const BYTES: usize = Self::BYTES;
     const HAS_MIN: bool = true;
     #[inline(always)]
-    fn unpack(b: &[u8]) -> (int8x16_t, int8x16_t) {
+    fn unpack(b: &[u8], _: usize) -> (int8x16_t, int8x16_t) {
         let (lo, hi) = fives(&b[4..8], &b[8..]);
         // SAFETY: register-only; five-bit quants are 0..=31, so reinterpreting them as i8 keeps them.
         unsafe { (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi)) }
@@ -315,22 +399,32 @@ fn split_q16(xb: &[u8]) -> [(int8x16_t, int8x16_t); 2] {
 
 /// Weights in format `W` · N rows of Q16 activations, in the scalar reference's float order.
 fn dot<W: Unpack, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
-    let nb = xs
-        .iter()
-        .fold(w.len() / W::BYTES, |n, x| n.min(x.len() / BlockQ16::BYTES));
+    let nb = xs.iter().fold(w.len() / W::BYTES * W::UNIT, |n, x| {
+        n.min(x.len() / BlockQ16::BYTES)
+    });
     let mut acc = [0f32; N];
     for b in 0..nb {
-        let wb = &w[b * W::BYTES..(b + 1) * W::BYTES];
-        let (w0, w1) = W::unpack(wb);
-        let dw = f16_at(wb);
+        let (unit, j) = (b / W::UNIT, b % W::UNIT);
+        let wb = &w[unit * W::BYTES..(unit + 1) * W::BYTES];
+        let (w0, w1) = W::unpack(wb, j);
+        let (dw, mw) = W::scales(wb, j);
         for (a, x) in acc.iter_mut().zip(&xs) {
             let xb = &x[b * BlockQ16::BYTES..(b + 1) * BlockQ16::BYTES];
             let [(lo0, hi0), (lo1, hi1)] = split_q16(xb);
-            let sum = 256 * dot_i8x32(w0, w1, hi0, hi1) + dot_i8x32(w0, w1, lo0, lo1);
             let f = |i: usize| f32::from_le_bytes([xb[i], xb[i + 1], xb[i + 2], xb[i + 3]]);
+            if W::HALF_SCALES {
+                // SAFETY: register-only.
+                let zero = unsafe { vdupq_n_s8(0) };
+                let half =
+                    |w, lo, hi| 256 * dot_i8x32(w, zero, hi, zero) + dot_i8x32(w, zero, lo, zero);
+                *a += half(w0, lo0, hi0) as f32 * (dw * f(0));
+                *a += half(w1, lo1, hi1) as f32 * (mw * f(0));
+                continue;
+            }
+            let sum = 256 * dot_i8x32(w0, w1, hi0, hi1) + dot_i8x32(w0, w1, lo0, lo1);
             *a += sum as f32 * (dw * f(0));
             if W::HAS_MIN {
-                *a += f16_at(&wb[2..]) * f(4);
+                *a += mw * f(4);
             }
         }
     }

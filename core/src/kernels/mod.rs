@@ -81,6 +81,9 @@ pub struct Kernels {
     pub q4_1: QuantDots,
     pub q5_0: QuantDots,
     pub q5_1: QuantDots,
+    pub q4_k: QuantDots,
+    pub q5_k: QuantDots,
+    pub q6_k: QuantDots,
     pub dot_f32: fn(&[u8], &[f32]) -> f32,
     pub dot_f32_x4: fn(&[u8], [&[f32]; TILE]) -> [f32; TILE],
     /// f16 weights (little-endian bytes: GGUF F16 matrices, an F16 KV cache) · f32 activations.
@@ -132,6 +135,9 @@ impl Kernels {
             Format::Q4_1 => Ok(&self.q4_1),
             Format::Q5_0 => Ok(&self.q5_0),
             Format::Q5_1 => Ok(&self.q5_1),
+            Format::Q4K => Ok(&self.q4_k),
+            Format::Q5K => Ok(&self.q5_k),
+            Format::Q6K => Ok(&self.q6_k),
             _ => Err(Error::UnsupportedFormat {
                 what: "quantized dot product",
                 format,
@@ -274,7 +280,14 @@ impl Kernels {
         let (n_rows, n_tok) = (rows.len(), toks.len());
         let w_row = |r: usize| w.row(rows.start + r);
         match w.format {
-            Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1 => {
+            Format::Q8_0
+            | Format::Q4_0
+            | Format::Q4_1
+            | Format::Q5_0
+            | Format::Q5_1
+            | Format::Q4K
+            | Format::Q5K
+            | Format::Q6K => {
                 let dots = self.dots(w.format)?;
                 let q = x.q16.ok_or(Error::UnsupportedFormat {
                     what: "mat-mul without Q16 activations",
@@ -465,7 +478,7 @@ fn expect_quantized_row(format: Format, bytes: usize) -> Result<usize> {
             block: format.block_bytes(),
         });
     }
-    Ok(bytes / format.block_bytes() * QK)
+    Ok(bytes / format.block_bytes() * format.block_len())
 }
 
 #[cfg(test)]

@@ -12,14 +12,15 @@
 //! (padding rows and tokens are computed and dropped), so threads and splits change nothing.
 //! It is not the bits of the one-row kernels: those sum each lane's part of a block in float.
 #[cfg(test)]
-use super::scalar::Unpack;
+use super::scalar::{unpack_at, Unpack};
 use super::{PanelDots, PanelRows, TILE};
 use crate::quant::{BlockQ16, QK};
 
 /// Weight rows per panel: one 512-bit vector of i32 sums (two 256-bit ones).
 pub const PANEL: usize = 16;
 
-/// Bytes of one packed block: the rows' scales, the rows' minimums (zero for formats without),
+/// Bytes of one packed block: the rows' scales, the rows' minimums (zero for formats without; the
+/// second halves' scales for formats with half scales),
 /// both f32, then the quants as i16 `[pair][row][2]`.
 pub const PANEL_BLOCK_BYTES: usize = 2 * PANEL * 4 + PANEL * QK * 2;
 
@@ -44,7 +45,7 @@ pub fn pack_ref<W: Unpack>(rows: &PanelRows<'_>, b0: usize, out: &mut [u8]) {
         let (scales, quants) = o.split_at_mut(PANEL_QUANTS);
         for (r, row) in rows.iter().enumerate() {
             let (d, m, q) = match row {
-                Some(w) => W::unpack(&w[(b0 + b) * W::BYTES..]),
+                Some(w) => unpack_at::<W>(w, b0 + b),
                 None => (0.0, 0.0, [0; QK]),
             };
             scales[r * 4..r * 4 + 4].copy_from_slice(&d.to_le_bytes());

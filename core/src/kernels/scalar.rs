@@ -5,8 +5,8 @@
 //! before calling into any table.
 use super::{Kernels, QuantDots, AXPY_ROWS};
 use crate::quant::{
-    f16_at, quantize_blocks, Block, BlockQ16, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1,
-    BlockQ8_0, QK,
+    f16_at, quantize_blocks, Block, BlockQ16, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0,
+    BlockQ5_1, BlockQ6K, BlockQ8_0, KBlock, QK,
 };
 
 pub static KERNELS: Kernels = Kernels {
@@ -18,6 +18,9 @@ pub static KERNELS: Kernels = Kernels {
     q4_1: dots::<BlockQ4_1>(),
     q5_0: dots::<BlockQ5_0>(),
     q5_1: dots::<BlockQ5_1>(),
+    q4_k: dots::<BlockQ4K>(),
+    q5_k: dots::<BlockQ5K>(),
+    q6_k: dots::<BlockQ6K>(),
     dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
     dot_f32_x4: dot_f32::<4>,
     dot_f16: |w, x| dot_f16::<1>(w, [x])[0],
@@ -37,18 +40,50 @@ const fn dots<W: Unpack>() -> QuantDots {
     }
 }
 
-/// A weight block as integers: `value[j] = d · q[j] + m`.
+/// A weight block as integers: `value[j] = d · q[j] + m`, or with `HALF_SCALES`
+/// `d · q[j]` for j < 16 and `m · q[j]` after.
 pub trait Unpack {
+    /// Bytes of one stored unit: a block, or a super-block of `UNIT` blocks.
     const BYTES: usize;
+    /// Blocks of 32 values per unit.
+    const UNIT: usize = 1;
     /// Whether blocks carry a minimum `m` (otherwise it is 0 and its term is skipped).
     const HAS_MIN: bool = false;
-    /// `(d, m, q)` of the block at the start of `b`.
-    fn unpack(b: &[u8]) -> (f32, f32, [i32; QK]);
+    /// Whether `m` is the scale of the block's second half instead (Q6_K).
+    const HALF_SCALES: bool = false;
+    /// `(d, m, q)` of block `j` of the unit at the start of `b`.
+    fn unpack(b: &[u8], j: usize) -> (f32, f32, [i32; QK]);
 }
+
+/// Whole blocks in `len` bytes of format `W`.
+pub fn blocks<W: Unpack>(len: usize) -> usize {
+    len / W::BYTES * W::UNIT
+}
+
+/// Block `b` of the row `w`.
+pub fn unpack_at<W: Unpack>(w: &[u8], b: usize) -> (f32, f32, [i32; QK]) {
+    W::unpack(&w[b / W::UNIT * W::BYTES..], b % W::UNIT)
+}
+
+macro_rules! k_unpack {
+    ($($t:ty),*) => {$(
+        impl Unpack for $t {
+            const BYTES: usize = <$t as KBlock>::BYTES;
+            const UNIT: usize = crate::quant::k_quants::BLOCKS_PER_SUPER;
+            const HAS_MIN: bool = <$t as KBlock>::HAS_MIN;
+            const HALF_SCALES: bool = <$t as KBlock>::HALF_SCALES;
+            fn unpack(b: &[u8], j: usize) -> (f32, f32, [i32; QK]) {
+                <$t as KBlock>::block(b, j)
+            }
+        }
+    )*};
+}
+
+k_unpack!(BlockQ4K, BlockQ5K, BlockQ6K);
 
 impl Unpack for BlockQ8_0 {
     const BYTES: usize = Self::BYTES;
-    fn unpack(b: &[u8]) -> (f32, f32, [i32; QK]) {
+    fn unpack(b: &[u8], _: usize) -> (f32, f32, [i32; QK]) {
         (
             f16_at(b),
             0.0,
@@ -59,7 +94,7 @@ impl Unpack for BlockQ8_0 {
 
 impl Unpack for BlockQ4_0 {
     const BYTES: usize = Self::BYTES;
-    fn unpack(b: &[u8]) -> (f32, f32, [i32; QK]) {
+    fn unpack(b: &[u8], _: usize) -> (f32, f32, [i32; QK]) {
         (f16_at(b), 0.0, nibbles(&b[2..]).map(|n| n - 8))
     }
 }
@@ -67,14 +102,14 @@ impl Unpack for BlockQ4_0 {
 impl Unpack for BlockQ4_1 {
     const BYTES: usize = Self::BYTES;
     const HAS_MIN: bool = true;
-    fn unpack(b: &[u8]) -> (f32, f32, [i32; QK]) {
+    fn unpack(b: &[u8], _: usize) -> (f32, f32, [i32; QK]) {
         (f16_at(b), f16_at(&b[2..]), nibbles(&b[4..]))
     }
 }
 
 impl Unpack for BlockQ5_0 {
     const BYTES: usize = Self::BYTES;
-    fn unpack(b: &[u8]) -> (f32, f32, [i32; QK]) {
+    fn unpack(b: &[u8], _: usize) -> (f32, f32, [i32; QK]) {
         let q = Self::read(b);
         (f16_at(b), 0.0, fives(&q.qh, &q.qs).map(|n| n - 16))
     }
@@ -83,7 +118,7 @@ impl Unpack for BlockQ5_0 {
 impl Unpack for BlockQ5_1 {
     const BYTES: usize = Self::BYTES;
     const HAS_MIN: bool = true;
-    fn unpack(b: &[u8]) -> (f32, f32, [i32; QK]) {
+    fn unpack(b: &[u8], _: usize) -> (f32, f32, [i32; QK]) {
         let q = Self::read(b);
         (f16_at(b), f16_at(&b[2..]), fives(&q.qh, &q.qs))
     }
@@ -127,18 +162,29 @@ pub fn axpy_q8_0(out: &mut [f32], a: &[f32], rows: &[&[u8]]) {
 }
 
 /// Weights in format `W` · N rows of Q16 activations: per block `dw·dx·Σ qw·qx + m·(dx·Σ qx)`,
-/// the last factor being the activation block's `s`.
+/// the last factor being the activation block's `s`; with half scales `dw·dx·Σ_lo + mw·dx·Σ_hi`.
 pub fn dot<W: Unpack, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
-    let nb = xs
-        .iter()
-        .fold(w.len() / W::BYTES, |n, x| n.min(x.len() / BlockQ16::BYTES));
+    let nb = xs.iter().fold(blocks::<W>(w.len()), |n, x| {
+        n.min(x.len() / BlockQ16::BYTES)
+    });
     let mut acc = [0f32; N];
     for b in 0..nb {
-        let (dw, mw, qw) = W::unpack(&w[b * W::BYTES..]);
+        let (dw, mw, qw) = unpack_at::<W>(w, b);
         for (a, x) in acc.iter_mut().zip(&xs) {
             let xb = BlockQ16::read(&x[b * BlockQ16::BYTES..]);
-            let sum: i32 = qw.iter().zip(&xb.qs).map(|(p, q)| p * *q as i32).sum();
-            *a += sum as f32 * (dw * xb.d);
+            let prod = |r: core::ops::Range<usize>| -> i32 {
+                qw[r.clone()]
+                    .iter()
+                    .zip(&xb.qs[r])
+                    .map(|(p, q)| p * *q as i32)
+                    .sum()
+            };
+            if W::HALF_SCALES {
+                *a += prod(0..QK / 2) as f32 * (dw * xb.d);
+                *a += prod(QK / 2..QK) as f32 * (mw * xb.d);
+                continue;
+            }
+            *a += prod(0..QK) as f32 * (dw * xb.d);
             if W::HAS_MIN {
                 *a += mw * xb.s;
             }

@@ -10,10 +10,54 @@ use crate::quant::{
     dequantize_blocks, dequantize_row, q16, quantize_blocks, quantize_row, BlockQ16,
 };
 
+/// A row of `format` made from `x`: the reference quantizer's bytes, or for the k-quants (which
+/// sapient reads but does not write) super-blocks whose every quant and packed scale byte comes
+/// from `x`'s bits, so that any bit pattern occurs, and whose f16 scales are finite and follow
+/// `x`'s magnitude.
 fn quantized(format: Format, x: &[f32]) -> Vec<u8> {
     let mut q = vec![0u8; format.row_bytes(x.len()).unwrap()];
-    quantize_row(format, x, &mut q).unwrap();
+    if !is_k(format) {
+        quantize_row(format, x, &mut q).unwrap();
+        return q;
+    }
+    for (sb, xs) in q
+        .chunks_exact_mut(format.block_bytes())
+        .zip(x.chunks_exact(quant::k_quants::QK_K))
+    {
+        for (i, b) in sb.iter_mut().enumerate() {
+            let v = xs[i % xs.len()].to_bits().rotate_left(i as u32 % 32);
+            *b = (v ^ (v >> 8) ^ (v >> 16) ^ (v >> 24)) as u8;
+        }
+        let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs())).min(1e30);
+        let d = half::f16::from_f32((amax / 512.0).min(6e4))
+            .to_bits()
+            .to_le_bytes();
+        let dmin = half::f16::from_f32((amax / 2048.0).min(6e4))
+            .to_bits()
+            .to_le_bytes();
+        match format {
+            Format::Q6K => sb[208..210].copy_from_slice(&d),
+            _ => {
+                sb[..2].copy_from_slice(&d);
+                sb[2..4].copy_from_slice(&dmin);
+            }
+        }
+    }
     q
+}
+
+fn is_k(format: Format) -> bool {
+    format.block_len() == quant::k_quants::QK_K
+}
+
+/// A row length for `format` from a block count: `blocks` blocks of 32, or for the k-quants one
+/// or two super-blocks.
+fn row_len(format: Format, blocks: usize) -> usize {
+    if is_k(format) {
+        quant::k_quants::QK_K * (1 + blocks % 2)
+    } else {
+        blocks * QK
+    }
 }
 
 /// Activations as the reference Q16 quantizer gives them.
@@ -41,10 +85,18 @@ fn abs_dot(format: Format, w: &[u8], x: &[u8], n: usize) -> f32 {
     use super::scalar::Unpack;
     fn terms<W: Unpack>(w: &[u8], x: &[f32]) -> f32 {
         let mut sum = 0f32;
-        for (b, xb) in w.chunks_exact(W::BYTES).zip(x.chunks_exact(QK)) {
-            let (d, m, q) = W::unpack(b);
-            for (q, x) in q.iter().zip(xb) {
-                sum += ((d * *q as f32).abs() + m.abs()) * x.abs();
+        for (b, xb) in x
+            .chunks_exact(QK)
+            .take(super::scalar::blocks::<W>(w.len()))
+            .enumerate()
+        {
+            let (d, m, q) = super::scalar::unpack_at::<W>(w, b);
+            for (l, (q, x)) in q.iter().zip(xb).enumerate() {
+                sum += match (W::HALF_SCALES, l < QK / 2) {
+                    (true, true) => (d * *q as f32).abs(),
+                    (true, false) => (m * *q as f32).abs(),
+                    (false, _) => (d * *q as f32).abs() + m.abs(),
+                } * x.abs();
             }
         }
         sum
@@ -57,6 +109,9 @@ fn abs_dot(format: Format, w: &[u8], x: &[u8], n: usize) -> f32 {
         Format::Q4_1 => terms::<quant::BlockQ4_1>(w, &xs),
         Format::Q5_0 => terms::<quant::BlockQ5_0>(w, &xs),
         Format::Q5_1 => terms::<quant::BlockQ5_1>(w, &xs),
+        Format::Q4K => terms::<quant::BlockQ4K>(w, &xs),
+        Format::Q5K => terms::<quant::BlockQ5K>(w, &xs),
+        Format::Q6K => terms::<quant::BlockQ6K>(w, &xs),
         other => unreachable!("{other} is not quantized"),
     }
 }
@@ -78,12 +133,25 @@ fn close(scalar: f32, simd: f32, bound: f32) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-const QUANTIZED: [Format; 5] = [
+/// The formats with a reference quantizer.
+const WRITABLE: [Format; 5] = [
     Format::Q8_0,
     Format::Q4_0,
     Format::Q4_1,
     Format::Q5_0,
     Format::Q5_1,
+];
+
+/// Every quantized weight format.
+const QUANTIZED: [Format; 8] = [
+    Format::Q8_0,
+    Format::Q4_0,
+    Format::Q4_1,
+    Format::Q5_0,
+    Format::Q5_1,
+    Format::Q4K,
+    Format::Q5K,
+    Format::Q6K,
 ];
 
 proptest! {
@@ -119,10 +187,10 @@ proptest! {
     /// the same per-block integer sums, only in another order.
     #[test]
     fn quantized_dots_match_scalar(blocks in 1usize..20, w in values(20 * 32), xs in proptest::collection::vec(values(20 * 32), TILE)) {
-        let n = blocks * 32;
-        let xq: Vec<Vec<u8>> = xs.iter().map(|x| q16_row(&x[..n])).collect();
-        let xs = core::array::from_fn(|i| xq[i].as_slice());
         for format in QUANTIZED {
+            let n = row_len(format, blocks);
+            let xq: Vec<Vec<u8>> = xs.iter().map(|x| q16_row(&x[..n])).collect();
+            let xs = core::array::from_fn(|i| xq[i].as_slice());
             // Four rows: these weights and others made from them.
             let wq: Vec<Vec<u8>> = [1.0, -0.5, 2.0, 0.25].iter().map(|k| {
                 let wr: Vec<f32> = w[..n].iter().map(|v| v * k).collect();
@@ -156,14 +224,15 @@ proptest! {
     /// chunks of blocks gives the bits of one.
     #[test]
     fn panel_kernels_match_scalar(blocks in 1usize..20, split in 0usize..20, w in values(20 * 32), xs in proptest::collection::vec(values(20 * 32), TILE), rows in 1usize..=panel::PANEL) {
-        let n = blocks * 32;
-        let split = split.min(blocks);
-        let xq: Vec<Vec<u8>> = xs.iter().map(|x| q16_row(&x[..n])).collect();
-        let xs: [&[u8]; TILE] = core::array::from_fn(|i| xq[i].as_slice());
         for format in QUANTIZED {
             let Some(kernels) = &Kernels::best().dots(format).unwrap().panel else {
                 continue;
             };
+            let n = row_len(format, blocks);
+            let blocks = n / QK;
+            let split = split.min(blocks);
+            let xq: Vec<Vec<u8>> = xs.iter().map(|x| q16_row(&x[..n])).collect();
+            let xs: [&[u8]; TILE] = core::array::from_fn(|i| xq[i].as_slice());
             // Rows made from the weights by scaling and rotating them.
             let wq: Vec<Vec<u8>> = (0..rows).map(|r| {
                 let k = [1.0, -0.5, 2.0, 0.25][r % 4] * (1 + r / 4) as f32;
@@ -180,6 +249,9 @@ proptest! {
                 Format::Q4_1 => panel::pack_ref::<quant::BlockQ4_1>(&panel, 0, &mut reference),
                 Format::Q5_0 => panel::pack_ref::<quant::BlockQ5_0>(&panel, 0, &mut reference),
                 Format::Q5_1 => panel::pack_ref::<quant::BlockQ5_1>(&panel, 0, &mut reference),
+                Format::Q4K => panel::pack_ref::<quant::BlockQ4K>(&panel, 0, &mut reference),
+                Format::Q5K => panel::pack_ref::<quant::BlockQ5K>(&panel, 0, &mut reference),
+                Format::Q6K => panel::pack_ref::<quant::BlockQ6K>(&panel, 0, &mut reference),
                 other => unreachable!("{other} is not quantized"),
             }
             prop_assert!(packed == reference, "{format}: packing differs");
@@ -230,9 +302,9 @@ proptest! {
     /// Σ|w·x| of the f32 dot of the (dequantized) weights with the unquantized activations.
     #[test]
     fn q16_dots_track_f32_activations(blocks in 1usize..20, w in proptest::collection::vec(-4f32..4.0, 20 * 32), x in proptest::collection::vec(-30f32..30.0, 20 * 32)) {
-        let n = blocks * 32;
-        let xq = q16_row(&x[..n]);
         for format in QUANTIZED {
+            let n = row_len(format, blocks);
+            let xq = q16_row(&x[..n]);
             let wq = quantized(format, &w[..n]);
             let mut wd = vec![0f32; n];
             dequantize_row(format, &wq, &mut wd).unwrap();
@@ -328,7 +400,7 @@ fn ggml_reference_and_dot_product_error() {
         .sum();
     let mut yq = vec![0u8; q16::row_bytes(n)];
     Kernels::best().quantize_q16(&y, &mut yq).unwrap();
-    for format in QUANTIZED {
+    for format in WRITABLE {
         let wq = quantized(format, &x);
         for k in [Kernels::scalar(), Kernels::best()] {
             let dot = k.dot_quantized(format, &wq, &yq).unwrap();
@@ -372,7 +444,7 @@ fn mismatched_lengths_are_errors() {
 /// in both output orders.
 #[test]
 fn matmul_rows_equals_row_dots() {
-    let (rows, cols, n_tok) = (70, 64, 11);
+    let (rows, cols, n_tok) = (70, 256, 11);
     let w: Vec<f32> = (0..rows * cols)
         .map(|i| libm::sinf(i as f32 * 0.37))
         .collect();
@@ -396,6 +468,9 @@ fn matmul_rows_equals_row_dots() {
         Format::Q4_1,
         Format::Q5_0,
         Format::Q5_1,
+        Format::Q4K,
+        Format::Q5K,
+        Format::Q6K,
     ] {
         let bytes: Vec<u8> = w.chunks(cols).flat_map(|r| quantized(format, r)).collect();
         let m = Matrix::new(format, rows, cols, bytes.into()).unwrap();
@@ -473,7 +548,7 @@ fn best_kernels_follow_the_cpu() {
 /// pairing never change a result.
 #[test]
 fn tile_shapes_agree_bit_for_bit() {
-    let n = 4 * 32;
+    let n = 8 * 32;
     let rows: Vec<Vec<f32>> = (0..4)
         .map(|r| {
             (0..n)
@@ -514,7 +589,7 @@ fn tile_shapes_agree_bit_for_bit() {
 /// `PANEL_MIN_TOKENS`, nor on the rows computed with it.
 #[test]
 fn batch_size_changes_no_result() {
-    let (rows, cols, n_tok) = (37, 96, 2 * PANEL_MIN_TOKENS + 3);
+    let (rows, cols, n_tok) = (37, 256, 2 * PANEL_MIN_TOKENS + 3);
     let w: Vec<f32> = (0..rows * cols)
         .map(|i| libm::sinf(i as f32 * 0.37))
         .collect();

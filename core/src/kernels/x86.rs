@@ -6,7 +6,11 @@ use core::arch::x86_64::*;
 
 use super::panel::{PANEL, PANEL_BLOCK_BYTES, PANEL_QUANTS};
 use super::{Kernels, PanelAcc, PanelDots, PanelRows, QuantDots, TILE};
-use crate::quant::{BlockQ16, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK};
+use crate::quant::k_quants::BLOCKS_PER_SUPER;
+use crate::quant::{
+    BlockQ16, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0,
+    KBlock, QK,
+};
 
 // cpufeatures also checks that the OS saves the AVX registers; it does not know F16C.
 cpufeatures::new!(cpuid_avx2, "avx2", "fma");
@@ -53,6 +57,9 @@ const fn table<const ISA: u8>(name: &'static str) -> Kernels {
         q4_1: dots::<BlockQ4_1, ISA>(),
         q5_0: dots::<BlockQ5_0, ISA>(),
         q5_1: dots::<BlockQ5_1, ISA>(),
+        q4_k: dots::<BlockQ4K, ISA>(),
+        q5_k: dots::<BlockQ5K, ISA>(),
+        q6_k: dots::<BlockQ6K, ISA>(),
         dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
         dot_f32_x4: dot_f32::<TILE>,
         dot_f16: |w, x| dot_f16::<1>(w, [x])[0],
@@ -226,7 +233,9 @@ fn dot<W: Unpack, const R: usize, const N: usize, const ISA: u8>(
     w: [&[u8]; R],
     xs: [&[u8]; N],
 ) -> [[f32; N]; R] {
-    let nb = w.iter().fold(usize::MAX, |n, w| n.min(w.len() / W::BYTES));
+    let nb = w
+        .iter()
+        .fold(usize::MAX, |n, w| n.min(blocks::<W>(w.len())));
     let nb = xs.iter().fold(nb, |n, x| n.min(x.len() / BlockQ16::BYTES));
     // SAFETY: `Kernels::best` hands out each table only when its `*_available()` said yes; `nb`
     // whole blocks lie inside every slice.
@@ -245,7 +254,7 @@ fn pack<W: Unpack>(rows: &PanelRows<'_>, b0: usize, out: &mut [u8]) {
     let nb = rows
         .iter()
         .flatten()
-        .fold(nb, |n, w| n.min((w.len() / W::BYTES).saturating_sub(b0)));
+        .fold(nb, |n, w| n.min(blocks::<W>(w.len()).saturating_sub(b0)));
     // SAFETY: CPU features as above; blocks `b0 .. b0 + nb` lie inside every row, and `nb`
     // packed blocks inside `out`.
     unsafe { pack_avx2::<W>(nb, rows, b0, out) }
@@ -269,12 +278,12 @@ unsafe fn pack_avx2<W: Unpack>(nb: usize, rows: &PanelRows<'_>, b0: usize, out: 
                 for i in 0..8 {
                     let r = 8 * h + i;
                     if let Some(w) = rows[r] {
-                        let p = w.as_ptr().add((b0 + b) * W::BYTES);
+                        let (p, j) = unit::<W>(w.as_ptr(), b0 + b);
                         // The next panel's rows: packing reads sixteen streams at a time, more
                         // than the hardware prefetcher follows.
                         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PANEL * w.len()) as *const i8);
-                        (lo[i], hi[i]) = W::unpack(p);
-                        let (d, m) = W::scales(p);
+                        (lo[i], hi[i]) = W::unpack(p, j);
+                        let (d, m) = W::scales(p, j);
                         dm[r] = _mm256_cvtss_f32(d);
                         dm[PANEL + r] = _mm256_cvtss_f32(m);
                     }
@@ -331,9 +340,9 @@ unsafe fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
 
 /// `PANEL` weight rows against one row of Q16 activations, with the panel kernel's arithmetic.
 fn panel_rows<W: Unpack, const ISA: u8>(w: [&[u8]; PANEL], x: &[u8]) -> [f32; PANEL] {
-    let nb = w
-        .iter()
-        .fold(x.len() / BlockQ16::BYTES, |n, w| n.min(w.len() / W::BYTES));
+    let nb = w.iter().fold(x.len() / BlockQ16::BYTES, |n, w| {
+        n.min(blocks::<W>(w.len()))
+    });
     let mut out = [0f32; PANEL];
     // SAFETY: as for `dot`; `nb` whole blocks lie inside every slice.
     unsafe {
@@ -412,35 +421,77 @@ unsafe fn hsums<const N: usize>(acc: [__m256; N]) -> [f32; N] {
     out
 }
 
-/// A weight block's 32 quants as two vectors of 16 `i16` (values 0..16, 16..32).
+/// A weight block's 32 quants as two vectors of 16 `i16` (values 0..16, 16..32). Blocks are
+/// stored in units of `BYTES` bytes: one block, or a k-quant super-block of `UNIT` blocks, where
+/// `j` says which.
 trait Unpack {
     const BYTES: usize;
-    /// Whether the block has a minimum (an f16 after the scale) whose term `m·(dx·Σq)` is added.
+    /// Blocks of 32 values per unit.
+    const UNIT: usize = 1;
+    /// Whether the block has a minimum whose term `m·(dx·Σq)` is added.
     const HAS_MIN: bool = false;
-    /// The quants of the block at `p`.
+    /// Whether the "minimum" is the scale of the block's second half instead (Q6_K), whose
+    /// halves are summed and scaled apart.
+    const HALF_SCALES: bool = false;
+    /// The quants of block `j` of the unit at `p`.
     ///
     /// # Safety
-    /// `BYTES` readable bytes at `p`; the caller has AVX2.
-    unsafe fn unpack(p: *const u8) -> (__m256i, __m256i);
+    /// `BYTES` readable bytes at `p`, `j < UNIT`; the caller has AVX2.
+    unsafe fn unpack(p: *const u8, j: usize) -> (__m256i, __m256i);
 
-    /// The scale and the minimum (zero without one) of the block at `p`, broadcast.
+    /// The scale and the minimum (zero without one) of block `j` of the unit at `p`, broadcast.
     ///
     /// # Safety
     /// As for `unpack`, and F16C.
     #[inline(always)]
-    unsafe fn scales(p: *const u8) -> (__m256, __m256) {
+    unsafe fn scales(p: *const u8, _j: usize) -> (__m256, __m256) {
         // SAFETY: the block starts with its f16 scale.
         unsafe { (_mm256_set1_ps(f16_at(p)), _mm256_setzero_ps()) }
     }
 
-    /// The scales and the minimums (zeros without) of the blocks at `p[0..8]`, one per lane.
+    /// The scales and the minimums (zeros without) of block `j` of the units at `p[0..8]`, one
+    /// per lane.
     ///
     /// # Safety
     /// As for `scales`, at every `p[i]`.
     #[inline(always)]
-    unsafe fn scales8(p: [*const u8; 8]) -> (__m256, __m256) {
+    unsafe fn scales8(p: [*const u8; 8], _j: usize) -> (__m256, __m256) {
         // SAFETY: each block starts with its f16 scale.
         unsafe { (f16s_at(p, 0), _mm256_setzero_ps()) }
+    }
+}
+
+/// Whole blocks in `len` bytes of format `W`.
+#[inline(always)]
+fn blocks<W: Unpack>(len: usize) -> usize {
+    len / W::BYTES * W::UNIT
+}
+
+/// The unit holding block `b` of the row at `row`, and the block's index in it.
+///
+/// # Safety
+/// Block `b` lies inside the row.
+#[inline(always)]
+unsafe fn unit<W: Unpack>(row: *const u8, b: usize) -> (*const u8, usize) {
+    // SAFETY: as the caller guarantees.
+    unsafe { (row.add(b / W::UNIT * W::BYTES), b % W::UNIT) }
+}
+
+/// `acc + Σ_lo·(d_lo·dx) + Σ_hi·(d_hi·dx)`: a block whose halves have their own scales, low half
+/// first (every kernel adds them in this order, so all give the same bits).
+#[inline(always)]
+unsafe fn half_sums(
+    lo: __m256i,
+    hi: __m256i,
+    d_lo: __m256,
+    d_hi: __m256,
+    dx: __m256,
+    acc: __m256,
+) -> __m256 {
+    // SAFETY: register-only; the caller has AVX2 and FMA.
+    unsafe {
+        let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(d_lo, dx), acc);
+        _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(d_hi, dx), acc)
     }
 }
 
@@ -469,7 +520,7 @@ unsafe fn f16s_at(p: [*const u8; 8], offset: usize) -> __m256 {
 impl Unpack for BlockQ8_0 {
     const BYTES: usize = Self::BYTES;
     #[inline(always)]
-    unsafe fn unpack(p: *const u8) -> (__m256i, __m256i) {
+    unsafe fn unpack(p: *const u8, _j: usize) -> (__m256i, __m256i) {
         // SAFETY: 32 quants follow the 2-byte scale.
         unsafe {
             (
@@ -483,7 +534,7 @@ impl Unpack for BlockQ8_0 {
 impl Unpack for BlockQ4_0 {
     const BYTES: usize = Self::BYTES;
     #[inline(always)]
-    unsafe fn unpack(p: *const u8) -> (__m256i, __m256i) {
+    unsafe fn unpack(p: *const u8, _j: usize) -> (__m256i, __m256i) {
         // SAFETY: 16 bytes of nibbles follow the 2-byte scale.
         unsafe {
             let (lo, hi) = nibbles(p.add(2));
@@ -497,17 +548,17 @@ impl Unpack for BlockQ4_1 {
     const BYTES: usize = Self::BYTES;
     const HAS_MIN: bool = true;
     #[inline(always)]
-    unsafe fn scales(p: *const u8) -> (__m256, __m256) {
+    unsafe fn scales(p: *const u8, _j: usize) -> (__m256, __m256) {
         // SAFETY: the block starts with its scale and minimum.
         unsafe { scale_min(p) }
     }
     #[inline(always)]
-    unsafe fn scales8(p: [*const u8; 8]) -> (__m256, __m256) {
+    unsafe fn scales8(p: [*const u8; 8], _j: usize) -> (__m256, __m256) {
         // SAFETY: each block starts with its scale and minimum.
         unsafe { (f16s_at(p, 0), f16s_at(p, 2)) }
     }
     #[inline(always)]
-    unsafe fn unpack(p: *const u8) -> (__m256i, __m256i) {
+    unsafe fn unpack(p: *const u8, _j: usize) -> (__m256i, __m256i) {
         // SAFETY: 16 bytes of nibbles follow the scale and the minimum.
         unsafe { nibbles(p.add(4)) }
     }
@@ -516,7 +567,7 @@ impl Unpack for BlockQ4_1 {
 impl Unpack for BlockQ5_0 {
     const BYTES: usize = Self::BYTES;
     #[inline(always)]
-    unsafe fn unpack(p: *const u8) -> (__m256i, __m256i) {
+    unsafe fn unpack(p: *const u8, _j: usize) -> (__m256i, __m256i) {
         // SAFETY: the fifth bits (4 bytes) follow the 2-byte scale, the nibbles (16) them.
         unsafe {
             let (lo, hi) = fives(p.add(2), p.add(6));
@@ -530,19 +581,148 @@ impl Unpack for BlockQ5_1 {
     const BYTES: usize = Self::BYTES;
     const HAS_MIN: bool = true;
     #[inline(always)]
-    unsafe fn scales(p: *const u8) -> (__m256, __m256) {
+    unsafe fn scales(p: *const u8, _j: usize) -> (__m256, __m256) {
         // SAFETY: the block starts with its scale and minimum.
         unsafe { scale_min(p) }
     }
     #[inline(always)]
-    unsafe fn scales8(p: [*const u8; 8]) -> (__m256, __m256) {
+    unsafe fn scales8(p: [*const u8; 8], _j: usize) -> (__m256, __m256) {
         // SAFETY: each block starts with its scale and minimum.
         unsafe { (f16s_at(p, 0), f16s_at(p, 2)) }
     }
     #[inline(always)]
-    unsafe fn unpack(p: *const u8) -> (__m256i, __m256i) {
+    unsafe fn unpack(p: *const u8, _j: usize) -> (__m256i, __m256i) {
         // SAFETY: the fifth bits (4 bytes) follow the scale and minimum, the nibbles (16) them.
         unsafe { fives(p.add(4), p.add(8)) }
+    }
+}
+
+impl Unpack for BlockQ4K {
+    const BYTES: usize = <Self as KBlock>::BYTES;
+    const UNIT: usize = BLOCKS_PER_SUPER;
+    const HAS_MIN: bool = true;
+    #[inline(always)]
+    unsafe fn unpack(p: *const u8, j: usize) -> (__m256i, __m256i) {
+        // SAFETY: block j's 32 bytes of nibbles lie in the super-block.
+        unsafe { bits32(p.add(16 + 32 * (j / 2)), 4 * (j % 2), 0x0f) }
+    }
+    #[inline(always)]
+    unsafe fn scales(p: *const u8, j: usize) -> (__m256, __m256) {
+        // SAFETY: the caller guarantees a whole super-block at `p`.
+        unsafe { k_scales::<Self>(p, j) }
+    }
+    #[inline(always)]
+    unsafe fn scales8(p: [*const u8; 8], j: usize) -> (__m256, __m256) {
+        // SAFETY: as above, at every `p[i]`.
+        unsafe { k_scales8::<Self>(p, j) }
+    }
+}
+
+impl Unpack for BlockQ5K {
+    const BYTES: usize = <Self as KBlock>::BYTES;
+    const UNIT: usize = BLOCKS_PER_SUPER;
+    const HAS_MIN: bool = true;
+    #[inline(always)]
+    unsafe fn unpack(p: *const u8, j: usize) -> (__m256i, __m256i) {
+        // SAFETY: the nibbles (at 48) and the fifth bits (32 bytes at 16) lie in the super-block.
+        unsafe {
+            let (lo, hi) = bits32(p.add(48 + 32 * (j / 2)), 4 * (j % 2), 0x0f);
+            let (h_lo, h_hi) = bits32(p.add(16), j, 1);
+            (
+                _mm256_or_si256(lo, _mm256_slli_epi16(h_lo, 4)),
+                _mm256_or_si256(hi, _mm256_slli_epi16(h_hi, 4)),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn scales(p: *const u8, j: usize) -> (__m256, __m256) {
+        // SAFETY: the caller guarantees a whole super-block at `p`.
+        unsafe { k_scales::<Self>(p, j) }
+    }
+    #[inline(always)]
+    unsafe fn scales8(p: [*const u8; 8], j: usize) -> (__m256, __m256) {
+        // SAFETY: as above, at every `p[i]`.
+        unsafe { k_scales8::<Self>(p, j) }
+    }
+}
+
+impl Unpack for BlockQ6K {
+    const BYTES: usize = <Self as KBlock>::BYTES;
+    const UNIT: usize = BLOCKS_PER_SUPER;
+    const HALF_SCALES: bool = true;
+    /// Block `j` is quarter `c` of half `n` (see `KBlock for BlockQ6K`).
+    #[inline(always)]
+    unsafe fn unpack(p: *const u8, j: usize) -> (__m256i, __m256i) {
+        let (n, c) = (j / 4, j % 4);
+        // SAFETY: the low bits (32 bytes at 64n + 32(c % 2)) and the high bits (32 bytes at
+        // 128 + 32n) lie in the super-block.
+        unsafe {
+            let (lo, hi) = bits32(p.add(64 * n + 32 * (c % 2)), 4 * (c / 2), 0x0f);
+            let (h_lo, h_hi) = bits32(p.add(128 + 32 * n), 2 * c, 3);
+            let bias = _mm256_set1_epi16(32);
+            (
+                _mm256_sub_epi16(_mm256_or_si256(lo, _mm256_slli_epi16(h_lo, 4)), bias),
+                _mm256_sub_epi16(_mm256_or_si256(hi, _mm256_slli_epi16(h_hi, 4)), bias),
+            )
+        }
+    }
+    #[inline(always)]
+    unsafe fn scales(p: *const u8, j: usize) -> (__m256, __m256) {
+        // SAFETY: the caller guarantees a whole super-block at `p`.
+        unsafe { k_scales::<Self>(p, j) }
+    }
+    #[inline(always)]
+    unsafe fn scales8(p: [*const u8; 8], j: usize) -> (__m256, __m256) {
+        // SAFETY: as above, at every `p[i]`.
+        unsafe { k_scales8::<Self>(p, j) }
+    }
+}
+
+/// Block `j`'s two scales from the super-block at `p` (`KBlock::scales`), broadcast.
+///
+/// # Safety
+/// `K::BYTES` readable bytes at `p`.
+#[inline(always)]
+unsafe fn k_scales<K: KBlock>(p: *const u8, j: usize) -> (__m256, __m256) {
+    // SAFETY: as the caller guarantees.
+    let (d, m) = K::scales(unsafe { core::slice::from_raw_parts(p, K::BYTES) }, j);
+    // SAFETY: register-only; the caller has AVX.
+    unsafe { (_mm256_set1_ps(d), _mm256_set1_ps(m)) }
+}
+
+/// Block `j`'s two scales from the super-blocks at `p[0..8]`, one per lane.
+///
+/// # Safety
+/// `K::BYTES` readable bytes at every `p[i]`.
+#[inline(always)]
+unsafe fn k_scales8<K: KBlock>(p: [*const u8; 8], j: usize) -> (__m256, __m256) {
+    let mut d = [0f32; 8];
+    let mut m = [0f32; 8];
+    for i in 0..8 {
+        // SAFETY: as the caller guarantees.
+        (d[i], m[i]) = K::scales(unsafe { core::slice::from_raw_parts(p[i], K::BYTES) }, j);
+    }
+    // SAFETY: loads of the two arrays; the caller has AVX.
+    unsafe { (_mm256_loadu_ps(d.as_ptr()), _mm256_loadu_ps(m.as_ptr())) }
+}
+
+/// `(byte >> shift) & mask` of each of the 32 bytes at `p`, as `i16` (values 0..16, 16..32):
+/// nibbles, or a k-quant's high bits.
+///
+/// # Safety
+/// 32 readable bytes at `p`; AVX2.
+#[inline(always)]
+unsafe fn bits32(p: *const u8, shift: usize, mask: i16) -> (__m256i, __m256i) {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        let count = _mm_cvtsi32_si128(shift as i32);
+        let mask = _mm256_set1_epi16(mask);
+        let v0 = _mm256_cvtepu8_epi16(_mm_loadu_si128(p as *const __m128i));
+        let v1 = _mm256_cvtepu8_epi16(_mm_loadu_si128(p.add(16) as *const __m128i));
+        (
+            _mm256_and_si256(_mm256_srl_epi16(v0, count), mask),
+            _mm256_and_si256(_mm256_srl_epi16(v1, count), mask),
+        )
     }
 }
 
@@ -751,10 +931,10 @@ unsafe fn tile<W: Unpack, const R: usize, const N: usize, const ISA: u8>(
             let mut mw = [_mm256_setzero_ps(); R];
             let mut qw = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
             for r in 0..R {
-                let wp = w[r].as_ptr().add(b * W::BYTES);
+                let (wp, j) = unit::<W>(w[r].as_ptr(), b);
                 _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH) as *const i8);
-                (dw[r], mw[r]) = W::scales(wp);
-                qw[r] = W::unpack(wp);
+                (dw[r], mw[r]) = W::scales(wp, j);
+                qw[r] = W::unpack(wp, j);
             }
             for t in 0..N {
                 let xp = xs[t].as_ptr().add(b * BlockQ16::BYTES);
@@ -765,6 +945,14 @@ unsafe fn tile<W: Unpack, const R: usize, const N: usize, const ISA: u8>(
                 let x0 = _mm256_loadu_si256(xp.add(8) as *const __m256i);
                 let x1 = _mm256_loadu_si256(xp.add(40) as *const __m256i);
                 for r in 0..R {
+                    if W::HALF_SCALES {
+                        // Each half's sum with its own scale, low half first.
+                        let lo = _mm256_cvtepi32_ps(_mm256_madd_epi16(qw[r].0, x0));
+                        let hi = _mm256_cvtepi32_ps(_mm256_madd_epi16(qw[r].1, x1));
+                        acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(lo, dx), dw[r], acc[r][t]);
+                        acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(hi, dx), mw[r], acc[r][t]);
+                        continue;
+                    }
                     let dot = _mm256_madd_epi16(qw[r].0, x0);
                     let dot = match ISA {
                         AVX512_VNNI | AVX_VNNI => dpwssd::<ISA>(dot, qw[r].1, x1),
@@ -890,12 +1078,14 @@ unsafe fn panel_half<W: Unpack, const ISA: u8>(
             for t in 0..TILE {
                 xp[t] = xs[t].as_ptr().add(b * BlockQ16::BYTES);
             }
-            // Two sums per token, pairs taken in turn, so that enough `vpdpwssd`s are in flight
-            // to cover its latency; integer addition is exact, so this changes no result.
+            // Two sums per token, one per half of the block (pairs 0..8 and 8..16) and taken in
+            // turn, so that enough `vpdpwssd`s are in flight to cover its latency; integer
+            // addition is exact, so the split changes no result, and the halves are what
+            // formats with half scales need apart.
             let mut split = [[_mm256_setzero_si256(); TILE]; 2];
-            for p0 in (0..QK / 2).step_by(2) {
+            for p0 in 0..QK / 4 {
                 for (s, sums) in split.iter_mut().enumerate() {
-                    let p = p0 + s;
+                    let p = p0 + s * QK / 4;
                     let wp = pb.add(PANEL_QUANTS + p * PANEL * 4 + h * 32);
                     let wv = _mm256_loadu_si256(wp as *const __m256i);
                     for t in 0..TILE {
@@ -909,6 +1099,15 @@ unsafe fn panel_half<W: Unpack, const ISA: u8>(
                 }
             }
             let dw = _mm256_loadu_ps(pb.add(h * 32) as *const f32);
+            if W::HALF_SCALES {
+                let dw_hi = _mm256_loadu_ps(pb.add(PANEL * 4 + h * 32) as *const f32);
+                for t in 0..TILE {
+                    let dx = _mm256_set1_ps((xp[t] as *const f32).read_unaligned());
+                    let (lo, hi) = (split[0][t], split[1][t]);
+                    facc[t] = half_sums(lo, hi, dw, dw_hi, dx, facc[t]);
+                }
+                continue;
+            }
             for t in 0..TILE {
                 let isum = _mm256_add_epi32(split[0][t], split[1][t]);
                 let dx = _mm256_set1_ps((xp[t] as *const f32).read_unaligned());
@@ -951,22 +1150,33 @@ unsafe fn rows_tile<W: Unpack, const ISA: u8>(
             let s = _mm256_set1_ps((xp.add(4) as *const f32).read_unaligned());
             for (h, acc) in facc.iter_mut().enumerate() {
                 let mut wp = [xp; 8];
+                let mut j = 0;
                 let mut v = [_mm256_setzero_si256(); 8];
+                let mut v_hi = [_mm256_setzero_si256(); 8];
                 for r in 0..8 {
-                    wp[r] = w[8 * h + r].as_ptr().add(b * W::BYTES);
+                    (wp[r], j) = unit::<W>(w[8 * h + r].as_ptr(), b);
                     // The same block of the next panel's row (the panel's rows are usually one
                     // run of memory, which a fixed distance would land inside).
                     let ahead = PANEL * w[8 * h + r].len();
                     _mm_prefetch::<_MM_HINT_T0>(wp[r].wrapping_add(ahead) as *const i8);
-                    let (lo, hi) = W::unpack(wp[r]);
+                    let (lo, hi) = W::unpack(wp[r], j);
                     let dot = _mm256_madd_epi16(lo, x0);
+                    if W::HALF_SCALES {
+                        v[r] = dot;
+                        v_hi[r] = _mm256_madd_epi16(hi, x1);
+                        continue;
+                    }
                     v[r] = match ISA {
                         AVX512_VNNI | AVX_VNNI => dpwssd::<ISA>(dot, hi, x1),
                         _ => _mm256_add_epi32(dot, _mm256_madd_epi16(hi, x1)),
                     };
                 }
+                let (dw, mw) = W::scales8(wp, j);
+                if W::HALF_SCALES {
+                    *acc = half_sums(sum_across8(v), sum_across8(v_hi), dw, mw, dx, *acc);
+                    continue;
+                }
                 let isum = sum_across8(v);
-                let (dw, mw) = W::scales8(wp);
                 *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), *acc);
                 if W::HAS_MIN {
                     *acc = _mm256_fmadd_ps(mw, s, *acc);
@@ -1055,10 +1265,12 @@ unsafe fn panel_avx512<W: Unpack>(nb: usize, packed: &[u8], xs: [&[u8]; TILE], a
             for t in 0..TILE {
                 xp[t] = xs[t].as_ptr().add(b * BlockQ16::BYTES);
             }
+            // Four sums per token, one per quarter of the block: the first two make the low
+            // half, the last two the high half.
             let mut split = [[_mm512_setzero_si512(); TILE]; SPLIT];
-            for p0 in (0..QK / 2).step_by(SPLIT) {
+            for p0 in 0..QK / 2 / SPLIT {
                 for (s, sums) in split.iter_mut().enumerate() {
-                    let p = p0 + s;
+                    let p = p0 + s * QK / 2 / SPLIT;
                     let wp = pb.add(PANEL_QUANTS + p * PANEL * 4);
                     let wv = _mm512_loadu_si512(wp as *const __m512i);
                     for t in 0..TILE {
@@ -1068,6 +1280,19 @@ unsafe fn panel_avx512<W: Unpack>(nb: usize, packed: &[u8], xs: [&[u8]; TILE], a
                 }
             }
             let dw = _mm512_loadu_ps(pb as *const f32);
+            if W::HALF_SCALES {
+                let dw_hi = _mm512_loadu_ps(pb.add(PANEL * 4) as *const f32);
+                for t in 0..TILE {
+                    let dx = _mm512_set1_ps((xp[t] as *const f32).read_unaligned());
+                    let lo = _mm512_add_epi32(split[0][t], split[1][t]);
+                    let hi = _mm512_add_epi32(split[2][t], split[3][t]);
+                    let lo = _mm512_cvtepi32_ps(lo);
+                    let hi = _mm512_cvtepi32_ps(hi);
+                    facc[t] = _mm512_fmadd_ps(lo, _mm512_mul_ps(dw, dx), facc[t]);
+                    facc[t] = _mm512_fmadd_ps(hi, _mm512_mul_ps(dw_hi, dx), facc[t]);
+                }
+                continue;
+            }
             for t in 0..TILE {
                 let isum = _mm512_add_epi32(
                     _mm512_add_epi32(split[0][t], split[1][t]),

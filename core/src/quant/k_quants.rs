@@ -1,116 +1,135 @@
-//! ggml's k-quants (256-value super-blocks), the formats of the popular Q4_K_M files. sapient
-//! reads them by dequantizing at load (then quantizing to Q8_0); these follow ggml's
-//! `dequantize_row_q{4,5,6}_K` exactly.
-use super::f16_at;
+//! ggml's k-quants: 256-value super-blocks, the formats of the popular Q4_K_M files, read in place.
+//!
+//! Each super-block is eight 32-value blocks, and each block reads as the kernels' common form
+//! `value = d · q + m` (`KBlock::block`): Q4_K and Q5_K fold their 6-bit sub-block scale and
+//! minimum into `d` and `m` (exact: an f16 times a 6-bit integer fits f32); Q6_K's 16-value
+//! sub-blocks give each half of a block its own scale (`HALF_SCALES`: `d` for values 0..16, `m`
+//! for 16..32). Dequantizing in that form gives ggml's `dequantize_row_q{4,5,6}_K` bit for bit.
+use super::{f16_at, QK};
 
 /// Values per super-block.
 pub const QK_K: usize = 256;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KQuant {
-    Q4K,
-    Q5K,
-    Q6K,
+/// Blocks of 32 values per super-block.
+pub const BLOCKS_PER_SUPER: usize = QK_K / QK;
+
+/// A k-quant format, read block by block.
+pub trait KBlock {
+    /// Bytes of one super-block.
+    const BYTES: usize;
+    /// Whether block `j` carries a minimum in `m` (Q4_K, Q5_K).
+    const HAS_MIN: bool;
+    /// Whether the halves of a block have their own scales, `d` and `m` (Q6_K).
+    const HALF_SCALES: bool;
+    /// `(d, m)` of block `j` (0..8) of the super-block at the start of `sb`.
+    fn scales(sb: &[u8], j: usize) -> (f32, f32);
+    /// `(d, m, q)` of block `j`.
+    fn block(sb: &[u8], j: usize) -> (f32, f32, [i32; QK]);
 }
 
-impl KQuant {
-    pub const fn block_bytes(self) -> usize {
-        match self {
-            KQuant::Q4K => 144,
-            KQuant::Q5K => 176,
-            KQuant::Q6K => 210,
-        }
-    }
+/// Q4_K: `{ d: f16, dmin: f16, scales: [u8; 12], qs: [u8; 128] }`.
+pub struct BlockQ4K;
+/// Q5_K: `{ d: f16, dmin: f16, scales: [u8; 12], qh: [u8; 32], qs: [u8; 128] }`.
+pub struct BlockQ5K;
+/// Q6_K: `{ ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: f16 }`.
+pub struct BlockQ6K;
 
-    /// Dequantizes `bytes` (whole super-blocks) into `out` (`QK_K` values per block).
-    pub fn dequantize_row(self, bytes: &[u8], out: &mut [f32]) -> crate::Result<()> {
-        let nb = bytes.len() / self.block_bytes();
-        if !bytes.len().is_multiple_of(self.block_bytes()) || out.len() != nb * QK_K {
-            return Err(crate::Error::Length {
-                what: "k-quant row",
-                expected: nb * QK_K,
-                got: out.len(),
-            });
-        }
-        for (b, y) in bytes
-            .chunks_exact(self.block_bytes())
-            .zip(out.chunks_exact_mut(QK_K))
-        {
-            match self {
-                KQuant::Q4K => q4_k(b, y),
-                KQuant::Q5K => q5_k(b, y),
-                KQuant::Q6K => q6_k(b, y),
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The 6-bit scale and min of sub-block `j` from the 12 packed scale bytes.
-fn scale_min_k4(j: usize, q: &[u8]) -> (f32, f32) {
-    let (d, m) = if j < 4 {
+/// The 6-bit scale and minimum of block `j` from the 12 packed scale bytes (ggml's
+/// `get_scale_min_k4`).
+pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
         (
             (q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4),
             (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
         )
-    };
-    (d as f32, m as f32)
-}
-
-/// `{ d: f16, dmin: f16, scales: [u8; 12], qs: [u8; 128] }`
-fn q4_k(b: &[u8], y: &mut [f32]) {
-    let (d, min) = (f16_at(b), f16_at(&b[2..]));
-    let scales = &b[4..16];
-    let qs = &b[16..144];
-    for (k, (q, y)) in qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
-        let (s1, m1) = scale_min_k4(2 * k, scales);
-        let (s2, m2) = scale_min_k4(2 * k + 1, scales);
-        for l in 0..32 {
-            y[l] = d * s1 * (q[l] & 0x0f) as f32 - min * m1;
-            y[l + 32] = d * s2 * (q[l] >> 4) as f32 - min * m2;
-        }
     }
 }
 
-/// `{ d: f16, dmin: f16, scales: [u8; 12], qh: [u8; 32], qs: [u8; 128] }`
-fn q5_k(b: &[u8], y: &mut [f32]) {
-    let (d, min) = (f16_at(b), f16_at(&b[2..]));
-    let scales = &b[4..16];
-    let qh = &b[16..48];
-    let qs = &b[48..176];
-    for (k, (q, y)) in qs.chunks_exact(32).zip(y.chunks_exact_mut(64)).enumerate() {
-        let (s1, m1) = scale_min_k4(2 * k, scales);
-        let (s2, m2) = scale_min_k4(2 * k + 1, scales);
-        let (u1, u2) = (1u8 << (2 * k), 2u8 << (2 * k));
-        for l in 0..32 {
-            let hi1 = if qh[l] & u1 != 0 { 16 } else { 0 };
-            let hi2 = if qh[l] & u2 != 0 { 16 } else { 0 };
-            y[l] = d * s1 * ((q[l] & 0x0f) + hi1) as f32 - min * m1;
-            y[l + 32] = d * s2 * ((q[l] >> 4) + hi2) as f32 - min * m2;
-        }
+/// Q4_K's and Q5_K's `(d · scale, -dmin · min)` for block `j`.
+pub fn k4_scales(sb: &[u8], j: usize) -> (f32, f32) {
+    let (sc, m) = scale_min_k4(j, &sb[4..16]);
+    (f16_at(sb) * sc as f32, -(f16_at(&sb[2..]) * m as f32))
+}
+
+impl KBlock for BlockQ4K {
+    const BYTES: usize = 144;
+    const HAS_MIN: bool = true;
+    const HALF_SCALES: bool = false;
+    fn scales(sb: &[u8], j: usize) -> (f32, f32) {
+        k4_scales(sb, j)
+    }
+    fn block(sb: &[u8], j: usize) -> (f32, f32, [i32; QK]) {
+        let (d, m) = k4_scales(sb, j);
+        let qs = &sb[16 + 32 * (j / 2)..][..32];
+        let shift = 4 * (j % 2);
+        (
+            d,
+            m,
+            core::array::from_fn(|l| ((qs[l] >> shift) & 0x0f) as i32),
+        )
     }
 }
 
-/// `{ ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: f16 }`
-fn q6_k(b: &[u8], y: &mut [f32]) {
-    let d = f16_at(&b[208..]);
-    for n in 0..2 {
-        let ql = &b[64 * n..64 * n + 64];
-        let qh = &b[128 + 32 * n..128 + 32 * n + 32];
-        let sc = &b[192 + 8 * n..192 + 8 * n + 8];
-        let y = &mut y[128 * n..128 * n + 128];
-        for l in 0..32 {
-            let is = l / 16;
-            let q1 = ((ql[l] & 0x0f) | ((qh[l] & 3) << 4)) as i32 - 32;
-            let q2 = ((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
-            let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
-            let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
-            y[l] = d * (sc[is] as i8) as f32 * q1 as f32;
-            y[l + 32] = d * (sc[is + 2] as i8) as f32 * q2 as f32;
-            y[l + 64] = d * (sc[is + 4] as i8) as f32 * q3 as f32;
-            y[l + 96] = d * (sc[is + 6] as i8) as f32 * q4 as f32;
+impl KBlock for BlockQ5K {
+    const BYTES: usize = 176;
+    const HAS_MIN: bool = true;
+    const HALF_SCALES: bool = false;
+    fn scales(sb: &[u8], j: usize) -> (f32, f32) {
+        k4_scales(sb, j)
+    }
+    fn block(sb: &[u8], j: usize) -> (f32, f32, [i32; QK]) {
+        let (d, m) = k4_scales(sb, j);
+        let qh = &sb[16..48];
+        let qs = &sb[48 + 32 * (j / 2)..][..32];
+        let shift = 4 * (j % 2);
+        let q = core::array::from_fn(|l| {
+            (((qs[l] >> shift) & 0x0f) | (((qh[l] >> j) & 1) << 4)) as i32
+        });
+        (d, m, q)
+    }
+}
+
+impl KBlock for BlockQ6K {
+    const BYTES: usize = 210;
+    const HAS_MIN: bool = false;
+    const HALF_SCALES: bool = true;
+    /// `d · scale` of the two 16-value sub-blocks that make block `j`.
+    fn scales(sb: &[u8], j: usize) -> (f32, f32) {
+        let sc = &sb[192 + 8 * (j / 4) + 2 * (j % 4)..][..2];
+        let d = f16_at(&sb[208..]);
+        (d * (sc[0] as i8) as f32, d * (sc[1] as i8) as f32)
+    }
+    /// Block `j` is quarter `c = j % 4` of half `n = j / 4`: low nibbles of `ql[32c..]` for
+    /// c < 2, high nibbles of `ql[32(c - 2)..]` after, with bits `2c, 2c + 1` of `qh` on top.
+    fn block(sb: &[u8], j: usize) -> (f32, f32, [i32; QK]) {
+        let (n, c) = (j / 4, j % 4);
+        let ql = &sb[64 * n + 32 * (c % 2)..][..32];
+        let qh = &sb[128 + 32 * n..][..32];
+        let (d_lo, d_hi) = Self::scales(sb, j);
+        let shift = 4 * (c / 2);
+        let q = core::array::from_fn(|l| {
+            let low = (ql[l] >> shift) & 0x0f;
+            let high = (qh[l] >> (2 * c)) & 3;
+            (low | (high << 4)) as i32 - 32
+        });
+        (d_lo, d_hi, q)
+    }
+}
+
+/// Dequantizes whole super-blocks of `bytes` into `out` (as many as both hold).
+pub fn dequantize_blocks<K: KBlock>(bytes: &[u8], out: &mut [f32]) {
+    for (sb, y) in bytes.chunks_exact(K::BYTES).zip(out.chunks_exact_mut(QK_K)) {
+        for (j, y) in y.chunks_exact_mut(QK).enumerate() {
+            let (d, m, q) = K::block(sb, j);
+            for (l, (y, q)) in y.iter_mut().zip(q).enumerate() {
+                *y = if K::HALF_SCALES {
+                    (if l < QK / 2 { d } else { m }) * q as f32
+                } else {
+                    d * q as f32 + m
+                };
+            }
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Block formats, ggml's byte layout so files interoperate with llama.cpp.
 //!
-//! Each quantized format stores a row of `n` values as `n / 32` blocks. Rows are passed around as
+//! Each quantized format stores a row of `n` values as `n / 32` blocks (the k-quants as `n / 256`
+//! super-blocks of eight). Rows are passed around as
 //! `&[u8]` (a memory map or an owned buffer) and read block by block, so nothing requires the bytes
 //! to be aligned.
 use core::fmt;
@@ -16,6 +17,7 @@ pub mod q5_0;
 pub mod q5_1;
 pub mod q8_0;
 
+pub use k_quants::{BlockQ4K, BlockQ5K, BlockQ6K, KBlock};
 pub use q16::BlockQ16;
 pub use q4_0::BlockQ4_0;
 pub use q4_1::BlockQ4_1;
@@ -67,6 +69,10 @@ pub enum Format {
     Q4_1,
     Q5_0,
     Q5_1,
+    /// ggml's k-quants (256-value super-blocks; see `k_quants`).
+    Q4K,
+    Q5K,
+    Q6K,
 }
 
 impl Format {
@@ -75,6 +81,7 @@ impl Format {
         match self {
             Format::F32 | Format::F16 | Format::BF16 => 1,
             Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1 => QK,
+            Format::Q4K | Format::Q5K | Format::Q6K => k_quants::QK_K,
         }
     }
 
@@ -88,6 +95,9 @@ impl Format {
             Format::Q4_1 => BlockQ4_1::BYTES,
             Format::Q5_0 => BlockQ5_0::BYTES,
             Format::Q5_1 => BlockQ5_1::BYTES,
+            Format::Q4K => <k_quants::BlockQ4K as KBlock>::BYTES,
+            Format::Q5K => <k_quants::BlockQ5K as KBlock>::BYTES,
+            Format::Q6K => <k_quants::BlockQ6K as KBlock>::BYTES,
         }
     }
 
@@ -118,6 +128,9 @@ impl Format {
             Format::Q4_1 => "q4_1",
             Format::Q5_0 => "q5_0",
             Format::Q5_1 => "q5_1",
+            Format::Q4K => "q4_K",
+            Format::Q5K => "q5_K",
+            Format::Q6K => "q6_K",
         }
     }
 }
@@ -128,10 +141,17 @@ impl fmt::Display for Format {
     }
 }
 
-/// Quantizes (or converts) `x` into `out` in `format`, with the reference quantizer.
+/// Quantizes (or converts) `x` into `out` in `format`, with the reference quantizer. The
+/// k-quants are read, never written, here: their quantizers are an error.
 pub fn quantize_row(format: Format, x: &[f32], out: &mut [u8]) -> Result<()> {
     check_row(format, x.len(), out.len())?;
     match format {
+        Format::Q4K | Format::Q5K | Format::Q6K => {
+            return Err(Error::UnsupportedFormat {
+                what: "quantizing to",
+                format,
+            })
+        }
         Format::F32 => float::f32_to_bytes(x, out),
         Format::F16 => float::quantize_row_f16(x, out),
         Format::BF16 => float::quantize_row_bf16(x, out),
@@ -156,6 +176,9 @@ pub fn dequantize_row(format: Format, bytes: &[u8], out: &mut [f32]) -> Result<(
         Format::Q4_1 => dequantize_blocks::<BlockQ4_1>(bytes, out),
         Format::Q5_0 => dequantize_blocks::<BlockQ5_0>(bytes, out),
         Format::Q5_1 => dequantize_blocks::<BlockQ5_1>(bytes, out),
+        Format::Q4K => k_quants::dequantize_blocks::<k_quants::BlockQ4K>(bytes, out),
+        Format::Q5K => k_quants::dequantize_blocks::<k_quants::BlockQ5K>(bytes, out),
+        Format::Q6K => k_quants::dequantize_blocks::<k_quants::BlockQ6K>(bytes, out),
     }
     Ok(())
 }

@@ -18,22 +18,32 @@ pub enum GpuFormat {
 }
 
 impl GpuFormat {
-    /// The device layout for a core format: BF16 widens to F32 (exactly), and so do Q5_0 and
-    /// Q5_1, which have no GPU kernels yet (four times their memory, their exact values).
+    /// The device layout for a core format: BF16 widens to F32 (exactly), and so do the formats
+    /// without GPU kernels yet, Q5_0, Q5_1 and the k-quants (their exact values, in several
+    /// times their memory).
     pub fn of(format: Format) -> Self {
         match format {
             Format::Q8_0 => GpuFormat::Q8_0,
             Format::Q4_0 => GpuFormat::Q4_0,
             Format::Q4_1 => GpuFormat::Q4_1,
             Format::F16 => GpuFormat::F16,
-            Format::F32 | Format::BF16 | Format::Q5_0 | Format::Q5_1 => GpuFormat::F32,
+            Format::F32
+            | Format::BF16
+            | Format::Q5_0
+            | Format::Q5_1
+            | Format::Q4K
+            | Format::Q5K
+            | Format::Q6K => GpuFormat::F32,
         }
     }
 
     /// Whether rows stored in `format` are repacked byte for byte (otherwise they are widened
     /// to f32 values first).
     fn repacks(format: Format) -> bool {
-        !matches!(format, Format::Q5_0 | Format::Q5_1)
+        matches!(
+            format,
+            Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::F16 | Format::F32 | Format::BF16
+        )
     }
 
     pub fn name(self) -> &'static str {

@@ -23,7 +23,6 @@ mod safetensors_file;
 
 use gguf::{GgmlType, Gguf};
 use safetensors_file::{Dtype, SafetensorsFile};
-use sapient_core::quant::k_quants::KQuant;
 use sapient_core::Config;
 
 /// What to do with F32/F16/BF16 matrices at load.
@@ -92,7 +91,6 @@ struct Tensor<'a> {
 enum Kind {
     Float(Dtype),
     Block(Format),
-    K(KQuant),
 }
 
 impl Tensor<'_> {
@@ -103,12 +101,6 @@ impl Tensor<'_> {
             Kind::Block(f) => {
                 let mut out = vec![0f32; n];
                 sapient_core::quant::dequantize_row(f, self.bytes, &mut out)
-                    .with_context(|| format!("tensor {name}"))?;
-                out
-            }
-            Kind::K(k) => {
-                let mut out = vec![0f32; n];
-                k.dequantize_row(self.bytes, &mut out)
                     .with_context(|| format!("tensor {name}"))?;
                 out
             }
@@ -248,9 +240,9 @@ impl ModelFiles {
                     GgmlType::Q4_1 => Kind::Block(Format::Q4_1),
                     GgmlType::Q5_0 => Kind::Block(Format::Q5_0),
                     GgmlType::Q5_1 => Kind::Block(Format::Q5_1),
-                    GgmlType::Q4K => Kind::K(KQuant::Q4K),
-                    GgmlType::Q5K => Kind::K(KQuant::Q5K),
-                    GgmlType::Q6K => Kind::K(KQuant::Q6K),
+                    GgmlType::Q4K => Kind::Block(Format::Q4K),
+                    GgmlType::Q5K => Kind::Block(Format::Q5K),
+                    GgmlType::Q6K => Kind::Block(Format::Q6K),
                 };
                 // GGUF lists dimensions innermost first; reversed, they are PyTorch's.
                 let shape = t.dims.iter().rev().copied().collect();
@@ -489,6 +481,20 @@ pub fn f32_bytes(values: &[f32]) -> Vec<u8> {
 }
 
 /// One line about a model: what it is, how big, in which formats, how much memory.
+/// Weight bytes one decoded token reads: every layer's matrices, the output projection and one
+/// embedding row (norms and biases are too small to count). The KV cache read grows with the
+/// context on top of this.
+pub fn weight_bytes_per_token(model: &Model<'_>) -> usize {
+    let w = &model.weights;
+    let layers: usize = w
+        .layers
+        .iter()
+        .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+        .map(|m| m.bytes().len())
+        .sum();
+    layers + w.output().bytes().len() + w.embed.bytes().len() / w.embed.rows.max(1)
+}
+
 pub fn summary(model: &Model<'_>, arch: &str) -> String {
     let w = &model.weights;
     let mut mats: Vec<&Matrix<'_>> = vec![&w.embed];
