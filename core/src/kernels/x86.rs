@@ -262,6 +262,7 @@ fn pack<W: Unpack>(rows: &PanelRows<'_>, b0: usize, out: &mut [u8]) {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn pack_avx2<W: Unpack>(nb: usize, rows: &PanelRows<'_>, b0: usize, out: &mut [u8]) {
+    let mut unit_scales = UnitScales::new();
     for b in 0..nb {
         // SAFETY: as the caller guarantees: block `b0 + b` inside every row, packed block `b`
         // inside `out`.
@@ -269,6 +270,14 @@ unsafe fn pack_avx2<W: Unpack>(nb: usize, rows: &PanelRows<'_>, b0: usize, out: 
             let o = out.as_mut_ptr().add(b * PANEL_BLOCK_BYTES);
             let q = o.add(PANEL_QUANTS) as *mut __m256i;
             let mut dm = [0f32; 2 * PANEL];
+            let j0 = (b0 + b) % W::UNIT;
+            if W::UNIT > 1 && (b == 0 || j0 == 0) {
+                let units = core::array::from_fn(|r| match rows[r] {
+                    Some(w) => unit::<W>(w.as_ptr(), b0 + b).0,
+                    None => core::ptr::null(),
+                });
+                unit_scales.read::<W>(units);
+            }
             // Eight rows at a time: lo[i] holds row i's pairs 0..8 (one per 32-bit lane), hi[i]
             // pairs 8..16; transposed, each vector holds one pair of the eight rows, the half
             // of a packed pair that belongs to them.
@@ -281,11 +290,15 @@ unsafe fn pack_avx2<W: Unpack>(nb: usize, rows: &PanelRows<'_>, b0: usize, out: 
                         let (p, j) = unit::<W>(w.as_ptr(), b0 + b);
                         // The next panel's rows: packing reads sixteen streams at a time, more
                         // than the hardware prefetcher follows.
-                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PANEL * w.len()) as *const i8);
+                        let ahead = PANEL * w.len() + line_in_unit::<W>(j);
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
                         (lo[i], hi[i]) = W::unpack(p, j);
-                        let (d, m) = W::scales(p, j);
-                        dm[r] = _mm256_cvtss_f32(d);
-                        dm[PANEL + r] = _mm256_cvtss_f32(m);
+                        (dm[r], dm[PANEL + r]) = if W::UNIT > 1 {
+                            unit_scales.one(j, r)
+                        } else {
+                            let (d, m) = W::scales(p, j);
+                            (_mm256_cvtss_f32(d), _mm256_cvtss_f32(m))
+                        };
                     }
                 }
                 let (lo, hi) = (transpose8(lo), transpose8(hi));
@@ -449,16 +462,89 @@ trait Unpack {
         unsafe { (_mm256_set1_ps(f16_at(p)), _mm256_setzero_ps()) }
     }
 
-    /// The scales and the minimums (zeros without) of block `j` of the units at `p[0..8]`, one
-    /// per lane.
+    /// The scales and the minimums (zeros without) of the blocks at `p[0..8]`, one per lane.
+    /// Single-block units only: a kernel reads a k-quant's scales with `unit_scales`.
     ///
     /// # Safety
     /// As for `scales`, at every `p[i]`.
     #[inline(always)]
     unsafe fn scales8(p: [*const u8; 8], _j: usize) -> (__m256, __m256) {
+        debug_assert_eq!(Self::UNIT, 1);
         // SAFETY: each block starts with its f16 scale.
         unsafe { (f16s_at(p, 0), _mm256_setzero_ps()) }
     }
+
+    /// The scales and minimums of the `UNIT` blocks of the k-quant super-block at `p`.
+    ///
+    /// # Safety
+    /// `BYTES` readable bytes at `p`.
+    #[inline(always)]
+    unsafe fn unit_scales(_p: *const u8) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
+        unreachable!("single-block formats have no super-blocks")
+    }
+}
+
+/// The scales of a k-quant super-block's eight blocks for each row of a panel, read once per
+/// super-block (`KBlock::unit_scales`) instead of once per block: `d[j][r]`, `m[j][r]`.
+struct UnitScales {
+    d: [[f32; PANEL]; BLOCKS_PER_SUPER],
+    m: [[f32; PANEL]; BLOCKS_PER_SUPER],
+}
+
+impl UnitScales {
+    #[inline(always)]
+    fn new() -> Self {
+        UnitScales {
+            d: [[0.0; PANEL]; BLOCKS_PER_SUPER],
+            m: [[0.0; PANEL]; BLOCKS_PER_SUPER],
+        }
+    }
+
+    /// Reads the super-blocks at `units` (a null pointer: a padding row, scales zero).
+    ///
+    /// # Safety
+    /// `W::BYTES` readable bytes at every non-null `units[r]`.
+    #[inline(always)]
+    unsafe fn read<W: Unpack>(&mut self, units: [*const u8; PANEL]) {
+        for (r, p) in units.into_iter().enumerate() {
+            let (d, m) = if p.is_null() {
+                Default::default()
+            } else {
+                // SAFETY: as the caller guarantees.
+                unsafe { W::unit_scales(p) }
+            };
+            for j in 0..BLOCKS_PER_SUPER {
+                self.d[j][r] = d[j];
+                self.m[j][r] = m[j];
+            }
+        }
+    }
+
+    /// Block `j`'s scale and minimum of row `r`.
+    #[inline(always)]
+    fn one(&self, j: usize, r: usize) -> (f32, f32) {
+        (self.d[j][r], self.m[j][r])
+    }
+
+    /// Block `j`'s scales and minimums of rows `8h .. 8h + 8`, one per lane.
+    #[inline(always)]
+    unsafe fn eight(&self, j: usize, h: usize) -> (__m256, __m256) {
+        // SAFETY: loads of eight floats inside the arrays (h < PANEL / 8); the caller has AVX.
+        unsafe {
+            (
+                _mm256_loadu_ps(self.d[j][8 * h..].as_ptr()),
+                _mm256_loadu_ps(self.m[j][8 * h..].as_ptr()),
+            )
+        }
+    }
+}
+
+/// Where in its unit block `j` prefetches: each block of a k-quant super-block a cache line
+/// further (the last byte once past the end), so that the blocks together cover the super-block;
+/// a single-block unit at its start.
+#[inline(always)]
+fn line_in_unit<W: Unpack>(j: usize) -> usize {
+    (j * 64).min(W::BYTES - 1)
 }
 
 /// Whole blocks in `len` bytes of format `W`.
@@ -612,9 +698,9 @@ impl Unpack for BlockQ4K {
         unsafe { k_scales::<Self>(p, j) }
     }
     #[inline(always)]
-    unsafe fn scales8(p: [*const u8; 8], j: usize) -> (__m256, __m256) {
-        // SAFETY: as above, at every `p[i]`.
-        unsafe { k_scales8::<Self>(p, j) }
+    unsafe fn unit_scales(p: *const u8) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
+        // SAFETY: the caller guarantees a whole super-block at `p`.
+        unsafe { k_unit_scales::<Self>(p) }
     }
 }
 
@@ -626,12 +712,9 @@ impl Unpack for BlockQ5K {
     unsafe fn unpack(p: *const u8, j: usize) -> (__m256i, __m256i) {
         // SAFETY: the nibbles (at 48) and the fifth bits (32 bytes at 16) lie in the super-block.
         unsafe {
-            let (lo, hi) = bits32(p.add(48 + 32 * (j / 2)), 4 * (j % 2), 0x0f);
-            let (h_lo, h_hi) = bits32(p.add(16), j, 1);
-            (
-                _mm256_or_si256(lo, _mm256_slli_epi16(h_lo, 4)),
-                _mm256_or_si256(hi, _mm256_slli_epi16(h_hi, 4)),
-            )
+            let low = bytes32(p.add(48 + 32 * (j / 2)), 4 * (j % 2), 0x0f);
+            let high = bytes32(p.add(16), j, 1);
+            widen_u8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)))
         }
     }
     #[inline(always)]
@@ -640,9 +723,9 @@ impl Unpack for BlockQ5K {
         unsafe { k_scales::<Self>(p, j) }
     }
     #[inline(always)]
-    unsafe fn scales8(p: [*const u8; 8], j: usize) -> (__m256, __m256) {
-        // SAFETY: as above, at every `p[i]`.
-        unsafe { k_scales8::<Self>(p, j) }
+    unsafe fn unit_scales(p: *const u8) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
+        // SAFETY: the caller guarantees a whole super-block at `p`.
+        unsafe { k_unit_scales::<Self>(p) }
     }
 }
 
@@ -657,13 +740,10 @@ impl Unpack for BlockQ6K {
         // SAFETY: the low bits (32 bytes at 64n + 32(c % 2)) and the high bits (32 bytes at
         // 128 + 32n) lie in the super-block.
         unsafe {
-            let (lo, hi) = bits32(p.add(64 * n + 32 * (c % 2)), 4 * (c / 2), 0x0f);
-            let (h_lo, h_hi) = bits32(p.add(128 + 32 * n), 2 * c, 3);
-            let bias = _mm256_set1_epi16(32);
-            (
-                _mm256_sub_epi16(_mm256_or_si256(lo, _mm256_slli_epi16(h_lo, 4)), bias),
-                _mm256_sub_epi16(_mm256_or_si256(hi, _mm256_slli_epi16(h_hi, 4)), bias),
-            )
+            let low = bytes32(p.add(64 * n + 32 * (c % 2)), 4 * (c / 2), 0x0f);
+            let high = bytes32(p.add(128 + 32 * n), 2 * c, 3);
+            let q = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
+            widen_i8(_mm256_sub_epi8(q, _mm256_set1_epi8(32)))
         }
     }
     #[inline(always)]
@@ -672,9 +752,26 @@ impl Unpack for BlockQ6K {
         unsafe { k_scales::<Self>(p, j) }
     }
     #[inline(always)]
-    unsafe fn scales8(p: [*const u8; 8], j: usize) -> (__m256, __m256) {
-        // SAFETY: as above, at every `p[i]`.
-        unsafe { k_scales8::<Self>(p, j) }
+    unsafe fn unit_scales(p: *const u8) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
+        // SAFETY: the caller guarantees a whole super-block at `p`.
+        unsafe { k_unit_scales::<Self>(p) }
+    }
+}
+
+/// `KBlock::unit_scales` of the super-block at `p`, its f16s widened with F16C (the portable
+/// conversion costs more than the rest of the scales).
+///
+/// # Safety
+/// `K::BYTES` readable bytes at `p`; F16C.
+#[inline(always)]
+unsafe fn k_unit_scales<K: KBlock>(
+    p: *const u8,
+) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
+    let (d, dmin) = K::F16_AT;
+    // SAFETY: as the caller guarantees; the f16s lie inside the super-block.
+    unsafe {
+        let sb = core::slice::from_raw_parts(p, K::BYTES);
+        K::unit_scales_from(sb, f16_at(p.add(d)), f16_at(p.add(dmin)))
     }
 }
 
@@ -690,20 +787,44 @@ unsafe fn k_scales<K: KBlock>(p: *const u8, j: usize) -> (__m256, __m256) {
     unsafe { (_mm256_set1_ps(d), _mm256_set1_ps(m)) }
 }
 
-/// Block `j`'s two scales from the super-blocks at `p[0..8]`, one per lane.
+/// `(byte >> shift) & mask` of each of the 32 bytes at `p`, kept as bytes. The shift runs on
+/// 16-bit lanes; the mask drops what crossed from the neighbouring byte, and a shift left by up
+/// to 4 of the result (at most 3 bits wide) stays inside each byte.
 ///
 /// # Safety
-/// `K::BYTES` readable bytes at every `p[i]`.
+/// 32 readable bytes at `p`; AVX2.
 #[inline(always)]
-unsafe fn k_scales8<K: KBlock>(p: [*const u8; 8], j: usize) -> (__m256, __m256) {
-    let mut d = [0f32; 8];
-    let mut m = [0f32; 8];
-    for i in 0..8 {
-        // SAFETY: as the caller guarantees.
-        (d[i], m[i]) = K::scales(unsafe { core::slice::from_raw_parts(p[i], K::BYTES) }, j);
+unsafe fn bytes32(p: *const u8, shift: usize, mask: i8) -> __m256i {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        let v = _mm256_loadu_si256(p as *const __m256i);
+        let v = _mm256_srl_epi16(v, _mm_cvtsi32_si128(shift as i32));
+        _mm256_and_si256(v, _mm256_set1_epi8(mask))
     }
-    // SAFETY: loads of the two arrays; the caller has AVX.
-    unsafe { (_mm256_loadu_ps(d.as_ptr()), _mm256_loadu_ps(m.as_ptr())) }
+}
+
+/// 32 unsigned bytes as `i16` (values 0..16, 16..32).
+#[inline(always)]
+unsafe fn widen_u8(v: __m256i) -> (__m256i, __m256i) {
+    // SAFETY: register-only; the caller has AVX2.
+    unsafe {
+        (
+            _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v)),
+            _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1)),
+        )
+    }
+}
+
+/// 32 signed bytes as `i16` (values 0..16, 16..32).
+#[inline(always)]
+unsafe fn widen_i8(v: __m256i) -> (__m256i, __m256i) {
+    // SAFETY: register-only; the caller has AVX2.
+    unsafe {
+        (
+            _mm256_cvtepi8_epi16(_mm256_castsi256_si128(v)),
+            _mm256_cvtepi8_epi16(_mm256_extracti128_si256(v, 1)),
+        )
+    }
 }
 
 /// `(byte >> shift) & mask` of each of the 32 bytes at `p`, as `i16` (values 0..16, 16..32):
@@ -932,7 +1053,8 @@ unsafe fn tile<W: Unpack, const R: usize, const N: usize, const ISA: u8>(
             let mut qw = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
             for r in 0..R {
                 let (wp, j) = unit::<W>(w[r].as_ptr(), b);
-                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH) as *const i8);
+                let ahead = PREFETCH + line_in_unit::<W>(j);
+                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(ahead) as *const i8);
                 (dw[r], mw[r]) = W::scales(wp, j);
                 qw[r] = W::unpack(wp, j);
             }
@@ -1142,12 +1264,16 @@ unsafe fn rows_tile<W: Unpack, const ISA: u8>(
     // features of `ISA`.
     unsafe {
         let mut facc = [_mm256_setzero_ps(); PANEL / 8];
+        let mut unit_scales = UnitScales::new();
         for b in 0..nb {
             let xp = x.as_ptr().add(b * BlockQ16::BYTES);
             let x0 = _mm256_loadu_si256(xp.add(8) as *const __m256i);
             let x1 = _mm256_loadu_si256(xp.add(40) as *const __m256i);
             let dx = _mm256_set1_ps((xp as *const f32).read_unaligned());
             let s = _mm256_set1_ps((xp.add(4) as *const f32).read_unaligned());
+            if W::UNIT > 1 && b % W::UNIT == 0 {
+                unit_scales.read::<W>(core::array::from_fn(|r| unit::<W>(w[r].as_ptr(), b).0));
+            }
             for (h, acc) in facc.iter_mut().enumerate() {
                 let mut wp = [xp; 8];
                 let mut j = 0;
@@ -1157,7 +1283,7 @@ unsafe fn rows_tile<W: Unpack, const ISA: u8>(
                     (wp[r], j) = unit::<W>(w[8 * h + r].as_ptr(), b);
                     // The same block of the next panel's row (the panel's rows are usually one
                     // run of memory, which a fixed distance would land inside).
-                    let ahead = PANEL * w[8 * h + r].len();
+                    let ahead = PANEL * w[8 * h + r].len() + line_in_unit::<W>(j);
                     _mm_prefetch::<_MM_HINT_T0>(wp[r].wrapping_add(ahead) as *const i8);
                     let (lo, hi) = W::unpack(wp[r], j);
                     let dot = _mm256_madd_epi16(lo, x0);
@@ -1171,7 +1297,11 @@ unsafe fn rows_tile<W: Unpack, const ISA: u8>(
                         _ => _mm256_add_epi32(dot, _mm256_madd_epi16(hi, x1)),
                     };
                 }
-                let (dw, mw) = W::scales8(wp, j);
+                let (dw, mw) = if W::UNIT > 1 {
+                    unit_scales.eight(j, h)
+                } else {
+                    W::scales8(wp, j)
+                };
                 if W::HALF_SCALES {
                     *acc = half_sums(sum_across8(v), sum_across8(v_hi), dw, mw, dx, *acc);
                     continue;

@@ -23,6 +23,21 @@ pub trait KBlock {
     const HALF_SCALES: bool;
     /// `(d, m)` of block `j` (0..8) of the super-block at the start of `sb`.
     fn scales(sb: &[u8], j: usize) -> (f32, f32);
+    /// Byte offsets of the super-block's f16 scale and f16 minimum scale (Q6_K has one f16,
+    /// given twice).
+    const F16_AT: (usize, usize);
+    /// `scales` of all eight blocks at once, what a kernel reads once per super-block, given the
+    /// f16s at `F16_AT` widened (by the kernel's own instructions where it has them).
+    fn unit_scales_from(
+        sb: &[u8],
+        d: f32,
+        dmin: f32,
+    ) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]);
+    /// `unit_scales_from` with the f16s widened here.
+    fn unit_scales(sb: &[u8]) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
+        let (d, dmin) = Self::F16_AT;
+        Self::unit_scales_from(sb, f16_at(&sb[d..]), f16_at(&sb[dmin..]))
+    }
     /// `(d, m, q)` of block `j`.
     fn block(sb: &[u8], j: usize) -> (f32, f32, [i32; QK]);
 }
@@ -53,12 +68,36 @@ pub fn k4_scales(sb: &[u8], j: usize) -> (f32, f32) {
     (f16_at(sb) * sc as f32, -(f16_at(&sb[2..]) * m as f32))
 }
 
+/// `k4_scales` of the eight blocks, given the super-block's `d` and `dmin`.
+fn k4_unit_scales(
+    sb: &[u8],
+    d: f32,
+    dmin: f32,
+) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
+    let mut ds = [0f32; BLOCKS_PER_SUPER];
+    let mut ms = [0f32; BLOCKS_PER_SUPER];
+    for j in 0..BLOCKS_PER_SUPER {
+        let (sc, m) = scale_min_k4(j, &sb[4..16]);
+        ds[j] = d * sc as f32;
+        ms[j] = -(dmin * m as f32);
+    }
+    (ds, ms)
+}
+
 impl KBlock for BlockQ4K {
     const BYTES: usize = 144;
     const HAS_MIN: bool = true;
     const HALF_SCALES: bool = false;
     fn scales(sb: &[u8], j: usize) -> (f32, f32) {
         k4_scales(sb, j)
+    }
+    const F16_AT: (usize, usize) = (0, 2);
+    fn unit_scales_from(
+        sb: &[u8],
+        d: f32,
+        dmin: f32,
+    ) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
+        k4_unit_scales(sb, d, dmin)
     }
     fn block(sb: &[u8], j: usize) -> (f32, f32, [i32; QK]) {
         let (d, m) = k4_scales(sb, j);
@@ -79,6 +118,14 @@ impl KBlock for BlockQ5K {
     fn scales(sb: &[u8], j: usize) -> (f32, f32) {
         k4_scales(sb, j)
     }
+    const F16_AT: (usize, usize) = (0, 2);
+    fn unit_scales_from(
+        sb: &[u8],
+        d: f32,
+        dmin: f32,
+    ) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
+        k4_unit_scales(sb, d, dmin)
+    }
     fn block(sb: &[u8], j: usize) -> (f32, f32, [i32; QK]) {
         let (d, m) = k4_scales(sb, j);
         let qh = &sb[16..48];
@@ -97,9 +144,22 @@ impl KBlock for BlockQ6K {
     const HALF_SCALES: bool = true;
     /// `d · scale` of the two 16-value sub-blocks that make block `j`.
     fn scales(sb: &[u8], j: usize) -> (f32, f32) {
-        let sc = &sb[192 + 8 * (j / 4) + 2 * (j % 4)..][..2];
+        // Block j's sub-blocks are 2j and 2j + 1 (= 8(j / 4) + 2(j % 4) + 0, 1).
+        let sc = &sb[192 + 2 * j..][..2];
         let d = f16_at(&sb[208..]);
         (d * (sc[0] as i8) as f32, d * (sc[1] as i8) as f32)
+    }
+    const F16_AT: (usize, usize) = (208, 208);
+    fn unit_scales_from(
+        sb: &[u8],
+        d: f32,
+        _: f32,
+    ) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
+        let sc = &sb[192..208];
+        (
+            core::array::from_fn(|j| d * (sc[2 * j] as i8) as f32),
+            core::array::from_fn(|j| d * (sc[2 * j + 1] as i8) as f32),
+        )
     }
     /// Block `j` is quarter `c = j % 4` of half `n = j / 4`: low nibbles of `ql[32c..]` for
     /// c < 2, high nibbles of `ql[32(c - 2)..]` after, with bits `2c, 2c + 1` of `qh` on top.
@@ -130,6 +190,34 @@ pub fn dequantize_blocks<K: KBlock>(bytes: &[u8], out: &mut [f32]) {
                     d * q as f32 + m
                 };
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn unit_scales_agree<K: KBlock>(sb: &[u8]) -> Result<(), TestCaseError> {
+        let (d, m) = K::unit_scales(sb);
+        for j in 0..BLOCKS_PER_SUPER {
+            let (dj, mj) = K::scales(sb, j);
+            prop_assert_eq!(
+                (d[j].to_bits(), m[j].to_bits()),
+                (dj.to_bits(), mj.to_bits())
+            );
+        }
+        Ok(())
+    }
+
+    proptest! {
+        /// The once-per-super-block scales are the per-block ones, bit for bit.
+        #[test]
+        fn unit_scales_are_the_block_scales(sb in proptest::collection::vec(any::<u8>(), 210)) {
+            unit_scales_agree::<BlockQ4K>(&sb)?;
+            unit_scales_agree::<BlockQ5K>(&sb)?;
+            unit_scales_agree::<BlockQ6K>(&sb)?;
         }
     }
 }

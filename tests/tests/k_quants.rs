@@ -1,0 +1,222 @@
+//! A whole model on k-quant weights (Q4_K, Q5_K, Q6_K, mixed as a Q4_K_M file mixes them) runs
+//! as the same weights widened to f32 do: logits within what Q16 activations cost, the same
+//! greedy tokens wherever the top two logits are further apart than that, and prefill and
+//! one-token decoding give the same bits. The weights are super-blocks whose every byte comes
+//! from a seeded generator (any bit pattern a file may hold), with finite f16 scales.
+use std::borrow::Cow;
+
+use sapient::run::{self, Arenas, CpuRunner};
+use sapient_core::{
+    Config, Format, KvFormat, LayerWeights, Matrix, Model, RopeStyle, Serial, Want, Weights,
+};
+
+/// xorshift64*: reproducible bytes.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+/// A `rows × cols` matrix of random super-blocks whose values are about `1 / sqrt(cols)` (so
+/// activations keep their size through the layers).
+fn k_matrix(rng: &mut Rng, format: Format, rows: usize, cols: usize) -> Matrix<'static> {
+    let row_bytes = format.row_bytes(cols).unwrap();
+    let mut bytes: Vec<u8> = (0..rows * row_bytes).map(|_| rng.next() as u8).collect();
+    let unit = 0.3 / (cols as f32).sqrt();
+    for sb in bytes.chunks_exact_mut(format.block_bytes()) {
+        let f16 = |v: f32| half::f16::from_f32(v).to_bits().to_le_bytes();
+        match format {
+            // |d · sc · (q - 32)| up to 128 · 32 steps.
+            Format::Q6K => sb[208..210].copy_from_slice(&f16(unit / 128.0)),
+            // d · sc · q up to 63 · 31 steps, minus dmin · m up to 63 steps of half the span.
+            _ => {
+                sb[..2].copy_from_slice(&f16(2.0 * unit / (63.0 * 31.0)));
+                sb[2..4].copy_from_slice(&f16(unit / 63.0));
+            }
+        }
+    }
+    Matrix::new(format, rows, cols, Cow::Owned(bytes)).unwrap()
+}
+
+fn widened(m: &Matrix<'_>) -> Matrix<'static> {
+    let mut bytes = Vec::with_capacity(m.rows * m.cols * 4);
+    let mut row = vec![0f32; m.cols];
+    for r in 0..m.rows {
+        m.dequantize_row(r, &mut row).unwrap();
+        bytes.extend(row.iter().flat_map(|v| v.to_le_bytes()));
+    }
+    Matrix::new(Format::F32, m.rows, m.cols, Cow::Owned(bytes)).unwrap()
+}
+
+fn config() -> Config {
+    Config {
+        vocab_size: 512,
+        hidden_size: 256,
+        intermediate_size: 512,
+        n_layers: 2,
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 64,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10000.0,
+        rope_style: RopeStyle::Adjacent,
+        rope_scaling: None,
+        tie_word_embeddings: false,
+        qkv_bias: false,
+        sliding_window: None,
+        max_position_embeddings: 256,
+    }
+}
+
+/// The k-quant model, and the same weights in f32.
+fn models() -> (Model<'static>, Model<'static>) {
+    let c = config();
+    let mut rng = Rng(0x5eed);
+    let (h, ff, kv) = (c.hidden_size, c.intermediate_size, c.kv_dim());
+    let mut layers = Vec::new();
+    for i in 0..c.n_layers {
+        // As llama-quantize's Q4_K_M: Q6_K for some V and down projections, Q4_K elsewhere,
+        // and Q5_K to cover the third format.
+        let (v, down) = if i == 0 {
+            (Format::Q6K, Format::Q6K)
+        } else {
+            (Format::Q5K, Format::Q4K)
+        };
+        layers.push(LayerWeights {
+            attn_norm: vec![1.0; h],
+            wq: k_matrix(&mut rng, Format::Q4K, c.q_dim(), h),
+            wk: k_matrix(&mut rng, Format::Q4K, kv, h),
+            wv: k_matrix(&mut rng, v, kv, h),
+            wo: k_matrix(&mut rng, Format::Q5K, h, c.q_dim()),
+            bq: None,
+            bk: None,
+            bv: None,
+            ffn_norm: vec![1.0; h],
+            w_gate: k_matrix(&mut rng, Format::Q4K, ff, h),
+            w_up: k_matrix(&mut rng, Format::Q4K, ff, h),
+            w_down: k_matrix(&mut rng, down, h, ff),
+        });
+    }
+    let weights = Weights {
+        embed: k_matrix(&mut rng, Format::Q4K, c.vocab_size, h),
+        layers,
+        norm: vec![1.0; h],
+        lm_head: Some(k_matrix(&mut rng, Format::Q6K, c.vocab_size, h)),
+        rope_freq_factors: None,
+    };
+    let wide = Weights {
+        embed: widened(&weights.embed),
+        layers: weights
+            .layers
+            .iter()
+            .map(|l| LayerWeights {
+                attn_norm: l.attn_norm.clone(),
+                wq: widened(&l.wq),
+                wk: widened(&l.wk),
+                wv: widened(&l.wv),
+                wo: widened(&l.wo),
+                bq: None,
+                bk: None,
+                bv: None,
+                ffn_norm: l.ffn_norm.clone(),
+                w_gate: widened(&l.w_gate),
+                w_up: widened(&l.w_up),
+                w_down: widened(&l.w_down),
+            })
+            .collect(),
+        norm: weights.norm.clone(),
+        lm_head: weights.lm_head.as_ref().map(widened),
+        rope_freq_factors: None,
+    };
+    (
+        Model::new(c.clone(), weights).unwrap(),
+        Model::new(c, wide).unwrap(),
+    )
+}
+
+fn prompt() -> Vec<u32> {
+    (0..40).map(|i| (i * 37 + 11) % 512).collect()
+}
+
+#[test]
+fn k_quant_model_runs_as_its_f32_weights() {
+    let (k, wide) = models();
+    let seq = prompt();
+    let a = run::logits(&CpuRunner::new(&k, KvFormat::F32, &Serial), &seq, true).unwrap();
+    let b = run::logits(&CpuRunner::new(&wide, KvFormat::F32, &Serial), &seq, true).unwrap();
+    let (mut err, mut power) = (0f64, 0f64);
+    for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
+        err += ((x - y) as f64).powi(2);
+        power += (*y as f64).powi(2);
+    }
+    let nmse = err / power;
+    assert!(
+        power > 0.0 && nmse < 1e-5,
+        "normalized mean squared error {nmse}"
+    );
+    let max_err = a
+        .iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    // Greedy from each prefix: the same token wherever the f32 model's top two are further
+    // apart than twice the largest logit error.
+    let mut decided = 0;
+    for (p, (x, y)) in a.iter().zip(&b).enumerate() {
+        let mut sorted = y.clone();
+        sorted.sort_by(|u, v| v.total_cmp(u));
+        if sorted[0] - sorted[1] > 2.0 * max_err {
+            decided += 1;
+            assert_eq!(
+                sapient_core::sample::argmax(x),
+                sapient_core::sample::argmax(y),
+                "position {p}"
+            );
+        }
+    }
+    assert!(decided >= 20, "only {decided} of 40 positions were clear");
+}
+
+#[test]
+fn k_quant_prefill_and_decoding_give_the_same_bits() {
+    let (k, _) = models();
+    let seq = prompt();
+    let full = run::logits(&CpuRunner::new(&k, KvFormat::Q8_0, &Serial), &seq, true).unwrap();
+    let c = &k.config;
+    let mut arenas = Arenas::new(c, seq.len(), KvFormat::Q8_0, 16).unwrap();
+    let (mut cache, mut scratch) = arenas.borrow(c).unwrap();
+    let mut rows = Vec::new();
+    let mut pre = vec![0f32; 16 * c.vocab_size];
+    k.forward(
+        &seq[..16],
+        &mut cache,
+        &mut scratch,
+        &Serial,
+        Want::AllLogits(&mut pre),
+    )
+    .unwrap();
+    rows.extend(pre.chunks(c.vocab_size).map(<[f32]>::to_vec));
+    for &t in &seq[16..] {
+        let mut l = vec![0f32; c.vocab_size];
+        k.forward(
+            &[t],
+            &mut cache,
+            &mut scratch,
+            &Serial,
+            Want::LastLogits(&mut l),
+        )
+        .unwrap();
+        rows.push(l);
+    }
+    assert_eq!(rows.len(), full.len());
+    for (p, (x, y)) in rows.iter().zip(&full).enumerate() {
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(x), bits(y), "position {p}");
+    }
+}
