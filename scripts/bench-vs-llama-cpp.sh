@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # sapient against llama.cpp on the same GGUF files, thread count and machine, run by run.
 #
-#   scripts/bench-vs-llama-cpp.sh [threads] [repetitions] [depth]
+#   scripts/bench-vs-llama-cpp.sh [threads] [repetitions] [depth] [models]
+#
+# models: `base` (default) is SmolLM2-135M in Q8_0 and Q4_1; `kquants` is SmolLM2-135M Q4_K_M
+# (mostly Q5_0: its 576-wide rows are no multiple of 256) and, so that the k-quant kernels carry
+# the load, TinyLlama-1.1B's shape with random weights (scripts/random-gguf.py) in Q4_K_M and Q6_K.
 #
 # Builds llama.cpp's llama-bench and llama-quantize (CPU only) from the source vendored in the
 # PyPI sdist of llama-cpp-python, cached in ~/.cache/sapient/llama.cpp; makes a Q8_0 GGUF from
@@ -13,6 +17,7 @@ cd "$(dirname "$0")/.."
 threads="${1:-2}"
 reps="${2:-5}"
 depth="${3:-0}"
+set="${4:-base}"
 version=0.3.36
 # llama.cpp gets the instruction sets sapient picks on this CPU (AVX2+FMA+F16C, plus AVX-VNNI and
 # AVX-512 F/BW/VL/VNNI where present), never -march=native: these machines' CPUs report AMX,
@@ -41,14 +46,36 @@ if [ ! -x "$bin/llama-bench" ] || [ ! -x "$bin/llama-quantize" ]; then
 fi
 
 q4=$(bash scripts/fetch-model.sh)
-q8="models/SmolLM2-135M-Instruct.Q8_0.gguf"
-if [ ! -f "$q8" ]; then
-    "$bin/llama-quantize" --allow-requantize "$q4" "$q8" Q8_0 >/dev/null 2>&1
-fi
+# quantize IN OUT TYPE: llama-quantize, once.
+quantize() {
+    [ -f "$2" ] || "$bin/llama-quantize" --allow-requantize "$1" "$2" "$3" >/dev/null 2>&1
+}
+case "$set" in
+base)
+    quantize "$q4" models/SmolLM2-135M-Instruct.Q8_0.gguf Q8_0
+    models="models/SmolLM2-135M-Instruct.Q8_0.gguf $q4"
+    ;;
+kquants)
+    quantize "$q4" models/SmolLM2-135M-Instruct.Q4_K_M.gguf Q4_K_M
+    f16=models/random-tinyllama-1.1b.F16.gguf
+    if [ ! -f "$f16" ]; then
+        python3 -m pip install --quiet numpy pyyaml tqdm >&2
+        PYTHONPATH="$(bash scripts/fetch-llama-cpp.sh)/gguf-py" python3 scripts/random-gguf.py "$f16"
+    fi
+    quantize "$f16" models/random-tinyllama-1.1b.Q4_K_M.gguf Q4_K_M
+    quantize "$f16" models/random-tinyllama-1.1b.Q6_K.gguf Q6_K
+    models="models/SmolLM2-135M-Instruct.Q4_K_M.gguf models/random-tinyllama-1.1b.Q4_K_M.gguf models/random-tinyllama-1.1b.Q6_K.gguf"
+    ;;
+*)
+    echo "unknown model set $set (base, kquants)" >&2
+    exit 2
+    ;;
+esac
 cargo build --release --quiet -p sapient
 sapient="$(bash scripts/target-dir.sh)/release/sapient"
 
-python3 - "$bin/llama-bench" "$sapient" "$threads" "$reps" "$depth" "$q8" "$q4" <<'PY'
+# shellcheck disable=SC2086 # $models is a list of files
+python3 - "$bin/llama-bench" "$sapient" "$threads" "$reps" "$depth" $models <<'PY'
 import json, statistics, subprocess, sys
 llama_bench, sapient, threads, reps, depth, *models = sys.argv[1:]
 reps = int(reps)

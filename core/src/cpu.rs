@@ -9,11 +9,11 @@ use crate::exec::Exec;
 use crate::kernels::panel::PANEL;
 use crate::kernels::{Activations, Kernels, TILE};
 use crate::kv_cache::KvCache;
+use crate::matrix::Matrix;
 use crate::model::Model;
 use crate::ops;
 use crate::quant::q16;
 use crate::sample;
-use crate::weights::Matrix;
 
 pub(crate) struct Cpu<'a, 'w, 'c, E: Exec + ?Sized> {
     model: &'a Model<'w>,

@@ -21,6 +21,7 @@ pub mod error;
 pub mod exec;
 pub mod kernels;
 pub mod kv_cache;
+pub mod matrix;
 pub mod model;
 pub mod ops;
 pub mod quant;

@@ -10,7 +10,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use sapient::chat::{ChatTemplate, Message};
 use sapient::generate::{generate, Stop};
 use sapient::load::{self, resolve, LoadOptions, ModelFiles, Quantize};
-use sapient::run::{self, CpuRunner, Runner, Session, DEFAULT_BATCH};
+use sapient::run::{self, CpuRunner, PerplexityRecipe, Runner, Session, DEFAULT_BATCH};
 use sapient::tokenizer::{TextStream, Tokenizer};
 use sapient::Rayon;
 use sapient_core::sample::{Sampler, SamplerConfig};
@@ -53,7 +53,7 @@ enum Command {
         #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
         format: OutputFormat,
     },
-    /// Perplexity of a text file: non-overlapping windows of --ctx tokens, no BOS.
+    /// Perplexity of a text file in non-overlapping windows of --ctx tokens.
     Perplexity {
         #[command(flatten)]
         model: ModelArgs,
@@ -62,6 +62,11 @@ enum Command {
         file: PathBuf,
         #[arg(long, default_value_t = 512)]
         ctx: usize,
+        /// every-position: the text's tokens only, every prediction scored (transformers' way);
+        /// llama-cpp: llama-perplexity's (BOS first where the model has one, the second half of
+        /// each window scored), so the two tools' numbers compare.
+        #[arg(long, value_enum, default_value_t = RecipeArg::EveryPosition)]
+        recipe: RecipeArg,
         #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
         format: OutputFormat,
     },
@@ -220,6 +225,12 @@ struct ChatArgs {
     /// Context length of the whole conversation.
     #[arg(long, default_value_t = 4096)]
     ctx: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum RecipeArg {
+    EveryPosition,
+    LlamaCpp,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -507,17 +518,25 @@ fn run_command(command: Command) -> Result<()> {
             model,
             file,
             ctx,
+            recipe,
             format,
         } => {
             let l = Loaded::open(&model)?;
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("cannot read {}", file.display()))?;
             let tok = Tokenizer::load(l.files()?)?;
-            let ids = tok.encode(&text)?;
+            let (ids, recipe) = match recipe {
+                RecipeArg::EveryPosition => (tok.encode(&text)?, PerplexityRecipe::EveryPosition),
+                // llama-perplexity tokenizes with the model's BOS and puts it first in each window.
+                RecipeArg::LlamaCpp => (
+                    tok.encode_prompt(&text)?,
+                    PerplexityRecipe::LlamaCpp { bos: tok.bos },
+                ),
+            };
             let m = l.model()?;
             let engine = l.engine(&m)?;
             let t0 = Instant::now();
-            let (ppl, scored) = run::perplexity(&engine, &ids, ctx)?;
+            let (ppl, scored) = run::perplexity(&engine, &ids, ctx, recipe)?;
             let processed = ids.len() / ctx * ctx;
             let tps = processed as f64 / t0.elapsed().as_secs_f64();
             match format {

@@ -209,29 +209,59 @@ pub fn embedding(runner: &impl Runner, tokens: &[u32]) -> Result<Vec<f32>> {
     Ok(out)
 }
 
-/// Perplexity with llama.cpp's and the reference's recipe: non-overlapping windows of `ctx`
-/// tokens (a partial last window is dropped), each from an empty cache, every token but the
-/// first of a window scored; NLL summed in f64. Returns (ppl, scored tokens).
-pub fn perplexity(runner: &impl Runner, tokens: &[u32], ctx: usize) -> Result<(f64, usize)> {
+/// How `perplexity` cuts a text into windows and which predictions it scores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PerplexityRecipe {
+    /// Non-overlapping windows of `ctx` tokens, the text's own tokens only, every prediction
+    /// inside a window scored (transformers' usual evaluation).
+    EveryPosition,
+    /// llama.cpp's `llama-perplexity`: the same windows, the first token of each replaced by
+    /// `bos` where the model has one, and only the predictions of the second half of each window
+    /// scored (positions `ctx / 2 .. ctx - 1`), so every scored token has at least half a window
+    /// of context. Its numbers compare with llama-perplexity's on the same tokens.
+    LlamaCpp { bos: Option<u32> },
+}
+
+/// Perplexity of `tokens` in windows of `ctx` as `recipe` says: `(exp(mean NLL), scored)`.
+pub fn perplexity(
+    runner: &impl Runner,
+    tokens: &[u32],
+    ctx: usize,
+    recipe: PerplexityRecipe,
+) -> Result<(f64, usize)> {
     anyhow::ensure!(ctx >= 2, "--ctx must be at least 2");
+    let windows = match recipe {
+        PerplexityRecipe::EveryPosition => 1,
+        // llama-perplexity refuses fewer than two windows.
+        PerplexityRecipe::LlamaCpp { .. } => 2,
+    };
     anyhow::ensure!(
-        tokens.len() >= ctx,
-        "the text has {} tokens, fewer than one window of {ctx}",
+        tokens.len() >= windows * ctx,
+        "the text has {} tokens, fewer than {windows} window(s) of {ctx}",
         tokens.len()
     );
+    let first_scored = match recipe {
+        PerplexityRecipe::EveryPosition => 0,
+        PerplexityRecipe::LlamaCpp { .. } => ctx / 2,
+    };
     let vocab = runner.config().vocab_size;
     let batch = ctx.min(64);
     runner.with_session(ctx, batch, |s| {
         let mut logits = vec![0f32; batch * vocab];
+        let mut window = vec![0u32; ctx];
         let (mut nll, mut scored) = (0f64, 0usize);
-        for window in tokens.chunks_exact(ctx) {
+        for text in tokens.chunks_exact(ctx) {
+            window.copy_from_slice(text);
+            if let PerplexityRecipe::LlamaCpp { bos: Some(bos) } = recipe {
+                window[0] = bos;
+            }
             s.truncate(0);
             for (b, part) in window.chunks(batch).enumerate() {
                 let out = &mut logits[..part.len() * vocab];
                 s.forward(part, Want::AllLogits(out))?;
                 for (i, row) in out.chunks_exact(vocab).enumerate() {
                     let pos = b * batch + i;
-                    if pos + 1 < ctx {
+                    if pos >= first_scored && pos + 1 < ctx {
                         nll -= log_softmax_at(row, window[pos + 1] as usize);
                         scored += 1;
                     }

@@ -114,6 +114,7 @@ fn perplexity_within_two_percent_of_reference() {
         &CpuRunner::new(&model, KvFormat::default_for(&model.config), &pool),
         &ids,
         512,
+        run::PerplexityRecipe::EveryPosition,
     )
     .unwrap();
     let want = pf["ppl"].as_f64().unwrap();

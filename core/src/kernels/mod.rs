@@ -8,8 +8,8 @@
 use core::ops::Range;
 
 use crate::error::{Error, Result};
+use crate::matrix::Matrix;
 use crate::quant::{self, q16, Format, QK};
-use crate::weights::Matrix;
 
 #[cfg(target_arch = "aarch64")]
 pub mod aarch64;

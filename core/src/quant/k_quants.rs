@@ -68,20 +68,28 @@ pub fn k4_scales(sb: &[u8], j: usize) -> (f32, f32) {
     (f16_at(sb) * sc as f32, -(f16_at(&sb[2..]) * m as f32))
 }
 
-/// `k4_scales` of the eight blocks, given the super-block's `d` and `dmin`.
+/// `k4_scales` of the eight blocks, given the super-block's `d` and `dmin`: the twelve packed
+/// bytes unpacked as words at once (ggml's `kmask` shuffle), then eight scales and eight
+/// minimums converted together.
 fn k4_unit_scales(
     sb: &[u8],
     d: f32,
     dmin: f32,
 ) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
-    let mut ds = [0f32; BLOCKS_PER_SUPER];
-    let mut ms = [0f32; BLOCKS_PER_SUPER];
-    for j in 0..BLOCKS_PER_SUPER {
-        let (sc, m) = scale_min_k4(j, &sb[4..16]);
-        ds[j] = d * sc as f32;
-        ms[j] = -(dmin * m as f32);
-    }
-    (ds, ms)
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const LOW2: u32 = 0x0303_0303;
+    let word = |i: usize| u32::from_le_bytes([sb[4 + i], sb[5 + i], sb[6 + i], sb[7 + i]]);
+    let (u0, u1, u2) = (word(0), word(4), word(8));
+    // Blocks 0..4 keep their six bits in place; blocks 4..8 take four from the last word and
+    // their top two from the first two words' top bits.
+    let scales = [u0 & LOW6, (u2 & LOW4) | (((u0 >> 6) & LOW2) << 4)];
+    let mins = [u1 & LOW6, ((u2 >> 4) & LOW4) | (((u1 >> 6) & LOW2) << 4)];
+    let byte = |w: &[u32; 2], j: usize| (w[j / 4] >> (8 * (j % 4))) as u8 as f32;
+    (
+        core::array::from_fn(|j| d * byte(&scales, j)),
+        core::array::from_fn(|j| -(dmin * byte(&mins, j))),
+    )
 }
 
 impl KBlock for BlockQ4K {

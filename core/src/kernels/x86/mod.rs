@@ -1,0 +1,205 @@
+//! AVX2 + FMA + F16C twins of `scalar`, with AVX-VNNI and AVX-512 variants of the quantized dots.
+//!
+//! Each table is only handed out by `Kernels::best` after its `*_available()` said yes, which is
+//! what makes the safe wrappers below sound.
+//!
+//! Split by concern, as ggml-cpu's `arch/x86`: this file detects the CPU's features and builds
+//! the tables (and holds the register helpers all share); `unpack` turns each format's blocks
+//! into `i16` quants and scales; `quants` holds the quantizers and the one-row dots; `panel` the
+//! packing, the many-token panel kernels and their decoding twin; `axpy` attention's sum over V;
+//! `float` the f32/f16 dots and element-wise kernels. A new format is an `Unpack` impl and a
+//! table entry.
+use core::arch::x86_64::*;
+
+mod axpy;
+mod float;
+mod panel;
+mod quants;
+mod unpack;
+
+use axpy::*;
+use float::*;
+use panel::*;
+use quants::*;
+use unpack::*;
+
+use super::panel::{PANEL, PANEL_BLOCK_BYTES, PANEL_QUANTS};
+use super::{Kernels, PanelAcc, PanelDots, PanelRows, QuantDots, TILE};
+use crate::quant::k_quants::BLOCKS_PER_SUPER;
+use crate::quant::{
+    BlockQ16, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0,
+    KBlock, QK,
+};
+
+// cpufeatures also checks that the OS saves the AVX registers; it does not know F16C.
+cpufeatures::new!(cpuid_avx2, "avx2", "fma");
+
+/// Whether this CPU runs the kernels here: AVX2, FMA and F16C.
+pub fn available() -> bool {
+    let f16c = __cpuid(1).ecx & (1 << 29) != 0;
+    cpuid_avx2::get() && f16c
+}
+
+/// Whether this CPU also has AVX-VNNI (`vpdpwssd`: the i16·i16 dot, accumulated, in one
+/// instruction).
+pub fn vnni_available() -> bool {
+    available() && __cpuid_count(7, 0).eax >= 1 && __cpuid_count(7, 1).eax & (1 << 4) != 0
+}
+
+cpufeatures::new!(cpuid_avx512, "avx512f", "avx512bw", "avx512vl");
+
+/// Whether this CPU (and OS) also run AVX-512 F/BW/VL with AVX512-VNNI: the same 256-bit kernels
+/// then get 32 vector registers instead of 16, which ends the accumulators' spills in the tiles.
+pub fn avx512_available() -> bool {
+    available() && cpuid_avx512::get() && __cpuid_count(7, 0).ecx & (1 << 11) != 0
+}
+
+/// Instruction-set levels of the tables below.
+const AVX2: u8 = 0;
+
+const AVX_VNNI: u8 = 1;
+
+const AVX512_VNNI: u8 = 2;
+
+pub(super) static KERNELS: Kernels = table::<AVX2>("avx2");
+
+pub(super) static KERNELS_VNNI: Kernels = table::<AVX_VNNI>("avx2+vnni");
+
+pub(super) static KERNELS_AVX512: Kernels = table::<AVX512_VNNI>("avx2+avx512vl");
+
+/// The table for `ISA`: `vpdpwssd` in place of `vpmaddwd`+`vpaddd` with either VNNI, and 32
+/// registers with AVX-512. All give the same exact integer sums in the same float order, so all
+/// give the same bits.
+const fn table<const ISA: u8>(name: &'static str) -> Kernels {
+    Kernels {
+        name,
+        quantize_q8_0,
+        quantize_q16,
+        q8_0: dots::<BlockQ8_0, ISA>(),
+        q4_0: dots::<BlockQ4_0, ISA>(),
+        q4_1: dots::<BlockQ4_1, ISA>(),
+        q5_0: dots::<BlockQ5_0, ISA>(),
+        q5_1: dots::<BlockQ5_1, ISA>(),
+        q4_k: dots::<BlockQ4K, ISA>(),
+        q5_k: dots::<BlockQ5K, ISA>(),
+        q6_k: dots::<BlockQ6K, ISA>(),
+        dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
+        dot_f32_x4: dot_f32::<TILE>,
+        dot_f16: |w, x| dot_f16::<1>(w, [x])[0],
+        dot_f16_x4: dot_f16::<TILE>,
+        axpy_q8_0: axpy_q8_0::<ISA>,
+        silu_mul,
+        exp_sub,
+    }
+}
+
+const fn dots<W: Unpack, const ISA: u8>() -> QuantDots {
+    QuantDots {
+        one: |w, x| dot::<W, 1, 1, ISA>([w], [x])[0][0],
+        x4: |w, xs| dot::<W, 1, TILE, ISA>([w], xs)[0],
+        rows4: |w, x| dot::<W, 4, 1, ISA>(w, [x]).map(|r| r[0]),
+        rows2x4: dot::<W, 2, TILE, ISA>,
+        panel: Some(PanelDots {
+            pack: pack::<W>,
+            dot: panel::<W, ISA>,
+            rows: panel_rows::<W, ISA>,
+        }),
+    }
+}
+
+#[inline(always)]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    // SAFETY: the caller guarantees two readable bytes at `p` and F16C.
+    unsafe {
+        let bits = (p as *const u16).read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+    }
+}
+
+#[inline(always)]
+unsafe fn hsum(v: __m256) -> f32 {
+    // SAFETY: register-only arithmetic; the caller has AVX.
+    unsafe {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+}
+
+/// The horizontal sums of `N` accumulators. A plain loop: closures do not inherit the enclosing
+/// function's target features, so `map(|a| hsum(a))` would call the intrinsics out of line.
+#[inline(always)]
+unsafe fn hsums<const N: usize>(acc: [__m256; N]) -> [f32; N] {
+    let mut out = [0f32; N];
+    for i in 0..N {
+        // SAFETY: register-only; the caller has AVX.
+        out[i] = unsafe { hsum(acc[i]) };
+    }
+    out
+}
+
+/// `acc + Σ a·b` over each pair of i16 lanes, as eight i32: one `vpdpwssd`. In assembly because
+/// LLVM splits the intrinsic back into `vpmaddwd` + `vpaddd`, an extra instruction per
+/// (row, token, block) in the hottest loop.
+#[inline(always)]
+unsafe fn dpwssd<const ISA: u8>(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+    // SAFETY: the caller has the features of `ISA`.
+    unsafe {
+        if ISA == AVX512_VNNI {
+            dpwssd_evex(acc, a, b)
+        } else {
+            dpwssd_vex(acc, a, b)
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,avxvnni")]
+#[inline]
+unsafe fn dpwssd_vex(mut acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+    // SAFETY: register-only; AVX-VNNI as this function requires.
+    unsafe {
+        core::arch::asm!(
+            "{{vex}} vpdpwssd {acc}, {a}, {b}",
+            acc = inout(ymm_reg) acc,
+            a = in(ymm_reg) a,
+            b = in(ymm_reg) b,
+            options(pure, nomem, nostack),
+        );
+    }
+    acc
+}
+
+#[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn dpwssd_evex(mut acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+    // SAFETY: register-only; AVX512-VNNI and AVX512VL as this function requires. The EVEX form
+    // also reaches ymm16-31, which only the zmm register class offers (printed as ymm).
+    unsafe {
+        core::arch::asm!(
+            "vpdpwssd {acc:y}, {a:y}, {b:y}",
+            acc = inout(zmm_reg) acc,
+            a = in(zmm_reg) a,
+            b = in(zmm_reg) b,
+            options(pure, nomem, nostack),
+        );
+    }
+    acc
+}
+
+/// `vpdpwssd` on 512-bit vectors, in assembly for the reason `dpwssd` gives.
+#[target_feature(enable = "avx512f,avx512vnni")]
+#[inline]
+unsafe fn dpwssd_zmm(mut acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+    // SAFETY: register-only; AVX512-VNNI as this function requires.
+    unsafe {
+        core::arch::asm!(
+            "vpdpwssd {acc}, {a}, {b}",
+            acc = inout(zmm_reg) acc,
+            a = in(zmm_reg) a,
+            b = in(zmm_reg) b,
+            options(pure, nomem, nostack),
+        );
+    }
+    acc
+}

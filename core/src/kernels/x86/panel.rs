@@ -1,0 +1,444 @@
+//! Panel packing and the panel kernels (see `kernels::panel`): the many-token mat-mul, and the
+//! decoding twin that gives the same bits on unpacked rows.
+use super::*;
+
+/// Packs blocks `b0 ..` of `PANEL` weight rows (see `super::panel`).
+pub(super) fn pack<W: Unpack>(rows: &PanelRows<'_>, b0: usize, out: &mut [u8]) {
+    let nb = out.len() / PANEL_BLOCK_BYTES;
+    let nb = rows
+        .iter()
+        .flatten()
+        .fold(nb, |n, w| n.min(blocks::<W>(w.len()).saturating_sub(b0)));
+    // SAFETY: CPU features as above; blocks `b0 .. b0 + nb` lie inside every row, and `nb`
+    // packed blocks inside `out`.
+    unsafe { pack_avx2::<W>(nb, rows, b0, out) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn pack_avx2<W: Unpack>(
+    nb: usize,
+    rows: &PanelRows<'_>,
+    b0: usize,
+    out: &mut [u8],
+) {
+    let mut unit_scales = UnitScales::new();
+    for b in 0..nb {
+        // SAFETY: as the caller guarantees: block `b0 + b` inside every row, packed block `b`
+        // inside `out`.
+        unsafe {
+            let o = out.as_mut_ptr().add(b * PANEL_BLOCK_BYTES);
+            let q = o.add(PANEL_QUANTS) as *mut __m256i;
+            let mut dm = [0f32; 2 * PANEL];
+            let j0 = (b0 + b) % W::UNIT;
+            if W::UNIT > 1 && (b == 0 || j0 == 0) {
+                let units = core::array::from_fn(|r| match rows[r] {
+                    Some(w) => unit::<W>(w.as_ptr(), b0 + b).0,
+                    None => core::ptr::null(),
+                });
+                unit_scales.read::<W>(units);
+            }
+            // Eight rows at a time: lo[i] holds row i's pairs 0..8 (one per 32-bit lane), hi[i]
+            // pairs 8..16; transposed, each vector holds one pair of the eight rows, the half
+            // of a packed pair that belongs to them.
+            for h in 0..PANEL / 8 {
+                let mut lo = [_mm256_setzero_si256(); 8];
+                let mut hi = [_mm256_setzero_si256(); 8];
+                for i in 0..8 {
+                    let r = 8 * h + i;
+                    if let Some(w) = rows[r] {
+                        let (p, j) = unit::<W>(w.as_ptr(), b0 + b);
+                        // The next panel's rows: packing reads sixteen streams at a time, more
+                        // than the hardware prefetcher follows.
+                        let ahead = PANEL * w.len() + line_in_unit::<W>(j);
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
+                        (lo[i], hi[i]) = W::unpack(p, j);
+                        (dm[r], dm[PANEL + r]) = if W::UNIT > 1 {
+                            unit_scales.one(j, r)
+                        } else {
+                            let (d, m) = W::scales(p, j);
+                            (_mm256_cvtss_f32(d), _mm256_cvtss_f32(m))
+                        };
+                    }
+                }
+                let (lo, hi) = (transpose8(lo), transpose8(hi));
+                for p in 0..8 {
+                    _mm256_storeu_si256(q.add(p * PANEL / 8 + h), lo[p]);
+                    _mm256_storeu_si256(q.add((p + 8) * PANEL / 8 + h), hi[p]);
+                }
+            }
+            core::ptr::copy_nonoverlapping(dm.as_ptr() as *const u8, o, PANEL_QUANTS);
+        }
+    }
+}
+
+/// Transposes eight vectors of eight 32-bit lanes.
+#[inline(always)]
+pub(super) unsafe fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
+    // SAFETY: register-only; the caller has AVX2.
+    unsafe {
+        // Pairs of rows interleaved, then fours: u[i] holds columns i and i + 4 of four rows.
+        let t: [__m256i; 8] = [
+            _mm256_unpacklo_epi32(r[0], r[1]),
+            _mm256_unpackhi_epi32(r[0], r[1]),
+            _mm256_unpacklo_epi32(r[2], r[3]),
+            _mm256_unpackhi_epi32(r[2], r[3]),
+            _mm256_unpacklo_epi32(r[4], r[5]),
+            _mm256_unpackhi_epi32(r[4], r[5]),
+            _mm256_unpacklo_epi32(r[6], r[7]),
+            _mm256_unpackhi_epi32(r[6], r[7]),
+        ];
+        let u: [__m256i; 8] = [
+            _mm256_unpacklo_epi64(t[0], t[2]),
+            _mm256_unpackhi_epi64(t[0], t[2]),
+            _mm256_unpacklo_epi64(t[1], t[3]),
+            _mm256_unpackhi_epi64(t[1], t[3]),
+            _mm256_unpacklo_epi64(t[4], t[6]),
+            _mm256_unpackhi_epi64(t[4], t[6]),
+            _mm256_unpacklo_epi64(t[5], t[7]),
+            _mm256_unpackhi_epi64(t[5], t[7]),
+        ];
+        [
+            _mm256_permute2x128_si256(u[0], u[4], 0x20),
+            _mm256_permute2x128_si256(u[1], u[5], 0x20),
+            _mm256_permute2x128_si256(u[2], u[6], 0x20),
+            _mm256_permute2x128_si256(u[3], u[7], 0x20),
+            _mm256_permute2x128_si256(u[0], u[4], 0x31),
+            _mm256_permute2x128_si256(u[1], u[5], 0x31),
+            _mm256_permute2x128_si256(u[2], u[6], 0x31),
+            _mm256_permute2x128_si256(u[3], u[7], 0x31),
+        ]
+    }
+}
+
+/// `PANEL` weight rows against one row of Q16 activations, with the panel kernel's arithmetic.
+pub(super) fn panel_rows<W: Unpack, const ISA: u8>(w: [&[u8]; PANEL], x: &[u8]) -> [f32; PANEL] {
+    let nb = w.iter().fold(x.len() / BlockQ16::BYTES, |n, w| {
+        n.min(blocks::<W>(w.len()))
+    });
+    let mut out = [0f32; PANEL];
+    // SAFETY: as for `dot`; `nb` whole blocks lie inside every slice.
+    unsafe {
+        match ISA {
+            AVX512_VNNI => rows_avx512::<W>(nb, w, x, &mut out),
+            AVX_VNNI => rows_vnni::<W>(nb, w, x, &mut out),
+            _ => rows_avx2::<W>(nb, w, x, &mut out),
+        }
+    }
+    out
+}
+
+/// A packed panel against `TILE` rows of Q16 activations.
+pub(super) fn panel<W: Unpack, const ISA: u8>(
+    packed: &[u8],
+    xs: [&[u8]; TILE],
+    acc: &mut PanelAcc,
+) {
+    let nb = packed.len() / PANEL_BLOCK_BYTES;
+    let nb = xs.iter().fold(nb, |n, x| n.min(x.len() / BlockQ16::BYTES));
+    // SAFETY: as for `dot`; `nb` whole blocks lie inside `packed` and every `xs[t]`.
+    unsafe {
+        match ISA {
+            AVX512_VNNI => panel_avx512::<W>(nb, packed, xs, acc),
+            AVX_VNNI => {
+                for h in 0..PANEL / 8 {
+                    panel_vnni::<W>(nb, packed, xs, acc, h);
+                }
+            }
+            _ => {
+                for h in 0..PANEL / 8 {
+                    panel_avx2::<W>(nb, packed, xs, acc, h);
+                }
+            }
+        }
+    }
+}
+
+/// The 256-bit panel kernel (see `super::panel`) on rows `8h .. 8h + 8` of the panel: per block,
+/// one integer sum per (row, token) in a lane of `isum[t]`, then `acc += Σ·(dw·dx)` and `m·s`
+/// for the eight rows at once.
+#[inline(always)]
+pub(super) unsafe fn panel_half<W: Unpack, const ISA: u8>(
+    nb: usize,
+    packed: &[u8],
+    xs: [&[u8]; TILE],
+    acc: &mut PanelAcc,
+    h: usize,
+) {
+    // SAFETY: the caller guarantees `nb` whole blocks in `packed` and every `xs[t]`, h < 2,
+    // AVX2/FMA, and the features of `ISA`.
+    unsafe {
+        let mut facc = [_mm256_setzero_ps(); TILE];
+        for t in 0..TILE {
+            facc[t] = _mm256_loadu_ps(acc[t].as_ptr().add(8 * h));
+        }
+        for b in 0..nb {
+            let pb = packed.as_ptr().add(b * PANEL_BLOCK_BYTES);
+            let mut xp = [pb; TILE];
+            for t in 0..TILE {
+                xp[t] = xs[t].as_ptr().add(b * BlockQ16::BYTES);
+            }
+            // Two sums per token, one per half of the block (pairs 0..8 and 8..16) and taken in
+            // turn, so that enough `vpdpwssd`s are in flight to cover its latency; integer
+            // addition is exact, so the split changes no result, and the halves are what
+            // formats with half scales need apart.
+            let mut split = [[_mm256_setzero_si256(); TILE]; 2];
+            for p0 in 0..QK / 4 {
+                for (s, sums) in split.iter_mut().enumerate() {
+                    let p = p0 + s * QK / 4;
+                    let wp = pb.add(PANEL_QUANTS + p * PANEL * 4 + h * 32);
+                    let wv = _mm256_loadu_si256(wp as *const __m256i);
+                    for t in 0..TILE {
+                        let pair = (xp[t].add(8 + 4 * p) as *const i32).read_unaligned();
+                        let xv = _mm256_set1_epi32(pair);
+                        sums[t] = match ISA {
+                            AVX_VNNI => dpwssd_vex(sums[t], wv, xv),
+                            _ => _mm256_add_epi32(sums[t], _mm256_madd_epi16(wv, xv)),
+                        };
+                    }
+                }
+            }
+            let dw = _mm256_loadu_ps(pb.add(h * 32) as *const f32);
+            if W::HALF_SCALES {
+                let dw_hi = _mm256_loadu_ps(pb.add(PANEL * 4 + h * 32) as *const f32);
+                for t in 0..TILE {
+                    let dx = _mm256_set1_ps((xp[t] as *const f32).read_unaligned());
+                    let (lo, hi) = (split[0][t], split[1][t]);
+                    facc[t] = half_sums(lo, hi, dw, dw_hi, dx, facc[t]);
+                }
+                continue;
+            }
+            for t in 0..TILE {
+                let isum = _mm256_add_epi32(split[0][t], split[1][t]);
+                let dx = _mm256_set1_ps((xp[t] as *const f32).read_unaligned());
+                let scale = _mm256_mul_ps(dw, dx);
+                facc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, facc[t]);
+            }
+            if W::HAS_MIN {
+                let mw = _mm256_loadu_ps(pb.add(PANEL * 4 + h * 32) as *const f32);
+                for t in 0..TILE {
+                    let s = _mm256_set1_ps((xp[t].add(4) as *const f32).read_unaligned());
+                    facc[t] = _mm256_fmadd_ps(mw, s, facc[t]);
+                }
+            }
+        }
+        for t in 0..TILE {
+            _mm256_storeu_ps(acc[t].as_mut_ptr().add(8 * h), facc[t]);
+        }
+    }
+}
+
+/// `panel_rows` for a decoded token: each row's block sum as the one-row kernels start it (eight
+/// lanes of partial sums), then eight rows' lanes added across into one vector of eight block
+/// sums, so that the block's scaling is the panel kernel's, lane for lane, in the same order.
+#[inline(always)]
+pub(super) unsafe fn rows_tile<W: Unpack, const ISA: u8>(
+    nb: usize,
+    w: [&[u8]; PANEL],
+    x: &[u8],
+    out: &mut [f32; PANEL],
+) {
+    // SAFETY: the caller guarantees `nb` whole blocks in every slice, AVX2/FMA/F16C, and the
+    // features of `ISA`.
+    unsafe {
+        let mut facc = [_mm256_setzero_ps(); PANEL / 8];
+        let mut unit_scales = UnitScales::new();
+        for b in 0..nb {
+            let xp = x.as_ptr().add(b * BlockQ16::BYTES);
+            let x0 = _mm256_loadu_si256(xp.add(8) as *const __m256i);
+            let x1 = _mm256_loadu_si256(xp.add(40) as *const __m256i);
+            let dx = _mm256_set1_ps((xp as *const f32).read_unaligned());
+            let s = _mm256_set1_ps((xp.add(4) as *const f32).read_unaligned());
+            if W::UNIT > 1 && b % W::UNIT == 0 {
+                unit_scales.read::<W>(core::array::from_fn(|r| unit::<W>(w[r].as_ptr(), b).0));
+            }
+            for (h, acc) in facc.iter_mut().enumerate() {
+                let mut wp = [xp; 8];
+                let mut j = 0;
+                let mut v = [_mm256_setzero_si256(); 8];
+                let mut v_hi = [_mm256_setzero_si256(); 8];
+                for r in 0..8 {
+                    (wp[r], j) = unit::<W>(w[8 * h + r].as_ptr(), b);
+                    // The same block of the next panel's row (the panel's rows are usually one
+                    // run of memory, which a fixed distance would land inside).
+                    let ahead = PANEL * w[8 * h + r].len() + line_in_unit::<W>(j);
+                    _mm_prefetch::<_MM_HINT_T0>(wp[r].wrapping_add(ahead) as *const i8);
+                    let (lo, hi) = W::unpack(wp[r], j);
+                    let dot = _mm256_madd_epi16(lo, x0);
+                    if W::HALF_SCALES {
+                        v[r] = dot;
+                        v_hi[r] = _mm256_madd_epi16(hi, x1);
+                        continue;
+                    }
+                    v[r] = match ISA {
+                        AVX512_VNNI | AVX_VNNI => dpwssd::<ISA>(dot, hi, x1),
+                        _ => _mm256_add_epi32(dot, _mm256_madd_epi16(hi, x1)),
+                    };
+                }
+                let (dw, mw) = if W::UNIT > 1 {
+                    unit_scales.eight(j, h)
+                } else {
+                    W::scales8(wp, j)
+                };
+                if W::HALF_SCALES {
+                    *acc = half_sums(sum_across8(v), sum_across8(v_hi), dw, mw, dx, *acc);
+                    continue;
+                }
+                let isum = sum_across8(v);
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), *acc);
+                if W::HAS_MIN {
+                    *acc = _mm256_fmadd_ps(mw, s, *acc);
+                }
+            }
+        }
+        for (h, acc) in facc.iter().enumerate() {
+            _mm256_storeu_ps(out.as_mut_ptr().add(8 * h), *acc);
+        }
+    }
+}
+
+/// Lane `r` of the result: the sum of `v[r]`'s eight lanes.
+#[inline(always)]
+pub(super) unsafe fn sum_across8(v: [__m256i; 8]) -> __m256i {
+    // SAFETY: register-only; the caller has AVX2.
+    unsafe {
+        // After two rounds of pairwise sums each 128-bit half holds four rows' partial sums:
+        // rows 0..4 in `q0`, rows 4..8 in `q1`, low halves and high halves apart.
+        let q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+        let q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256(q0, q1, 0x20),
+            _mm256_permute2x128_si256(q0, q1, 0x31),
+        )
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn rows_avx2<W: Unpack>(
+    nb: usize,
+    w: [&[u8]; PANEL],
+    x: &[u8],
+    out: &mut [f32; PANEL],
+) {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { rows_tile::<W, AVX2>(nb, w, x, out) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub(super) unsafe fn rows_vnni<W: Unpack>(
+    nb: usize,
+    w: [&[u8]; PANEL],
+    x: &[u8],
+    out: &mut [f32; PANEL],
+) {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { rows_tile::<W, AVX_VNNI>(nb, w, x, out) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn rows_avx512<W: Unpack>(
+    nb: usize,
+    w: [&[u8]; PANEL],
+    x: &[u8],
+    out: &mut [f32; PANEL],
+) {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { rows_tile::<W, AVX512_VNNI>(nb, w, x, out) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn panel_avx2<W: Unpack>(
+    nb: usize,
+    packed: &[u8],
+    xs: [&[u8]; TILE],
+    acc: &mut PanelAcc,
+    h: usize,
+) {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { panel_half::<W, AVX2>(nb, packed, xs, acc, h) }
+}
+
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+pub(super) unsafe fn panel_vnni<W: Unpack>(
+    nb: usize,
+    packed: &[u8],
+    xs: [&[u8]; TILE],
+    acc: &mut PanelAcc,
+    h: usize,
+) {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { panel_half::<W, AVX_VNNI>(nb, packed, xs, acc, h) }
+}
+
+/// The 512-bit panel kernel: as `panel_half`, all sixteen rows in one vector, four sums per
+/// token in flight. The same integer sums and float operations per lane, so the same bits.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn panel_avx512<W: Unpack>(
+    nb: usize,
+    packed: &[u8],
+    xs: [&[u8]; TILE],
+    acc: &mut PanelAcc,
+) {
+    const SPLIT: usize = 4;
+    // SAFETY: the caller guarantees `nb` whole blocks in `packed` and every `xs[t]`, and the
+    // features enabled here.
+    unsafe {
+        let mut facc = [_mm512_setzero_ps(); TILE];
+        for t in 0..TILE {
+            facc[t] = _mm512_loadu_ps(acc[t].as_ptr());
+        }
+        for b in 0..nb {
+            let pb = packed.as_ptr().add(b * PANEL_BLOCK_BYTES);
+            let mut xp = [pb; TILE];
+            for t in 0..TILE {
+                xp[t] = xs[t].as_ptr().add(b * BlockQ16::BYTES);
+            }
+            // Four sums per token, one per quarter of the block: the first two make the low
+            // half, the last two the high half.
+            let mut split = [[_mm512_setzero_si512(); TILE]; SPLIT];
+            for p0 in 0..QK / 2 / SPLIT {
+                for (s, sums) in split.iter_mut().enumerate() {
+                    let p = p0 + s * QK / 2 / SPLIT;
+                    let wp = pb.add(PANEL_QUANTS + p * PANEL * 4);
+                    let wv = _mm512_loadu_si512(wp as *const __m512i);
+                    for t in 0..TILE {
+                        let pair = (xp[t].add(8 + 4 * p) as *const i32).read_unaligned();
+                        sums[t] = dpwssd_zmm(sums[t], wv, _mm512_set1_epi32(pair));
+                    }
+                }
+            }
+            let dw = _mm512_loadu_ps(pb as *const f32);
+            if W::HALF_SCALES {
+                let dw_hi = _mm512_loadu_ps(pb.add(PANEL * 4) as *const f32);
+                for t in 0..TILE {
+                    let dx = _mm512_set1_ps((xp[t] as *const f32).read_unaligned());
+                    let lo = _mm512_add_epi32(split[0][t], split[1][t]);
+                    let hi = _mm512_add_epi32(split[2][t], split[3][t]);
+                    let lo = _mm512_cvtepi32_ps(lo);
+                    let hi = _mm512_cvtepi32_ps(hi);
+                    facc[t] = _mm512_fmadd_ps(lo, _mm512_mul_ps(dw, dx), facc[t]);
+                    facc[t] = _mm512_fmadd_ps(hi, _mm512_mul_ps(dw_hi, dx), facc[t]);
+                }
+                continue;
+            }
+            for t in 0..TILE {
+                let isum = _mm512_add_epi32(
+                    _mm512_add_epi32(split[0][t], split[1][t]),
+                    _mm512_add_epi32(split[2][t], split[3][t]),
+                );
+                let dx = _mm512_set1_ps((xp[t] as *const f32).read_unaligned());
+                let scale = _mm512_mul_ps(dw, dx);
+                facc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, facc[t]);
+            }
+            if W::HAS_MIN {
+                let mw = _mm512_loadu_ps(pb.add(PANEL * 4) as *const f32);
+                for t in 0..TILE {
+                    let s = _mm512_set1_ps((xp[t].add(4) as *const f32).read_unaligned());
+                    facc[t] = _mm512_fmadd_ps(mw, s, facc[t]);
+                }
+            }
+        }
+        for t in 0..TILE {
+            _mm512_storeu_ps(acc[t].as_mut_ptr(), facc[t]);
+        }
+    }
+}
