@@ -220,3 +220,31 @@ pub(crate) mod test_data {
         (libm::sqrt(sum) / a.len() as f64) as f32
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::test_data::{array_rmse, ggml_signal};
+    use super::*;
+    use alloc::vec;
+
+    /// llama.cpp's `test-quantize-fns`: the reference quantizers' total error on its synthetic
+    /// signal stays under `MAX_QUANTIZATION_TOTAL_ERROR` (0.002) for every format here.
+    #[test]
+    fn ggml_total_quantization_error() {
+        let x = ggml_signal(0.0, 4096);
+        for format in [
+            Format::Q8_0,
+            Format::Q4_0,
+            Format::Q4_1,
+            Format::Q5_0,
+            Format::Q5_1,
+        ] {
+            let mut q = vec![0u8; format.row_bytes(x.len()).unwrap()];
+            let mut y = vec![0f32; x.len()];
+            quantize_row(format, &x, &mut q).unwrap();
+            dequantize_row(format, &q, &mut y).unwrap();
+            let rmse = array_rmse(&x, &y);
+            assert!(rmse < 0.002, "{format}: {rmse}");
+        }
+    }
+}

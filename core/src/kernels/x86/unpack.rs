@@ -20,14 +20,21 @@ pub(super) trait Unpack {
     /// `BYTES` readable bytes at `p`, `j < UNIT`; the caller has AVX2.
     unsafe fn unpack(p: *const u8, j: usize) -> (__m256i, __m256i);
 
-    /// The scale and the minimum (zero without one) of block `j` of the unit at `p`, broadcast.
+    /// The scale and the minimum (zero without one) of block `j` of the unit at `p`, broadcast:
+    /// by default an f16 scale first and, with a minimum, an f16 minimum right after it.
     ///
     /// # Safety
     /// As for `unpack`, and F16C.
     #[inline(always)]
     unsafe fn scales(p: *const u8, _j: usize) -> (__m256, __m256) {
-        // SAFETY: the block starts with its f16 scale.
-        unsafe { (_mm256_set1_ps(f16_at(p)), _mm256_setzero_ps()) }
+        // SAFETY: the block starts with its f16 scale, and with a minimum the f16 minimum.
+        unsafe {
+            if Self::HAS_MIN {
+                scale_min(p)
+            } else {
+                (_mm256_set1_ps(f16_at(p)), _mm256_setzero_ps())
+            }
+        }
     }
 
     /// The scales and the minimums (zeros without) of the blocks at `p[0..8]`, one per lane.
@@ -38,8 +45,15 @@ pub(super) trait Unpack {
     #[inline(always)]
     unsafe fn scales8(p: [*const u8; 8], _j: usize) -> (__m256, __m256) {
         debug_assert_eq!(Self::UNIT, 1);
-        // SAFETY: each block starts with its f16 scale.
-        unsafe { (f16s_at(p, 0), _mm256_setzero_ps()) }
+        // SAFETY: each block starts with its f16 scale, and with a minimum the f16 minimum.
+        unsafe {
+            let m = if Self::HAS_MIN {
+                f16s_at(p, 2)
+            } else {
+                _mm256_setzero_ps()
+            };
+            (f16s_at(p, 0), m)
+        }
     }
 
     /// The scales and minimums of the `UNIT` blocks of the k-quant super-block at `p`.
@@ -202,16 +216,6 @@ impl Unpack for BlockQ4_1 {
     const BYTES: usize = Self::BYTES;
     const HAS_MIN: bool = true;
     #[inline(always)]
-    unsafe fn scales(p: *const u8, _j: usize) -> (__m256, __m256) {
-        // SAFETY: the block starts with its scale and minimum.
-        unsafe { scale_min(p) }
-    }
-    #[inline(always)]
-    unsafe fn scales8(p: [*const u8; 8], _j: usize) -> (__m256, __m256) {
-        // SAFETY: each block starts with its scale and minimum.
-        unsafe { (f16s_at(p, 0), f16s_at(p, 2)) }
-    }
-    #[inline(always)]
     unsafe fn unpack(p: *const u8, _j: usize) -> (__m256i, __m256i) {
         // SAFETY: 16 bytes of nibbles follow the scale and the minimum.
         unsafe { nibbles(p.add(4)) }
@@ -234,16 +238,6 @@ impl Unpack for BlockQ5_0 {
 impl Unpack for BlockQ5_1 {
     const BYTES: usize = Self::BYTES;
     const HAS_MIN: bool = true;
-    #[inline(always)]
-    unsafe fn scales(p: *const u8, _j: usize) -> (__m256, __m256) {
-        // SAFETY: the block starts with its scale and minimum.
-        unsafe { scale_min(p) }
-    }
-    #[inline(always)]
-    unsafe fn scales8(p: [*const u8; 8], _j: usize) -> (__m256, __m256) {
-        // SAFETY: each block starts with its scale and minimum.
-        unsafe { (f16s_at(p, 0), f16s_at(p, 2)) }
-    }
     #[inline(always)]
     unsafe fn unpack(p: *const u8, _j: usize) -> (__m256i, __m256i) {
         // SAFETY: the fifth bits (4 bytes) follow the scale and minimum, the nibbles (16) them.
