@@ -3,8 +3,7 @@
 //! in a table of function pointers that is picked once from the CPU's features (`Kernels::best`).
 //!
 //! Quantized weights are multiplied with activations quantized to Q16 per 32-block (see
-//! `quant::q16` for why not ggml's Q8_0); f32 and f16 weights with f32 activations; bf16 weights
-//! are widened to f32 a chunk of a row at a time.
+//! `quant::q16` for why not ggml's Q8_0); f32, f16 and bf16 weights with f32 activations.
 use core::ops::Range;
 
 use crate::error::{Error, Result};
@@ -89,6 +88,9 @@ pub struct Kernels {
     /// f16 weights (little-endian bytes: GGUF F16 matrices, an F16 KV cache) · f32 activations.
     pub dot_f16: fn(&[u8], &[f32]) -> f32,
     pub dot_f16_x4: fn(&[u8], [&[f32]; TILE]) -> [f32; TILE],
+    /// bf16 weights (GGUF BF16 matrices) · f32 activations, widened exactly.
+    pub dot_bf16: fn(&[u8], &[f32]) -> f32,
+    pub dot_bf16_x4: fn(&[u8], [&[f32]; TILE]) -> [f32; TILE],
     /// `out[i] += Σ_k a[i·K + k] · rows[k]` for each run `out[i]` (as long as the Q8_0 rows) of
     /// `out`, over the first `K = min(rows.len(), AXPY_ROWS)` rows: attention's weighted sum
     /// over a quantized V cache, each row widened once for all the query heads that share it
@@ -200,6 +202,12 @@ impl Kernels {
     pub fn dot_f32_bytes(&self, w: &[u8], x: &[f32]) -> Result<f32> {
         expect_len("f32 weight bytes", x.len() * 4, w.len())?;
         Ok((self.dot_f32)(w, x))
+    }
+
+    /// Dot product of a bf16 vector (little-endian bytes) and an f32 one.
+    pub fn dot_bf16_bytes(&self, w: &[u8], x: &[f32]) -> Result<f32> {
+        expect_len("bf16 weight bytes", x.len() * 2, w.len())?;
+        Ok((self.dot_bf16)(w, x))
     }
 
     /// Dot product of an f16 vector (little-endian bytes) and an f32 one.
@@ -317,14 +325,15 @@ impl Kernels {
                     |r, t, v| put(r, t, &[v]),
                 );
             }
-            Format::F32 | Format::F16 => {
+            Format::F32 | Format::F16 | Format::BF16 => {
                 let xf = x.f32;
                 expect_len("f32 activations", x.cols * x.n_tok, xf.len())?;
                 let c = x.cols;
                 let x1 = |t: usize| &xf[(toks.start + t) * c..(toks.start + t + 1) * c];
                 let (one, four) = match w.format {
                     Format::F32 => (self.dot_f32, self.dot_f32_x4),
-                    _ => (self.dot_f16, self.dot_f16_x4),
+                    Format::F16 => (self.dot_f16, self.dot_f16_x4),
+                    _ => (self.dot_bf16, self.dot_bf16_x4),
                 };
                 let no_pairs: Option<(QuadAt, PairAt)> = None;
                 tile(
@@ -335,37 +344,6 @@ impl Kernels {
                     no_pairs,
                     |r, t, v| put(r, t, &[v]),
                 );
-            }
-            Format::BF16 => {
-                let xf = x.f32;
-                expect_len("f32 activations", x.cols * x.n_tok, xf.len())?;
-                let c = x.cols;
-                // Widen a chunk of the row at a time on the stack (no allocation, no scratch),
-                // once for up to 64 tokens.
-                let mut buf = [0f32; 256];
-                let mut acc = [0f32; 64];
-                for r in 0..n_rows {
-                    let wr = w_row(r);
-                    for t0 in (0..n_tok).step_by(acc.len()) {
-                        let acc = &mut acc[..(n_tok - t0).min(64)];
-                        acc.fill(0.0);
-                        let mut start = 0;
-                        while start < c {
-                            let len = (c - start).min(buf.len());
-                            let bytes = &wr[start * 2..(start + len) * 2];
-                            quant::dequantize_row(w.format, bytes, &mut buf[..len])?;
-                            for (i, a) in acc.iter_mut().enumerate() {
-                                let xt = (toks.start + t0 + i) * c + start;
-                                let xs = &xf[xt..xt + len];
-                                *a += buf[..len].iter().zip(xs).map(|(a, b)| a * b).sum::<f32>();
-                            }
-                            start += len;
-                        }
-                        for (i, a) in acc.iter().enumerate() {
-                            put(r, t0 + i, &[*a]);
-                        }
-                    }
-                }
             }
         }
         Ok(())

@@ -25,6 +25,8 @@ pub static KERNELS: Kernels = Kernels {
     dot_f32_x4: dot_f32::<4>,
     dot_f16: |w, x| dot_f16::<1>(w, [x])[0],
     dot_f16_x4: dot_f16::<4>,
+    dot_bf16: |w, x| dot_bf16::<1>(w, [x])[0],
+    dot_bf16_x4: dot_bf16::<4>,
     axpy_q8_0,
     silu_mul: crate::ops::silu_mul,
     exp_sub: crate::ops::exp_sub,
@@ -195,23 +197,32 @@ pub fn dot<W: Unpack, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
 
 /// f32 weights (little-endian bytes) · N rows of f32 activations.
 pub fn dot_f32<const N: usize>(w: &[u8], xs: [&[f32]; N]) -> [f32; N] {
-    let n = xs.iter().fold(w.len() / 4, |n, x| n.min(x.len()));
-    let mut acc = [0f32; N];
-    for (i, b) in w[..n * 4].chunks_exact(4).enumerate() {
-        let v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        for (a, x) in acc.iter_mut().zip(&xs) {
-            *a += v * x[i];
-        }
-    }
-    acc
+    dot_floats(w, xs, 4, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
 /// f16 weights (little-endian bytes) · N rows of f32 activations.
 pub fn dot_f16<const N: usize>(w: &[u8], xs: [&[f32]; N]) -> [f32; N] {
-    let n = xs.iter().fold(w.len() / 2, |n, x| n.min(x.len()));
+    dot_floats(w, xs, 2, f16_at)
+}
+
+/// bf16 weights (little-endian bytes) · N rows of f32 activations.
+pub fn dot_bf16<const N: usize>(w: &[u8], xs: [&[f32]; N]) -> [f32; N] {
+    dot_floats(w, xs, 2, |b| {
+        f32::from_bits((u16::from_le_bytes([b[0], b[1]]) as u32) << 16)
+    })
+}
+
+/// Weights of `bytes` bytes per value, read by `value`, · N rows of f32 activations, in order.
+fn dot_floats<const N: usize>(
+    w: &[u8],
+    xs: [&[f32]; N],
+    bytes: usize,
+    value: impl Fn(&[u8]) -> f32,
+) -> [f32; N] {
+    let n = xs.iter().fold(w.len() / bytes, |n, x| n.min(x.len()));
     let mut acc = [0f32; N];
-    for (i, b) in w[..n * 2].chunks_exact(2).enumerate() {
-        let v = f16_at(b);
+    for (i, b) in w[..n * bytes].chunks_exact(bytes).enumerate() {
+        let v = value(b);
         for (a, x) in acc.iter_mut().zip(&xs) {
             *a += v * x[i];
         }

@@ -334,6 +334,25 @@ proptest! {
         }
     }
 
+    /// bf16 dots on any length, within 1e-5 of Σ|w·x| (of the bf16 values).
+    #[test]
+    fn bf16_dots_match_scalar(len in 0usize..300, w in values(300), xs in proptest::collection::vec(values(300), TILE)) {
+        let wb = quantized(Format::BF16, &w[..len]);
+        let mut wd = vec![0f32; len];
+        dequantize_row(Format::BF16, &wb, &mut wd).unwrap();
+        let xs: [&[f32]; TILE] = core::array::from_fn(|i| &xs[i][..len]);
+        let tile = (Kernels::best().dot_bf16_x4)(&wb, xs);
+        for (i, x) in xs.iter().enumerate() {
+            let exact: f32 = wd.iter().zip(x.iter()).map(|(a, b)| a * b).sum();
+            let s = Kernels::scalar().dot_bf16_bytes(&wb, x).unwrap();
+            let b = Kernels::best().dot_bf16_bytes(&wb, x).unwrap();
+            let bound = 1e-5 * wd.iter().zip(x.iter()).map(|(a, b)| (a * b).abs()).sum::<f32>() + f32::MIN_POSITIVE;
+            close(exact, s, bound)?;
+            close(s, b, bound)?;
+            close(s, tile[i], bound)?;
+        }
+    }
+
     /// f32 dots on any length (not only multiples of 32), within 1e-5 of Σ|w·x|.
     #[test]
     fn f32_dots_match_scalar(len in 0usize..300, w in values(300), xs in proptest::collection::vec(values(300), TILE)) {

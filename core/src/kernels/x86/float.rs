@@ -1,4 +1,4 @@
-//! f32 and f16 weight dots, and the element-wise kernels compiled for AVX2.
+//! f32, f16 and bf16 weight dots, and the element-wise kernels compiled for AVX2.
 use super::*;
 
 pub(super) fn silu_mul(gate: &mut [f32], up: &[f32]) {
@@ -24,53 +24,104 @@ pub(super) unsafe fn exp_sub_avx2(x: &mut [f32], m: f32) -> f32 {
 }
 
 pub(super) fn dot_f16<const N: usize>(w: &[u8], xs: [&[f32]; N]) -> [f32; N] {
-    let n = xs.iter().fold(w.len() / 2, |n, x| n.min(x.len()));
-    // SAFETY: CPU features as above; `n` values lie inside `w` (as bytes) and every `xs[i]`.
-    unsafe { dot_f16_avx2(n, w, xs) }
+    dot_floats::<F16, N>(w, xs)
+}
+
+pub(super) fn dot_bf16<const N: usize>(w: &[u8], xs: [&[f32]; N]) -> [f32; N] {
+    dot_floats::<Bf16, N>(w, xs)
 }
 
 pub(super) fn dot_f32<const N: usize>(w: &[u8], xs: [&[f32]; N]) -> [f32; N] {
-    let n = xs.iter().fold(w.len() / 4, |n, x| n.min(x.len()));
+    dot_floats::<F32, N>(w, xs)
+}
+
+/// A float format of weights, widened to f32 eight values at a time.
+pub(super) trait Floats {
+    const BYTES: usize;
+    /// The eight values at `p`, as f32.
+    ///
+    /// # Safety
+    /// `8 · BYTES` readable bytes at `p`; AVX2 and F16C.
+    unsafe fn load8(p: *const u8) -> __m256;
+    /// The value at `p`.
+    ///
+    /// # Safety
+    /// `BYTES` readable bytes at `p`; F16C.
+    unsafe fn load1(p: *const u8) -> f32;
+}
+
+pub(super) struct F32;
+pub(super) struct F16;
+/// bfloat16: the top half of an f32, so widening is a shift.
+pub(super) struct Bf16;
+
+impl Floats for F32 {
+    const BYTES: usize = 4;
+    #[inline(always)]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: as the caller guarantees.
+        unsafe { _mm256_loadu_ps(p as *const f32) }
+    }
+    #[inline(always)]
+    unsafe fn load1(p: *const u8) -> f32 {
+        // SAFETY: as the caller guarantees.
+        unsafe { (p as *const f32).read_unaligned() }
+    }
+}
+
+impl Floats for F16 {
+    const BYTES: usize = 2;
+    #[inline(always)]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: as the caller guarantees.
+        unsafe { _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)) }
+    }
+    #[inline(always)]
+    unsafe fn load1(p: *const u8) -> f32 {
+        // SAFETY: as the caller guarantees.
+        unsafe { f16_at(p) }
+    }
+}
+
+impl Floats for Bf16 {
+    const BYTES: usize = 2;
+    #[inline(always)]
+    unsafe fn load8(p: *const u8) -> __m256 {
+        // SAFETY: as the caller guarantees.
+        unsafe {
+            let wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+            _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16))
+        }
+    }
+    #[inline(always)]
+    unsafe fn load1(p: *const u8) -> f32 {
+        // SAFETY: as the caller guarantees.
+        unsafe { f32::from_bits(((p as *const u16).read_unaligned() as u32) << 16) }
+    }
+}
+
+fn dot_floats<L: Floats, const N: usize>(w: &[u8], xs: [&[f32]; N]) -> [f32; N] {
+    let n = xs.iter().fold(w.len() / L::BYTES, |n, x| n.min(x.len()));
     // SAFETY: CPU features as above; `n` values lie inside `w` (as bytes) and every `xs[i]`.
-    unsafe { dot_f32_avx2(n, w, xs) }
+    unsafe { dot_floats_avx2::<L, N>(n, w, xs) }
 }
 
+/// Float weights in format `L` · N rows of f32 activations: eight lanes of FMAs, then the rest
+/// one value at a time.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot_f32_avx2<const N: usize>(n: usize, w: &[u8], xs: [&[f32]; N]) -> [f32; N] {
+unsafe fn dot_floats_avx2<L: Floats, const N: usize>(
+    n: usize,
+    w: &[u8],
+    xs: [&[f32]; N],
+) -> [f32; N] {
     let mut acc = [_mm256_setzero_ps(); N];
     let mut i = 0;
     while i + 8 <= n {
         // SAFETY: values i..i+8 lie inside `w` (as bytes) and every `xs[k]`, since i + 8 <= n.
         unsafe {
-            _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().wrapping_add(i * 4 + PREFETCH) as *const i8);
-            let wv = _mm256_loadu_ps(w.as_ptr().add(i * 4) as *const f32);
-            for (a, x) in acc.iter_mut().zip(&xs) {
-                *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.as_ptr().add(i)), *a);
-            }
-        }
-        i += 8;
-    }
-    // SAFETY: register-only.
-    let mut out = unsafe { hsums(acc) };
-    for j in i..n {
-        let b = &w[j * 4..j * 4 + 4];
-        let v = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        for (o, x) in out.iter_mut().zip(&xs) {
-            *o += v * x[j];
-        }
-    }
-    out
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn dot_f16_avx2<const N: usize>(n: usize, w: &[u8], xs: [&[f32]; N]) -> [f32; N] {
-    let mut acc = [_mm256_setzero_ps(); N];
-    let mut i = 0;
-    while i + 8 <= n {
-        // SAFETY: values i..i+8 lie inside `w` (as bytes) and every `xs[k]`, since i + 8 <= n.
-        unsafe {
-            _mm_prefetch::<_MM_HINT_T0>(w.as_ptr().wrapping_add(i * 2 + PREFETCH) as *const i8);
-            let wv = _mm256_cvtph_ps(_mm_loadu_si128(w.as_ptr().add(i * 2) as *const __m128i));
+            let p = w.as_ptr().add(i * L::BYTES);
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH) as *const i8);
+            let wv = L::load8(p);
             for (a, x) in acc.iter_mut().zip(&xs) {
                 *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x.as_ptr().add(i)), *a);
             }
@@ -81,7 +132,7 @@ pub(super) unsafe fn dot_f16_avx2<const N: usize>(n: usize, w: &[u8], xs: [&[f32
     let mut out = unsafe { hsums(acc) };
     for j in i..n {
         // SAFETY: value j < n lies inside `w`.
-        let v = unsafe { f16_at(w.as_ptr().add(j * 2)) };
+        let v = unsafe { L::load1(w.as_ptr().add(j * L::BYTES)) };
         for (o, x) in out.iter_mut().zip(&xs) {
             *o += v * x[j];
         }

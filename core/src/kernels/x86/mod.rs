@@ -87,6 +87,8 @@ const fn table<const ISA: u8>(name: &'static str) -> Kernels {
         dot_f32_x4: dot_f32::<TILE>,
         dot_f16: |w, x| dot_f16::<1>(w, [x])[0],
         dot_f16_x4: dot_f16::<TILE>,
+        dot_bf16: |w, x| dot_bf16::<1>(w, [x])[0],
+        dot_bf16_x4: dot_bf16::<TILE>,
         axpy_q8_0: axpy_q8_0::<ISA>,
         silu_mul,
         exp_sub,
