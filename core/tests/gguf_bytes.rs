@@ -66,13 +66,14 @@ fn k_quant_dequantizers_match_gguf_py() {
     use sapient_core::quant::k_quants::QK_K;
     let text = include_str!("data/gguf_kquants.txt");
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 9);
+    assert_eq!(lines.len(), 12);
     for case in lines.chunks(3) {
         let head: Vec<&str> = case[0].split(' ').collect();
         let format = match head[0] {
             "q4_k" => Format::Q4K,
             "q5_k" => Format::Q5K,
             "q6_k" => Format::Q6K,
+            "q3_k" => Format::Q3K,
             f => panic!("unknown format {f}"),
         };
         let n: usize = head[1].parse().unwrap();

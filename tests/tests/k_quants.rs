@@ -1,4 +1,4 @@
-//! A whole model on k-quant weights (Q4_K, Q5_K, Q6_K, mixed as a Q4_K_M file mixes them) runs
+//! A whole model on k-quant weights (Q3_K, Q4_K, Q5_K, Q6_K, mixed as Q*_K_M files mix them) runs
 //! as the same weights widened to f32 do: logits within what Q16 activations cost, the same
 //! greedy tokens wherever the top two logits are further apart than that, and prefill and
 //! one-token decoding give the same bits. The weights are super-blocks whose every byte comes
@@ -33,6 +33,8 @@ fn k_matrix(rng: &mut Rng, format: Format, rows: usize, cols: usize) -> Matrix<'
         match format {
             // |d · sc · (q - 32)| up to 128 · 32 steps.
             Format::Q6K => sb[208..210].copy_from_slice(&f16(unit / 128.0)),
+            // |d · (sc - 32) · q| up to 32 · 4 steps.
+            Format::Q3K => sb[108..110].copy_from_slice(&f16(unit / 32.0)),
             // d · sc · q up to 63 · 31 steps, minus dmin · m up to 63 steps of half the span.
             _ => {
                 sb[..2].copy_from_slice(&f16(2.0 * unit / (63.0 * 31.0)));
@@ -90,7 +92,12 @@ fn models() -> (Model<'static>, Model<'static>) {
         layers.push(LayerWeights {
             attn_norm: vec![1.0; h],
             wq: k_matrix(&mut rng, Format::Q4K, c.q_dim(), h),
-            wk: k_matrix(&mut rng, Format::Q4K, kv, h),
+            wk: k_matrix(
+                &mut rng,
+                if i == 0 { Format::Q4K } else { Format::Q3K },
+                kv,
+                h,
+            ),
             wv: k_matrix(&mut rng, v, kv, h),
             wo: k_matrix(&mut rng, Format::Q5K, h, c.q_dim()),
             bq: None,

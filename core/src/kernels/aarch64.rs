@@ -8,8 +8,8 @@ use core::arch::aarch64::*;
 use super::{Kernels, QuantDots, AXPY_ROWS, TILE};
 use crate::quant::k_quants::BLOCKS_PER_SUPER;
 use crate::quant::{
-    f16_at, BlockQ16, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
-    BlockQ8_0, KBlock, QK,
+    f16_at, BlockQ16, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
+    BlockQ6K, BlockQ8_0, KBlock, QK,
 };
 
 pub(super) static KERNELS: Kernels = Kernels {
@@ -25,6 +25,7 @@ pub(super) static KERNELS: Kernels = Kernels {
     q4_1: dots::<BlockQ4_1>(),
     q5_0: dots::<BlockQ5_0>(),
     q5_1: dots::<BlockQ5_1>(),
+    q3_k: dots::<BlockQ3K>(),
     q4_k: dots::<BlockQ4K>(),
     q5_k: dots::<BlockQ5K>(),
     q6_k: dots::<BlockQ6K>(),
@@ -234,6 +235,18 @@ macro_rules! k_unpack {
 }
 
 k_unpack!(
+    BlockQ3K => |b: &[u8], j: usize| {
+        let (low_lo, low_hi) = bits32(&b[32 + 32 * (j / 4)..][..32], 2 * (j % 4), 3);
+        let (high_lo, high_hi) = bits32(&b[..32], j, 1);
+        // SAFETY: register-only; the quants are 0..=7 before the bias, -4..=3 after.
+        unsafe {
+            let bias = vdupq_n_s8(4);
+            (
+                vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(low_lo, vshlq_n_u8(high_lo, 2))), bias),
+                vsubq_s8(vreinterpretq_s8_u8(vorrq_u8(low_hi, vshlq_n_u8(high_hi, 2))), bias),
+            )
+        }
+    },
     BlockQ4K => |b: &[u8], j: usize| {
         let (lo, hi) = bits32(&b[16 + 32 * (j / 2)..][..32], 4 * (j % 2), 0x0f);
         // SAFETY: register-only; nibbles are 0..=15, so reinterpreting them as i8 keeps them.

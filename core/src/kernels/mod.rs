@@ -80,6 +80,7 @@ pub struct Kernels {
     pub q4_1: QuantDots,
     pub q5_0: QuantDots,
     pub q5_1: QuantDots,
+    pub q3_k: QuantDots,
     pub q4_k: QuantDots,
     pub q5_k: QuantDots,
     pub q6_k: QuantDots,
@@ -137,6 +138,7 @@ impl Kernels {
             Format::Q4_1 => Ok(&self.q4_1),
             Format::Q5_0 => Ok(&self.q5_0),
             Format::Q5_1 => Ok(&self.q5_1),
+            Format::Q3K => Ok(&self.q3_k),
             Format::Q4K => Ok(&self.q4_k),
             Format::Q5K => Ok(&self.q5_k),
             Format::Q6K => Ok(&self.q6_k),
@@ -293,6 +295,7 @@ impl Kernels {
             | Format::Q4_1
             | Format::Q5_0
             | Format::Q5_1
+            | Format::Q3K
             | Format::Q4K
             | Format::Q5K
             | Format::Q6K => {

@@ -5,8 +5,8 @@
 //! before calling into any table.
 use super::{Kernels, QuantDots, AXPY_ROWS};
 use crate::quant::{
-    f16_at, quantize_blocks, Block, BlockQ16, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0,
-    BlockQ5_1, BlockQ6K, BlockQ8_0, KBlock, QK,
+    f16_at, quantize_blocks, Block, BlockQ16, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K,
+    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, KBlock, QK,
 };
 
 pub static KERNELS: Kernels = Kernels {
@@ -18,6 +18,7 @@ pub static KERNELS: Kernels = Kernels {
     q4_1: dots::<BlockQ4_1>(),
     q5_0: dots::<BlockQ5_0>(),
     q5_1: dots::<BlockQ5_1>(),
+    q3_k: dots::<BlockQ3K>(),
     q4_k: dots::<BlockQ4K>(),
     q5_k: dots::<BlockQ5K>(),
     q6_k: dots::<BlockQ6K>(),
@@ -81,7 +82,7 @@ macro_rules! k_unpack {
     )*};
 }
 
-k_unpack!(BlockQ4K, BlockQ5K, BlockQ6K);
+k_unpack!(BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K);
 
 impl Unpack for BlockQ8_0 {
     const BYTES: usize = Self::BYTES;

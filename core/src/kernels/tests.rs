@@ -36,6 +36,7 @@ fn quantized(format: Format, x: &[f32]) -> Vec<u8> {
             .to_bits()
             .to_le_bytes();
         match format {
+            Format::Q3K => sb[108..110].copy_from_slice(&d),
             Format::Q6K => sb[208..210].copy_from_slice(&d),
             _ => {
                 sb[..2].copy_from_slice(&d);
@@ -109,6 +110,7 @@ fn abs_dot(format: Format, w: &[u8], x: &[u8], n: usize) -> f32 {
         Format::Q4_1 => terms::<quant::BlockQ4_1>(w, &xs),
         Format::Q5_0 => terms::<quant::BlockQ5_0>(w, &xs),
         Format::Q5_1 => terms::<quant::BlockQ5_1>(w, &xs),
+        Format::Q3K => terms::<quant::BlockQ3K>(w, &xs),
         Format::Q4K => terms::<quant::BlockQ4K>(w, &xs),
         Format::Q5K => terms::<quant::BlockQ5K>(w, &xs),
         Format::Q6K => terms::<quant::BlockQ6K>(w, &xs),
@@ -143,12 +145,13 @@ const WRITABLE: [Format; 5] = [
 ];
 
 /// Every quantized weight format.
-const QUANTIZED: [Format; 8] = [
+const QUANTIZED: [Format; 9] = [
     Format::Q8_0,
     Format::Q4_0,
     Format::Q4_1,
     Format::Q5_0,
     Format::Q5_1,
+    Format::Q3K,
     Format::Q4K,
     Format::Q5K,
     Format::Q6K,
@@ -249,6 +252,7 @@ proptest! {
                 Format::Q4_1 => panel::pack_ref::<quant::BlockQ4_1>(&panel, 0, &mut reference),
                 Format::Q5_0 => panel::pack_ref::<quant::BlockQ5_0>(&panel, 0, &mut reference),
                 Format::Q5_1 => panel::pack_ref::<quant::BlockQ5_1>(&panel, 0, &mut reference),
+                Format::Q3K => panel::pack_ref::<quant::BlockQ3K>(&panel, 0, &mut reference),
                 Format::Q4K => panel::pack_ref::<quant::BlockQ4K>(&panel, 0, &mut reference),
                 Format::Q5K => panel::pack_ref::<quant::BlockQ5K>(&panel, 0, &mut reference),
                 Format::Q6K => panel::pack_ref::<quant::BlockQ6K>(&panel, 0, &mut reference),
@@ -487,6 +491,7 @@ fn matmul_rows_equals_row_dots() {
         Format::Q4_1,
         Format::Q5_0,
         Format::Q5_1,
+        Format::Q3K,
         Format::Q4K,
         Format::Q5K,
         Format::Q6K,

@@ -2,9 +2,10 @@
 //!
 //! Each super-block is eight 32-value blocks, and each block reads as the kernels' common form
 //! `value = d · q + m` (`KBlock::block`): Q4_K and Q5_K fold their 6-bit sub-block scale and
-//! minimum into `d` and `m` (exact: an f16 times a 6-bit integer fits f32); Q6_K's 16-value
-//! sub-blocks give each half of a block its own scale (`HALF_SCALES`: `d` for values 0..16, `m`
-//! for 16..32). Dequantizing in that form gives ggml's `dequantize_row_q{4,5,6}_K` bit for bit.
+//! minimum into `d` and `m` (exact: an f16 times a 6-bit integer fits f32); Q3_K's and Q6_K's
+//! 16-value sub-blocks give each half of a block its own scale (`HALF_SCALES`: `d` for values
+//! 0..16, `m` for 16..32). Dequantizing in that form gives ggml's `dequantize_row_q{3,4,5,6}_K`
+//! bit for bit.
 use super::{f16_at, QK};
 
 /// Values per super-block.
@@ -42,6 +43,8 @@ pub trait KBlock {
     fn block(sb: &[u8], j: usize) -> (f32, f32, [i32; QK]);
 }
 
+/// Q3_K: `{ hmask: [u8; 32], qs: [u8; 64], scales: [u8; 12], d: f16 }`.
+pub struct BlockQ3K;
 /// Q4_K: `{ d: f16, dmin: f16, scales: [u8; 12], qs: [u8; 128] }`.
 pub struct BlockQ4K;
 /// Q5_K: `{ d: f16, dmin: f16, scales: [u8; 12], qh: [u8; 32], qs: [u8; 128] }`.
@@ -90,6 +93,52 @@ fn k4_unit_scales(
         core::array::from_fn(|j| d * byte(&scales, j)),
         core::array::from_fn(|j| -(dmin * byte(&mins, j))),
     )
+}
+
+/// Q3_K's 6-bit scale of 16-value sub-block `s` (0..16), less 32: four low bits from the first
+/// eight bytes, two high bits from the last four.
+fn q3_scale(scales: &[u8], s: usize) -> f32 {
+    let low = (scales[s % 8] >> (4 * (s / 8))) & 0x0f;
+    let high = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
+    ((low | (high << 4)) as i32 - 32) as f32
+}
+
+impl KBlock for BlockQ3K {
+    const BYTES: usize = 110;
+    const HAS_MIN: bool = false;
+    const HALF_SCALES: bool = true;
+    const F16_AT: (usize, usize) = (108, 108);
+    /// Block `j`'s halves are sub-blocks `2j` and `2j + 1`.
+    fn scales(sb: &[u8], j: usize) -> (f32, f32) {
+        let d = f16_at(&sb[108..]);
+        let scales = &sb[96..108];
+        (d * q3_scale(scales, 2 * j), d * q3_scale(scales, 2 * j + 1))
+    }
+    fn unit_scales_from(
+        sb: &[u8],
+        d: f32,
+        _: f32,
+    ) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
+        let scales = &sb[96..108];
+        (
+            core::array::from_fn(|j| d * q3_scale(scales, 2 * j)),
+            core::array::from_fn(|j| d * q3_scale(scales, 2 * j + 1)),
+        )
+    }
+    /// Block `j` takes bits `2c, 2c + 1` (c = j % 4) of `qs[32(j / 4)..]` and bit `j` of `hmask`;
+    /// a clear `hmask` bit subtracts 4 (ggml's `dequantize_row_q3_K`).
+    fn block(sb: &[u8], j: usize) -> (f32, f32, [i32; QK]) {
+        let (n, c) = (j / 4, j % 4);
+        let hmask = &sb[..32];
+        let qs = &sb[32 + 32 * n..][..32];
+        let (d_lo, d_hi) = Self::scales(sb, j);
+        let q = core::array::from_fn(|l| {
+            let low = ((qs[l] >> (2 * c)) & 3) as i32;
+            let high = ((hmask[l] >> j) & 1) as i32;
+            low - 4 + 4 * high
+        });
+        (d_lo, d_hi, q)
+    }
 }
 
 impl KBlock for BlockQ4K {
@@ -223,6 +272,7 @@ mod tests {
         /// The once-per-super-block scales are the per-block ones, bit for bit.
         #[test]
         fn unit_scales_are_the_block_scales(sb in proptest::collection::vec(any::<u8>(), 210)) {
+            unit_scales_agree::<BlockQ3K>(&sb)?;
             unit_scales_agree::<BlockQ4K>(&sb)?;
             unit_scales_agree::<BlockQ5K>(&sb)?;
             unit_scales_agree::<BlockQ6K>(&sb)?;

@@ -17,7 +17,7 @@ pub mod q5_0;
 pub mod q5_1;
 pub mod q8_0;
 
-pub use k_quants::{BlockQ4K, BlockQ5K, BlockQ6K, KBlock};
+pub use k_quants::{BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, KBlock};
 pub use q16::BlockQ16;
 pub use q4_0::BlockQ4_0;
 pub use q4_1::BlockQ4_1;
@@ -70,6 +70,7 @@ pub enum Format {
     Q5_0,
     Q5_1,
     /// ggml's k-quants (256-value super-blocks; see `k_quants`).
+    Q3K,
     Q4K,
     Q5K,
     Q6K,
@@ -81,7 +82,7 @@ impl Format {
         match self {
             Format::F32 | Format::F16 | Format::BF16 => 1,
             Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1 => QK,
-            Format::Q4K | Format::Q5K | Format::Q6K => k_quants::QK_K,
+            Format::Q3K | Format::Q4K | Format::Q5K | Format::Q6K => k_quants::QK_K,
         }
     }
 
@@ -95,6 +96,7 @@ impl Format {
             Format::Q4_1 => BlockQ4_1::BYTES,
             Format::Q5_0 => BlockQ5_0::BYTES,
             Format::Q5_1 => BlockQ5_1::BYTES,
+            Format::Q3K => <k_quants::BlockQ3K as KBlock>::BYTES,
             Format::Q4K => <k_quants::BlockQ4K as KBlock>::BYTES,
             Format::Q5K => <k_quants::BlockQ5K as KBlock>::BYTES,
             Format::Q6K => <k_quants::BlockQ6K as KBlock>::BYTES,
@@ -128,6 +130,7 @@ impl Format {
             Format::Q4_1 => "q4_1",
             Format::Q5_0 => "q5_0",
             Format::Q5_1 => "q5_1",
+            Format::Q3K => "q3_K",
             Format::Q4K => "q4_K",
             Format::Q5K => "q5_K",
             Format::Q6K => "q6_K",
@@ -146,7 +149,7 @@ impl fmt::Display for Format {
 pub fn quantize_row(format: Format, x: &[f32], out: &mut [u8]) -> Result<()> {
     check_row(format, x.len(), out.len())?;
     match format {
-        Format::Q4K | Format::Q5K | Format::Q6K => {
+        Format::Q3K | Format::Q4K | Format::Q5K | Format::Q6K => {
             return Err(Error::UnsupportedFormat {
                 what: "quantizing to",
                 format,
@@ -176,6 +179,7 @@ pub fn dequantize_row(format: Format, bytes: &[u8], out: &mut [f32]) -> Result<(
         Format::Q4_1 => dequantize_blocks::<BlockQ4_1>(bytes, out),
         Format::Q5_0 => dequantize_blocks::<BlockQ5_0>(bytes, out),
         Format::Q5_1 => dequantize_blocks::<BlockQ5_1>(bytes, out),
+        Format::Q3K => k_quants::dequantize_blocks::<k_quants::BlockQ3K>(bytes, out),
         Format::Q4K => k_quants::dequantize_blocks::<k_quants::BlockQ4K>(bytes, out),
         Format::Q5K => k_quants::dequantize_blocks::<k_quants::BlockQ5K>(bytes, out),
         Format::Q6K => k_quants::dequantize_blocks::<k_quants::BlockQ6K>(bytes, out),

@@ -240,6 +240,7 @@ impl ModelFiles {
                     GgmlType::Q4_1 => Kind::Block(Format::Q4_1),
                     GgmlType::Q5_0 => Kind::Block(Format::Q5_0),
                     GgmlType::Q5_1 => Kind::Block(Format::Q5_1),
+                    GgmlType::Q3K => Kind::Block(Format::Q3K),
                     GgmlType::Q4K => Kind::Block(Format::Q4K),
                     GgmlType::Q5K => Kind::Block(Format::Q5K),
                     GgmlType::Q6K => Kind::Block(Format::Q6K),

@@ -245,6 +245,34 @@ impl Unpack for BlockQ5_1 {
     }
 }
 
+impl Unpack for BlockQ3K {
+    const BYTES: usize = <Self as KBlock>::BYTES;
+    const UNIT: usize = BLOCKS_PER_SUPER;
+    const HALF_SCALES: bool = true;
+    /// Bits `2c, 2c + 1` of `qs[32(j / 4)..]` and bit `j` of `hmask` (see `KBlock for BlockQ3K`).
+    #[inline(always)]
+    unsafe fn unpack(p: *const u8, j: usize) -> (__m256i, __m256i) {
+        // SAFETY: `hmask` (32 bytes at 0) and block j's low bits (32 bytes at 32 + 32(j / 4))
+        // lie in the super-block.
+        unsafe {
+            let low = bytes32(p.add(32 + 32 * (j / 4)), 2 * (j % 4), 3);
+            let high = bytes32(p, j, 1);
+            let q = _mm256_or_si256(low, _mm256_slli_epi16(high, 2));
+            widen_i8(_mm256_sub_epi8(q, _mm256_set1_epi8(4)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn scales(p: *const u8, j: usize) -> (__m256, __m256) {
+        // SAFETY: the caller guarantees a whole super-block at `p`.
+        unsafe { k_scales::<Self>(p, j) }
+    }
+    #[inline(always)]
+    unsafe fn unit_scales(p: *const u8) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
+        // SAFETY: the caller guarantees a whole super-block at `p`.
+        unsafe { k_unit_scales::<Self>(p) }
+    }
+}
+
 impl Unpack for BlockQ4K {
     const BYTES: usize = <Self as KBlock>::BYTES;
     const UNIT: usize = BLOCKS_PER_SUPER;
