@@ -154,10 +154,10 @@ impl Spm {
 
     /// Splits `text` at the special tokens it holds, longest first.
     fn partition<'t>(&self, text: &'t str) -> Vec<Fragment<'t>> {
-        let mut fragments = vec![Fragment::Text(text)];
         if text.is_empty() {
             return Vec::new();
         }
+        let mut fragments = vec![Fragment::Text(text)];
         for &id in &self.specials {
             let special = self.tokens[id as usize].as_str();
             if !fragments
