@@ -245,10 +245,29 @@ impl Unpack for BlockQ5_1 {
     }
 }
 
+/// What every k-quant's `Unpack` shares: its constants from `KBlock`, and its scales read
+/// through `KBlock` with F16C; each format adds only its `unpack`.
+macro_rules! k_unit {
+    () => {
+        const BYTES: usize = <Self as KBlock>::BYTES;
+        const UNIT: usize = BLOCKS_PER_SUPER;
+        const HAS_MIN: bool = <Self as KBlock>::HAS_MIN;
+        const HALF_SCALES: bool = <Self as KBlock>::HALF_SCALES;
+        #[inline(always)]
+        unsafe fn scales(p: *const u8, j: usize) -> (__m256, __m256) {
+            // SAFETY: the caller guarantees a whole super-block at `p`.
+            unsafe { k_scales::<Self>(p, j) }
+        }
+        #[inline(always)]
+        unsafe fn unit_scales(p: *const u8) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
+            // SAFETY: the caller guarantees a whole super-block at `p`.
+            unsafe { k_unit_scales::<Self>(p) }
+        }
+    };
+}
+
 impl Unpack for BlockQ3K {
-    const BYTES: usize = <Self as KBlock>::BYTES;
-    const UNIT: usize = BLOCKS_PER_SUPER;
-    const HALF_SCALES: bool = true;
+    k_unit!();
     /// Bits `2c, 2c + 1` of `qs[32(j / 4)..]` and bit `j` of `hmask` (see `KBlock for BlockQ3K`).
     #[inline(always)]
     unsafe fn unpack(p: *const u8, j: usize) -> (__m256i, __m256i) {
@@ -261,43 +280,19 @@ impl Unpack for BlockQ3K {
             widen_i8(_mm256_sub_epi8(q, _mm256_set1_epi8(4)))
         }
     }
-    #[inline(always)]
-    unsafe fn scales(p: *const u8, j: usize) -> (__m256, __m256) {
-        // SAFETY: the caller guarantees a whole super-block at `p`.
-        unsafe { k_scales::<Self>(p, j) }
-    }
-    #[inline(always)]
-    unsafe fn unit_scales(p: *const u8) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
-        // SAFETY: the caller guarantees a whole super-block at `p`.
-        unsafe { k_unit_scales::<Self>(p) }
-    }
 }
 
 impl Unpack for BlockQ4K {
-    const BYTES: usize = <Self as KBlock>::BYTES;
-    const UNIT: usize = BLOCKS_PER_SUPER;
-    const HAS_MIN: bool = true;
+    k_unit!();
     #[inline(always)]
     unsafe fn unpack(p: *const u8, j: usize) -> (__m256i, __m256i) {
         // SAFETY: block j's 32 bytes of nibbles lie in the super-block.
         unsafe { bits32(p.add(16 + 32 * (j / 2)), 4 * (j % 2), 0x0f) }
     }
-    #[inline(always)]
-    unsafe fn scales(p: *const u8, j: usize) -> (__m256, __m256) {
-        // SAFETY: the caller guarantees a whole super-block at `p`.
-        unsafe { k_scales::<Self>(p, j) }
-    }
-    #[inline(always)]
-    unsafe fn unit_scales(p: *const u8) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
-        // SAFETY: the caller guarantees a whole super-block at `p`.
-        unsafe { k_unit_scales::<Self>(p) }
-    }
 }
 
 impl Unpack for BlockQ5K {
-    const BYTES: usize = <Self as KBlock>::BYTES;
-    const UNIT: usize = BLOCKS_PER_SUPER;
-    const HAS_MIN: bool = true;
+    k_unit!();
     #[inline(always)]
     unsafe fn unpack(p: *const u8, j: usize) -> (__m256i, __m256i) {
         // SAFETY: the nibbles (at 48) and the fifth bits (32 bytes at 16) lie in the super-block.
@@ -307,22 +302,10 @@ impl Unpack for BlockQ5K {
             widen_u8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)))
         }
     }
-    #[inline(always)]
-    unsafe fn scales(p: *const u8, j: usize) -> (__m256, __m256) {
-        // SAFETY: the caller guarantees a whole super-block at `p`.
-        unsafe { k_scales::<Self>(p, j) }
-    }
-    #[inline(always)]
-    unsafe fn unit_scales(p: *const u8) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
-        // SAFETY: the caller guarantees a whole super-block at `p`.
-        unsafe { k_unit_scales::<Self>(p) }
-    }
 }
 
 impl Unpack for BlockQ6K {
-    const BYTES: usize = <Self as KBlock>::BYTES;
-    const UNIT: usize = BLOCKS_PER_SUPER;
-    const HALF_SCALES: bool = true;
+    k_unit!();
     /// Block `j` is quarter `c` of half `n` (see `KBlock for BlockQ6K`).
     #[inline(always)]
     unsafe fn unpack(p: *const u8, j: usize) -> (__m256i, __m256i) {
@@ -335,16 +318,6 @@ impl Unpack for BlockQ6K {
             let q = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
             widen_i8(_mm256_sub_epi8(q, _mm256_set1_epi8(32)))
         }
-    }
-    #[inline(always)]
-    unsafe fn scales(p: *const u8, j: usize) -> (__m256, __m256) {
-        // SAFETY: the caller guarantees a whole super-block at `p`.
-        unsafe { k_scales::<Self>(p, j) }
-    }
-    #[inline(always)]
-    unsafe fn unit_scales(p: *const u8) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
-        // SAFETY: the caller guarantees a whole super-block at `p`.
-        unsafe { k_unit_scales::<Self>(p) }
     }
 }
 
