@@ -129,86 +129,188 @@ impl Sampler {
         (c.temperature == 0.0 || c.top_k == 1) && c.repeat_penalty == 1.0
     }
 
+    /// Whether every choice is a function of the logits alone (greedy or top-k 1): no random
+    /// draw, so a draft token is right exactly when it is that choice.
+    pub fn is_deterministic(&self) -> bool {
+        self.config.temperature == 0.0 || self.config.top_k == 1
+    }
+
     /// The next token given `logits` and the tokens so far (for the repetition penalty).
     /// `logits` is modified by the penalty.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
-        let c = self.config;
-        if c.repeat_penalty != 1.0 {
-            let start = history.len().saturating_sub(c.repeat_last_n);
-            let recent = &history[start..];
-            for (i, &t) in recent.iter().enumerate() {
-                // Penalize each distinct token once.
-                if recent[..i].contains(&t) {
-                    continue;
-                }
-                if let Some(l) = logits.get_mut(t as usize) {
-                    *l = if *l > 0.0 {
-                        *l / c.repeat_penalty
-                    } else {
-                        *l * c.repeat_penalty
-                    };
-                }
-            }
+        match filter(&self.config, &mut self.candidates, logits, history) {
+            Choice::Token(t) => t,
+            Choice::Candidates => draw(&self.candidates, self.rng.next_f32()),
         }
-        if c.temperature == 0.0 || c.top_k == 1 {
-            return argmax(logits);
-        }
-        let cand = &mut self.candidates;
-        cand.clear();
-        cand.extend(
-            logits
-                .iter()
-                .enumerate()
-                .filter(|(_, l)| !l.is_nan())
-                .map(|(i, l)| (i as u32, *l)),
-        );
-        if cand.is_empty() {
-            return 0;
-        }
-        // Most likely first; ties keep the lower id first, so runs are reproducible.
-        let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        if c.top_k > 0 && c.top_k < cand.len() {
-            cand.select_nth_unstable_by(c.top_k - 1, by_logit);
-            cand.truncate(c.top_k);
-        }
-        cand.sort_unstable_by(by_logit);
-        softmax_in_place(cand, 1.0);
-        if c.top_p < 1.0 {
-            let mut sum = 0.0;
-            let mut keep = cand.len();
-            for (i, (_, p)) in cand.iter().enumerate() {
-                sum += p;
-                if sum >= c.top_p {
-                    keep = i + 1;
-                    break;
-                }
-            }
-            cand.truncate(keep);
-        }
-        if c.min_p > 0.0 {
-            let threshold = cand[0].1 * c.min_p;
-            let keep = cand
-                .iter()
-                .take_while(|(_, p)| *p >= threshold)
-                .count()
-                .max(1);
-            cand.truncate(keep);
-        }
-        // Temperature rescales the survivors' logits: p^(1/T), renormalized.
-        for (_, p) in cand.iter_mut() {
-            *p = libm::logf(*p);
-        }
-        softmax_in_place(cand, c.temperature);
-        let u = self.rng.next_f32();
-        let mut acc = 0.0;
-        for &(t, p) in cand.iter() {
-            acc += p;
-            if u < acc {
-                return t;
-            }
-        }
-        cand[cand.len() - 1].0
     }
+
+    /// As `sample`, and `probs` ← the distribution the token was drawn from, as (token,
+    /// probability) pairs, most likely first (one pair of probability 1 when deterministic): what
+    /// a draft hands to `verify`.
+    pub fn sample_with_probs(
+        &mut self,
+        logits: &mut [f32],
+        history: &[u32],
+        probs: &mut Vec<(u32, f32)>,
+    ) -> u32 {
+        let t = self.sample(logits, history);
+        probs.clear();
+        if self.is_deterministic() {
+            probs.push((t, 1.0));
+        } else {
+            probs.extend_from_slice(&self.candidates);
+        }
+        t
+    }
+
+    /// Speculative sampling's check of one draft token: `logits` are the target's at the
+    /// draft's position, `draft_probs` the distribution the draft drew `draft` from
+    /// (`sample_with_probs`; a deterministic draft, such as an n-gram lookup, passes
+    /// `[(draft, 1.0)]`). Deterministic sampling accepts exactly the token `sample` would
+    /// choose. Otherwise the draft is accepted with probability min(1, p(draft) / q(draft)), and
+    /// a rejection draws from max(0, p − q) renormalized, so the token that comes out is
+    /// distributed as the target's own `sample` (Leviathan et al., 2023).
+    pub fn verify(
+        &mut self,
+        logits: &mut [f32],
+        history: &[u32],
+        draft: u32,
+        draft_probs: &[(u32, f32)],
+    ) -> Verdict {
+        let p = match filter(&self.config, &mut self.candidates, logits, history) {
+            Choice::Token(t) if t == draft => return Verdict::Accepted,
+            Choice::Token(t) => return Verdict::Rejected(t),
+            Choice::Candidates => &mut self.candidates,
+        };
+        let prob_of = |dist: &[(u32, f32)], t: u32| {
+            dist.iter()
+                .find(|(id, _)| *id == t)
+                .map_or(0.0, |(_, p)| *p)
+        };
+        let (p_draft, q_draft) = (prob_of(p, draft), prob_of(draft_probs, draft));
+        let u = self.rng.next_f32();
+        if u * q_draft < p_draft {
+            return Verdict::Accepted;
+        }
+        let u = self.rng.next_f32();
+        let mut residual_sum = 0.0;
+        for (t, prob) in p.iter_mut() {
+            *prob = (*prob - prob_of(draft_probs, *t)).max(0.0);
+            residual_sum += *prob;
+        }
+        if residual_sum <= 0.0 {
+            // p ≤ q everywhere means p = q (up to rounding), so acceptance was certain; rounding
+            // got here. Any token of p is then a draw from p.
+            return Verdict::Rejected(p[0].0);
+        }
+        p.iter_mut().for_each(|(_, prob)| *prob /= residual_sum);
+        Verdict::Rejected(draw(p, u))
+    }
+}
+
+/// What `Sampler::verify` decided about a draft token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The draft token stands.
+    Accepted,
+    /// The draft token is replaced by this one, and every draft token after it is void.
+    Rejected(u32),
+}
+
+/// The outcome of `filter`.
+enum Choice {
+    /// The token is decided (greedy, top-k 1, or nothing to choose from).
+    Token(u32),
+    /// The candidates hold the distribution to draw from.
+    Candidates,
+}
+
+/// Applies the repetition penalty to `logits`, then (unless the choice is deterministic) fills
+/// `cand` with the surviving tokens and their probabilities, most likely first.
+fn filter(
+    c: &SamplerConfig,
+    cand: &mut Vec<(u32, f32)>,
+    logits: &mut [f32],
+    history: &[u32],
+) -> Choice {
+    if c.repeat_penalty != 1.0 {
+        let start = history.len().saturating_sub(c.repeat_last_n);
+        let recent = &history[start..];
+        for (i, &t) in recent.iter().enumerate() {
+            // Penalize each distinct token once.
+            if recent[..i].contains(&t) {
+                continue;
+            }
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l = if *l > 0.0 {
+                    *l / c.repeat_penalty
+                } else {
+                    *l * c.repeat_penalty
+                };
+            }
+        }
+    }
+    if c.temperature == 0.0 || c.top_k == 1 {
+        return Choice::Token(argmax(logits));
+    }
+    cand.clear();
+    cand.extend(
+        logits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| !l.is_nan())
+            .map(|(i, l)| (i as u32, *l)),
+    );
+    if cand.is_empty() {
+        return Choice::Token(0);
+    }
+    // Most likely first; ties keep the lower id first, so runs are reproducible.
+    let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    if c.top_k > 0 && c.top_k < cand.len() {
+        cand.select_nth_unstable_by(c.top_k - 1, by_logit);
+        cand.truncate(c.top_k);
+    }
+    cand.sort_unstable_by(by_logit);
+    softmax_in_place(cand, 1.0);
+    if c.top_p < 1.0 {
+        let mut sum = 0.0;
+        let mut keep = cand.len();
+        for (i, (_, p)) in cand.iter().enumerate() {
+            sum += p;
+            if sum >= c.top_p {
+                keep = i + 1;
+                break;
+            }
+        }
+        cand.truncate(keep);
+    }
+    if c.min_p > 0.0 {
+        let threshold = cand[0].1 * c.min_p;
+        let keep = cand
+            .iter()
+            .take_while(|(_, p)| *p >= threshold)
+            .count()
+            .max(1);
+        cand.truncate(keep);
+    }
+    // Temperature rescales the survivors' logits: p^(1/T), renormalized.
+    for (_, p) in cand.iter_mut() {
+        *p = libm::logf(*p);
+    }
+    softmax_in_place(cand, c.temperature);
+    Choice::Candidates
+}
+
+/// The token of `dist` (probabilities summing to 1) that the uniform draw `u` lands on.
+fn draw(dist: &[(u32, f32)], u: f32) -> u32 {
+    let mut acc = 0.0;
+    for &(t, p) in dist {
+        acc += p;
+        if u < acc {
+            return t;
+        }
+    }
+    dist[dist.len() - 1].0
 }
 
 /// Candidates' values (logits, sorted descending) -> probabilities of `value / temperature`.
@@ -295,6 +397,108 @@ mod tests {
                 prop_assert!(pr[t] >= best * m * (1.0 - 1e-4), "p {} best {} min_p {}", pr[t], best, m);
             }
         }
+    }
+
+    /// Pearson's chi-square of `counts` against the distribution `p`.
+    fn chi_square(counts: &[u32], p: &[f32]) -> f64 {
+        let n: u32 = counts.iter().sum();
+        counts
+            .iter()
+            .zip(p)
+            .filter(|(_, p)| **p > 0.0)
+            .map(|(c, p)| {
+                let e = n as f64 * *p as f64;
+                (*c as f64 - e).powi(2) / e
+            })
+            .sum()
+    }
+
+    /// The distribution `config` samples from `logits`.
+    fn sampled_distribution(config: SamplerConfig, logits: &[f32]) -> Vec<f32> {
+        let mut s = Sampler::new(config).unwrap();
+        let mut probs = Vec::new();
+        s.sample_with_probs(&mut logits.to_vec(), &[], &mut probs);
+        let mut p = vec![0.0; logits.len()];
+        for (t, pr) in probs {
+            p[t as usize] = pr;
+        }
+        p
+    }
+
+    /// Speculative sampling keeps the target's distribution: the token that comes out of
+    /// `verify` (the draft's when accepted, the replacement otherwise) is distributed as the
+    /// target's `sample`, for a model draft (q from other logits) and for a deterministic draft
+    /// (q a point mass, as an n-gram lookup proposes). The counts of the draft's own tokens fail
+    /// the same test, so the test can tell the two apart.
+    #[test]
+    fn speculative_sampling_keeps_the_target_distribution() {
+        let target_logits = [1.0, 0.2, -0.5, 2.0, 0.0, -2.0];
+        let draft_logits = [0.0, 1.5, 0.5, 1.0, -1.0, 0.3];
+        let configs = [
+            SamplerConfig {
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                ..SamplerConfig::default()
+            },
+            SamplerConfig {
+                temperature: 0.7,
+                top_k: 4,
+                top_p: 0.9,
+                min_p: 0.05,
+                ..SamplerConfig::default()
+            },
+        ];
+        const TRIALS: usize = 100_000;
+        // Chi-square with 5 degrees of freedom exceeds 40 with probability about 1e-7.
+        const CRITICAL: f64 = 40.0;
+        for (i, config) in configs.into_iter().enumerate() {
+            let p = sampled_distribution(config, &target_logits);
+            let mut draft = Sampler::new(SamplerConfig { seed: 7, ..config }).unwrap();
+            let mut target = Sampler::new(SamplerConfig { seed: 11, ..config }).unwrap();
+            let (mut out, mut drafted, mut point) = ([0u32; 6], [0u32; 6], [0u32; 6]);
+            let mut q = Vec::new();
+            for trial in 0..TRIALS {
+                let d = draft.sample_with_probs(&mut draft_logits.to_vec(), &[], &mut q);
+                drafted[d as usize] += 1;
+                let verdict = target.verify(&mut target_logits.to_vec(), &[], d, &q);
+                out[match verdict {
+                    Verdict::Accepted => d,
+                    Verdict::Rejected(t) => t,
+                } as usize] += 1;
+                // A point-mass draft cycling through every token, kept or filtered.
+                let d = (trial % 6) as u32;
+                point[match target.verify(&mut target_logits.to_vec(), &[], d, &[(d, 1.0)]) {
+                    Verdict::Accepted => d,
+                    Verdict::Rejected(t) => t,
+                } as usize] += 1;
+            }
+            let (x_out, x_point) = (chi_square(&out, &p), chi_square(&point, &p));
+            assert!(
+                x_out < CRITICAL,
+                "config {i}: chi2 {x_out} {out:?} vs {p:?}"
+            );
+            assert!(x_point < CRITICAL, "config {i}: chi2 {x_point} {point:?}");
+            let x_drafted = chi_square(&drafted, &p);
+            assert!(x_drafted > 100.0 * CRITICAL, "config {i}: {x_drafted}");
+        }
+    }
+
+    /// Deterministic sampling accepts exactly the token it would choose, and replaces any other
+    /// draft with it; a repetition penalty counts.
+    #[test]
+    fn deterministic_verify_is_exact() {
+        let mut s = Sampler::new(SamplerConfig::greedy()).unwrap();
+        let l = [0.1, 3.0, 2.9, -1.0];
+        assert_eq!(s.verify(&mut l.to_vec(), &[], 1, &[]), Verdict::Accepted);
+        assert_eq!(s.verify(&mut l.to_vec(), &[], 2, &[]), Verdict::Rejected(1));
+        let mut s = Sampler::new(SamplerConfig {
+            repeat_penalty: 2.0,
+            ..SamplerConfig::greedy()
+        })
+        .unwrap();
+        assert_eq!(s.verify(&mut l.to_vec(), &[1], 2, &[]), Verdict::Accepted);
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod generate;
 pub mod gpu;
 pub mod load;
 pub mod run;
+pub mod speculative;
 pub mod tokenizer;
 
 pub use exec::Rayon;

@@ -3,14 +3,17 @@ use std::io::{BufRead, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use sapient::chat::{ChatTemplate, Message};
+use sapient::generate::Stats;
 use sapient::generate::{generate, Stop};
 use sapient::load::{self, resolve, LoadOptions, ModelFiles, Quantize};
 use sapient::run::{self, CpuRunner, PerplexityRecipe, Runner, Session, DEFAULT_BATCH};
+use sapient::speculative::{generate_speculative, Draft, DraftStats, ModelDraft};
 use sapient::tokenizer::{TextStream, Tokenizer};
 use sapient::Rayon;
 use sapient_core::sample::{Sampler, SamplerConfig};
@@ -118,7 +121,7 @@ enum Command {
     },
 }
 
-#[derive(Args)]
+#[derive(Args, Clone)]
 struct ModelArgs {
     /// A Hugging Face checkpoint directory, a .gguf file, a .safetensors file with config.json
     /// beside it, or a Hugging Face id (org/name) in the local hub cache.
@@ -194,6 +197,26 @@ struct SamplingArgs {
 }
 
 #[derive(Args)]
+struct DraftArgs {
+    /// Speculative decoding with this smaller model (same vocabulary) as the draft: it proposes
+    /// --draft-tokens tokens, the model checks them in one pass. Output as without it.
+    #[arg(long, conflicts_with = "draft")]
+    draft_model: Option<String>,
+    /// Speculative decoding without a second model: ngram proposes what followed the latest
+    /// earlier occurrence of the text's last 3 or 2 tokens (prompt lookup).
+    #[arg(long, value_enum)]
+    draft: Option<DraftArg>,
+    /// Tokens the draft proposes per pass of the model.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..=64))]
+    draft_tokens: u16,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum DraftArg {
+    Ngram,
+}
+
+#[derive(Args)]
 struct GenerateArgs {
     #[command(flatten)]
     model: ModelArgs,
@@ -201,6 +224,8 @@ struct GenerateArgs {
     prompt: PromptArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    draft: DraftArgs,
     #[arg(short = 'n', long, default_value_t = 128)]
     max_tokens: usize,
     /// Context length (default: the prompt plus --max-tokens, at most the model's).
@@ -216,6 +241,8 @@ struct ChatArgs {
     model: ModelArgs,
     #[command(flatten)]
     sampling: SamplingArgs,
+    #[command(flatten)]
+    draft: DraftArgs,
     /// A system prompt.
     #[arg(long)]
     system: Option<String>,
@@ -257,7 +284,8 @@ enum OutputFormat {
 
 struct Loaded {
     source: Source,
-    exec: Rayon,
+    /// Shared with a draft model's `Loaded`: one pool, never two spinning at once.
+    exec: Arc<Rayon>,
     quantize: Quantize,
     kv: Option<KvArg>,
     backend: BackendArg,
@@ -326,16 +354,43 @@ impl Loaded {
         };
         Ok(Loaded {
             source,
-            exec: Rayon::new(a.threads)?,
+            exec: Arc::new(Rayon::new(a.threads)?),
             quantize,
             kv: a.kv,
             backend: a.backend,
         })
     }
 
+    /// A draft model for speculative decoding: `args`' options with `path` as the model, on this
+    /// model's thread pool.
+    fn open_draft(&self, args: &ModelArgs, path: &str) -> Result<Self> {
+        let args = ModelArgs {
+            model: path.to_owned(),
+            config: None,
+            ..args.clone()
+        };
+        let draft = Loaded {
+            exec: self.exec.clone(),
+            ..Loaded::open(&args)?
+        };
+        // Ids only mean the same token where both models share the vocabulary.
+        if let (Ok(f), Ok(df)) = (self.files(), draft.files()) {
+            let (tok, dtok) = (Tokenizer::load(f)?, Tokenizer::load(df)?);
+            let probe = "The quick brown fox: 1234, naïve café — 東京 🎉\n\tdef f(x): return x";
+            if tok.vocab_size() != dtok.vocab_size() || tok.encode(probe)? != dtok.encode(probe)? {
+                bail!(
+                    "the draft model {path} has another vocabulary ({} tokens) than the model ({} tokens); a draft must share the model's tokenizer",
+                    dtok.vocab_size(),
+                    tok.vocab_size()
+                );
+            }
+        }
+        Ok(draft)
+    }
+
     /// The model on the chosen backend; the GPU's adapter is named on stderr.
     fn engine<'m, 'w>(&'m self, model: &'m Model<'w>) -> Result<Engine<'m, 'w>> {
-        let cpu = || Engine::Cpu(CpuRunner::new(model, self.kv_format(model), &self.exec));
+        let cpu = || Engine::Cpu(CpuRunner::new(model, self.kv_format(model), &*self.exec));
         #[cfg(feature = "gpu")]
         {
             use sapient::gpu::{GpuModel, GpuOptions};
@@ -400,7 +455,7 @@ impl Loaded {
             load::summary(&model, &arch),
             t0.elapsed().as_secs_f64(),
             model.kernels().name,
-            sapient_core::Exec::threads(&self.exec)
+            sapient_core::Exec::threads(&*self.exec)
         );
         Ok(model)
     }
@@ -436,6 +491,52 @@ impl Loaded {
                 Ok((ids, Some(tok)))
             }
             (None, None) => bail!("give --prompt or --prompt-ids"),
+        }
+    }
+}
+
+/// What proposes tokens for speculative decoding.
+enum DraftChoice {
+    None,
+    Ngram,
+    Model(Box<Loaded>),
+}
+
+impl DraftArgs {
+    fn open(&self, target: &Loaded, args: &ModelArgs) -> Result<DraftChoice> {
+        Ok(match (&self.draft_model, self.draft) {
+            (Some(path), _) => DraftChoice::Model(Box::new(target.open_draft(args, path)?)),
+            (None, Some(DraftArg::Ngram)) => DraftChoice::Ngram,
+            (None, None) => DraftChoice::None,
+        })
+    }
+}
+
+/// Calls `f` with a session of `ctx` positions on `engine` and the draft `choice` asks for (a
+/// draft model gets a session of the same size, and a sampler configured as `sampling` with
+/// another seed).
+fn with_draft<R>(
+    engine: &Engine<'_, '_>,
+    choice: &DraftChoice,
+    sampling: SamplerConfig,
+    ctx: usize,
+    batch: usize,
+    f: impl FnOnce(&mut dyn Session, Option<&mut Draft<'_>>) -> Result<R>,
+) -> Result<R> {
+    match choice {
+        DraftChoice::None => engine.with_session(ctx, batch, |s| f(s, None)),
+        DraftChoice::Ngram => engine.with_session(ctx, batch, |s| f(s, Some(&mut Draft::Ngram))),
+        DraftChoice::Model(l) => {
+            let m = l.model()?;
+            let draft_engine = l.engine(&m)?;
+            draft_engine.with_session(ctx, batch, |ds| {
+                let sampler = Sampler::new(SamplerConfig {
+                    seed: sampling.seed ^ 0xd4af_7000,
+                    ..sampling
+                })?;
+                let mut draft = Draft::Model(ModelDraft::new(ds, sampler));
+                engine.with_session(ctx, batch, |s| f(s, Some(&mut draft)))
+            })
         }
     }
 }
@@ -590,7 +691,7 @@ fn run_command(command: Command) -> Result<()> {
         } => {
             let l = Loaded::open(&model)?;
             let m = l.model()?;
-            let threads = sapient_core::Exec::threads(&l.exec);
+            let threads = sapient_core::Exec::threads(&*l.exec);
             let tests = sapient::bench::Tests {
                 prompt,
                 generate,
@@ -665,7 +766,9 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             prompt.len()
         );
     }
-    let mut sampler = Sampler::new(a.sampling.config())?;
+    let sampling = a.sampling.config();
+    let mut sampler = Sampler::new(sampling)?;
+    let draft = a.draft.open(&l, &a.model)?;
     let engine = l.engine(&m)?;
     let stop = l.files().map_or(Vec::new(), |f| f.eos_token_ids.clone());
     let mut out_ids = Vec::new();
@@ -674,9 +777,11 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     let mut history = Vec::new();
     let batch = prompt.len().clamp(1, DEFAULT_BATCH);
-    let (stats, why) = engine.with_session(ctx, batch, |session| {
-        generate(
+    let draft_tokens = a.draft.draft_tokens as usize;
+    let (stats, why, spec) = with_draft(&engine, &draft, sampling, ctx, batch, |session, d| {
+        generate_with(
             session,
+            d.map(|d| (d, draft_tokens)),
             &mut sampler,
             &prompt,
             &mut history,
@@ -714,11 +819,12 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             Some(t) => Some(t.decode(&out_ids, true)?),
             None => None,
         };
-        writeln!(
-            stdout,
-            "{}",
-            json!({ "prompt_ids": prompt, "generated_ids": out_ids, "text": text })
-        )?;
+        let mut out = json!({ "prompt_ids": prompt, "generated_ids": out_ids, "text": text });
+        if let Some(d) = spec {
+            out["draft_proposed"] = json!(d.proposed);
+            out["draft_accepted"] = json!(d.accepted);
+        }
+        writeln!(stdout, "{out}")?;
     } else {
         writeln!(stdout)?;
     }
@@ -726,7 +832,34 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         eprintln!("note: stopped at the end of the context ({ctx} tokens); raise --ctx for more");
     }
     eprintln!("{}", stats.summary());
+    if let Some(d) = spec {
+        eprintln!("{}", d.summary());
+    }
     Ok(())
+}
+
+/// `generate`, or `generate_speculative` with a draft and its tokens per pass.
+#[allow(clippy::too_many_arguments)]
+fn generate_with(
+    session: &mut dyn Session,
+    draft: Option<(&mut Draft<'_>, usize)>,
+    sampler: &mut Sampler,
+    new_tokens: &[u32],
+    history: &mut Vec<u32>,
+    max_tokens: usize,
+    stop: &[u32],
+    on_token: impl FnMut(u32) -> Result<bool>,
+) -> Result<(Stats, Stop, Option<DraftStats>)> {
+    match draft {
+        None => generate(
+            session, sampler, new_tokens, history, max_tokens, stop, on_token,
+        )
+        .map(|(stats, why)| (stats, why, None)),
+        Some((draft, k)) => generate_speculative(
+            session, draft, k, sampler, new_tokens, history, max_tokens, stop, on_token,
+        )
+        .map(|(stats, why, spec)| (stats, why, Some(spec))),
+    }
 }
 
 /// Set while a reply is streaming: Ctrl-C then ends the reply instead of the program.
@@ -746,7 +879,10 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
     let tok = Tokenizer::load(l.files()?)?;
     let template = ChatTemplate::load(l.files()?, &tok)?;
     let m = l.model()?;
-    let mut sampler = Sampler::new(a.sampling.config())?;
+    let sampling = a.sampling.config();
+    let mut sampler = Sampler::new(sampling)?;
+    let draft = a.draft.open(&l, &a.model)?;
+    let draft_tokens = a.draft.draft_tokens as usize;
     let engine = l.engine(&m)?;
     let mut stop = l.files()?.eos_token_ids.clone();
     stop.extend(
@@ -767,72 +903,83 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
     let stdin = std::io::stdin();
     let mut stdout = std::io::stdout();
     eprintln!("(Ctrl-D or Ctrl-C to quit; Ctrl-C during a reply ends the reply)");
-    engine.with_session(a.ctx, DEFAULT_BATCH, |session| loop {
-        write!(stdout, "> ")?;
-        stdout.flush()?;
-        let mut line = String::new();
-        if stdin.lock().read_line(&mut line)? == 0 {
-            writeln!(stdout)?;
-            return Ok(());
-        }
-        let line = line.trim_end_matches(['\n', '\r']);
-        if line.trim().is_empty() {
-            continue;
-        }
-        messages.push(Message {
-            role: "user".into(),
-            content: line.to_owned(),
-        });
-        let text = template.render(&messages, true)?;
-        let mut ids = tok.encode(&text)?;
-        if let Some(bos) = tok.bos.filter(|b| ids.first() != Some(b)) {
-            ids.insert(0, bos);
-        }
-        // Only what the cache does not hold yet goes through the model.
-        let common = history.iter().zip(&ids).take_while(|(a, b)| a == b).count();
-        session.truncate(common);
-        history.truncate(common);
-        let room = session.max_seq() - common;
-        if ids.len() - common >= room {
-            messages.pop();
-            eprintln!(
-                "error: the conversation no longer fits in --ctx {}",
-                session.max_seq()
+    with_draft(
+        &engine,
+        &draft,
+        sampling,
+        a.ctx,
+        DEFAULT_BATCH,
+        |session, mut d| loop {
+            write!(stdout, "> ")?;
+            stdout.flush()?;
+            let mut line = String::new();
+            if stdin.lock().read_line(&mut line)? == 0 {
+                writeln!(stdout)?;
+                return Ok(());
+            }
+            let line = line.trim_end_matches(['\n', '\r']);
+            if line.trim().is_empty() {
+                continue;
+            }
+            messages.push(Message {
+                role: "user".into(),
+                content: line.to_owned(),
+            });
+            let text = template.render(&messages, true)?;
+            let mut ids = tok.encode(&text)?;
+            if let Some(bos) = tok.bos.filter(|b| ids.first() != Some(b)) {
+                ids.insert(0, bos);
+            }
+            // Only what the cache does not hold yet goes through the model.
+            let common = history.iter().zip(&ids).take_while(|(a, b)| a == b).count();
+            session.truncate(common);
+            history.truncate(common);
+            let room = session.max_seq() - common;
+            if ids.len() - common >= room {
+                messages.pop();
+                eprintln!(
+                    "error: the conversation no longer fits in --ctx {}",
+                    session.max_seq()
+                );
+                continue;
+            }
+            let mut reply_ids = Vec::new();
+            let mut stream = TextStream::new(&tok);
+            INTERRUPTED.store(false, Ordering::SeqCst);
+            GENERATING.store(true, Ordering::SeqCst);
+            let result = generate_with(
+                session,
+                d.as_deref_mut().map(|d| (d, draft_tokens)),
+                &mut sampler,
+                &ids[common..],
+                &mut history,
+                a.max_tokens,
+                &stop,
+                |t| {
+                    reply_ids.push(t);
+                    if let Some(text) = stream.push(t)? {
+                        write!(stdout, "{text}")?;
+                        stdout.flush()?;
+                    }
+                    Ok(!INTERRUPTED.load(Ordering::SeqCst))
+                },
             );
-            continue;
-        }
-        let mut reply_ids = Vec::new();
-        let mut stream = TextStream::new(&tok);
-        INTERRUPTED.store(false, Ordering::SeqCst);
-        GENERATING.store(true, Ordering::SeqCst);
-        let result = generate(
-            session,
-            &mut sampler,
-            &ids[common..],
-            &mut history,
-            a.max_tokens,
-            &stop,
-            |t| {
-                reply_ids.push(t);
-                if let Some(text) = stream.push(t)? {
-                    write!(stdout, "{text}")?;
-                    stdout.flush()?;
-                }
-                Ok(!INTERRUPTED.load(Ordering::SeqCst))
-            },
-        );
-        GENERATING.store(false, Ordering::SeqCst);
-        let (stats, _) = result?;
-        if let Some(rest) = stream.finish()? {
-            write!(stdout, "{rest}")?;
-        }
-        writeln!(stdout)?;
-        eprintln!("[{}]", stats.summary());
-        messages.push(Message {
-            role: "assistant".into(),
-            content: tok.decode(&reply_ids, true)?,
-        });
-    })
+            GENERATING.store(false, Ordering::SeqCst);
+            let (stats, _, spec) = result?;
+            if let Some(rest) = stream.finish()? {
+                write!(stdout, "{rest}")?;
+            }
+            writeln!(stdout)?;
+            match spec {
+                Some(d) => eprintln!("[{}; {}]", stats.summary(), d.summary()),
+                None => eprintln!("[{}]", stats.summary()),
+            }
+            messages.push(Message {
+                role: "assistant".into(),
+                content: tok.decode(&reply_ids, true)?,
+            });
+        },
+    )
 }
 
 fn cmd_inspect(spec: &str, ctx: usize) -> Result<()> {
