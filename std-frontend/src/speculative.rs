@@ -51,6 +51,15 @@ impl<'s> ModelDraft<'s> {
         }
     }
 
+    /// Runs the prompt through the draft's cache, so that its first proposal only feeds one token.
+    fn prefill(&mut self, prompt: &[u32]) -> Result<()> {
+        self.session.truncate(0);
+        self.fed.clear();
+        self.session.forward(prompt, Want::Nothing)?;
+        self.fed.extend_from_slice(prompt);
+        Ok(())
+    }
+
     /// Up to `k` tokens to follow `context`, each with the distribution it was drawn from.
     fn propose(
         &mut self,
@@ -140,7 +149,8 @@ impl DraftStats {
     }
 }
 
-/// `generate::generate` with `draft` proposing up to `draft_tokens` tokens per target pass; the
+/// `generate::generate` with `draft` proposing up to `draft_tokens` tokens per target pass (fewer
+/// after rejections); the
 /// same contract: the cache ends holding every token that was fed, the last token sampled is
 /// reported but not fed, and the tokens reported are those `generate` would report without a
 /// draft (the same ones when sampling is deterministic, the same distribution otherwise).
@@ -176,11 +186,15 @@ pub fn generate_speculative(
     let t0 = std::time::Instant::now();
     target.forward(new_tokens, Want::LastLogits(&mut rows[..vocab]))?;
     history.extend_from_slice(new_tokens);
+    if let Draft::Model(m) = draft {
+        m.prefill(history)?;
+    }
     stats.prompt_secs = t0.elapsed().as_secs_f64();
 
     let t1 = std::time::Instant::now();
     let mut next = sampler.sample(&mut rows[..vocab], history);
     let (mut proposal, mut probs) = (Vec::new(), Vec::new());
+    let mut length = draft_tokens;
     // Reports `token` as `generate` does, with `fed` tokens before it in the cache; says why
     // generation ends there, if it does.
     let max_seq = target.max_seq();
@@ -210,7 +224,7 @@ pub fn generate_speculative(
         history.push(next);
         // Room for `next` and the proposal, and no proposal past the last token asked for.
         let room = target.max_seq() - (offset + history.len());
-        let k = draft_tokens
+        let k = length
             .min(room)
             .min(max_tokens - stats.generated_tokens - 1);
         proposal.clear();
@@ -252,6 +266,15 @@ pub fn generate_speculative(
         }
         let accepted = history.len() - first;
         spec.accepted += accepted;
+        // Hugging Face's schedule for the proposal length: longer while every proposal stands,
+        // shorter after each rejection, so that a draft that is mostly wrong costs little.
+        length = if accepted == proposal.len() && !proposal.is_empty() {
+            (length + 2).min(draft_tokens)
+        } else if !proposal.is_empty() {
+            (length - 1).max(1)
+        } else {
+            length
+        };
         // Report the accepted draft tokens; each is in the cache already.
         for j in 0..accepted {
             if let Some(why) = emit(history[first + j], first + j, &mut stats)? {
