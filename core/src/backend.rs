@@ -12,23 +12,47 @@
 //! - `Att`: attention's output, `n × q_dim`;
 //! - `Gate`, `Up`: the feed-forward's projections, `n × intermediate_size`;
 //! - `Out`: the final norm's output, `n × hidden_size`.
+//!
+//! A batch may hold tokens of several sequences, each with its own KV cache: the batch is cut
+//! into `Segment`s, runs of one sequence's consecutive tokens. The mat-muls see only rows; the
+//! steps that place a token (its position, its cache, what it attends to) take the segments.
 use crate::error::Result;
+
+/// A run of one sequence's consecutive tokens inside a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Segment {
+    /// Which sequence (and KV cache).
+    pub seq: usize,
+    /// Where its tokens start in the sequence's input.
+    pub offset: usize,
+    /// Its first row in the batch.
+    pub row: usize,
+    /// How many tokens.
+    pub len: usize,
+    /// The position of its first token (the cache's length when the batch starts).
+    pub pos0: usize,
+}
 
 pub trait Backend {
     /// The most tokens one batch may hold.
     fn max_batch(&self) -> usize;
-    /// Positions the KV cache holds now.
-    fn kv_len(&self) -> usize;
-    /// Positions the KV cache can hold.
-    fn kv_capacity(&self) -> usize;
-    /// `X` ← the embeddings of `tokens`, which take positions `pos0 ..`.
-    fn embed(&mut self, tokens: &[u32], pos0: usize) -> Result<()>;
+    /// How many sequences (KV caches) this backend runs at once.
+    fn sequences(&self) -> usize;
+    /// Positions sequence `seq`'s KV cache holds now.
+    fn kv_len(&self, seq: usize) -> usize;
+    /// Positions sequence `seq`'s KV cache can hold.
+    fn kv_capacity(&self, seq: usize) -> usize;
+    /// `X` ← the embeddings of the batch's tokens: each segment's tokens are
+    /// `tokens[seq][offset .. offset + len]`, at positions `pos0 ..`.
+    fn embed(&mut self, tokens: &[&[u32]], segments: &[Segment]) -> Result<()>;
     /// `Q`, `K`, `V` ← RMSNorm(`X`)·W{q,k,v}ᵀ, plus the biases where the model has them.
     fn qkv(&mut self, layer: usize, n: usize) -> Result<()>;
-    /// Rotates `Q` and `K` for positions `pos0 ..`, and stores `K` and `V` there in the cache.
-    fn rope_store(&mut self, layer: usize, n: usize, pos0: usize) -> Result<()>;
-    /// `Att` ← causal attention of `Q` over the layer's cached positions `0 .. pos0 + n`.
-    fn attention(&mut self, layer: usize, n: usize, pos0: usize) -> Result<()>;
+    /// Rotates `Q` and `K` for each token's position, and stores `K` and `V` there in its
+    /// sequence's cache.
+    fn rope_store(&mut self, layer: usize, segments: &[Segment]) -> Result<()>;
+    /// `Att` ← causal attention of each segment's `Q` rows over its sequence's cached positions
+    /// `0 .. pos0 + len`.
+    fn attention(&mut self, layer: usize, segments: &[Segment]) -> Result<()>;
     /// `X` += `Att`·Woᵀ.
     fn attn_out(&mut self, layer: usize, n: usize) -> Result<()>;
     /// `Gate`, `Up` ← RMSNorm(`X`)·W{gate,up}ᵀ.
@@ -37,13 +61,13 @@ pub trait Backend {
     fn ffn_out(&mut self, layer: usize, n: usize) -> Result<()>;
     /// `Out` rows `first .. first + n` ← the final RMSNorm of those rows of `X`.
     fn final_norm(&mut self, first: usize, n: usize) -> Result<()>;
-    /// Copies the first `out.len() / hidden_size` rows of `Out` to `out`.
-    fn read_hidden(&mut self, out: &mut [f32]) -> Result<()>;
+    /// Copies `Out` rows `first ..` (`out.len() / hidden_size` of them) to `out`.
+    fn read_hidden(&mut self, first: usize, out: &mut [f32]) -> Result<()>;
     /// `out` ← logits of `Out` rows `first ..` (`out.len() / vocab_size` of them).
     fn logits(&mut self, first: usize, out: &mut [f32]) -> Result<()>;
     /// The id of the largest logit of `Out` row `row` (greedy decoding: a GPU reads back one
     /// number instead of the logits).
     fn argmax(&mut self, row: usize) -> Result<u32>;
-    /// Ends a batch of `n` tokens: their positions now belong to the cache.
-    fn commit(&mut self, n: usize) -> Result<()>;
+    /// Ends a batch: each segment's positions now belong to its sequence's cache.
+    fn commit(&mut self, segments: &[Segment]) -> Result<()>;
 }

@@ -2,7 +2,7 @@
 //! cache in memory the caller lent (`Scratch`, `KvCache`).
 use crate::arena::Buffers;
 use crate::attention::{self, AttentionShape};
-use crate::backend::Backend;
+use crate::backend::{Backend, Segment};
 use crate::config::RopeStyle;
 use crate::error::{Error, Result};
 use crate::exec::Exec;
@@ -15,9 +15,10 @@ use crate::ops;
 use crate::quant::q16;
 use crate::sample;
 
-pub(crate) struct Cpu<'a, 'w, 'c, E: Exec + ?Sized> {
+pub(crate) struct Cpu<'a, 'b, 'w, 'c, E: Exec + ?Sized> {
     model: &'a Model<'w>,
-    cache: &'a mut KvCache<'c>,
+    /// One cache per sequence.
+    caches: &'a mut [&'b mut KvCache<'c>],
     b: Buffers<'a>,
     mm: MatMul<'a, E>,
 }
@@ -32,11 +33,11 @@ struct MatMul<'a, E: Exec + ?Sized> {
     tmp: &'a mut [f32],
 }
 
-impl<'a, 'w, 'c, E: Exec + ?Sized> Cpu<'a, 'w, 'c, E> {
+impl<'a, 'b, 'w, 'c, E: Exec + ?Sized> Cpu<'a, 'b, 'w, 'c, E> {
     pub(crate) fn new(
         model: &'a Model<'w>,
         exec: &'a E,
-        cache: &'a mut KvCache<'c>,
+        caches: &'a mut [&'b mut KvCache<'c>],
         mut b: Buffers<'a>,
     ) -> Self {
         let mm = MatMul {
@@ -47,37 +48,46 @@ impl<'a, 'w, 'c, E: Exec + ?Sized> Cpu<'a, 'w, 'c, E> {
         };
         Cpu {
             model,
-            cache,
+            caches,
             b,
             mm,
         }
     }
 }
 
-impl<E: Exec + ?Sized> Backend for Cpu<'_, '_, '_, E> {
+impl<E: Exec + ?Sized> Backend for Cpu<'_, '_, '_, '_, E> {
     fn max_batch(&self) -> usize {
         self.b.x.len() / self.model.config.hidden_size
     }
 
-    fn kv_len(&self) -> usize {
-        self.cache.len()
+    fn sequences(&self) -> usize {
+        self.caches.len()
     }
 
-    fn kv_capacity(&self) -> usize {
-        self.cache.max_seq()
+    fn kv_len(&self, seq: usize) -> usize {
+        self.caches[seq].len()
     }
 
-    fn embed(&mut self, tokens: &[u32], pos0: usize) -> Result<()> {
+    fn kv_capacity(&self, seq: usize) -> usize {
+        self.caches[seq].max_seq()
+    }
+
+    fn embed(&mut self, tokens: &[&[u32]], segments: &[Segment]) -> Result<()> {
         let c = &self.model.config;
-        let h = c.hidden_size;
-        for (&token, x) in tokens.iter().zip(self.b.x.chunks_exact_mut(h)) {
-            self.model.weights.embed.dequantize_row(token as usize, x)?;
-        }
-        let half = c.head_dim / 2;
-        let angles = self.b.rope.chunks_exact_mut(c.head_dim).take(tokens.len());
-        for (t, a) in angles.enumerate() {
-            let (cos, sin) = a.split_at_mut(half);
-            ops::rope_angles(pos0 + t, self.model.inv_freq(), cos, sin);
+        let (h, hd, half) = (c.hidden_size, c.head_dim, c.head_dim / 2);
+        for seg in segments {
+            let ids = &tokens[seg.seq][seg.offset..seg.offset + seg.len];
+            let xs = self.b.x[seg.row * h..].chunks_exact_mut(h);
+            for (&token, x) in ids.iter().zip(xs) {
+                self.model.weights.embed.dequantize_row(token as usize, x)?;
+            }
+            let angles = self.b.rope[seg.row * hd..]
+                .chunks_exact_mut(hd)
+                .take(seg.len);
+            for (t, a) in angles.enumerate() {
+                let (cos, sin) = a.split_at_mut(half);
+                ops::rope_angles(seg.pos0 + t, self.model.inv_freq(), cos, sin);
+            }
         }
         Ok(())
     }
@@ -99,18 +109,24 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, '_, '_, E> {
         Ok(())
     }
 
-    fn rope_store(&mut self, layer: usize, n: usize, pos0: usize) -> Result<()> {
+    fn rope_store(&mut self, layer: usize, segments: &[Segment]) -> Result<()> {
         let c = &self.model.config;
+        let (hd, qd, kvd) = (c.head_dim, c.q_dim(), c.kv_dim());
         let b = &mut self.b;
-        let angles = &b.rope[..n * c.head_dim];
-        let (q, k) = (&mut b.q[..n * c.q_dim()], &mut b.k[..n * c.kv_dim()]);
-        rope(q, n, angles, c.rope_style)?;
-        rope(k, n, angles, c.rope_style)?;
-        let v = &b.v[..n * c.kv_dim()];
-        self.cache.store(self.mm.kernels, layer, pos0, k, v)
+        for seg in segments {
+            let (first, n) = (seg.row, seg.len);
+            let angles = &b.rope[first * hd..(first + n) * hd];
+            let q = &mut b.q[first * qd..(first + n) * qd];
+            let k = &mut b.k[first * kvd..(first + n) * kvd];
+            rope(q, n, angles, c.rope_style)?;
+            rope(k, n, angles, c.rope_style)?;
+            let v = &b.v[first * kvd..(first + n) * kvd];
+            self.caches[seg.seq].store(self.mm.kernels, layer, seg.pos0, k, v)?;
+        }
+        Ok(())
     }
 
-    fn attention(&mut self, layer: usize, n: usize, pos0: usize) -> Result<()> {
+    fn attention(&mut self, layer: usize, segments: &[Segment]) -> Result<()> {
         let c = &self.model.config;
         let shape = AttentionShape {
             n_heads: c.n_heads,
@@ -118,9 +134,14 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, '_, '_, E> {
             head_dim: c.head_dim,
             window: c.sliding_window,
         };
-        let (q, att) = (&self.b.q[..n * c.q_dim()], &mut self.b.att[..n * c.q_dim()]);
-        let kv = self.cache.layer(layer);
-        attention::attend(self.mm.kernels, self.mm.exec, q, kv, pos0, shape, att)
+        let qd = c.q_dim();
+        for seg in segments {
+            let rows = seg.row * qd..(seg.row + seg.len) * qd;
+            let (q, att) = (&self.b.q[rows.clone()], &mut self.b.att[rows]);
+            let kv = self.caches[seg.seq].layer(layer);
+            attention::attend(self.mm.kernels, self.mm.exec, q, kv, seg.pos0, shape, att)?;
+        }
+        Ok(())
     }
 
     fn attn_out(&mut self, layer: usize, n: usize) -> Result<()> {
@@ -162,13 +183,18 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, '_, '_, E> {
         ops::rms_norm(x, &self.model.weights.norm, c.rms_norm_eps, out)
     }
 
-    fn read_hidden(&mut self, out: &mut [f32]) -> Result<()> {
+    fn read_hidden(&mut self, first: usize, out: &mut [f32]) -> Result<()> {
         let have = self.b.xb.len();
-        let src = self.b.xb.get(..out.len()).ok_or(Error::Length {
-            what: "hidden states",
-            expected: have,
-            got: out.len(),
-        })?;
+        let start = first * self.model.config.hidden_size;
+        let src = self
+            .b
+            .xb
+            .get(start..start + out.len())
+            .ok_or(Error::Length {
+                what: "hidden states",
+                expected: have,
+                got: out.len(),
+            })?;
         out.copy_from_slice(src);
         Ok(())
     }
@@ -194,8 +220,10 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, '_, '_, E> {
         result.map(|()| id)
     }
 
-    fn commit(&mut self, n: usize) -> Result<()> {
-        self.cache.advance(n);
+    fn commit(&mut self, segments: &[Segment]) -> Result<()> {
+        for seg in segments {
+            self.caches[seg.seq].advance(seg.len);
+        }
         Ok(())
     }
 }

@@ -29,7 +29,7 @@ pub mod sample;
 pub mod weights;
 
 pub use arena::Scratch;
-pub use backend::Backend;
+pub use backend::{Backend, Segment};
 pub use config::{Config, RopeScaling, RopeStyle};
 pub use error::{Error, Result};
 pub use exec::{Exec, Serial};

@@ -3,7 +3,7 @@
 use alloc::vec::Vec;
 
 use crate::arena::Scratch;
-use crate::backend::Backend;
+use crate::backend::{Backend, Segment};
 use crate::config::Config;
 use crate::cpu::Cpu;
 use crate::error::{Error, Result};
@@ -78,28 +78,106 @@ impl<'w> Model<'w> {
         exec: &E,
         want: Want<'_>,
     ) -> Result<()> {
-        cache.check_shape(&self.config)?;
+        self.forward_many(&[tokens], &mut [cache], scratch, exec, &mut [want])
+    }
+
+    /// `forward` for several sequences at once: sequence `s` runs `tokens[s]` after what
+    /// `caches[s]` holds and fills `wants[s]`. Their tokens share batches (up to the scratch's
+    /// batch size), so the weights are read once for all of them; each token's results are the
+    /// same bits as when its sequence runs alone.
+    pub fn forward_many<E: Exec + ?Sized>(
+        &self,
+        tokens: &[&[u32]],
+        caches: &mut [&mut KvCache<'_>],
+        scratch: &mut Scratch<'_>,
+        exec: &E,
+        wants: &mut [Want<'_>],
+    ) -> Result<()> {
+        for cache in caches.iter() {
+            cache.check_shape(&self.config)?;
+        }
         scratch.check_shape(&self.config)?;
-        // `run` takes a closure it may call only once; the Option hands `want` over.
-        let mut want = Some(want);
+        // `run` takes a closure it may call only once; the Option hands the borrows over.
+        let mut args = Some((caches, wants));
         let mut result = Ok(());
         exec.run(&mut || {
-            if let Some(want) = want.take() {
-                let mut cpu = Cpu::new(self, exec, cache, scratch.split());
-                result = layer_loop(&self.config, &mut cpu, tokens, want);
+            if let Some((caches, wants)) = args.take() {
+                let mut cpu = Cpu::new(self, exec, caches, scratch.split());
+                result = layer_loop(&self.config, &mut cpu, tokens, wants);
             }
         });
         result
     }
 }
 
-/// Runs `tokens` through the model on `backend`, at the positions after those its KV cache
-/// holds, and fills `want`. Inputs longer than the backend's batch are processed in batches.
+/// Most segments (runs of one sequence's tokens) in one batch: a batch ends early when more
+/// sequences would join it. Bounds the stack the layer loop needs.
+pub const MAX_SEGMENTS: usize = 64;
+
+/// Runs each sequence's `tokens[s]` through the model on `backend`, at the positions after those
+/// its KV cache holds, and fills `wants[s]`. The sequences' tokens are packed into batches of at
+/// most the backend's batch size, in order.
 pub fn layer_loop<B: Backend + ?Sized>(
     c: &Config,
     backend: &mut B,
+    tokens: &[&[u32]],
+    wants: &mut [Want<'_>],
+) -> Result<()> {
+    let n_seq = tokens.len();
+    if wants.len() != n_seq || backend.sequences() != n_seq {
+        return Err(Error::Length {
+            what: "sequences (inputs, wants, KV caches)",
+            expected: n_seq,
+            got: if wants.len() != n_seq {
+                wants.len()
+            } else {
+                backend.sequences()
+            },
+        });
+    }
+    for (s, (seq, want)) in tokens.iter().zip(wants.iter()).enumerate() {
+        check_sequence(c, backend, s, seq, want)?;
+    }
+    let batch = backend.max_batch();
+    let mut segments = [Segment::default(); MAX_SEGMENTS];
+    // The next token to run: sequence `seq`, at `offset` in its input.
+    let (mut seq, mut offset) = (0, 0);
+    loop {
+        let mut rows = 0;
+        let mut count = 0;
+        while seq < n_seq && rows < batch && count < MAX_SEGMENTS {
+            let len = (tokens[seq].len() - offset).min(batch - rows);
+            if len > 0 {
+                segments[count] = Segment {
+                    seq,
+                    offset,
+                    row: rows,
+                    len,
+                    pos0: backend.kv_len(seq),
+                };
+                count += 1;
+                rows += len;
+                offset += len;
+            }
+            if offset == tokens[seq].len() {
+                seq += 1;
+                offset = 0;
+            }
+        }
+        if count == 0 {
+            return Ok(());
+        }
+        forward_batch(c, backend, tokens, &segments[..count], wants)?;
+    }
+}
+
+/// Checks one sequence's input against the vocabulary, its cache's room and its `want`.
+fn check_sequence<B: Backend + ?Sized>(
+    c: &Config,
+    backend: &B,
+    s: usize,
     tokens: &[u32],
-    mut want: Want<'_>,
+    want: &Want<'_>,
 ) -> Result<()> {
     let n = tokens.len();
     if let Some(&token) = tokens.iter().find(|t| **t as usize >= c.vocab_size) {
@@ -108,84 +186,81 @@ pub fn layer_loop<B: Backend + ?Sized>(
             vocab: c.vocab_size,
         });
     }
-    let pos = backend.kv_len();
-    if n > backend.kv_capacity() - pos {
+    let pos = backend.kv_len(s);
+    if n > backend.kv_capacity(s) - pos {
         return Err(Error::ContextFull {
             pos,
             tokens: n,
-            max_seq: backend.kv_capacity(),
+            max_seq: backend.kv_capacity(s),
         });
     }
-    let expected = match &want {
+    if n == 0 && matches!(want, Want::LastLogits(_) | Want::LastArgmax(_)) {
+        return Err(Error::Length {
+            what: "tokens (the last one's logits are asked for)",
+            expected: 1,
+            got: 0,
+        });
+    }
+    let expected = match want {
         Want::Nothing | Want::LastArgmax(_) => None,
         Want::LastLogits(o) => Some(("last logits", c.vocab_size, o.len())),
         Want::AllLogits(o) => Some(("all logits", n * c.vocab_size, o.len())),
         Want::Hidden(o) => Some(("hidden states", n * c.hidden_size, o.len())),
     };
-    if let Some((what, expected, got)) = expected {
-        if expected != got {
-            return Err(Error::Length {
-                what,
-                expected,
-                got,
-            });
-        }
+    match expected {
+        Some((what, expected, got)) if expected != got => Err(Error::Length {
+            what,
+            expected,
+            got,
+        }),
+        _ => Ok(()),
     }
-    let batch = backend.max_batch();
-    let mut start = 0;
-    while start < n {
-        let end = (start + batch).min(n);
-        let part = match &mut want {
-            Want::Nothing => Want::Nothing,
-            Want::LastLogits(o) if end == n => Want::LastLogits(o),
-            Want::LastArgmax(id) if end == n => Want::LastArgmax(id),
-            Want::LastLogits(_) | Want::LastArgmax(_) => Want::Nothing,
-            Want::AllLogits(o) => Want::AllLogits(&mut o[start * c.vocab_size..end * c.vocab_size]),
-            Want::Hidden(o) => Want::Hidden(&mut o[start * c.hidden_size..end * c.hidden_size]),
-        };
-        forward_batch(c, backend, &tokens[start..end], part)?;
-        start = end;
-    }
-    Ok(())
 }
 
 fn forward_batch<B: Backend + ?Sized>(
     c: &Config,
     be: &mut B,
-    tokens: &[u32],
-    want: Want<'_>,
+    tokens: &[&[u32]],
+    segments: &[Segment],
+    wants: &mut [Want<'_>],
 ) -> Result<()> {
-    let n = tokens.len();
-    let pos0 = be.kv_len();
-    be.embed(tokens, pos0)?;
+    let n = segments.iter().map(|s| s.len).sum();
+    be.embed(tokens, segments)?;
     for layer in 0..c.n_layers {
         be.qkv(layer, n)?;
-        be.rope_store(layer, n, pos0)?;
-        be.attention(layer, n, pos0)?;
+        be.rope_store(layer, segments)?;
+        be.attention(layer, segments)?;
         be.attn_out(layer, n)?;
         be.gate_up(layer, n)?;
         be.ffn_out(layer, n)?;
     }
-    match want {
-        Want::Nothing => {}
-        Want::Hidden(out) => {
-            be.final_norm(0, n)?;
-            be.read_hidden(out)?;
-        }
-        Want::LastLogits(out) => {
-            be.final_norm(n - 1, 1)?;
-            be.logits(n - 1, out)?;
-        }
-        Want::LastArgmax(id) => {
-            be.final_norm(n - 1, 1)?;
-            *id = be.argmax(n - 1)?;
-        }
-        Want::AllLogits(out) => {
-            be.final_norm(0, n)?;
-            be.logits(0, out)?;
+    let (h, vocab) = (c.hidden_size, c.vocab_size);
+    for seg in segments {
+        let ends_input = seg.offset + seg.len == tokens[seg.seq].len();
+        let last = seg.row + seg.len - 1;
+        let rows = seg.offset..seg.offset + seg.len;
+        match &mut wants[seg.seq] {
+            Want::Nothing => {}
+            Want::Hidden(out) => {
+                be.final_norm(seg.row, seg.len)?;
+                be.read_hidden(seg.row, &mut out[rows.start * h..rows.end * h])?;
+            }
+            Want::AllLogits(out) => {
+                be.final_norm(seg.row, seg.len)?;
+                be.logits(seg.row, &mut out[rows.start * vocab..rows.end * vocab])?;
+            }
+            Want::LastLogits(out) if ends_input => {
+                be.final_norm(last, 1)?;
+                be.logits(last, out)?;
+            }
+            Want::LastArgmax(id) if ends_input => {
+                be.final_norm(last, 1)?;
+                **id = be.argmax(last)?;
+            }
+            Want::LastLogits(_) | Want::LastArgmax(_) => {}
         }
     }
-    be.commit(n)
+    be.commit(segments)
 }
 
 /// The mean over positions of `n × dim` hidden states: the embedding `sapient embed` prints.

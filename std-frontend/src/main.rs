@@ -47,12 +47,34 @@ enum Command {
         #[arg(long)]
         all_positions: bool,
     },
-    /// Print the mean of a prompt's final hidden states (an embedding).
+    /// Print embeddings: the final hidden states of a text pooled into one vector, for one text
+    /// or for every line of a file (texts share forward passes).
     Embed {
         #[command(flatten)]
         model: ModelArgs,
-        #[command(flatten)]
-        prompt: PromptArgs,
+        /// The text.
+        #[arg(short, long, conflicts_with_all = ["file", "prompt_ids"], required_unless_present_any = ["file", "prompt_ids"])]
+        prompt: Option<String>,
+        /// One text per line; one embedding per line comes out, in order.
+        #[arg(short, long, conflicts_with = "prompt_ids")]
+        file: Option<PathBuf>,
+        /// The text as token ids, comma-separated (no BOS is added).
+        #[arg(long, value_delimiter = ',')]
+        prompt_ids: Option<Vec<u32>>,
+        /// Do not put the BOS token before each text even where the model asks for it.
+        #[arg(long)]
+        no_bos: bool,
+        /// mean: the mean over positions; last: the last position's hidden state.
+        #[arg(long, value_enum, default_value_t = PoolingArg::Mean)]
+        pooling: PoolingArg,
+        /// Scale each embedding to unit length (for cosine similarity).
+        #[arg(long)]
+        normalize: bool,
+        /// Most tokens per forward pass: texts are packed into passes of this many.
+        #[arg(long, default_value_t = DEFAULT_BATCH)]
+        batch: usize,
+        /// text: one line of numbers per embedding; json: {"embedding": [...]} for one text,
+        /// {"embeddings": [[...], ...]} for a file.
         #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
         format: OutputFormat,
     },
@@ -255,6 +277,12 @@ struct ChatArgs {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum PoolingArg {
+    Mean,
+    Last,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum RecipeArg {
     EveryPosition,
     LlamaCpp,
@@ -373,17 +401,21 @@ impl Loaded {
             exec: self.exec.clone(),
             ..Loaded::open(&args)?
         };
-        // Ids only mean the same token where both models share the vocabulary.
-        if let (Ok(f), Ok(df)) = (self.files(), draft.files()) {
-            let (tok, dtok) = (Tokenizer::load(f)?, Tokenizer::load(df)?);
-            let probe = "The quick brown fox: 1234, naïve café — 東京 🎉\n\tdef f(x): return x";
-            if tok.vocab_size() != dtok.vocab_size() || tok.encode(probe)? != dtok.encode(probe)? {
-                bail!(
-                    "the draft model {path} has another vocabulary ({} tokens) than the model ({} tokens); a draft must share the model's tokenizer",
-                    dtok.vocab_size(),
-                    tok.vocab_size()
-                );
+        // Ids only mean the same token where both models share the vocabulary: the same
+        // tokenization where both have a tokenizer, the same size otherwise.
+        let tokenizers = |l: &Loaded| l.files().ok().and_then(|f| Tokenizer::load(f).ok());
+        let (size, draft_size) = (self.config().vocab_size, draft.config().vocab_size);
+        let same = match (tokenizers(self), tokenizers(&draft)) {
+            (Some(tok), Some(dtok)) => {
+                let probe = "The quick brown fox: 1234, naïve café — 東京 🎉\n\tdef f(x): return x";
+                tok.vocab_size() == dtok.vocab_size() && tok.encode(probe)? == dtok.encode(probe)?
             }
+            _ => size == draft_size,
+        };
+        if !same {
+            bail!(
+                "the draft model {path} has another vocabulary ({draft_size} tokens) than the model ({size} tokens); a draft must share the model's tokenizer"
+            );
         }
         Ok(draft)
     }
@@ -420,6 +452,13 @@ impl Loaded {
                 bail!("--backend gpu: this sapient was built without the GPU backend (cargo build --release --features gpu)");
             }
             Ok(cpu())
+        }
+    }
+
+    fn config(&self) -> &Config {
+        match &self.source {
+            Source::Files(f) => &f.config,
+            Source::Random(r) => &r.config,
         }
     }
 
@@ -480,11 +519,7 @@ impl Loaded {
             }
             (None, Some(text)) => {
                 let tok = Tokenizer::load(self.files()?)?;
-                let ids = if p.no_bos {
-                    tok.encode(text)?
-                } else {
-                    tok.encode_prompt(text)?
-                };
+                let ids = encode(&tok, text, p.no_bos)?;
                 if ids.is_empty() {
                     bail!("the prompt is empty");
                 }
@@ -538,6 +573,15 @@ fn with_draft<R>(
                 engine.with_session(ctx, batch, |s| f(s, Some(&mut draft)))
             })
         }
+    }
+}
+
+/// `text`'s ids, with the model's BOS first unless `no_bos`.
+fn encode(tok: &Tokenizer, text: &str, no_bos: bool) -> Result<Vec<u32>> {
+    if no_bos {
+        tok.encode(text)
+    } else {
+        tok.encode_prompt(text)
     }
 }
 
@@ -600,18 +644,63 @@ fn run_command(command: Command) -> Result<()> {
         Command::Embed {
             model,
             prompt,
+            file,
+            prompt_ids,
+            no_bos,
+            pooling,
+            normalize,
+            batch,
             format,
         } => {
             let l = Loaded::open(&model)?;
-            let (ids, _) = l.prompt(&prompt)?;
+            let texts: Vec<Vec<u32>> = match (prompt_ids, prompt, &file) {
+                (Some(ids), _, _) => {
+                    if ids.is_empty() {
+                        bail!("--prompt-ids is empty");
+                    }
+                    vec![ids]
+                }
+                (None, Some(text), _) => {
+                    vec![encode(&Tokenizer::load(l.files()?)?, &text, no_bos)?]
+                }
+                (None, None, Some(path)) => {
+                    let tok = Tokenizer::load(l.files()?)?;
+                    let text = std::fs::read_to_string(path)
+                        .with_context(|| format!("cannot read {}", path.display()))?;
+                    text.lines()
+                        .enumerate()
+                        .map(|(i, line)| {
+                            let ids = encode(&tok, line, no_bos)?;
+                            if ids.is_empty() {
+                                bail!("{} line {}: no tokens to embed", path.display(), i + 1);
+                            }
+                            Ok(ids)
+                        })
+                        .collect::<Result<_>>()?
+                }
+                (None, None, None) => bail!("give --prompt, --file or --prompt-ids"),
+            };
+            if texts.iter().any(Vec::is_empty) {
+                bail!("the text has no tokens: nothing to embed");
+            }
             let m = l.model()?;
-            let e = run::embedding(&l.engine(&m)?, &ids)?;
-            match format {
-                OutputFormat::Json => println!("{}", json!({ "embedding": e })),
-                OutputFormat::Text => println!(
-                    "{}",
-                    e.iter().map(f32::to_string).collect::<Vec<_>>().join(" ")
-                ),
+            let pooling = match pooling {
+                PoolingArg::Mean => run::Pooling::Mean,
+                PoolingArg::Last => run::Pooling::Last,
+            };
+            let refs: Vec<&[u32]> = texts.iter().map(Vec::as_slice).collect();
+            let engine = l.engine(&m)?;
+            let e = run::embeddings(&engine, &refs, pooling, normalize, batch.max(1))?;
+            let mut out = std::io::stdout().lock();
+            match (format, file.is_some()) {
+                (OutputFormat::Json, true) => writeln!(out, "{}", json!({ "embeddings": e }))?,
+                (OutputFormat::Json, false) => writeln!(out, "{}", json!({ "embedding": e[0] }))?,
+                (OutputFormat::Text, _) => {
+                    for v in &e {
+                        let line: Vec<String> = v.iter().map(f32::to_string).collect();
+                        writeln!(out, "{}", line.join(" "))?;
+                    }
+                }
             }
             Ok(())
         }
@@ -666,11 +755,7 @@ fn run_command(command: Command) -> Result<()> {
                     .with_context(|| format!("cannot read {}", f.display()))?,
                 (None, None) => bail!("give --prompt or --file"),
             };
-            let ids = if no_bos {
-                tok.encode(&text)?
-            } else {
-                tok.encode_prompt(&text)?
-            };
+            let ids = encode(&tok, &text, no_bos)?;
             let mut out = std::io::stdout().lock();
             match format {
                 OutputFormat::Json => writeln!(out, "{}", serde_json::json!({ "ids": ids }))?,

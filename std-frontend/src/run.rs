@@ -37,6 +37,35 @@ pub trait Runner {
         max_batch: usize,
         f: impl FnOnce(&mut dyn Session) -> Result<R>,
     ) -> Result<R>;
+
+    /// Runs independent sequences from empty caches and fills `wants[s]` for `tokens[s]`. A
+    /// backend that can runs them in shared batches of up to `max_batch` tokens (the weights
+    /// read once for all); this default runs them one after another.
+    fn forward_sequences(
+        &self,
+        tokens: &[&[u32]],
+        wants: &mut [Want<'_>],
+        max_batch: usize,
+    ) -> Result<()> {
+        anyhow::ensure!(tokens.len() == wants.len(), "one want per sequence");
+        for (seq, want) in tokens.iter().zip(wants.iter_mut()) {
+            let want = reborrow(want);
+            let batch = seq.len().clamp(1, max_batch);
+            self.with_session(seq.len(), batch, |s| s.forward(seq, want))?;
+        }
+        Ok(())
+    }
+}
+
+/// A shorter-lived `Want` over the same output.
+fn reborrow<'a>(want: &'a mut Want<'_>) -> Want<'a> {
+    match want {
+        Want::Nothing => Want::Nothing,
+        Want::LastLogits(o) => Want::LastLogits(o),
+        Want::LastArgmax(id) => Want::LastArgmax(id),
+        Want::AllLogits(o) => Want::AllLogits(o),
+        Want::Hidden(o) => Want::Hidden(o),
+    }
 }
 
 /// The CPU backend: the core's `Model` with a KV format and an executor.
@@ -72,6 +101,35 @@ impl<E: Exec> Runner for CpuRunner<'_, '_, E> {
             scratch,
             exec: self.exec,
         })
+    }
+
+    /// All sequences in one `forward_many`: one KV arena cut into a cache per sequence.
+    fn forward_sequences(
+        &self,
+        tokens: &[&[u32]],
+        wants: &mut [Want<'_>],
+        max_batch: usize,
+    ) -> Result<()> {
+        let c = &self.model.config;
+        let sizes = tokens
+            .iter()
+            .map(|t| KvCache::bytes_needed(c, t.len(), self.kv))
+            .collect::<sapient_core::Result<Vec<usize>>>()?;
+        let mut kv = vec![0u8; sizes.iter().sum()];
+        let mut caches = Vec::with_capacity(tokens.len());
+        let mut rest = kv.as_mut_slice();
+        for (t, size) in tokens.iter().zip(&sizes) {
+            let (mem, tail) = rest.split_at_mut(*size);
+            caches.push(KvCache::new(c, t.len(), self.kv, mem)?);
+            rest = tail;
+        }
+        let mut caches: Vec<&mut KvCache<'_>> = caches.iter_mut().collect();
+        let batch = max_batch.max(1);
+        let mut scratch = vec![0f32; Scratch::bytes_needed(c, batch)?.div_ceil(4)];
+        let mut scratch = Scratch::new(c, batch, bytemuck::cast_slice_mut(&mut scratch))?;
+        Ok(self
+            .model
+            .forward_many(tokens, &mut caches, &mut scratch, self.exec, wants)?)
     }
 }
 
@@ -203,9 +261,67 @@ pub fn hidden_states(runner: &impl Runner, tokens: &[u32]) -> Result<Vec<f32>> {
 
 /// The mean of the final hidden states over positions.
 pub fn embedding(runner: &impl Runner, tokens: &[u32]) -> Result<Vec<f32>> {
-    let hidden = hidden_states(runner, tokens)?;
-    let mut out = vec![0f32; runner.config().hidden_size];
-    mean_rows(&hidden, runner.config().hidden_size, &mut out)?;
+    Ok(embeddings(runner, &[tokens], Pooling::Mean, false, DEFAULT_BATCH)?.remove(0))
+}
+
+/// How an embedding is made from a text's final hidden states (after the final norm).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    /// The mean over positions.
+    Mean,
+    /// The last position's (for models trained to put the text's meaning there, such as
+    /// decoder embedding models that end each text with EOS).
+    Last,
+}
+
+/// One embedding per text, `hidden_size` values each (scaled to unit length when `normalize`).
+/// Texts share forward passes: as many as fit in `max_batch` tokens (and the core's
+/// `MAX_SEGMENTS` sequences) go through the model together; a longer text runs alone, in
+/// batches.
+pub fn embeddings(
+    runner: &impl Runner,
+    texts: &[&[u32]],
+    pooling: Pooling,
+    normalize: bool,
+    max_batch: usize,
+) -> Result<Vec<Vec<f32>>> {
+    if let Some(i) = texts.iter().position(|t| t.is_empty()) {
+        anyhow::bail!("text {} has no tokens: nothing to embed", i + 1);
+    }
+    let h = runner.config().hidden_size;
+    let mut out = Vec::with_capacity(texts.len());
+    let mut start = 0;
+    while start < texts.len() {
+        // The next group: texts while their tokens fit in one batch (at least one text).
+        let mut end = start + 1;
+        let mut total = texts[start].len();
+        while end < texts.len()
+            && end - start < sapient_core::model::MAX_SEGMENTS
+            && total + texts[end].len() <= max_batch
+        {
+            total += texts[end].len();
+            end += 1;
+        }
+        let group = &texts[start..end];
+        let mut hidden: Vec<Vec<f32>> = group.iter().map(|t| vec![0f32; t.len() * h]).collect();
+        let mut wants: Vec<Want<'_>> = hidden.iter_mut().map(|o| Want::Hidden(o)).collect();
+        runner.forward_sequences(group, &mut wants, max_batch)?;
+        for rows in &hidden {
+            let mut e = vec![0f32; h];
+            match pooling {
+                Pooling::Mean => mean_rows(rows, h, &mut e)?,
+                Pooling::Last => e.copy_from_slice(&rows[rows.len() - h..]),
+            }
+            if normalize {
+                let norm = e.iter().map(|v| v * v).sum::<f32>().sqrt();
+                if norm > 0.0 {
+                    e.iter_mut().for_each(|v| *v /= norm);
+                }
+            }
+            out.push(e);
+        }
+        start = end;
+    }
     Ok(out)
 }
 

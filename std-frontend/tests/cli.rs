@@ -346,3 +346,109 @@ fn tokenize_prints_the_reference_ids() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/model.gguf"));
 }
+
+fn smollm2() -> String {
+    let model =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        model.is_file(),
+        "run scripts/fetch-model.sh first (scripts/test.sh does)"
+    );
+    model.to_str().unwrap().to_owned()
+}
+
+/// `embed -f`: one embedding per line, in order, each the one `-p` gives for that line; pooling
+/// and normalization as asked; an empty line is an error naming it.
+#[test]
+fn embed_a_file_of_texts() {
+    let m = smollm2();
+    let dir = std::env::temp_dir().join(format!("sapient-embed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let lines = ["The capital of France is", "Hello world", "fn main() {}"];
+    let file = dir.join("lines.txt");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let file = file.to_str().unwrap();
+    let kv = ["--kv", "f32"];
+    let many = json(&sapient(
+        &[
+            &["embed", "-m", &m, "-f", file, "--format", "json"],
+            &kv[..],
+        ]
+        .concat(),
+    ));
+    let many = many["embeddings"].as_array().unwrap();
+    assert_eq!(many.len(), lines.len());
+    for (line, e) in lines.iter().zip(many) {
+        let one = json(&sapient(
+            &[
+                &["embed", "-m", &m, "-p", line, "--format", "json"],
+                &kv[..],
+            ]
+            .concat(),
+        ));
+        assert_eq!(&one["embedding"], e, "{line}");
+    }
+    let unit = json(&sapient(&[
+        "embed",
+        "-m",
+        &m,
+        "-f",
+        file,
+        "--pooling",
+        "last",
+        "--normalize",
+        "--format",
+        "json",
+    ]));
+    for e in unit["embeddings"].as_array().unwrap() {
+        let norm: f64 = e
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap().powi(2))
+            .sum();
+        assert!((norm - 1.0).abs() < 1e-4, "{norm}");
+    }
+    let holed = dir.join("holed.txt");
+    std::fs::write(&holed, "one\n\nthree\n").unwrap();
+    let out = sapient(&["embed", "-m", &m, "-f", holed.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 2"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `generate --draft-model` and `--draft ngram`: the same tokens as without a draft, with the
+/// draft's counts in the JSON; a draft with another vocabulary is refused.
+#[test]
+fn speculative_generation_from_the_cli() {
+    let m = smollm2();
+    let base = [
+        "generate",
+        "-m",
+        &m,
+        "-p",
+        "def add(a, b):\n    return a + b\n\ndef add3(a, b, c):",
+        "-n",
+        "24",
+        "--temperature",
+        "0",
+        "--format",
+        "json",
+    ];
+    let plain = json(&sapient(&base));
+    for draft in [
+        &["--draft", "ngram"][..],
+        &["--draft-model", &m, "--draft-tokens", "4"][..],
+    ] {
+        let spec = json(&sapient(&[&base[..], draft].concat()));
+        assert_eq!(spec["generated_ids"], plain["generated_ids"], "{draft:?}");
+        assert!(spec["draft_proposed"].as_u64().is_some(), "{spec}");
+        assert!(spec["draft_accepted"].as_u64() <= spec["draft_proposed"].as_u64());
+    }
+    let tiny = fixture("llama");
+    let out = sapient(&[&base[..], &["--draft-model", &tiny]].concat());
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("vocabulary"), "{err}");
+}

@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Result};
 use sapient_core::model::layer_loop;
-use sapient_core::{ops, Backend, Config, Want};
+use sapient_core::{ops, Backend, Config, Segment, Want};
 use wgpu::util::DeviceExt;
 
 use super::kernels::{Fused, Kernels, PREFILL_TILE};
@@ -504,11 +504,12 @@ impl<'m> GpuSession<'m> {
         })
     }
 
-    /// Submits what was recorded, plus a copy of `bytes` of `src` to the staging buffer, waits,
-    /// and hands the bytes to `read`.
+    /// Submits what was recorded, plus a copy of `bytes` of `src` from byte `start` to the
+    /// staging buffer, waits, and hands the bytes to `read`.
     fn read_back(
         &mut self,
         src: &wgpu::Buffer,
+        start: usize,
         bytes: usize,
         read: impl FnOnce(&[u8]),
     ) -> Result<()> {
@@ -518,7 +519,7 @@ impl<'m> GpuSession<'m> {
             .encoder
             .take()
             .unwrap_or_else(|| device.create_command_encoder(&Default::default()));
-        encoder.copy_buffer_to_buffer(src, 0, &self.staging, 0, bytes as u64);
+        encoder.copy_buffer_to_buffer(src, start as u64, &self.staging, 0, bytes as u64);
         self.model.queue.submit([encoder.finish()]);
         let slice = self.staging.slice(..bytes as u64);
         let mapped = self.mapped.clone();
@@ -567,15 +568,27 @@ impl Backend for GpuSession<'_> {
         self.max_batch
     }
 
-    fn kv_len(&self) -> usize {
+    /// One: a GPU session holds one KV cache.
+    fn sequences(&self) -> usize {
+        1
+    }
+
+    fn kv_len(&self, _seq: usize) -> usize {
         self.kv_len
     }
 
-    fn kv_capacity(&self) -> usize {
+    fn kv_capacity(&self, _seq: usize) -> usize {
         self.max_seq
     }
 
-    fn embed(&mut self, tokens: &[u32], pos0: usize) -> sapient_core::Result<()> {
+    fn embed(&mut self, tokens: &[&[u32]], segments: &[Segment]) -> sapient_core::Result<()> {
+        // With one sequence, the layer loop makes one segment per batch.
+        let [seg] = segments else {
+            return Err(sapient_core::Error::Backend(
+                "a GPU session runs one sequence per batch",
+            ));
+        };
+        let (tokens, pos0) = (&tokens[0][seg.offset..seg.offset + seg.len], seg.pos0);
         let n = tokens.len();
         self.n = n;
         self.rec.dispatches = 0;
@@ -614,8 +627,8 @@ impl Backend for GpuSession<'_> {
         result.map_err(|e| self.fail(e))
     }
 
-    fn rope_store(&mut self, layer: usize, n: usize, _pos0: usize) -> sapient_core::Result<()> {
-        let c = &self.model.config;
+    fn rope_store(&mut self, layer: usize, _segments: &[Segment]) -> sapient_core::Result<()> {
+        let (c, n) = (&self.model.config, self.n);
         let threads = (c.n_heads + c.n_kv_heads) * c.head_dim / 2 + c.kv_dim();
         let (model, group) = (self.model, &self.layers[layer].rope);
         let size = [threads.div_ceil(64), n, 1];
@@ -624,8 +637,8 @@ impl Backend for GpuSession<'_> {
         Ok(())
     }
 
-    fn attention(&mut self, layer: usize, n: usize, _pos0: usize) -> sapient_core::Result<()> {
-        let heads = self.model.config.n_heads;
+    fn attention(&mut self, layer: usize, _segments: &[Segment]) -> sapient_core::Result<()> {
+        let (heads, n) = (self.model.config.n_heads, self.n);
         let (model, group) = (self.model, &self.layers[layer].attention);
         let (device, k) = (&model.device, &model.kernels);
         self.rec
@@ -676,9 +689,10 @@ impl Backend for GpuSession<'_> {
         Ok(())
     }
 
-    fn read_hidden(&mut self, out: &mut [f32]) -> sapient_core::Result<()> {
+    fn read_hidden(&mut self, first: usize, out: &mut [f32]) -> sapient_core::Result<()> {
         let src = self.out.clone();
-        self.read_back(&src, out.len() * 4, |b| {
+        let start = first * self.model.config.hidden_size * 4;
+        self.read_back(&src, start, out.len() * 4, |b| {
             out.copy_from_slice(bytemuck::cast_slice(b))
         })
         .map_err(|e| self.fail(e))
@@ -706,7 +720,7 @@ impl Backend for GpuSession<'_> {
                     count,
                 )
                 .and_then(|()| {
-                    self.read_back(&logits, chunk.len() * 4, |b| {
+                    self.read_back(&logits, 0, chunk.len() * 4, |b| {
                         chunk.copy_from_slice(bytemuck::cast_slice(b))
                     })
                 });
@@ -738,14 +752,15 @@ impl Backend for GpuSession<'_> {
         );
         let best = self.best.clone();
         let mut id = 0u32;
-        self.read_back(&best, 4, |b| {
+        self.read_back(&best, 0, 4, |b| {
             id = u32::from_le_bytes([b[0], b[1], b[2], b[3]])
         })
         .map_err(|e| self.fail(e))?;
         Ok(id)
     }
 
-    fn commit(&mut self, n: usize) -> sapient_core::Result<()> {
+    fn commit(&mut self, segments: &[Segment]) -> sapient_core::Result<()> {
+        let n: usize = segments.iter().map(|s| s.len).sum();
         self.submit().map_err(|e| self.fail(e))?;
         self.kv_len += n;
         if n == 1 {
@@ -770,7 +785,7 @@ impl Session for GpuSession<'_> {
 
     fn forward(&mut self, tokens: &[u32], want: Want<'_>) -> Result<()> {
         let config = &self.model.config;
-        let result = layer_loop(config, self, tokens, want);
+        let result = layer_loop(config, self, &[tokens], &mut [want]);
         match (result, self.failure.take()) {
             (Ok(()), _) => Ok(()),
             (Err(_), Some(detail)) => Err(detail),
