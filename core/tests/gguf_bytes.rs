@@ -87,3 +87,28 @@ fn k_quant_dequantizers_match_gguf_py() {
         assert_eq!(ours, expected, "{format}");
     }
 }
+
+/// Our Q4_K and Q6_K quantizers make the bytes ggml's reference quantizers make (what
+/// llama-quantize writes without an importance matrix), on the rows
+/// `scripts/gen_kquantize_vectors.py` had libggml-base quantize.
+#[test]
+fn k_quantizers_match_ggml_bytes() {
+    let text = include_str!("data/ggml_kquantize.txt");
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines.len() >= 3 * 20, "test data is incomplete");
+    for case in lines.chunks(3) {
+        let head: Vec<&str> = case[0].split(' ').collect();
+        let format = match head[1] {
+            "q4_k" => Format::Q4K,
+            "q6_k" => Format::Q6K,
+            f => panic!("unknown format {f}"),
+        };
+        let x: Vec<f32> = hex(case[1])
+            .chunks(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let mut ours = vec![0u8; format.row_bytes(x.len()).unwrap()];
+        quantize_row(format, &x, &mut ours).unwrap();
+        assert!(ours == hex(case[2]), "{} {format}: bytes differ", head[0]);
+    }
+}

@@ -9,6 +9,7 @@ use core::fmt;
 use crate::error::{Error, Result};
 
 pub mod float;
+pub mod k_quantize;
 pub mod k_quants;
 pub mod q16;
 pub mod q4_0;
@@ -149,7 +150,19 @@ impl fmt::Display for Format {
 pub fn quantize_row(format: Format, x: &[f32], out: &mut [u8]) -> Result<()> {
     check_row(format, x.len(), out.len())?;
     match format {
-        Format::Q3K | Format::Q4K | Format::Q5K | Format::Q6K => {
+        Format::Q4K => k_quantize::quantize_blocks(
+            x,
+            out,
+            <k_quants::BlockQ4K as k_quants::KBlock>::BYTES,
+            k_quantize::quantize_q4k,
+        ),
+        Format::Q6K => k_quantize::quantize_blocks(
+            x,
+            out,
+            <k_quants::BlockQ6K as k_quants::KBlock>::BYTES,
+            k_quantize::quantize_q6k,
+        ),
+        Format::Q3K | Format::Q5K => {
             return Err(Error::UnsupportedFormat {
                 what: "quantizing to",
                 format,
@@ -242,6 +255,8 @@ mod tests {
             Format::Q4_1,
             Format::Q5_0,
             Format::Q5_1,
+            Format::Q4K,
+            Format::Q6K,
         ] {
             let mut q = vec![0u8; format.row_bytes(x.len()).unwrap()];
             let mut y = vec![0f32; x.len()];
