@@ -3,6 +3,7 @@
 //! command line.
 pub mod bench;
 pub mod chat;
+pub mod convert;
 pub mod exec;
 pub mod generate;
 #[cfg(feature = "gpu")]

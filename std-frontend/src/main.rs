@@ -133,6 +133,23 @@ enum Command {
         #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
         format: OutputFormat,
     },
+    /// Write a model (Hugging Face directory, safetensors or GGUF) as a GGUF file llama.cpp loads,
+    /// its matrices in the formats --type names.
+    Quantize {
+        /// The model to read: a directory, a .gguf or .safetensors file, or a Hugging Face id in
+        /// the local cache.
+        input: String,
+        /// The GGUF file to write.
+        output: PathBuf,
+        /// f16 and q8_0: every matrix (as llama.cpp's convert_hf_to_gguf.py --outtype); q4_0,
+        /// q4_1, q4_k, q6_k, q4_k_m: as llama-quantize (the output matrix in Q6_K, Q4_K_M's mix,
+        /// its fallbacks for rows that are no whole number of blocks).
+        #[arg(long = "type", value_enum)]
+        target: TargetArg,
+        /// Worker threads (default: one per physical core).
+        #[arg(short, long)]
+        threads: Option<usize>,
+    },
     /// Describe a model: architecture, hyper-parameters, tensors, KV cache memory.
     Inspect {
         /// A model directory, .gguf or .safetensors file, or a Hugging Face id in the local cache.
@@ -274,6 +291,23 @@ struct ChatArgs {
     /// Context length of the whole conversation.
     #[arg(long, default_value_t = 4096)]
     ctx: usize,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum TargetArg {
+    F16,
+    #[value(name = "q8_0")]
+    Q8_0,
+    #[value(name = "q4_0")]
+    Q4_0,
+    #[value(name = "q4_1")]
+    Q4_1,
+    #[value(name = "q4_k")]
+    Q4K,
+    #[value(name = "q6_k")]
+    Q6K,
+    #[value(name = "q4_k_m")]
+    Q4KM,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -741,6 +775,12 @@ fn run_command(command: Command) -> Result<()> {
             Ok(())
         }
         Command::Inspect { model, ctx } => cmd_inspect(&model, ctx),
+        Command::Quantize {
+            input,
+            output,
+            target,
+            threads,
+        } => cmd_quantize(&input, &output, target, threads),
         Command::Tokenize {
             model,
             prompt,
@@ -1065,6 +1105,65 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
             });
         },
     )
+}
+
+fn cmd_quantize(
+    input: &str,
+    output: &std::path::Path,
+    target: TargetArg,
+    threads: Option<usize>,
+) -> Result<()> {
+    use sapient::convert::{write_model, Target};
+    let target = match target {
+        TargetArg::F16 => Target::F16,
+        TargetArg::Q8_0 => Target::Q8_0,
+        TargetArg::Q4_0 => Target::Q4_0,
+        TargetArg::Q4_1 => Target::Q4_1,
+        TargetArg::Q4K => Target::Q4K,
+        TargetArg::Q6K => Target::Q6K,
+        TargetArg::Q4KM => Target::Q4KM,
+    };
+    let path = resolve::resolve(input)?;
+    if output.exists() && std::fs::canonicalize(output)? == std::fs::canonicalize(&path)? {
+        bail!("the output {} is the input", output.display());
+    }
+    let files = ModelFiles::open(&path, &LoadOptions::default())?;
+    let model = files.model(Quantize::None)?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.unwrap_or_else(num_cpus::get_physical).max(1))
+        .build()?;
+    let bar = indicatif::ProgressBar::new(0).with_style(
+        indicatif::ProgressStyle::with_template("writing {bar:30} {pos}/{len} tensors").unwrap(),
+    );
+    let t0 = Instant::now();
+    let report = pool.install(|| {
+        write_model(
+            &files,
+            &model,
+            output,
+            target,
+            &|done, total| {
+                bar.set_length(total as u64);
+                bar.set_position(done as u64);
+            },
+            &mut |w| bar.suspend(|| eprintln!("warning: {w}")),
+        )
+    })?;
+    bar.finish_and_clear();
+    eprintln!(
+        "wrote {}: {} tensors ({}), {:.1} MiB in {:.1}s",
+        output.display(),
+        report.tensors,
+        report
+            .types
+            .iter()
+            .map(|(k, v)| format!("{v} {k}"))
+            .collect::<Vec<_>>()
+            .join(", "),
+        report.bytes as f64 / (1 << 20) as f64,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
 }
 
 fn cmd_inspect(spec: &str, ctx: usize) -> Result<()> {

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 
 use anyhow::{anyhow, bail, Context, Result};
+use sapient_core::Format;
 
 const MAGIC: &[u8; 4] = b"GGUF";
 /// ggml's GGML_MAX_NAME: tensor names are at most this long.
@@ -118,7 +119,7 @@ fn ggml_type_name(id: u32) -> Option<&'static str> {
 }
 
 impl GgmlType {
-    fn from_id(id: u32) -> Option<Self> {
+    pub fn from_id(id: u32) -> Option<Self> {
         Some(match id {
             0 => GgmlType::F32,
             1 => GgmlType::F16,
@@ -134,6 +135,60 @@ impl GgmlType {
             30 => GgmlType::BF16,
             _ => return None,
         })
+    }
+
+    /// ggml's id of this type.
+    pub fn id(self) -> u32 {
+        match self {
+            GgmlType::F32 => 0,
+            GgmlType::F16 => 1,
+            GgmlType::Q4_0 => 2,
+            GgmlType::Q4_1 => 3,
+            GgmlType::Q5_0 => 6,
+            GgmlType::Q5_1 => 7,
+            GgmlType::Q8_0 => 8,
+            GgmlType::Q3K => 11,
+            GgmlType::Q4K => 12,
+            GgmlType::Q5K => 13,
+            GgmlType::Q6K => 14,
+            GgmlType::BF16 => 30,
+        }
+    }
+
+    /// The core's format of this type.
+    pub fn format(self) -> Format {
+        match self {
+            GgmlType::F32 => Format::F32,
+            GgmlType::F16 => Format::F16,
+            GgmlType::BF16 => Format::BF16,
+            GgmlType::Q4_0 => Format::Q4_0,
+            GgmlType::Q4_1 => Format::Q4_1,
+            GgmlType::Q5_0 => Format::Q5_0,
+            GgmlType::Q5_1 => Format::Q5_1,
+            GgmlType::Q8_0 => Format::Q8_0,
+            GgmlType::Q3K => Format::Q3K,
+            GgmlType::Q4K => Format::Q4K,
+            GgmlType::Q5K => Format::Q5K,
+            GgmlType::Q6K => Format::Q6K,
+        }
+    }
+
+    /// The type of the core's `format` (every format is one).
+    pub fn of(format: Format) -> Self {
+        match format {
+            Format::F32 => GgmlType::F32,
+            Format::F16 => GgmlType::F16,
+            Format::BF16 => GgmlType::BF16,
+            Format::Q4_0 => GgmlType::Q4_0,
+            Format::Q4_1 => GgmlType::Q4_1,
+            Format::Q5_0 => GgmlType::Q5_0,
+            Format::Q5_1 => GgmlType::Q5_1,
+            Format::Q8_0 => GgmlType::Q8_0,
+            Format::Q3K => GgmlType::Q3K,
+            Format::Q4K => GgmlType::Q4K,
+            Format::Q5K => GgmlType::Q5K,
+            Format::Q6K => GgmlType::Q6K,
+        }
     }
 
     /// (values per block, bytes per block)

@@ -80,7 +80,8 @@ pub fn parse(g: &Gguf) -> Result<GgufMeta> {
         rope_scaling: None,
         tie_word_embeddings: !g.tensors.contains_key("output.weight"),
         qkv_bias: g.tensors.contains_key("blk.0.attn_q.bias"),
-        sliding_window: None,
+        // Not llama.cpp's (it ignores Mistral's window); sapient's writer keeps it here.
+        sliding_window: g.u64(&key("attention.sliding_window")).map(|v| v as usize),
         max_position_embeddings: g.u64(&key("context_length")).map_or(2048, |v| v as usize),
     };
     config.validate()?;

@@ -235,15 +235,7 @@ impl ModelFiles {
                     GgmlType::F32 => Kind::Float(Dtype::F32),
                     GgmlType::F16 => Kind::Float(Dtype::F16),
                     GgmlType::BF16 => Kind::Float(Dtype::BF16),
-                    GgmlType::Q8_0 => Kind::Block(Format::Q8_0),
-                    GgmlType::Q4_0 => Kind::Block(Format::Q4_0),
-                    GgmlType::Q4_1 => Kind::Block(Format::Q4_1),
-                    GgmlType::Q5_0 => Kind::Block(Format::Q5_0),
-                    GgmlType::Q5_1 => Kind::Block(Format::Q5_1),
-                    GgmlType::Q3K => Kind::Block(Format::Q3K),
-                    GgmlType::Q4K => Kind::Block(Format::Q4K),
-                    GgmlType::Q5K => Kind::Block(Format::Q5K),
-                    GgmlType::Q6K => Kind::Block(Format::Q6K),
+                    quantized => Kind::Block(quantized.format()),
                 };
                 // GGUF lists dimensions innermost first; reversed, they are PyTorch's.
                 let shape = t.dims.iter().rev().copied().collect();

@@ -189,6 +189,15 @@ impl Tokenizer {
         }
     }
 
+    /// The tokenizer as a Hugging Face `tokenizer.json` (byte-level BPE ones; a SentencePiece
+    /// vocabulary has no such form here).
+    pub fn to_hf_json(&self) -> Result<String> {
+        match &self.model {
+            Model::Hf(t) => t.to_string(true).map_err(|e| anyhow!("tokenizer: {e}")),
+            Model::Spm(_) => bail!("a SentencePiece vocabulary has no tokenizer.json form here"),
+        }
+    }
+
     pub fn id(&self, token: &str) -> Option<u32> {
         match &self.model {
             Model::Hf(t) => t.token_to_id(token),

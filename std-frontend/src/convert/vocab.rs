@@ -1,0 +1,211 @@
+//! A Hugging Face tokenizer as GGUF's `tokenizer.ggml.*` metadata, the way llama.cpp's
+//! converter writes it for byte-level BPE vocabularies (`gpt2` model): tokens by id (padded to
+//! the model's vocabulary with `[PAD{id}]`), token types, merges, the pre-tokenizer's name
+//! (recognized by the hash of its tokenization of a fixed text), the special tokens and the
+//! chat template.
+use std::path::Path;
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::Value as Json;
+use sha2::{Digest, Sha256};
+
+use super::pre_hashes::{CHECK_TEXT, PRE_TOKENIZER_HASHES};
+use crate::load::gguf::Value;
+
+/// llama.cpp's token types.
+const NORMAL: i32 = 1;
+const CONTROL: i32 = 3;
+const USER_DEFINED: i32 = 4;
+const UNUSED: i32 = 5;
+
+/// The metadata for the tokenizer in `dir` (`tokenizer.json`, `tokenizer_config.json`, the
+/// chat template), for a model of `vocab_size` tokens whose `config.json` gives
+/// `bos`/`eos` ids as a fallback. Warnings (a pre-tokenizer llama.cpp does not know) go to
+/// `warn`.
+pub fn hf_tokenizer_metadata(
+    dir: &Path,
+    vocab_size: usize,
+    bos: Option<u32>,
+    eos: Option<u32>,
+    warn: &mut dyn FnMut(String),
+) -> Result<Vec<(String, Value)>> {
+    let path = dir.join("tokenizer.json");
+    let json = read_json(&path)?;
+    let model = &json["model"];
+    if model["type"].as_str() != Some("BPE") {
+        bail!(
+            "{}: only byte-level BPE tokenizers can be written to GGUF (this one is {})",
+            path.display(),
+            model["type"]
+        );
+    }
+    if model["byte_fallback"].as_bool() == Some(true) {
+        bail!(
+            "{}: a SentencePiece-style vocabulary (byte fallback) cannot be written to GGUF yet: quantize the model's GGUF file instead",
+            path.display()
+        );
+    }
+    let vocab = model["vocab"]
+        .as_object()
+        .ok_or_else(|| anyhow!("{}: model.vocab is not a map", path.display()))?;
+    let mut tokens: Vec<Option<(String, i32)>> = vec![None; vocab_size];
+    let mut place = |id: u64, text: &str, ty: i32| -> Result<()> {
+        let slot = tokens.get_mut(id as usize).ok_or_else(|| {
+            anyhow!(
+                "{}: token id {id} ({text:?}) is past the model's vocabulary of {vocab_size}",
+                path.display()
+            )
+        })?;
+        *slot = Some((text.to_owned(), ty));
+        Ok(())
+    };
+    for (text, id) in vocab {
+        let id = id
+            .as_u64()
+            .ok_or_else(|| anyhow!("{}: the id of {text:?} is not a number", path.display()))?;
+        place(id, text, NORMAL)?;
+    }
+    for added in json["added_tokens"].as_array().into_iter().flatten() {
+        let (Some(id), Some(text)) = (added["id"].as_u64(), added["content"].as_str()) else {
+            bail!("{}: an added token lacks its id or content", path.display());
+        };
+        let ty = if added["special"].as_bool() == Some(true) || looks_special(text) {
+            CONTROL
+        } else {
+            USER_DEFINED
+        };
+        let text = if ty == USER_DEFINED {
+            text.replace('\u{2581}', " ")
+        } else {
+            text.to_owned()
+        };
+        place(id, &text, ty)?;
+    }
+    let (texts, types): (Vec<Value>, Vec<Value>) = tokens
+        .into_iter()
+        .enumerate()
+        .map(|(id, t)| {
+            let (text, ty) = t.unwrap_or_else(|| (format!("[PAD{id}]"), UNUSED));
+            (Value::String(text), Value::I32(ty))
+        })
+        .unzip();
+    let merges: Vec<Value> = model["merges"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|m| match m {
+            Json::String(s) => Ok(Value::String(s.clone())),
+            Json::Array(pair) => match (pair.first(), pair.get(1)) {
+                (Some(Json::String(a)), Some(Json::String(b))) => {
+                    Ok(Value::String(format!("{a} {b}")))
+                }
+                _ => bail!("{}: a merge is not a pair of strings", path.display()),
+            },
+            _ => bail!("{}: a merge is neither a string nor a pair", path.display()),
+        })
+        .collect::<Result<_>>()?;
+
+    let pre = pre_tokenizer(&path)?.unwrap_or_else(|| {
+        warn(format!(
+            "{}: llama.cpp does not know this BPE pre-tokenizer; writing \"default\" (llama.cpp may then split text differently)",
+            path.display()
+        ));
+        "default".to_owned()
+    });
+    let mut meta = vec![
+        (
+            "tokenizer.ggml.model".to_owned(),
+            Value::String("gpt2".into()),
+        ),
+        ("tokenizer.ggml.pre".to_owned(), Value::String(pre)),
+        ("tokenizer.ggml.tokens".to_owned(), Value::Array(texts)),
+        ("tokenizer.ggml.token_type".to_owned(), Value::Array(types)),
+        ("tokenizer.ggml.merges".to_owned(), Value::Array(merges)),
+    ];
+    let config = read_json(&dir.join("tokenizer_config.json")).unwrap_or(Json::Null);
+    let id_of = |key: &str| -> Option<u32> {
+        let text = match &config[key] {
+            Json::String(s) => s.as_str(),
+            Json::Object(o) => o.get("content")?.as_str()?,
+            _ => return None,
+        };
+        json["added_tokens"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|t| t["content"].as_str() == Some(text))
+            .and_then(|t| t["id"].as_u64())
+            .or_else(|| vocab.get(text).and_then(Json::as_u64))
+            .map(|id| id as u32)
+    };
+    let ids = [
+        ("bos", id_of("bos_token").or(bos)),
+        ("eos", id_of("eos_token").or(eos)),
+        ("unknown", id_of("unk_token")),
+        ("padding", id_of("pad_token")),
+    ];
+    for (name, id) in ids {
+        if let Some(id) = id {
+            meta.push((format!("tokenizer.ggml.{name}_token_id"), Value::U32(id)));
+        }
+    }
+    for key in ["add_bos_token", "add_eos_token"] {
+        if let Some(b) = config[key].as_bool() {
+            meta.push((format!("tokenizer.ggml.{key}"), Value::Bool(b)));
+        }
+    }
+    if let Some(template) = chat_template(dir, &config) {
+        meta.push((
+            "tokenizer.chat_template".to_owned(),
+            Value::String(template),
+        ));
+    }
+    Ok(meta)
+}
+
+fn read_json(path: &Path) -> Result<Json> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("{} is not valid JSON", path.display()))
+}
+
+/// llama.cpp's converter also marks added tokens that look like control tokens as control.
+fn looks_special(text: &str) -> bool {
+    ["<pad>", "<mask>", "<2mass>", "[@BOS@]"].contains(&text)
+        || (text.starts_with("<|") && text.ends_with("|>"))
+        || (text.starts_with("<\u{ff5c}") && text.ends_with("\u{ff5c}>"))
+        || (text.starts_with("<unused") && text.ends_with('>'))
+}
+
+/// The name llama.cpp gives this tokenizer's pre-tokenizer: the hash of the ids of
+/// `CHECK_TEXT` (special tokens added, as transformers' `encode` does) looked up in its table.
+fn pre_tokenizer(path: &Path) -> Result<Option<String>> {
+    let tok = tokenizers::Tokenizer::from_file(path)
+        .map_err(|e| anyhow!("cannot read {}: {e}", path.display()))?;
+    let ids = tok
+        .encode(CHECK_TEXT, true)
+        .map_err(|e| anyhow!("{}: {e}", path.display()))?;
+    let listed: Vec<String> = ids.get_ids().iter().map(u32::to_string).collect();
+    let hash = Sha256::digest(format!("[{}]", listed.join(", ")).as_bytes());
+    let hex: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(PRE_TOKENIZER_HASHES
+        .iter()
+        .find(|(h, _)| *h == hex)
+        .map(|(_, name)| (*name).to_owned()))
+}
+
+/// `tokenizer_config.json`'s `chat_template` (a string, or the `default` of a list of named
+/// templates), or `chat_template.jinja` beside it.
+fn chat_template(dir: &Path, config: &Json) -> Option<String> {
+    match &config["chat_template"] {
+        Json::String(s) => return Some(s.clone()),
+        Json::Array(list) => {
+            let default = list
+                .iter()
+                .find(|t| t["name"].as_str() == Some("default"))?;
+            return default["template"].as_str().map(str::to_owned);
+        }
+        _ => {}
+    }
+    std::fs::read_to_string(dir.join("chat_template.jinja")).ok()
+}

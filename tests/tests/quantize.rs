@@ -1,0 +1,234 @@
+//! `sapient quantize` (`convert::write_model`): what it writes loads back as the same model in
+//! the formats it chose; a GGUF's own formats are kept bit for bit; Q4_K_M mixes as
+//! llama-quantize does; a Hugging Face `tokenizer.json` becomes the metadata llama.cpp writes.
+use std::path::{Path, PathBuf};
+
+use sapient::convert::vocab::hf_tokenizer_metadata;
+use sapient::convert::{matrix_format, write_model, Role, Target};
+use sapient::load::gguf::{Gguf, Value};
+use sapient::load::{LoadOptions, ModelFiles, Quantize};
+use sapient::run::{self, CpuRunner};
+use sapient::tokenizer::Tokenizer;
+use sapient_core::weights::Matrix;
+use sapient_core::{KvFormat, Model, Serial};
+use sapient_tests::*;
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sapient-quantize-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn write(files: &ModelFiles, out: &Path, target: Target) {
+    let model = files.model(Quantize::None).unwrap();
+    let mut warnings = Vec::new();
+    write_model(files, &model, out, target, &|_, _| {}, &mut |w| {
+        warnings.push(w)
+    })
+    .unwrap();
+}
+
+fn open(path: &Path) -> ModelFiles {
+    ModelFiles::open(path, &LoadOptions::default()).unwrap()
+}
+
+fn gguf(path: &Path) -> Gguf {
+    Gguf::parse(&std::fs::read(path).unwrap()).unwrap()
+}
+
+fn all_logits(model: &Model<'_>, prompt: &[u32]) -> Vec<Vec<f32>> {
+    run::logits(&CpuRunner::new(model, KvFormat::F32, &Serial), prompt, true).unwrap()
+}
+
+/// `matrix` in `format`, from its values (what the writer does to a matrix, in memory).
+fn converted(matrix: &Matrix<'_>, format: Format) -> Matrix<'static> {
+    let mut values = vec![0f32; matrix.rows * matrix.cols];
+    for (r, row) in values.chunks_exact_mut(matrix.cols).enumerate() {
+        matrix.dequantize_row(r, row).unwrap();
+    }
+    Matrix::quantize(format, matrix.rows, matrix.cols, &values).unwrap()
+}
+
+use sapient_core::Format;
+
+/// The fixture's model with every matrix converted as `target` says, in memory.
+fn expected<'f>(files: &'f ModelFiles, target: Target) -> Model<'f> {
+    let model = files.model(Quantize::None).unwrap();
+    let (c, mut w) = (model.config.clone(), model.weights);
+    let (n, tied) = (c.n_layers, w.lm_head.is_none());
+    let f = |m: &Matrix<'_>, role: Role, layer: usize| {
+        converted(m, matrix_format(target, role, layer, n, m.cols, tied))
+    };
+    w.embed = f(&w.embed, Role::TokenEmbedding, 0);
+    for (i, l) in w.layers.iter_mut().enumerate() {
+        l.wq = f(&l.wq, Role::Other, i);
+        l.wk = f(&l.wk, Role::Other, i);
+        l.wv = f(&l.wv, Role::AttentionV, i);
+        l.wo = f(&l.wo, Role::Other, i);
+        l.w_gate = f(&l.w_gate, Role::Other, i);
+        l.w_up = f(&l.w_up, Role::Other, i);
+        l.w_down = f(&l.w_down, Role::FeedForwardDown, i);
+    }
+    if let Some(out) = &w.lm_head {
+        w.lm_head = Some(f(out, Role::Output, 0));
+    }
+    Model::new(c, w).unwrap()
+}
+
+/// Every fixture written in every target reads back as the same model in those formats: the
+/// same logits bit for bit where the layout is unchanged (`qwen2`), within float reordering
+/// where `llama`'s Q/K rows were permuted for adjacent-pair RoPE (the attention dot products
+/// then sum in another order), and the same greedy choices.
+#[test]
+fn fixtures_read_back_as_the_same_model() {
+    let dir = temp_dir("fixtures");
+    for name in tiny_names() {
+        let files = open(&tiny(&name));
+        let r = read_json(&tiny(&name).join("reference.json"));
+        let seq40 = ids(&r["inputs"]["seq40"]);
+        for target in [
+            Target::F16,
+            Target::Q8_0,
+            Target::Q4_0,
+            Target::Q4_1,
+            Target::Q4KM,
+        ] {
+            let out = dir.join(format!("{name}-{target:?}.gguf"));
+            write(&files, &out, target);
+            let back_files = open(&out);
+            let back = back_files.model(Quantize::None).unwrap();
+            let want_model = expected(&files, target);
+            let (got, want) = (all_logits(&back, &seq40), all_logits(&want_model, &seq40));
+            // Hugging Face `llama`-style checkpoints get their Q/K rows permuted.
+            let permuted = back_files.arch == "llama" && files.gguf().is_none();
+            for (p, (g, w)) in got.iter().zip(&want).enumerate() {
+                let d = max_abs_diff(g, w);
+                // Permuted f16 weights differ only by the reordered sums (measured: 4e-6 at
+                // most); quantized ones also by the 16-bit activations' rounding, which a
+                // reordered sum can tip by one step before each mat-mul (7e-4 at most).
+                let tol = match (permuted, target) {
+                    (false, _) => 0.0,
+                    (true, Target::F16) => 1e-4,
+                    (true, _) => 2e-3,
+                };
+                assert!(d <= tol, "{name} {target:?}: position {p} differs by {d}");
+                assert_eq!(
+                    sapient_core::sample::argmax(g),
+                    sapient_core::sample::argmax(w),
+                    "{name} {target:?}: position {p}"
+                );
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// SmolLM2's Q4_1 file written as q4_1 keeps every tensor's bytes (its Q8_0 tied embedding is
+/// what llama-quantize gives an output matrix of 576-wide rows), so the model is the same, bit
+/// for bit, tokenizer and template included; as q4_k_m it mixes as llama-quantize does.
+#[test]
+fn smollm2_gguf_keeps_its_formats_and_mixes_q4_k_m() {
+    let dir = temp_dir("smollm2");
+    let files = open(&smollm2_gguf());
+    let out = dir.join("q4_1.gguf");
+    write(&files, &out, Target::Q4_1);
+    let (src, dst) = (files.gguf().unwrap(), gguf(&out));
+    for (name, t) in &src.tensors {
+        assert_eq!(dst.tensors[name].ggml_type, t.ggml_type, "{name}");
+    }
+    assert_eq!(dst.tensors.len(), src.tensors.len());
+    for key in [
+        "tokenizer.ggml.tokens",
+        "tokenizer.ggml.merges",
+        "tokenizer.chat_template",
+    ] {
+        assert_eq!(dst.get(key), src.get(key), "{key}");
+    }
+    let prompt = [1, 504, 3458, 282, 4649, 314];
+    let source = files.model(Quantize::Q8_0).unwrap();
+    let back_files = open(&out);
+    let back = back_files.model(Quantize::Q8_0).unwrap();
+    assert_eq!(all_logits(&source, &prompt), all_logits(&back, &prompt));
+
+    let out = dir.join("q4_k_m.gguf");
+    write(&files, &out, Target::Q4KM);
+    let mut counts = std::collections::BTreeMap::new();
+    for t in gguf(&out).tensors.values() {
+        *counts.entry(t.ggml_type.name()).or_insert(0) += 1;
+    }
+    let want = [
+        ("f32", 61),
+        ("q4_K", 16),
+        ("q5_0", 166),
+        ("q6_K", 14),
+        ("q8_0", 15),
+    ];
+    assert_eq!(counts, want.into_iter().collect());
+    let back_files = open(&out);
+    let back = back_files.model(Quantize::Q8_0).unwrap();
+    let tok = Tokenizer::load(&back_files).unwrap();
+    let ids = tok.encode("The capital of France is").unwrap();
+    let text = run::greedy(&CpuRunner::new(&back, KvFormat::F32, &Serial), &ids, 4, &[]).unwrap();
+    assert_eq!(tok.decode(&text, true).unwrap(), " Paris.\n\n");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A `tokenizer.json` (SmolLM2's, as sapient builds it from the GGUF) becomes the GGUF
+/// tokenizer metadata llama.cpp's converter wrote for it: the same tokens, token types and
+/// merges, and the pre-tokenizer recognized by its hash as `smollm`.
+#[test]
+fn tokenizer_json_becomes_llama_cpp_metadata() {
+    let dir = temp_dir("tokenizer");
+    let files = open(&smollm2_gguf());
+    let g = files.gguf().unwrap();
+    let tok = Tokenizer::load(&files).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), tok.to_hf_json().unwrap()).unwrap();
+    let config = serde_json::json!({
+        "bos_token": "<|im_start|>",
+        "eos_token": "<|im_end|>",
+        "chat_template": g.str("tokenizer.chat_template").unwrap(),
+    });
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+    let vocab = files.config.vocab_size;
+    let mut warnings = Vec::new();
+    let meta = hf_tokenizer_metadata(&dir, vocab, None, None, &mut |w| warnings.push(w)).unwrap();
+    assert!(warnings.is_empty(), "{warnings:?}");
+    let get = |k: &str| {
+        meta.iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(
+        get("tokenizer.ggml.pre"),
+        Some(Value::String("smollm".into()))
+    );
+    for key in [
+        "tokenizer.ggml.model",
+        "tokenizer.ggml.tokens",
+        "tokenizer.ggml.merges",
+        "tokenizer.chat_template",
+    ] {
+        assert_eq!(get(key).as_ref(), g.get(key), "{key}");
+    }
+    let types = |v: Option<&Value>| -> Vec<u64> {
+        v.and_then(Value::as_array)
+            .unwrap()
+            .iter()
+            .map(|t| t.as_u64().unwrap())
+            .collect()
+    };
+    assert_eq!(
+        types(get("tokenizer.ggml.token_type").as_ref()),
+        types(g.get("tokenizer.ggml.token_type"))
+    );
+    let id = |k: &str| get(k).and_then(|v| v.as_u64());
+    assert_eq!(
+        id("tokenizer.ggml.bos_token_id"),
+        g.u64("tokenizer.ggml.bos_token_id")
+    );
+    assert_eq!(
+        id("tokenizer.ggml.eos_token_id"),
+        g.u64("tokenizer.ggml.eos_token_id")
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
