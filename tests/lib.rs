@@ -81,3 +81,38 @@ pub fn smollm2_gguf() -> PathBuf {
 pub fn smollm2_reference() -> Value {
     read_json(&fixtures().join("smollm2/reference.json"))
 }
+
+/// llama.cpp's `models/` directory (vocabulary-only GGUFs and their tokenizer tests), where
+/// `scripts/fetch-llama-cpp.sh` puts the source (`$SAPIENT_LLAMA_CPP_SRC`, or its default cache).
+pub fn llama_cpp_models() -> Option<PathBuf> {
+    match std::env::var("SAPIENT_LLAMA_CPP_SRC") {
+        Ok(src) => Some(PathBuf::from(src).join("models")),
+        Err(_) => {
+            let home = std::env::var("HOME").ok()?;
+            let dir = PathBuf::from(home).join(".cache/sapient/llama.cpp/src-0.3.36/models");
+            dir.is_dir().then_some(dir)
+        }
+    }
+}
+
+/// llama.cpp's `test-tokenizer-0` cases of vocabulary `name` (`ggml-vocab-NAME.gguf.inp` and
+/// `.out` in `dir`): each input text and the ids llama.cpp gives it.
+pub fn llama_cpp_vocab_cases(dir: &Path, name: &str) -> Vec<(String, Vec<u32>)> {
+    let inp = std::fs::read_to_string(dir.join(format!("ggml-vocab-{name}.gguf.inp"))).unwrap();
+    let out = std::fs::read_to_string(dir.join(format!("ggml-vocab-{name}.gguf.out"))).unwrap();
+    let mut inputs: Vec<&str> = inp.split("\n__ggml_vocab_test__\n").collect();
+    // The file ends with a separator, which llama.cpp's reader does not count as a case.
+    if inputs.last() == Some(&"") {
+        inputs.pop();
+    }
+    let outputs: Vec<&str> = out.lines().collect();
+    assert_eq!(inputs.len(), outputs.len(), "{name}: cases");
+    inputs
+        .into_iter()
+        .zip(outputs)
+        .map(|(i, o)| {
+            let ids = o.split_whitespace().map(|t| t.parse().unwrap()).collect();
+            (i.to_owned(), ids)
+        })
+        .collect()
+}

@@ -232,3 +232,98 @@ fn tokenizer_json_becomes_llama_cpp_metadata() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A SentencePiece `tokenizer.model` (llama.cpp's `llama-spm` test vocabulary, written as
+/// SentencePiece's protobuf) becomes the `llama` metadata llama.cpp's converter writes: the same
+/// pieces, scores and types; and a vocabulary-only GGUF of it tokenizes llama.cpp's own test
+/// cases as llama.cpp does.
+#[test]
+fn sentencepiece_model_becomes_llama_cpp_metadata() {
+    let Some(models) = llama_cpp_models() else {
+        eprintln!("SKIPPED: no llama.cpp source (run scripts/fetch-llama-cpp.sh)");
+        return;
+    };
+    let g = gguf(&models.join("ggml-vocab-llama-spm.gguf"));
+    let array = |k: &str| g.get(k).and_then(Value::as_array).unwrap().to_vec();
+    let (tokens, scores, types) = (
+        array("tokenizer.ggml.tokens"),
+        array("tokenizer.ggml.scores"),
+        array("tokenizer.ggml.token_type"),
+    );
+    // ModelProto { pieces (1): SentencePiece { piece (1), score (2), type (3) } }
+    let varint = |out: &mut Vec<u8>, mut v: u64| loop {
+        let b = (v & 0x7f) as u8;
+        v >>= 7;
+        if v == 0 {
+            out.push(b);
+            break;
+        }
+        out.push(b | 0x80);
+    };
+    let mut model = Vec::new();
+    for ((t, s), ty) in tokens.iter().zip(&scores).zip(&types) {
+        let text = t.as_str().unwrap().as_bytes();
+        let mut piece = vec![0x0a];
+        varint(&mut piece, text.len() as u64);
+        piece.extend_from_slice(text);
+        piece.push(0x15);
+        piece.extend_from_slice(&(s.as_f64().unwrap() as f32).to_le_bytes());
+        piece.push(0x18);
+        varint(&mut piece, ty.as_u64().unwrap());
+        model.push(0x0a);
+        varint(&mut model, piece.len() as u64);
+        model.extend_from_slice(&piece);
+    }
+    let dir = temp_dir("spm");
+    std::fs::write(dir.join("tokenizer.model"), &model).unwrap();
+    let config =
+        serde_json::json!({ "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>" });
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+    let meta =
+        hf_tokenizer_metadata(&dir, tokens.len(), None, None, &mut |w| panic!("{w}")).unwrap();
+    let get = |k: &str| {
+        meta.iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(
+        get("tokenizer.ggml.model"),
+        Some(Value::String("llama".into()))
+    );
+    assert_eq!(
+        get("tokenizer.ggml.tokens"),
+        Some(Value::Array(tokens.clone()))
+    );
+    let numbers = |v: &[Value]| v.iter().map(|x| x.as_f64().unwrap()).collect::<Vec<_>>();
+    assert_eq!(
+        numbers(get("tokenizer.ggml.scores").unwrap().as_array().unwrap()),
+        numbers(&scores)
+    );
+    assert_eq!(
+        numbers(
+            get("tokenizer.ggml.token_type")
+                .unwrap()
+                .as_array()
+                .unwrap()
+        ),
+        numbers(&types)
+    );
+    for k in ["bos", "eos", "unknown"] {
+        let key = format!("tokenizer.ggml.{k}_token_id");
+        assert_eq!(get(&key).and_then(|v| v.as_u64()), g.u64(&key), "{key}");
+    }
+    let mut vocab_only = meta;
+    vocab_only.insert(
+        0,
+        ("general.architecture".into(), Value::String("llama".into())),
+    );
+    let path = dir.join("vocab.gguf");
+    sapient::convert::writer::write_gguf(&path, &vocab_only, &[], |_, _| Ok(())).unwrap();
+    let tok = Tokenizer::open(&path).unwrap();
+    let cases = llama_cpp_vocab_cases(&models, "llama-spm");
+    assert!(cases.len() > 10);
+    for (text, want) in cases {
+        assert_eq!(tok.encode(&text).unwrap(), want, "{text:?}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

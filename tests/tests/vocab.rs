@@ -3,7 +3,7 @@
 //! `\n__ggml_vocab_test__\n`) and the ids llama.cpp gives them (`.out`, one line per case, no BOS).
 //! The source is where `scripts/fetch-llama-cpp.sh` puts it (`$SAPIENT_LLAMA_CPP_SRC`; the test
 //! command sets it); without it these tests say SKIPPED.
-use std::path::PathBuf;
+use sapient_tests::{llama_cpp_models, llama_cpp_vocab_cases as cases};
 
 use sapient::load::gguf::Gguf;
 use sapient::tokenizer::Tokenizer;
@@ -32,45 +32,14 @@ const REFUSED: &[(&str, &str)] = &[
     ("gemma-4", "gemma4"),
 ];
 
-fn models_dir() -> Option<PathBuf> {
-    match std::env::var("SAPIENT_LLAMA_CPP_SRC") {
-        Ok(src) => Some(PathBuf::from(src).join("models")),
-        Err(_) => {
-            let home = std::env::var("HOME").ok()?;
-            let dir = PathBuf::from(home).join(".cache/sapient/llama.cpp/src-0.3.36/models");
-            dir.is_dir().then_some(dir)
-        }
-    }
-}
-
 fn load(dir: &std::path::Path, name: &str) -> anyhow::Result<Tokenizer> {
     let bytes = std::fs::read(dir.join(format!("ggml-vocab-{name}.gguf")))?;
     Tokenizer::from_gguf(&Gguf::parse(&bytes)?)
 }
 
-fn cases(dir: &std::path::Path, name: &str) -> Vec<(String, Vec<u32>)> {
-    let inp = std::fs::read_to_string(dir.join(format!("ggml-vocab-{name}.gguf.inp"))).unwrap();
-    let out = std::fs::read_to_string(dir.join(format!("ggml-vocab-{name}.gguf.out"))).unwrap();
-    let mut inputs: Vec<&str> = inp.split("\n__ggml_vocab_test__\n").collect();
-    // The file ends with a separator, which llama.cpp's reader does not count as a case.
-    if inputs.last() == Some(&"") {
-        inputs.pop();
-    }
-    let outputs: Vec<&str> = out.lines().collect();
-    assert_eq!(inputs.len(), outputs.len(), "{name}: cases");
-    inputs
-        .into_iter()
-        .zip(outputs)
-        .map(|(i, o)| {
-            let ids = o.split_whitespace().map(|t| t.parse().unwrap()).collect();
-            (i.to_owned(), ids)
-        })
-        .collect()
-}
-
 #[test]
 fn llama_cpp_vocabularies_tokenize_as_llama_cpp_does() {
-    let Some(dir) = models_dir() else {
+    let Some(dir) = llama_cpp_models() else {
         eprintln!("SKIPPED: no llama.cpp source (run scripts/fetch-llama-cpp.sh, set SAPIENT_LLAMA_CPP_SRC)");
         return;
     };
@@ -99,7 +68,7 @@ fn llama_cpp_vocabularies_tokenize_as_llama_cpp_does() {
 
 #[test]
 fn unsupported_vocabularies_are_refused_by_name() {
-    let Some(dir) = models_dir() else {
+    let Some(dir) = llama_cpp_models() else {
         eprintln!("SKIPPED: no llama.cpp source (run scripts/fetch-llama-cpp.sh)");
         return;
     };
@@ -114,7 +83,7 @@ fn unsupported_vocabularies_are_refused_by_name() {
 
 #[test]
 fn spm_round_trips_text_through_decode() {
-    let Some(dir) = models_dir() else {
+    let Some(dir) = llama_cpp_models() else {
         eprintln!("SKIPPED: no llama.cpp source (run scripts/fetch-llama-cpp.sh)");
         return;
     };

@@ -19,6 +19,7 @@ use crate::load::gguf::{GgmlType, Value};
 use crate::load::ModelFiles;
 
 mod pre_hashes;
+mod protobuf;
 pub mod vocab;
 pub mod writer;
 
@@ -455,7 +456,8 @@ fn hf_metadata(
     if let Some(w) = c.sliding_window {
         key("attention.sliding_window", u32_of(w));
     }
-    if files.dir().join("tokenizer.json").is_file() {
+    let dir = files.dir();
+    if dir.join("tokenizer.json").is_file() || dir.join("tokenizer.model").is_file() {
         let eos = files.eos_token_ids.first().copied();
         meta.extend(vocab::hf_tokenizer_metadata(
             files.dir(),
@@ -466,7 +468,7 @@ fn hf_metadata(
         )?);
     } else {
         warn(format!(
-            "{} has no tokenizer.json: the GGUF gets no vocabulary (sapient runs it with --prompt-ids; llama.cpp needs one)",
+            "{} has neither tokenizer.json nor tokenizer.model: the GGUF gets no vocabulary (sapient runs it with --prompt-ids; llama.cpp needs one)",
             files.dir().display()
         ));
     }

@@ -10,18 +10,21 @@ use serde_json::Value as Json;
 use sha2::{Digest, Sha256};
 
 use super::pre_hashes::{CHECK_TEXT, PRE_TOKENIZER_HASHES};
+use super::protobuf;
 use crate::load::gguf::Value;
 
-/// llama.cpp's token types.
+/// llama.cpp's token types (SentencePiece's piece types have the same numbers).
 const NORMAL: i32 = 1;
+const UNKNOWN: i32 = 2;
 const CONTROL: i32 = 3;
 const USER_DEFINED: i32 = 4;
 const UNUSED: i32 = 5;
+const BYTE: i32 = 6;
 
-/// The metadata for the tokenizer in `dir` (`tokenizer.json`, `tokenizer_config.json`, the
-/// chat template), for a model of `vocab_size` tokens whose `config.json` gives
-/// `bos`/`eos` ids as a fallback. Warnings (a pre-tokenizer llama.cpp does not know) go to
-/// `warn`.
+/// The metadata for the tokenizer in `dir` (`tokenizer.model` or `tokenizer.json`,
+/// `tokenizer_config.json`, the chat template), for a model of `vocab_size` tokens whose
+/// `config.json` gives `bos`/`eos` ids as a fallback. Warnings (a pre-tokenizer llama.cpp does
+/// not know) go to `warn`.
 pub fn hf_tokenizer_metadata(
     dir: &Path,
     vocab_size: usize,
@@ -29,7 +32,53 @@ pub fn hf_tokenizer_metadata(
     eos: Option<u32>,
     warn: &mut dyn FnMut(String),
 ) -> Result<Vec<(String, Value)>> {
-    let path = dir.join("tokenizer.json");
+    let config = read_json(&dir.join("tokenizer_config.json")).unwrap_or(Json::Null);
+    // As llama.cpp's converter for `llama` models: SentencePiece first.
+    let spm = dir.join("tokenizer.model");
+    let (mut meta, texts) = if spm.is_file() {
+        sentencepiece_metadata(&spm, &config, vocab_size)?
+    } else {
+        bpe_metadata(&dir.join("tokenizer.json"), vocab_size, warn)?
+    };
+    let id_of = |key: &str| -> Option<u32> {
+        let text = match &config[key] {
+            Json::String(s) => s.as_str(),
+            Json::Object(o) => o.get("content")?.as_str()?,
+            _ => return None,
+        };
+        texts.iter().position(|t| t == text).map(|id| id as u32)
+    };
+    let ids = [
+        ("bos", id_of("bos_token").or(bos)),
+        ("eos", id_of("eos_token").or(eos)),
+        ("unknown", id_of("unk_token")),
+        ("padding", id_of("pad_token")),
+    ];
+    for (name, id) in ids {
+        if let Some(id) = id {
+            meta.push((format!("tokenizer.ggml.{name}_token_id"), Value::U32(id)));
+        }
+    }
+    for key in ["add_bos_token", "add_eos_token"] {
+        if let Some(b) = config[key].as_bool() {
+            meta.push((format!("tokenizer.ggml.{key}"), Value::Bool(b)));
+        }
+    }
+    if let Some(template) = chat_template(dir, &config) {
+        meta.push((
+            "tokenizer.chat_template".to_owned(),
+            Value::String(template),
+        ));
+    }
+    Ok(meta)
+}
+
+/// A byte-level BPE `tokenizer.json` as the `gpt2` model's metadata, and the token texts.
+fn bpe_metadata(
+    path: &Path,
+    vocab_size: usize,
+    warn: &mut dyn FnMut(String),
+) -> Result<(Vec<(String, Value)>, Vec<String>)> {
     let json = read_json(&path)?;
     let model = &json["model"];
     if model["type"].as_str() != Some("BPE") {
@@ -41,7 +90,7 @@ pub fn hf_tokenizer_metadata(
     }
     if model["byte_fallback"].as_bool() == Some(true) {
         bail!(
-            "{}: a SentencePiece-style vocabulary (byte fallback) cannot be written to GGUF yet: quantize the model's GGUF file instead",
+            "{}: a SentencePiece-style tokenizer.json (byte fallback) needs its tokenizer.model beside it to be written to GGUF",
             path.display()
         );
     }
@@ -81,7 +130,7 @@ pub fn hf_tokenizer_metadata(
         };
         place(id, &text, ty)?;
     }
-    let (texts, types): (Vec<Value>, Vec<Value>) = tokens
+    let (token_texts, types): (Vec<Value>, Vec<Value>) = tokens
         .into_iter()
         .enumerate()
         .map(|(id, t)| {
@@ -105,62 +154,108 @@ pub fn hf_tokenizer_metadata(
         })
         .collect::<Result<_>>()?;
 
-    let pre = pre_tokenizer(&path)?.unwrap_or_else(|| {
+    let pre = pre_tokenizer(path)?.unwrap_or_else(|| {
         warn(format!(
             "{}: llama.cpp does not know this BPE pre-tokenizer; writing \"default\" (llama.cpp may then split text differently)",
             path.display()
         ));
         "default".to_owned()
     });
-    let mut meta = vec![
+    let names = token_texts
+        .iter()
+        .map(|t| t.as_str().unwrap_or_default().to_owned())
+        .collect();
+    let meta = vec![
         (
             "tokenizer.ggml.model".to_owned(),
             Value::String("gpt2".into()),
         ),
         ("tokenizer.ggml.pre".to_owned(), Value::String(pre)),
-        ("tokenizer.ggml.tokens".to_owned(), Value::Array(texts)),
+        (
+            "tokenizer.ggml.tokens".to_owned(),
+            Value::Array(token_texts),
+        ),
         ("tokenizer.ggml.token_type".to_owned(), Value::Array(types)),
         ("tokenizer.ggml.merges".to_owned(), Value::Array(merges)),
     ];
-    let config = read_json(&dir.join("tokenizer_config.json")).unwrap_or(Json::Null);
-    let id_of = |key: &str| -> Option<u32> {
-        let text = match &config[key] {
-            Json::String(s) => s.as_str(),
-            Json::Object(o) => o.get("content")?.as_str()?,
-            _ => return None,
+    Ok((meta, names))
+}
+
+/// A SentencePiece `tokenizer.model` as the `llama` model's metadata, and the token texts:
+/// llama.cpp's `_create_vocab_sentencepiece` (the pieces with their scores and types, padded
+/// with unused `[PAD{id}]`, then `added_tokens.json` and `tokenizer_config.json`'s
+/// `added_tokens_decoder` on top).
+fn sentencepiece_metadata(
+    path: &Path,
+    config: &Json,
+    vocab_size: usize,
+) -> Result<(Vec<(String, Value)>, Vec<String>)> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let pieces =
+        protobuf::sentencepieces(&bytes).with_context(|| format!("in {}", path.display()))?;
+    let mut tokens: Vec<String> = (0..vocab_size).map(|i| format!("[PAD{i}]")).collect();
+    let mut scores = vec![-10000.0f32; vocab_size];
+    let mut types = vec![UNUSED; vocab_size];
+    for (id, p) in pieces.into_iter().enumerate().take(vocab_size) {
+        tokens[id] = p.piece;
+        scores[id] = p.score;
+        // The converter asks only for unknown, control, unused and byte pieces.
+        types[id] = match p.kind {
+            UNKNOWN | CONTROL | UNUSED | BYTE => p.kind,
+            _ => NORMAL,
         };
-        json["added_tokens"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|t| t["content"].as_str() == Some(text))
-            .and_then(|t| t["id"].as_u64())
-            .or_else(|| vocab.get(text).and_then(Json::as_u64))
-            .map(|id| id as u32)
+    }
+    let mut set = |id: usize, text: &str, ty: i32| {
+        if id < vocab_size {
+            tokens[id] = text.to_owned();
+            scores[id] = -1000.0;
+            types[id] = ty;
+        }
     };
-    let ids = [
-        ("bos", id_of("bos_token").or(bos)),
-        ("eos", id_of("eos_token").or(eos)),
-        ("unknown", id_of("unk_token")),
-        ("padding", id_of("pad_token")),
+    if let Ok(added) = read_json(&path.with_file_name("added_tokens.json")) {
+        for (text, id) in added.as_object().into_iter().flatten() {
+            if let Some(id) = id.as_u64() {
+                set(id as usize, text, USER_DEFINED);
+            }
+        }
+    }
+    for (id, data) in config["added_tokens_decoder"]
+        .as_object()
+        .into_iter()
+        .flatten()
+    {
+        let (Ok(id), Some(text)) = (id.parse::<usize>(), data["content"].as_str()) else {
+            continue;
+        };
+        if data["special"].as_bool() == Some(true) || looks_special(text) {
+            set(id, text, CONTROL);
+        } else {
+            set(id, &text.replace('\u{2581}', " "), USER_DEFINED);
+        }
+    }
+    let meta = vec![
+        (
+            "tokenizer.ggml.model".to_owned(),
+            Value::String("llama".into()),
+        ),
+        (
+            "tokenizer.ggml.pre".to_owned(),
+            Value::String("default".into()),
+        ),
+        (
+            "tokenizer.ggml.tokens".to_owned(),
+            Value::Array(tokens.iter().cloned().map(Value::String).collect()),
+        ),
+        (
+            "tokenizer.ggml.scores".to_owned(),
+            Value::Array(scores.into_iter().map(Value::F32).collect()),
+        ),
+        (
+            "tokenizer.ggml.token_type".to_owned(),
+            Value::Array(types.into_iter().map(Value::I32).collect()),
+        ),
     ];
-    for (name, id) in ids {
-        if let Some(id) = id {
-            meta.push((format!("tokenizer.ggml.{name}_token_id"), Value::U32(id)));
-        }
-    }
-    for key in ["add_bos_token", "add_eos_token"] {
-        if let Some(b) = config[key].as_bool() {
-            meta.push((format!("tokenizer.ggml.{key}"), Value::Bool(b)));
-        }
-    }
-    if let Some(template) = chat_template(dir, &config) {
-        meta.push((
-            "tokenizer.chat_template".to_owned(),
-            Value::String(template),
-        ));
-    }
-    Ok(meta)
+    Ok((meta, tokens))
 }
 
 fn read_json(path: &Path) -> Result<Json> {
