@@ -21,6 +21,12 @@ const USER_DEFINED: i32 = 4;
 const UNUSED: i32 = 5;
 const BYTE: i32 = 6;
 
+/// A vocabulary's metadata, and its token texts by id (to find the special tokens).
+struct Vocabulary {
+    meta: Vec<(String, Value)>,
+    texts: Vec<String>,
+}
+
 /// The metadata for the tokenizer in `dir` (`tokenizer.model` or `tokenizer.json`,
 /// `tokenizer_config.json`, the chat template), for a model of `vocab_size` tokens whose
 /// `config.json` gives `bos`/`eos` ids as a fallback. Warnings (a pre-tokenizer llama.cpp does
@@ -35,7 +41,7 @@ pub fn hf_tokenizer_metadata(
     let config = read_json(&dir.join("tokenizer_config.json")).unwrap_or(Json::Null);
     // As llama.cpp's converter for `llama` models: SentencePiece first.
     let spm = dir.join("tokenizer.model");
-    let (mut meta, texts) = if spm.is_file() {
+    let Vocabulary { mut meta, texts } = if spm.is_file() {
         sentencepiece_metadata(&spm, &config, vocab_size)?
     } else {
         bpe_metadata(&dir.join("tokenizer.json"), vocab_size, warn)?
@@ -78,8 +84,8 @@ fn bpe_metadata(
     path: &Path,
     vocab_size: usize,
     warn: &mut dyn FnMut(String),
-) -> Result<(Vec<(String, Value)>, Vec<String>)> {
-    let json = read_json(&path)?;
+) -> Result<Vocabulary> {
+    let json = read_json(path)?;
     let model = &json["model"];
     if model["type"].as_str() != Some("BPE") {
         bail!(
@@ -178,18 +184,14 @@ fn bpe_metadata(
         ("tokenizer.ggml.token_type".to_owned(), Value::Array(types)),
         ("tokenizer.ggml.merges".to_owned(), Value::Array(merges)),
     ];
-    Ok((meta, names))
+    Ok(Vocabulary { meta, texts: names })
 }
 
 /// A SentencePiece `tokenizer.model` as the `llama` model's metadata, and the token texts:
 /// llama.cpp's `_create_vocab_sentencepiece` (the pieces with their scores and types, padded
 /// with unused `[PAD{id}]`, then `added_tokens.json` and `tokenizer_config.json`'s
 /// `added_tokens_decoder` on top).
-fn sentencepiece_metadata(
-    path: &Path,
-    config: &Json,
-    vocab_size: usize,
-) -> Result<(Vec<(String, Value)>, Vec<String>)> {
+fn sentencepiece_metadata(path: &Path, config: &Json, vocab_size: usize) -> Result<Vocabulary> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let pieces =
         protobuf::sentencepieces(&bytes).with_context(|| format!("in {}", path.display()))?;
@@ -255,7 +257,10 @@ fn sentencepiece_metadata(
             Value::Array(types.into_iter().map(Value::I32).collect()),
         ),
     ];
-    Ok((meta, tokens))
+    Ok(Vocabulary {
+        meta,
+        texts: tokens,
+    })
 }
 
 fn read_json(path: &Path) -> Result<Json> {
