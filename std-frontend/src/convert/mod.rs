@@ -355,7 +355,7 @@ fn fill(p: &Planned<'_>, buf: &mut Vec<u8>) -> Result<()> {
 
 /// llama.cpp's converter's `rope_freqs.weight` for Llama 3 scaling (`LlamaModel
 /// .generate_extra_tensors`): the frequencies in f32, the factors in Python's f64 arithmetic.
-fn llama3_factors(theta: f32, head_dim: usize, s: RopeScaling) -> Vec<f32> {
+pub fn llama3_factors(theta: f32, head_dim: usize, s: RopeScaling) -> Vec<f32> {
     let old = s.original_max_position_embeddings as f64;
     let (low, high, factor) = (
         s.low_freq_factor as f64,
