@@ -10,3 +10,5 @@ export SAPIENT_LLAMA_CPP_SRC
 # The GPU backend's tests run on any adapter wgpu finds (lavapipe will do) and skip, saying so,
 # where there is none.
 cargo test --workspace --features sapient-tests/gpu "$@"
+# The HTTP server, through the official openai Python client.
+bash scripts/test-server.sh

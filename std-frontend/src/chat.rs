@@ -16,6 +16,14 @@ pub struct Message {
     pub content: String,
 }
 
+/// The ids of the tokens chat templates end a turn with, where the vocabulary has them.
+pub fn end_of_turn_ids(tokenizer: &Tokenizer) -> Vec<u32> {
+    ["<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"]
+        .iter()
+        .filter_map(|t| tokenizer.id(t))
+        .collect()
+}
+
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos: String,

@@ -10,6 +10,7 @@ pub mod generate;
 pub mod gpu;
 pub mod load;
 pub mod run;
+pub mod serve;
 pub mod speculative;
 pub mod tokenizer;
 

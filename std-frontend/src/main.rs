@@ -150,6 +150,9 @@ enum Command {
         #[arg(short, long)]
         threads: Option<usize>,
     },
+    /// Serve the model over HTTP with OpenAI's API (chat, completions, embeddings, models) and
+    /// continuous batching; /health and Prometheus /metrics beside it.
+    Serve(ServeArgs),
     /// Describe a model: architecture, hyper-parameters, tensors, KV cache memory.
     Inspect {
         /// A model directory, .gguf or .safetensors file, or a Hugging Face id in the local cache.
@@ -291,6 +294,41 @@ struct ChatArgs {
     /// Context length of the whole conversation.
     #[arg(long, default_value_t = 4096)]
     ctx: usize,
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[arg(long, default_value = "127.0.0.1")]
+    host: std::net::IpAddr,
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Requests generating at once; each holds a KV cache of --ctx positions. More wait in a
+    /// queue.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
+    parallel: u16,
+    /// Context (prompt and reply) of each request.
+    #[arg(long, default_value_t = 4096)]
+    ctx: usize,
+    /// Most tokens per forward pass (each running request's next token, then prompt chunks).
+    #[arg(long, default_value_t = DEFAULT_BATCH)]
+    batch: usize,
+    /// Require `Authorization: Bearer KEY` on the /v1 routes.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// The model's name in the API (default: the model file's or directory's name).
+    #[arg(long)]
+    alias: Option<String>,
+    /// Requests that may wait for a free slot; more get 503 with Retry-After.
+    #[arg(long, default_value_t = 64)]
+    queue: usize,
+    /// Largest max_tokens a request may ask for.
+    #[arg(long, default_value_t = 8192)]
+    max_tokens_limit: usize,
+    /// Seconds running requests get to finish after SIGTERM or Ctrl-C.
+    #[arg(long, default_value_t = 10)]
+    shutdown_timeout: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -775,6 +813,7 @@ fn run_command(command: Command) -> Result<()> {
             Ok(())
         }
         Command::Inspect { model, ctx } => cmd_inspect(&model, ctx),
+        Command::Serve(a) => cmd_serve(a),
         Command::Quantize {
             input,
             output,
@@ -1010,11 +1049,7 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
     let draft_tokens = a.draft.draft_tokens as usize;
     let engine = l.engine(&m)?;
     let mut stop = l.files()?.eos_token_ids.clone();
-    stop.extend(
-        ["<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"]
-            .iter()
-            .filter_map(|t| tok.id(t)),
-    );
+    stop.extend(sapient::chat::end_of_turn_ids(&tok));
     let mut messages: Vec<Message> = a
         .system
         .iter()
@@ -1105,6 +1140,39 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
             });
         },
     )
+}
+
+fn cmd_serve(a: ServeArgs) -> Result<()> {
+    if a.model.backend == BackendArg::Gpu {
+        bail!("serve runs its batches on the CPU; --backend gpu is not supported here yet");
+    }
+    let l = Loaded::open(&a.model)?;
+    let files = l.files()?;
+    let m = l.model()?;
+    let ctx = a.ctx.min(m.config.max_position_embeddings.max(1));
+    let model_id = a.alias.clone().unwrap_or_else(|| {
+        let p = &files.path;
+        let name = if p.is_dir() {
+            p.file_name()
+        } else {
+            p.file_stem()
+        };
+        name.map_or("model".into(), |n| n.to_string_lossy().into_owned())
+    });
+    let opts = sapient::serve::ServeOptions {
+        addr: std::net::SocketAddr::new(a.host, a.port),
+        parallel: a.parallel as usize,
+        ctx,
+        batch: a.batch.max(1),
+        kv: l.kv_format(&m),
+        api_key: a.api_key,
+        queue_limit: a.queue,
+        max_tokens_limit: a.max_tokens_limit,
+        body_limit: 8 << 20,
+        shutdown_grace: std::time::Duration::from_secs(a.shutdown_timeout),
+        model_id,
+    };
+    sapient::serve::serve(files, &m, &l.exec, opts)
 }
 
 fn cmd_quantize(

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# `sapient serve` against the official openai Python client (tests/server/openai_client.py), on
+# loopback, with SmolLM2 Q4_1. The client lives in a virtual environment under
+# ~/.cache/sapient (made once). Part of scripts/test.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv="$HOME/.cache/sapient/venv-openai"
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import openai" 2>/dev/null; then
+    python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check openai
+fi
+bash scripts/fetch-model.sh >/dev/null
+cargo build --release -q -p sapient
+timeout 600 "$venv/bin/python" tests/server/openai_client.py \
+    "$(bash scripts/target-dir.sh)/release/sapient" models/SmolLM2-135M-Instruct.Q4_1.gguf

@@ -1,0 +1,325 @@
+//! Continuous batching: one thread owns the model's KV slots and runs every admitted request
+//! together. Each step puts one decode token of every generating request and prefill chunks of
+//! new ones into a single `Model::forward_many`, so the weights are streamed once per step for
+//! all of them; each request gets the bits it would get alone (the kernels are batch-invariant),
+//! so a greedy request's tokens do not depend on what else is running.
+//!
+//! The KV cache is a pool of `parallel` slots of `ctx` positions; a request waits in the queue
+//! until a slot is free and is never dropped for lack of one. A request whose client went away
+//! (its event receiver dropped) frees its slot at the next step.
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::Result;
+use sapient_core::sample::{Sampler, SamplerConfig};
+use sapient_core::{KvCache, KvFormat, Model, Scratch, Want};
+use tokio::sync::{mpsc, oneshot};
+
+use super::metrics::Metrics;
+use crate::run::{self, CpuRunner, Pooling};
+use crate::Rayon;
+
+/// Why a request stopped generating.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// A stop token (or, decided by the HTTP side, a stop string).
+    Stop,
+    /// `max_tokens`, or the end of its KV slot.
+    Length,
+}
+
+/// What the engine tells a request.
+#[derive(Debug)]
+pub enum Event {
+    Token(u32),
+    Done {
+        finish: Finish,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    },
+    Failed(String),
+}
+
+/// A generation request.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub sampling: SamplerConfig,
+    pub max_tokens: usize,
+    /// Tokens that end generation (not reported).
+    pub stop: Vec<u32>,
+    pub events: mpsc::UnboundedSender<Event>,
+    pub arrived: Instant,
+}
+
+pub enum Request {
+    Generate(Job),
+    /// Normalized mean-pooled embeddings of texts.
+    Embed {
+        texts: Vec<Vec<u32>>,
+        reply: oneshot::Sender<Result<Vec<Vec<f32>>>>,
+    },
+}
+
+pub struct EngineConfig {
+    /// KV slots: requests generating at once.
+    pub parallel: usize,
+    /// Positions per slot.
+    pub ctx: usize,
+    /// Most tokens per step (decode tokens first, then prefill chunks).
+    pub batch: usize,
+    pub kv: KvFormat,
+}
+
+/// A request holding a slot.
+struct Running {
+    job: Job,
+    sampler: Sampler,
+    /// The prompt and every token generated so far.
+    tokens: Vec<u32>,
+    /// How many of `tokens` are in the slot's cache.
+    fed: usize,
+    generated: usize,
+    logits: Vec<f32>,
+    last_token: Option<Instant>,
+}
+
+/// Runs requests from `requests` until every sender is gone and no work is left.
+pub fn run(
+    model: &Model<'_>,
+    exec: &Rayon,
+    cfg: &EngineConfig,
+    requests: Receiver<Request>,
+    metrics: &Arc<Metrics>,
+) -> Result<()> {
+    let c = &model.config;
+    let slot_bytes = KvCache::bytes_needed(c, cfg.ctx, cfg.kv)?;
+    let mut arenas: Vec<Vec<u8>> = (0..cfg.parallel).map(|_| vec![0u8; slot_bytes]).collect();
+    let mut caches = arenas
+        .iter_mut()
+        .map(|m| KvCache::new(c, cfg.ctx, cfg.kv, m))
+        .collect::<sapient_core::Result<Vec<_>>>()?;
+    let mut scratch_mem = vec![0f32; Scratch::bytes_needed(c, cfg.batch)?.div_ceil(4)];
+    let mut scratch = Scratch::new(c, cfg.batch, bytemuck::cast_slice_mut(&mut scratch_mem))?;
+    metrics
+        .kv_total
+        .store(cfg.parallel * cfg.ctx, Ordering::Relaxed);
+    let mut slots: Vec<Option<Running>> = (0..cfg.parallel).map(|_| None).collect();
+    let mut waiting: VecDeque<Job> = VecDeque::new();
+    let mut open = true;
+    loop {
+        // Take what arrived; sleep on the channel only when there is nothing to do.
+        let idle = waiting.is_empty() && slots.iter().all(Option::is_none);
+        if idle && !open {
+            return Ok(());
+        }
+        let mut next = if idle {
+            requests.recv().map_err(|_| TryRecvError::Disconnected)
+        } else {
+            requests.try_recv()
+        };
+        loop {
+            match next {
+                Ok(Request::Generate(job)) => waiting.push_back(job),
+                Ok(Request::Embed { texts, reply }) => {
+                    let runner = CpuRunner::new(model, cfg.kv, exec);
+                    let refs: Vec<&[u32]> = texts.iter().map(Vec::as_slice).collect();
+                    let _ = reply.send(run::embeddings(
+                        &runner,
+                        &refs,
+                        Pooling::Mean,
+                        true,
+                        cfg.batch,
+                    ));
+                }
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    open = false;
+                    break;
+                }
+            }
+            next = requests.try_recv();
+        }
+        // Admit waiting requests into free slots, oldest first.
+        for (slot, cache) in slots.iter_mut().zip(caches.iter_mut()) {
+            if slot.is_some() {
+                continue;
+            }
+            let Some(job) = waiting.pop_front() else {
+                break;
+            };
+            metrics.waiting.fetch_sub(1, Ordering::Relaxed);
+            metrics.running.fetch_add(1, Ordering::Relaxed);
+            cache.clear();
+            *slot = Some(Running {
+                sampler: Sampler::new(job.sampling)?,
+                tokens: job.prompt.clone(),
+                fed: 0,
+                generated: 0,
+                logits: vec![0.0; c.vocab_size],
+                last_token: None,
+                job,
+            });
+        }
+        step(
+            model,
+            exec,
+            cfg,
+            &mut slots,
+            &mut caches,
+            &mut scratch,
+            metrics,
+        )?;
+        let used: usize = caches
+            .iter()
+            .zip(&slots)
+            .filter(|(_, s)| s.is_some())
+            .map(|(c, _)| c.len())
+            .sum();
+        metrics.kv_used.store(used, Ordering::Relaxed);
+    }
+}
+
+/// One forward pass over every running request's next tokens, then sampling and reporting.
+fn step(
+    model: &Model<'_>,
+    exec: &Rayon,
+    cfg: &EngineConfig,
+    slots: &mut [Option<Running>],
+    caches: &mut [KvCache<'_>],
+    scratch: &mut Scratch<'_>,
+    metrics: &Metrics,
+) -> Result<()> {
+    // Decode tokens first (one each), then prefill chunks in the budget that is left.
+    let mut budget = cfg.batch;
+    let mut take = vec![0usize; slots.len()];
+    for (t, s) in take.iter_mut().zip(slots.iter()) {
+        if let Some(r) = s {
+            if r.tokens.len() - r.fed == 1 && budget > 0 {
+                *t = 1;
+                budget -= 1;
+            }
+        }
+    }
+    for (t, s) in take.iter_mut().zip(slots.iter()) {
+        if let Some(r) = s {
+            let pending = r.tokens.len() - r.fed;
+            if pending > 1 && budget > 0 {
+                *t = pending.min(budget);
+                budget -= *t;
+            }
+        }
+    }
+    let mut inputs: Vec<&[u32]> = Vec::new();
+    let mut wants: Vec<Want<'_>> = Vec::new();
+    let mut refs: Vec<&mut KvCache<'_>> = Vec::new();
+    for ((s, cache), &n) in slots.iter_mut().zip(caches.iter_mut()).zip(&take) {
+        let Some(Running {
+            tokens,
+            fed,
+            logits,
+            ..
+        }) = s
+        else {
+            continue;
+        };
+        if n == 0 {
+            continue;
+        }
+        inputs.push(&tokens[*fed..*fed + n]);
+        // Logits only where the chunk reaches the last token.
+        wants.push(if *fed + n == tokens.len() {
+            Want::LastLogits(logits)
+        } else {
+            Want::Nothing
+        });
+        refs.push(cache);
+    }
+    if inputs.is_empty() {
+        return Ok(());
+    }
+    let prefill: usize = inputs.iter().filter(|i| i.len() > 1).map(|i| i.len()).sum();
+    model.forward_many(&inputs, &mut refs, scratch, exec, &mut wants)?;
+    metrics
+        .prompt_tokens
+        .fetch_add(prefill as u64, Ordering::Relaxed);
+    drop((inputs, wants, refs));
+
+    for (s, &n) in slots.iter_mut().zip(&take) {
+        let Some(r) = s.as_mut() else { continue };
+        if n == 0 {
+            continue;
+        }
+        r.fed += n;
+        if r.fed < r.tokens.len() {
+            continue;
+        }
+        let outcome = next_token(r, cfg, metrics);
+        let finished = match outcome {
+            Outcome::Continue => None,
+            Outcome::Finished(f) => Some(Some(f)),
+            Outcome::Gone => Some(None),
+        };
+        if let Some(finish) = finished {
+            match finish {
+                Some(finish) => {
+                    let _ = r.job.events.send(Event::Done {
+                        finish,
+                        prompt_tokens: r.job.prompt.len(),
+                        completion_tokens: r.generated,
+                    });
+                    let counter = match finish {
+                        Finish::Stop => &metrics.finished_stop,
+                        Finish::Length => &metrics.finished_length,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                }
+                None => {
+                    metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            metrics.running.fetch_sub(1, Ordering::Relaxed);
+            *s = None;
+        }
+    }
+    Ok(())
+}
+
+enum Outcome {
+    Continue,
+    Finished(Finish),
+    /// The client went away.
+    Gone,
+}
+
+/// Samples a request's next token from its logits and reports it.
+fn next_token(r: &mut Running, cfg: &EngineConfig, metrics: &Metrics) -> Outcome {
+    if r.job.events.is_closed() {
+        return Outcome::Gone;
+    }
+    let token = r.sampler.sample(&mut r.logits, &r.tokens);
+    if r.job.stop.contains(&token) {
+        return Outcome::Finished(Finish::Stop);
+    }
+    let now = Instant::now();
+    match r.last_token {
+        None => metrics
+            .time_to_first_token
+            .observe((now - r.job.arrived).as_secs_f64()),
+        Some(t) => metrics.inter_token.observe((now - t).as_secs_f64()),
+    }
+    r.last_token = Some(now);
+    metrics.generation_tokens.fetch_add(1, Ordering::Relaxed);
+    if r.job.events.send(Event::Token(token)).is_err() {
+        return Outcome::Gone;
+    }
+    r.generated += 1;
+    r.tokens.push(token);
+    // The token just sampled is fed at the next step, if there is room for it.
+    if r.generated >= r.job.max_tokens || r.tokens.len() > cfg.ctx {
+        return Outcome::Finished(Finish::Length);
+    }
+    Outcome::Continue
+}

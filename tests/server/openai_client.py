@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+"""`sapient serve` driven by the official `openai` Python client, on loopback.
+
+Usage: tests/server/openai_client.py SAPIENT_BINARY MODEL.gguf
+
+Checks chat and completions (streamed and not), embeddings and models; greedy results equal to
+`sapient generate` / `sapient embed`; every error case with its status and OpenAI error object;
+32 concurrent streams with --parallel 8 each equal to the same request alone; cancelled streams
+freeing their slots (/metrics); a graceful exit on SIGTERM. Every wait is bounded.
+"""
+import concurrent.futures
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import openai
+from openai import OpenAI
+
+BIN, MODEL = sys.argv[1], sys.argv[2]
+KEY = "test-key"
+NAME = "smollm2"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(*extra):
+    port = free_port()
+    proc = subprocess.Popen(
+        [BIN, "serve", "-m", MODEL, "--port", str(port), "--alias", NAME, "-t", "2", *extra],
+        stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                if json.load(r)["status"] == "ok":
+                    return proc, port
+        except OSError:
+            if proc.poll() is not None:
+                raise SystemExit(f"sapient serve exited: {proc.stderr.read()}")
+            time.sleep(0.1)
+    raise SystemExit("sapient serve did not come up in 60 s")
+
+
+def raw(port, path, body, key=KEY):
+    """POSTs `body` (bytes) and returns (status, parsed JSON)."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method="POST")
+    req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.load(r), r.headers
+    except urllib.error.HTTPError as e:
+        return e.code, json.load(e), e.headers
+
+
+def metrics(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
+def cli(*args):
+    out = subprocess.run([BIN, *args, "-m", MODEL, "--format", "json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def check(cond, what):
+    if not cond:
+        raise SystemExit(f"FAILED: {what}")
+    print(f"ok: {what}")
+
+
+proc, port = start("--parallel", "8", "--api-key", KEY, "--ctx", "512", "--queue", "64")
+client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=120)
+try:
+    models = client.models.list()
+    check([m.id for m in models.data] == [NAME], "GET /v1/models lists the model")
+
+    prompt = "The capital of France is"
+    want = cli("generate", "-p", prompt, "-n", "16", "--temperature", "0")["text"]
+    got = client.completions.create(model=NAME, prompt=prompt, max_tokens=16, temperature=0)
+    check(got.choices[0].text == want, f"completion equals sapient generate ({want!r})")
+    check(got.usage.completion_tokens == 16 and got.choices[0].finish_reason == "length", "completion usage and finish")
+    streamed = "".join(
+        c.choices[0].text for c in client.completions.create(
+            model=NAME, prompt=prompt, max_tokens=16, temperature=0, stream=True) if c.choices)
+    check(streamed == want, "streamed completion equals the whole one")
+
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    whole = client.chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=24)
+    text = whole.choices[0].message.content
+    check(bool(text) and whole.choices[0].finish_reason in ("stop", "length"), f"chat completion ({text!r})")
+    chunks = list(client.chat.completions.create(
+        model=NAME, messages=messages, temperature=0, max_tokens=24, stream=True,
+        stream_options={"include_usage": True}))
+    check("".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text,
+          "streamed chat equals the whole one")
+    check(chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens,
+          "the last streamed chunk carries the usage")
+    stopped = client.chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=24, stop=["Paris"])
+    check("Paris" not in stopped.choices[0].message.content and stopped.choices[0].finish_reason == "stop",
+          "a stop string ends the reply before it")
+
+    emb = client.embeddings.create(model=NAME, input=["Hello world", prompt])
+    mine = cli("embed", "-p", prompt, "--normalize")["embedding"]
+    check(len(emb.data) == 2 and max(abs(a - b) for a, b in zip(emb.data[1].embedding, mine)) < 1e-5,
+          "embeddings equal sapient embed --normalize")
+
+    status, body, _ = raw(port, "/v1/chat/completions", b"{not json")
+    check(status == 400 and body["error"]["type"] == "invalid_request_error", "bad JSON: 400")
+    status, body, _ = raw(port, "/v1/chat/completions", json.dumps({"model": NAME}).encode())
+    check(status == 400 and "messages" in body["error"]["message"], "missing messages: 400")
+    status, body, _ = raw(port, "/v1/completions", json.dumps({"model": NAME, "prompt": "x", "temperature": 9}).encode())
+    check(status == 400 and "temperature" in body["error"]["message"], "bad temperature: 400")
+    status, body, _ = raw(port, "/v1/models", b"", key="wrong")
+    check(status == 401 and body["error"]["code"] == "invalid_api_key", "wrong API key: 401")
+    try:
+        client.chat.completions.create(model="gpt-4", messages=messages)
+        check(False, "unknown model: 404")
+    except openai.NotFoundError as e:
+        check(e.status_code == 404 and e.body["code"] == "model_not_found", "unknown model: 404")
+    try:
+        client.completions.create(model=NAME, prompt="word " * 600, max_tokens=4)
+        check(False, "prompt longer than the context: 400")
+    except openai.BadRequestError as e:
+        check(e.body["code"] == "context_length_exceeded", "prompt longer than the context: 400")
+
+    # 32 streams at once, 8 generating at a time: each the same as alone.
+    prompts = [f"Count from {i} to {i + 5}:" for i in range(32)]
+    alone = [client.completions.create(model=NAME, prompt=p, max_tokens=12, temperature=0).choices[0].text
+             for p in prompts]
+
+    def stream(p):
+        return "".join(c.choices[0].text for c in client.completions.create(
+            model=NAME, prompt=p, max_tokens=12, temperature=0, stream=True) if c.choices)
+
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        together = list(pool.map(stream, prompts))
+    check(together == alone, "32 concurrent streams equal each request alone")
+
+    # Streams the client abandons free their slots.
+    before = metrics(port)
+    opened = [client.completions.create(model=NAME, prompt=p, max_tokens=400, temperature=0, stream=True)
+              for p in prompts[:4]]
+    for s in opened:
+        next(iter(s))
+        s.close()
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        m = metrics(port)
+        if m["sapient:num_requests_running"] == 0:
+            break
+        time.sleep(0.1)
+    cancelled = m['sapient:request_success_total{finished_reason="cancelled"}']
+    check(m["sapient:num_requests_running"] == 0 and
+          cancelled >= before['sapient:request_success_total{finished_reason="cancelled"}'] + 4,
+          "abandoned streams free their slots (/metrics)")
+    check(m["sapient:kv_cache_usage_perc"] == 0, "the KV cache is free again")
+finally:
+    proc.send_signal(signal.SIGTERM)
+    code = proc.wait(timeout=30)
+check(code == 0, "SIGTERM: a clean exit")
+
+# A full queue: one slot, one waiting place, three long requests at once.
+proc, port = start("--parallel", "1", "--queue", "1", "--ctx", "512")
+try:
+    body = json.dumps({"model": NAME, "prompt": "Once upon a time", "max_tokens": 200, "temperature": 0}).encode()
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda _: raw(port, "/v1/completions", body, key=None), range(3)))
+    full = [r for r in results if r[0] == 503]
+    check(len(full) >= 1 and all(r[0] == 200 for r in results if r[0] != 503), "a full queue: 503 for the rest")
+    check(full[0][1]["error"]["code"] == "queue_full" and full[0][2]["Retry-After"] is not None,
+          "503 carries Retry-After and an error object")
+finally:
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+print("all server checks passed")
