@@ -55,7 +55,8 @@ impl Layout {
             up: b * ff,
             rope: b * c.head_dim,
             tmp,
-            logits: c.vocab_size,
+            // The last tokens of up to a tile of sequences (one row when decoding alone).
+            logits: b.min(TILE) * c.vocab_size,
             q16: blocks * BlockQ16::BYTES,
         })
     }
@@ -168,7 +169,8 @@ pub(crate) struct Buffers<'s> {
     /// cos then sin of each token's RoPE angles: `head_dim` per token.
     pub rope: &'s mut [f32],
     pub tmp: &'s mut [f32],
-    /// One row of logits, for greedy decoding.
+    /// Logits of the last tokens of up to a tile of sequences, and the row greedy decoding
+    /// reads.
     pub logits: &'s mut [f32],
     pub q16: &'s mut [u8],
 }

@@ -68,6 +68,20 @@ pub trait Backend {
     /// The id of the largest logit of `Out` row `row` (greedy decoding: a GPU reads back one
     /// number instead of the logits).
     fn argmax(&mut self, row: usize) -> Result<u32>;
+    /// How many rows `logits_rows` takes at once; 1 (the default) for a backend that runs one
+    /// sequence, where a batch never has two last tokens.
+    fn max_logit_rows(&self) -> usize {
+        1
+    }
+    /// Logits of `Out` rows `rows` (ascending, at most `max_logit_rows`), `rows.len() ×
+    /// vocab_size` in the backend's own memory: the last tokens of several sequences through the
+    /// output matrix at once, so that it is read once for all of them.
+    fn logits_rows(&mut self, rows: &[usize]) -> Result<&[f32]> {
+        let _ = rows;
+        Err(crate::error::Error::Backend(
+            "this backend computes the logits of one sequence at a time",
+        ))
+    }
     /// Ends a batch: each segment's positions now belong to its sequence's cache.
     fn commit(&mut self, segments: &[Segment]) -> Result<()>;
 }

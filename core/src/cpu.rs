@@ -214,10 +214,37 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, '_, '_, '_, E> {
 
     fn argmax(&mut self, row: usize) -> Result<u32> {
         let logits = core::mem::take(&mut self.b.logits);
-        let result = self.logits(row, logits);
-        let id = sample::argmax(logits);
+        let vocab = self.model.config.vocab_size;
+        let result = self.logits(row, &mut logits[..vocab]);
+        let id = sample::argmax(&logits[..vocab]);
         self.b.logits = logits;
         result.map(|()| id)
+    }
+
+    fn max_logit_rows(&self) -> usize {
+        self.b.logits.len() / self.model.config.vocab_size
+    }
+
+    fn logits_rows(&mut self, rows: &[usize]) -> Result<&[f32]> {
+        let (h, vocab) = (self.model.config.hidden_size, self.model.config.vocab_size);
+        let k = rows.len();
+        let have = self.max_logit_rows();
+        if k > have || rows.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(Error::Length {
+                what: "logit rows (ascending, at most a tile)",
+                expected: have,
+                got: k,
+            });
+        }
+        // Rows ascend, so row i comes from row rows[i] >= i: moving them up in order is safe.
+        for (i, &r) in rows.iter().enumerate() {
+            self.b.xb.copy_within(r * h..(r + 1) * h, i * h);
+        }
+        let logits = core::mem::take(&mut self.b.logits);
+        let result = self.logits(0, &mut logits[..k * vocab]);
+        self.b.logits = logits;
+        result?;
+        Ok(&self.b.logits[..k * vocab])
     }
 
     fn commit(&mut self, segments: &[Segment]) -> Result<()> {

@@ -235,10 +235,17 @@ fn forward_batch<B: Backend + ?Sized>(
         be.ffn_out(layer, n)?;
     }
     let (h, vocab) = (c.hidden_size, c.vocab_size);
+    let wants_last = |seg: &Segment, wants: &[Want<'_>]| {
+        seg.offset + seg.len == tokens[seg.seq].len()
+            && matches!(wants[seg.seq], Want::LastLogits(_) | Want::LastArgmax(_))
+    };
+    let lasts = segments.iter().filter(|s| wants_last(s, wants)).count();
+    // Several sequences' last tokens go through the output matrix together.
+    let gather = lasts > 1 && be.max_logit_rows() > 1;
     for seg in segments {
-        let ends_input = seg.offset + seg.len == tokens[seg.seq].len();
         let last = seg.row + seg.len - 1;
         let rows = seg.offset..seg.offset + seg.len;
+        let ends_input = seg.offset + seg.len == tokens[seg.seq].len();
         match &mut wants[seg.seq] {
             Want::Nothing => {}
             Want::Hidden(out) => {
@@ -249,15 +256,40 @@ fn forward_batch<B: Backend + ?Sized>(
                 be.final_norm(seg.row, seg.len)?;
                 be.logits(seg.row, &mut out[rows.start * vocab..rows.end * vocab])?;
             }
-            Want::LastLogits(out) if ends_input => {
+            Want::LastLogits(out) if ends_input && !gather => {
                 be.final_norm(last, 1)?;
                 be.logits(last, out)?;
             }
-            Want::LastArgmax(id) if ends_input => {
+            Want::LastArgmax(id) if ends_input && !gather => {
                 be.final_norm(last, 1)?;
                 **id = be.argmax(last)?;
             }
             Want::LastLogits(_) | Want::LastArgmax(_) => {}
+        }
+    }
+    if gather {
+        let mut chosen = [0usize; MAX_SEGMENTS];
+        let mut n = 0;
+        for (i, seg) in segments.iter().enumerate() {
+            if wants_last(seg, wants) {
+                chosen[n] = i;
+                n += 1;
+            }
+        }
+        for group in chosen[..n].chunks(be.max_logit_rows()) {
+            let mut rows = [0usize; MAX_SEGMENTS];
+            for (r, &i) in rows.iter_mut().zip(group) {
+                *r = segments[i].row + segments[i].len - 1;
+                be.final_norm(*r, 1)?;
+            }
+            let logits = be.logits_rows(&rows[..group.len()])?;
+            for (row, &i) in logits.chunks_exact(vocab).zip(group) {
+                match &mut wants[segments[i].seq] {
+                    Want::LastLogits(out) => out.copy_from_slice(row),
+                    Want::LastArgmax(id) => **id = crate::sample::argmax(row),
+                    _ => {}
+                }
+            }
         }
     }
     be.commit(segments)
