@@ -326,6 +326,9 @@ struct ServeArgs {
     /// Largest max_tokens a request may ask for.
     #[arg(long, default_value_t = 8192)]
     max_tokens_limit: usize,
+    /// Open connections at once; more wait to be accepted.
+    #[arg(long, default_value_t = 256)]
+    max_connections: usize,
     /// Seconds running requests get to finish after SIGTERM or Ctrl-C.
     #[arg(long, default_value_t = 10)]
     shutdown_timeout: u64,
@@ -1169,6 +1172,7 @@ fn cmd_serve(a: ServeArgs) -> Result<()> {
         queue_limit: a.queue,
         max_tokens_limit: a.max_tokens_limit,
         body_limit: 8 << 20,
+        max_connections: a.max_connections,
         shutdown_grace: std::time::Duration::from_secs(a.shutdown_timeout),
         model_id,
     };

@@ -191,4 +191,15 @@ try:
 finally:
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=30)
+# One connection at a time: a second client waits to be accepted, then is served.
+proc, port = start("--max-connections", "1")
+try:
+    body = json.dumps({"model": NAME, "prompt": "Hello", "max_tokens": 8, "temperature": 0}).encode()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda _: raw(port, "/v1/completions", body, key=None), range(2)))
+    check([r[0] for r in results] == [200, 200] and results[0][1]["choices"] == results[1][1]["choices"],
+          "--max-connections 1: the second client waits, then gets the same answer")
+finally:
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
 print("all server checks passed")

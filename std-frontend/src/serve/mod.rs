@@ -17,6 +17,7 @@ use crate::Rayon;
 
 pub mod api;
 pub mod engine;
+mod listener;
 pub mod metrics;
 
 pub struct ServeOptions {
@@ -35,6 +36,8 @@ pub struct ServeOptions {
     pub max_tokens_limit: usize,
     /// Largest request body.
     pub body_limit: usize,
+    /// Open connections at once; more wait to be accepted.
+    pub max_connections: usize,
     /// How long running requests may take to finish after SIGTERM or Ctrl-C.
     pub shutdown_grace: Duration,
     /// The name `/v1/models` lists and requests must give.
@@ -111,10 +114,11 @@ async fn http(state: Arc<api::AppState>, opts: &ServeOptions) -> Result<()> {
     let listener = tokio::net::TcpListener::bind(opts.addr)
         .await
         .with_context(|| format!("cannot listen on {}", opts.addr))?;
+    let listener = listener::LimitedListener::new(listener, opts.max_connections);
     eprintln!(
         "serving {} on http://{} ({} parallel, {} tokens of context each)",
         opts.model_id,
-        listener.local_addr()?,
+        axum::serve::Listener::local_addr(&listener)?,
         opts.parallel,
         opts.ctx
     );
