@@ -330,10 +330,12 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
         };
         let kernels = self.kernels;
         let threads = self.exec.threads();
-        // With whole tiles of tokens for every thread (prefill), split by tokens: each chunk
-        // writes its tokens' outputs where they belong, one parallel job per matrix. The weights
-        // are then read once per chunk, which costs little next to a prefill's arithmetic.
-        if n_tok >= 2 * TILE * threads {
+        // With many tiles of tokens for every thread (prefill), split by tokens: each chunk
+        // writes its tokens' outputs where they belong, one parallel job per matrix. Each chunk
+        // then packs every weight panel itself, which costs little next to the arithmetic of
+        // four tiles or more; with fewer tokens (decode batches of many sequences), packing a
+        // panel once for all of them wins (pp16 1.5x, pp32 1.45x, pp512 unchanged).
+        if n_tok >= 8 * TILE * threads {
             let per_chunk = n_tok.div_ceil(2 * threads).next_multiple_of(TILE);
             for (m, o) in mats.iter().zip(outs.iter_mut()) {
                 self.exec.for_each_chunk(o, per_chunk * m.rows, &|i, out| {

@@ -3,7 +3,8 @@
 //! `embed` over many texts, built on it, matches transformers.
 use sapient::load::{LoadOptions, ModelFiles, Quantize};
 use sapient::run::{self, CpuRunner, Pooling};
-use sapient_core::{KvCache, KvFormat, Model, Scratch, Serial, Want};
+use sapient::Rayon;
+use sapient_core::{Exec, KvCache, KvFormat, Model, Scratch, Serial, Want};
 use sapient_tests::*;
 
 fn fixture(name: &str) -> ModelFiles {
@@ -55,6 +56,7 @@ fn run(
     seqs: &[Seq],
     batch: usize,
     together: bool,
+    exec: &(impl Exec + ?Sized),
 ) -> Vec<(Vec<f32>, u32)> {
     let c = &model.config;
     let mut mems: Vec<Vec<u8>> = seqs
@@ -73,7 +75,7 @@ fn run(
     let mut scratch = Scratch::new(c, batch, bytemuck::cast_slice_mut(&mut scratch_mem)).unwrap();
     for (s, cache) in seqs.iter().zip(caches.iter_mut()) {
         model
-            .forward(&s.prefix, cache, &mut scratch, &Serial, Want::Nothing)
+            .forward(&s.prefix, cache, &mut scratch, exec, Want::Nothing)
             .unwrap();
     }
     let mut outs: Vec<(Vec<f32>, u32)> = seqs
@@ -89,12 +91,12 @@ fn run(
             .collect();
         let mut refs: Vec<&mut KvCache<'_>> = caches.iter_mut().collect();
         model
-            .forward_many(&tokens, &mut refs, &mut scratch, &Serial, &mut wants)
+            .forward_many(&tokens, &mut refs, &mut scratch, exec, &mut wants)
             .unwrap();
     } else {
         for ((s, cache), (o, id)) in seqs.iter().zip(caches.iter_mut()).zip(outs.iter_mut()) {
             model
-                .forward(&s.tokens, cache, &mut scratch, &Serial, want(s.ask, o, id))
+                .forward(&s.tokens, cache, &mut scratch, exec, want(s.ask, o, id))
                 .unwrap();
         }
     }
@@ -125,9 +127,12 @@ fn shared_batches_give_each_sequence_its_own_bits() {
                         ask: asks[i % asks.len()],
                     })
                     .collect();
-                for batch in [1, 4, 9, 32, 128] {
-                    let alone = run(&model, kv, &seqs, batch, false);
-                    let together = run(&model, kv, &seqs, batch, true);
+                // Alone, with one thread; together, with one and with two (the mat-muls then
+                // split by rows or by tokens depending on the batch).
+                for (batch, threads) in [(1, 1), (4, 1), (9, 2), (32, 1), (32, 2), (128, 2)] {
+                    let alone = run(&model, kv, &seqs, batch, false, &Serial);
+                    let pool = Rayon::new(Some(threads)).unwrap();
+                    let together = run(&model, kv, &seqs, batch, true, &pool);
                     for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
                         let same = a.1 == t.1
                             && a.0
