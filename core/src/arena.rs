@@ -2,6 +2,20 @@
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::kernels::TILE;
+
+/// Rows of logits computed at once in batches of at least this many tokens: the last tokens of
+/// that many sequences share one pass over the output matrix.
+pub const LOGIT_ROWS: usize = 16;
+
+/// Rows of logits a scratch for batches of `b` tokens holds: `LOGIT_ROWS` for batches that many
+/// sequences can share, a tile for smaller ones (a microcontroller's arena stays small).
+fn logit_rows(b: usize) -> usize {
+    if b >= LOGIT_ROWS {
+        LOGIT_ROWS
+    } else {
+        b.min(TILE)
+    }
+}
 use crate::quant::{BlockQ16, QK};
 
 /// Activation buffers for batches of up to `max_batch` tokens.
@@ -40,8 +54,8 @@ impl Layout {
         }
         let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         // The mat-mul writes its output row-major by weight row before reordering it per token;
-        // the largest group is Q|K|V, gate|up, or the output projection of a tile of tokens.
-        let tmp = (b * (q + 2 * kv).max(2 * ff).max(h)).max(b.min(TILE) * c.vocab_size);
+        // the largest group is Q|K|V, gate|up, or the output projection of `LOGIT_ROWS` tokens.
+        let tmp = (b * (q + 2 * kv).max(2 * ff).max(h)).max(logit_rows(b) * c.vocab_size);
         let widest = h.max(ff).max(q);
         let blocks = if widest % QK == 0 { b * widest / QK } else { 0 };
         Ok(Layout {
@@ -55,8 +69,8 @@ impl Layout {
             up: b * ff,
             rope: b * c.head_dim,
             tmp,
-            // The last tokens of up to a tile of sequences (one row when decoding alone).
-            logits: b.min(TILE) * c.vocab_size,
+            // The last tokens of several sequences (one row when decoding alone).
+            logits: logit_rows(b) * c.vocab_size,
             q16: blocks * BlockQ16::BYTES,
         })
     }
@@ -169,7 +183,7 @@ pub(crate) struct Buffers<'s> {
     /// cos then sin of each token's RoPE angles: `head_dim` per token.
     pub rope: &'s mut [f32],
     pub tmp: &'s mut [f32],
-    /// Logits of the last tokens of up to a tile of sequences, and the row greedy decoding
+    /// Logits of the last tokens of up to `LOGIT_ROWS` sequences, and the row greedy decoding
     /// reads.
     pub logits: &'s mut [f32],
     pub q16: &'s mut [u8],

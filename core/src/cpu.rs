@@ -21,6 +21,8 @@ pub(crate) struct Cpu<'a, 'b, 'w, 'c, E: Exec + ?Sized> {
     caches: &'a mut [&'b mut KvCache<'c>],
     b: Buffers<'a>,
     mm: MatMul<'a, E>,
+    /// Rows of logits the scratch holds (`b.logits` is lent out while they are computed).
+    logit_rows: usize,
 }
 
 /// A mat-mul's kernels, threads and working memory.
@@ -46,11 +48,13 @@ impl<'a, 'b, 'w, 'c, E: Exec + ?Sized> Cpu<'a, 'b, 'w, 'c, E> {
             q16: core::mem::take(&mut b.q16),
             tmp: core::mem::take(&mut b.tmp),
         };
+        let logit_rows = b.logits.len() / model.config.vocab_size;
         Cpu {
             model,
             caches,
             b,
             mm,
+            logit_rows,
         }
     }
 }
@@ -204,8 +208,13 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, '_, '_, '_, E> {
         let (h, vocab) = (c.hidden_size, c.vocab_size);
         let out_proj = self.model.weights.output();
         let rows = &self.b.xb[first * h..];
-        // A tile of tokens at a time: the mat-mul's reorder buffer holds that many rows of logits.
-        for (xs, o) in rows.chunks(TILE * h).zip(out.chunks_mut(TILE * vocab)) {
+        // As many tokens at a time as the logit buffer holds rows: the mat-mul's reorder buffer
+        // holds that many rows too.
+        let at_once = self.max_logit_rows();
+        for (xs, o) in rows
+            .chunks(at_once * h)
+            .zip(out.chunks_mut(at_once * vocab))
+        {
             let k = o.len() / vocab;
             self.mm.matmul(&xs[..k * h], k, &[out_proj], &mut [o])?;
         }
@@ -222,7 +231,7 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, '_, '_, '_, E> {
     }
 
     fn max_logit_rows(&self) -> usize {
-        self.b.logits.len() / self.model.config.vocab_size
+        self.logit_rows
     }
 
     fn logits_rows(&mut self, rows: &[usize]) -> Result<&[f32]> {
@@ -231,7 +240,7 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, '_, '_, '_, E> {
         let have = self.max_logit_rows();
         if k > have || rows.windows(2).any(|w| w[0] >= w[1]) {
             return Err(Error::Length {
-                what: "logit rows (ascending, at most a tile)",
+                what: "logit rows (ascending, at most max_logit_rows)",
                 expected: have,
                 got: k,
             });
