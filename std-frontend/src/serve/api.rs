@@ -561,41 +561,7 @@ pub async fn chat_completions(
     if let Some(bos) = state.tokenizer.bos.filter(|b| ids.first() != Some(b)) {
         ids.insert(0, bos);
     }
-    let prompt_tokens = ids.len();
-    let events = start(&state, ids, &g, &state.end_of_turn)?;
-    let text = Detokenizer {
-        tokenizer: state.tokenizer.clone(),
-        ids: Vec::new(),
-        sent: 0,
-        stop: g.stop.clone(),
-    };
-    let (id, created, model) = (request_id("chatcmpl"), now_secs(), state.model_id.clone());
-    if g.stream {
-        let (id2, model2) = (id.clone(), model.clone());
-        let chunk = move |content: Option<&str>, finish: Option<&str>| {
-            let delta = match content {
-                Some("") => json!({ "role": "assistant", "content": "" }),
-                Some(c) => json!({ "content": c }),
-                None => json!({}),
-            };
-            json!({ "id": id, "object": "chat.completion.chunk", "created": created, "model": model,
-                    "choices": [{ "index": 0, "delta": delta, "finish_reason": finish }] })
-        };
-        let usage = move |usage: Value| {
-            json!({ "id": id2, "object": "chat.completion.chunk", "created": created, "model": model2,
-                    "choices": [], "usage": usage })
-        };
-        return Ok(sse(events, text, prompt_tokens, g.include_usage, chunk, usage).into_response());
-    }
-    let (content, finish, completion) = collect(events, text).await?;
-    Ok(Json(json!({
-        "id": id, "object": "chat.completion", "created": created, "model": model,
-        "choices": [{ "index": 0, "message": { "role": "assistant", "content": content },
-                      "finish_reason": finish }],
-        "usage": { "prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                   "total_tokens": prompt_tokens + completion },
-    }))
-    .into_response())
+    answer(&state, Kind::Chat, ids, &g, &state.end_of_turn).await
 }
 
 pub async fn completions(
@@ -620,36 +586,91 @@ pub async fn completions(
         .tokenizer
         .encode_prompt(&prompt)
         .map_err(|e| ApiError::bad_request(format!("{e:#}")))?;
+    answer(&state, Kind::Completion, ids, &g, &state.eos).await
+}
+
+/// Which of the two generating routes an answer is for.
+#[derive(Clone, Copy)]
+enum Kind {
+    Chat,
+    Completion,
+}
+
+impl Kind {
+    /// A choice of a streamed chunk: `Some("")` opens the stream, `None` carries the finish.
+    fn chunk_choice(self, content: Option<&str>, finish: Option<&str>) -> Value {
+        match self {
+            Kind::Chat => {
+                let delta = match content {
+                    Some("") => json!({ "role": "assistant", "content": "" }),
+                    Some(c) => json!({ "content": c }),
+                    None => json!({}),
+                };
+                json!({ "index": 0, "delta": delta, "finish_reason": finish })
+            }
+            Kind::Completion => json!({ "index": 0, "text": content.unwrap_or(""),
+                                        "logprobs": null, "finish_reason": finish }),
+        }
+    }
+
+    fn whole_choice(self, content: String, finish: &str) -> Value {
+        match self {
+            Kind::Chat => json!({ "index": 0, "finish_reason": finish,
+                                  "message": { "role": "assistant", "content": content } }),
+            Kind::Completion => json!({ "index": 0, "text": content, "logprobs": null,
+                                        "finish_reason": finish }),
+        }
+    }
+
+    /// (id prefix, object of a chunk, object of a whole answer)
+    fn names(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Kind::Chat => ("chatcmpl", "chat.completion.chunk", "chat.completion"),
+            Kind::Completion => ("cmpl", "text_completion", "text_completion"),
+        }
+    }
+}
+
+/// Generates from `ids` and answers in `kind`'s shape: server-sent chunks, or one object.
+async fn answer(
+    state: &AppState,
+    kind: Kind,
+    ids: Vec<u32>,
+    g: &Generation,
+    stop_tokens: &[u32],
+) -> ApiResult<Response> {
     let prompt_tokens = ids.len();
-    let events = start(&state, ids, &g, &state.eos)?;
+    let events = start(state, ids, g, stop_tokens)?;
     let text = Detokenizer {
         tokenizer: state.tokenizer.clone(),
         ids: Vec::new(),
         sent: 0,
         stop: g.stop.clone(),
     };
-    let (id, created, model) = (request_id("cmpl"), now_secs(), state.model_id.clone());
+    let (prefix, chunk_object, object) = kind.names();
+    let (id, created, model) = (request_id(prefix), now_secs(), state.model_id.clone());
+    let head = move |object: &str| json!({ "id": id, "object": object, "created": created, "model": model });
     if g.stream {
-        let (id2, model2) = (id.clone(), model.clone());
+        let usage_head = head.clone();
         let chunk = move |content: Option<&str>, finish: Option<&str>| {
-            json!({ "id": id, "object": "text_completion", "created": created, "model": model,
-                    "choices": [{ "index": 0, "text": content.unwrap_or(""), "logprobs": null,
-                                  "finish_reason": finish }] })
+            let mut v = head(chunk_object);
+            v["choices"] = json!([kind.chunk_choice(content, finish)]);
+            v
         };
         let usage = move |usage: Value| {
-            json!({ "id": id2, "object": "text_completion", "created": created, "model": model2,
-                    "choices": [], "usage": usage })
+            let mut v = usage_head(chunk_object);
+            v["choices"] = json!([]);
+            v["usage"] = usage;
+            v
         };
         return Ok(sse(events, text, prompt_tokens, g.include_usage, chunk, usage).into_response());
     }
     let (content, finish, completion) = collect(events, text).await?;
-    Ok(Json(json!({
-        "id": id, "object": "text_completion", "created": created, "model": model,
-        "choices": [{ "index": 0, "text": content, "logprobs": null, "finish_reason": finish }],
-        "usage": { "prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                   "total_tokens": prompt_tokens + completion },
-    }))
-    .into_response())
+    let mut v = head(object);
+    v["choices"] = json!([kind.whole_choice(content, finish)]);
+    v["usage"] = json!({ "prompt_tokens": prompt_tokens, "completion_tokens": completion,
+                         "total_tokens": prompt_tokens + completion });
+    Ok(Json(v).into_response())
 }
 
 pub async fn embeddings(
