@@ -55,14 +55,7 @@ pub fn generate(
         prompt_tokens: new_tokens.len(),
         ..Stats::default()
     };
-    if new_tokens.len() > session.max_seq() - session.kv_len() {
-        return Err(sapient_core::Error::ContextFull {
-            pos: session.kv_len(),
-            tokens: new_tokens.len(),
-            max_seq: session.max_seq(),
-        }
-        .into());
-    }
+    check_room(session, new_tokens.len())?;
     // Greedy decoding lets the backend pick the token: a GPU then reads back one id.
     let argmax = sampler.is_argmax();
     let mut next = 0;
@@ -106,4 +99,17 @@ pub fn generate(
     }
     stats.generate_secs = t1.elapsed().as_secs_f64();
     Ok((stats, why))
+}
+
+/// Fails unless `session`'s cache has room for `n` more tokens.
+pub(crate) fn check_room(session: &dyn Session, n: usize) -> Result<()> {
+    if n > session.max_seq() - session.kv_len() {
+        return Err(sapient_core::Error::ContextFull {
+            pos: session.kv_len(),
+            tokens: n,
+            max_seq: session.max_seq(),
+        }
+        .into());
+    }
+    Ok(())
 }

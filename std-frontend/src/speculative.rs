@@ -11,7 +11,7 @@ use anyhow::{ensure, Result};
 use sapient_core::sample::{Sampler, Verdict};
 use sapient_core::Want;
 
-use crate::generate::{Stats, Stop};
+use crate::generate::{check_room, Stats, Stop};
 use crate::run::Session;
 
 /// Where proposals come from.
@@ -172,14 +172,7 @@ pub fn generate_speculative(
         ..Stats::default()
     };
     let mut spec = DraftStats::default();
-    if new_tokens.len() > target.max_seq() - target.kv_len() {
-        return Err(sapient_core::Error::ContextFull {
-            pos: target.kv_len(),
-            tokens: new_tokens.len(),
-            max_seq: target.max_seq(),
-        }
-        .into());
-    }
+    check_room(target, new_tokens.len())?;
     // Cache positions before `history` (none for `generate` and `chat`, which keep them equal).
     let offset = target.kv_len().saturating_sub(history.len());
     let mut rows = vec![0f32; (draft_tokens + 1) * vocab];
