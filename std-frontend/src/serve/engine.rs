@@ -123,6 +123,8 @@ pub fn run(
         loop {
             match next {
                 Ok(Request::Generate(job)) => waiting.push_back(job),
+                // Embeddings run here, between two steps: a pass over their texts delays the
+                // running requests' next tokens by that much.
                 Ok(Request::Embed { texts, reply }) => {
                     let runner = CpuRunner::new(model, cfg.kv, exec);
                     let refs: Vec<&[u32]> = texts.iter().map(Vec::as_slice).collect();
@@ -151,10 +153,17 @@ pub fn run(
                 break;
             };
             metrics.waiting.fetch_sub(1, Ordering::Relaxed);
+            let sampler = match Sampler::new(job.sampling) {
+                Ok(s) => s,
+                Err(e) => {
+                    let _ = job.events.send(Event::Failed(e.to_string()));
+                    continue;
+                }
+            };
             metrics.running.fetch_add(1, Ordering::Relaxed);
             cache.clear();
             *slot = Some(Running {
-                sampler: Sampler::new(job.sampling)?,
+                sampler,
                 tokens: job.prompt.clone(),
                 fed: 0,
                 generated: 0,
