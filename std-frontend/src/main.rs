@@ -693,11 +693,20 @@ fn main() -> ExitCode {
     };
     match run_command(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader went away (`sapient generate ... | head`): nothing to say, nobody to say it to.
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::from(1)
         }
     }
+}
+
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 fn run_command(command: Command) -> Result<()> {
@@ -945,6 +954,8 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let mut history = Vec::new();
     let batch = prompt.len().clamp(1, DEFAULT_BATCH);
     let draft_tokens = a.draft.draft_tokens as usize;
+    // Ctrl-C ends the generation: what was generated stays printed, and the exit code is 130.
+    ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst))?;
     let (stats, why, spec) = with_draft(&engine, &draft, sampling, ctx, batch, |session, d| {
         generate_with(
             session,
@@ -967,7 +978,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
                         None => write!(stdout, "{t} ")?,
                     }
                 }
-                Ok(true)
+                Ok(!INTERRUPTED.load(Ordering::SeqCst))
             },
         )
     })?;
@@ -1001,6 +1012,11 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     eprintln!("{}", stats.summary());
     if let Some(d) = spec {
         eprintln!("{}", d.summary());
+    }
+    if why == Stop::Interrupted {
+        stdout.flush()?;
+        eprintln!("interrupted");
+        std::process::exit(130);
     }
     Ok(())
 }

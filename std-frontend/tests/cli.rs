@@ -452,3 +452,60 @@ fn speculative_generation_from_the_cli() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("vocabulary"), "{err}");
 }
+
+/// A reader that stops reading (`sapient generate ... | head -c 10`) ends sapient quietly, and
+/// Ctrl-C keeps what was generated and exits with 130.
+#[test]
+fn closed_pipe_and_ctrl_c_end_generation_cleanly() {
+    use std::io::Read;
+    use std::process::Stdio;
+    let m = smollm2();
+    let args = [
+        "generate",
+        "-m",
+        &m,
+        "-p",
+        "Once upon a time",
+        "-n",
+        "3000",
+        "--ctx",
+        "4096",
+        "--temperature",
+        "0",
+    ];
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sapient"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 10];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    // The read end is dropped here: the next write fails with a broken pipe.
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("error"), "{err}");
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sapient"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Once text streams, generation (and its Ctrl-C handler) has started.
+    let mut stdout = child.stdout.take().unwrap();
+    stdout.read_exact(&mut first).unwrap();
+    let pid = child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let mut rest = Vec::new();
+    stdout.read_to_end(&mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted"), "{err}");
+}
