@@ -1216,7 +1216,7 @@ fn cmd_quantize(
         bail!("the output {} is the input", output.display());
     }
     let files = ModelFiles::open(&path, &LoadOptions::default())?;
-    let model = files.model(Quantize::None)?;
+    let model = files.model(Quantize::AsStored)?;
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads.unwrap_or_else(num_cpus::get_physical).max(1))
         .build()?;

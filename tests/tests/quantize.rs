@@ -20,7 +20,7 @@ fn temp_dir(name: &str) -> PathBuf {
 }
 
 fn write(files: &ModelFiles, out: &Path, target: Target) {
-    let model = files.model(Quantize::None).unwrap();
+    let model = files.model(Quantize::AsStored).unwrap();
     let mut warnings = Vec::new();
     write_model(files, &model, out, target, &|_, _| {}, &mut |w| {
         warnings.push(w)

@@ -172,7 +172,7 @@ pub struct Report {
     pub tensors: usize,
 }
 
-/// Writes `model` (loaded from `files` with its matrices as the files have them) to `out` in
+/// Writes `model` (loaded from `files` with `Quantize::AsStored`) to `out` in
 /// `target`'s formats. `progress(done, total)` is called after each tensor; warnings go to
 /// `warn`.
 pub fn write_model(

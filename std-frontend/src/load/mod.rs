@@ -36,6 +36,9 @@ pub enum Quantize {
     /// Convert every matrix to f32, quantized ones too: slow, but computes with exactly the
     /// weights the file holds, for checking against a float reference.
     F32,
+    /// Every matrix as the file stores it, safetensors F16/BF16 too, read in place from the map:
+    /// what writing the model elsewhere needs, without holding a widened copy in memory.
+    AsStored,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -265,8 +268,12 @@ impl ModelFiles {
         let in_place = match t.kind {
             Kind::Block(f) => Some(f),
             Kind::Float(Dtype::F32) => Some(Format::F32),
-            Kind::Float(Dtype::F16) if self.gguf().is_some() => Some(Format::F16),
-            Kind::Float(Dtype::BF16) if self.gguf().is_some() => Some(Format::BF16),
+            Kind::Float(Dtype::F16) if self.gguf().is_some() || quantize == Quantize::AsStored => {
+                Some(Format::F16)
+            }
+            Kind::Float(Dtype::BF16) if self.gguf().is_some() || quantize == Quantize::AsStored => {
+                Some(Format::BF16)
+            }
             _ => None,
         };
         let matrix = match in_place {
@@ -279,6 +286,7 @@ impl ModelFiles {
             Some(f)
                 if f.is_quantized()
                     || quantize == Quantize::None
+                    || quantize == Quantize::AsStored
                     || cols % 32 != 0
                     || self.gguf().is_some() =>
             {
