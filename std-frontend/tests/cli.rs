@@ -485,7 +485,11 @@ fn closed_pipe_and_ctrl_c_end_generation_cleanly() {
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
-    assert!(!err.contains("error"), "{err}");
+    // (A GPU build's adapter probe may print its own lines; sapient's would name the pipe.)
+    assert!(
+        !err.contains("Broken pipe") && !err.contains("panicked"),
+        "{err}"
+    );
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_sapient"))
         .args(args)
