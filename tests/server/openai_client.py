@@ -114,9 +114,15 @@ try:
           "streamed chat equals the whole one")
     check(chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens,
           "the last streamed chunk carries the usage")
+    stops_before = metrics(port)['sapient:request_success_total{finished_reason="stop"}']
     stopped = client.chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=24, stop=["Paris"])
     check("Paris" not in stopped.choices[0].message.content and stopped.choices[0].finish_reason == "stop",
           "a stop string ends the reply before it")
+    deadline = time.time() + 10
+    while metrics(port)['sapient:request_success_total{finished_reason="stop"}'] == stops_before and time.time() < deadline:
+        time.sleep(0.05)
+    check(metrics(port)['sapient:request_success_total{finished_reason="stop"}'] == stops_before + 1,
+          "a request a stop string ended counts as stopped (/metrics)")
 
     emb = client.embeddings.create(model=NAME, input=["Hello world", prompt])
     mine = cli("embed", "-p", prompt, "--normalize")["embedding"]

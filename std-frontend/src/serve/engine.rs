@@ -8,7 +8,7 @@
 //! until a slot is free and is never dropped for lack of one. A request whose client went away
 //! (its event receiver dropped) frees its slot at the next step.
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Instant;
@@ -51,6 +51,9 @@ pub struct Job {
     /// Tokens that end generation (not reported).
     pub stop: Vec<u32>,
     pub events: mpsc::UnboundedSender<Event>,
+    /// Set by the receiving side when a stop string ended the request before it dropped its
+    /// events: the request finished, it was not abandoned.
+    pub stopped_by_text: Arc<AtomicBool>,
     pub arrived: Instant,
 }
 
@@ -284,6 +287,9 @@ fn step(
                         Finish::Length => &metrics.finished_length,
                     };
                     counter.fetch_add(1, Ordering::Relaxed);
+                }
+                None if r.job.stopped_by_text.load(Ordering::Relaxed) => {
+                    metrics.finished_stop.fetch_add(1, Ordering::Relaxed);
                 }
                 None => {
                     metrics.cancelled.fetch_add(1, Ordering::Relaxed);
