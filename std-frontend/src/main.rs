@@ -1105,10 +1105,7 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
                 content: line.to_owned(),
             });
             let text = template.render(&messages, true)?;
-            let mut ids = tok.encode(&text)?;
-            if let Some(bos) = tok.bos.filter(|b| ids.first() != Some(b)) {
-                ids.insert(0, bos);
-            }
+            let ids = tok.encode_chat(&text)?;
             // Only what the cache does not hold yet goes through the model.
             let common = history.iter().zip(&ids).take_while(|(a, b)| a == b).count();
             session.truncate(common);

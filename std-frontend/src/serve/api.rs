@@ -532,13 +532,19 @@ fn content_text(content: &Value) -> ApiResult<String> {
     }
 }
 
+/// A generating route's body: parsed, its model checked, its generation settings read.
+fn generating_request(state: &AppState, body: &[u8]) -> ApiResult<(Value, Generation)> {
+    let body = parse_body(body)?;
+    check_model(state, &body)?;
+    let g = generation(&body)?;
+    Ok((body, g))
+}
+
 pub async fn chat_completions(
     State(state): State<Arc<AppState>>,
     body: axum::body::Bytes,
 ) -> ApiResult<Response> {
-    let body = parse_body(&body)?;
-    check_model(&state, &body)?;
-    let g = generation(&body)?;
+    let (body, g) = generating_request(&state, &body)?;
     let messages = body
         .get("messages")
         .and_then(Value::as_array)
@@ -560,13 +566,10 @@ pub async fn chat_completions(
         .template
         .render(&messages, true)
         .map_err(|e| ApiError::bad_request(format!("the chat template failed: {e:#}")))?;
-    let mut ids = state
+    let ids = state
         .tokenizer
-        .encode(&text)
+        .encode_chat(&text)
         .map_err(|e| ApiError::bad_request(format!("{e:#}")))?;
-    if let Some(bos) = state.tokenizer.bos.filter(|b| ids.first() != Some(b)) {
-        ids.insert(0, bos);
-    }
     answer(&state, Kind::Chat, ids, &g, &state.end_of_turn).await
 }
 
@@ -574,9 +577,7 @@ pub async fn completions(
     State(state): State<Arc<AppState>>,
     body: axum::body::Bytes,
 ) -> ApiResult<Response> {
-    let body = parse_body(&body)?;
-    check_model(&state, &body)?;
-    let g = generation(&body)?;
+    let (body, g) = generating_request(&state, &body)?;
     let prompt = match body.get("prompt") {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {

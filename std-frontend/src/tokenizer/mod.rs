@@ -171,6 +171,16 @@ impl Tokenizer {
         Ok(ids)
     }
 
+    /// Token ids of a rendered chat: `encode`, with the BOS token first where the model asks
+    /// for one and the template did not already write it.
+    pub fn encode_chat(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids = self.encode(text)?;
+        if let Some(bos) = self.bos.filter(|b| ids.first() != Some(b)) {
+            ids.insert(0, bos);
+        }
+        Ok(ids)
+    }
+
     /// The text of a whole sequence (SentencePiece: without the space its encoding put first).
     pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
         match &self.model {
