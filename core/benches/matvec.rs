@@ -51,7 +51,20 @@ fn matvec(c: &mut Criterion) {
 /// stays in the caches, so this measures the kernels' arithmetic. Throughput is in
 /// multiply-adds (elements of 64 · 1536 · 576).
 fn matmul_prefill(c: &mut Criterion) {
-    let (rows, cols, n_tok) = (1536, 576, 64);
+    matmul_tokens(c, 64, &[Format::Q8_0, Format::Q4_1, Format::Q4_0]);
+}
+
+/// A server's decode steps: one token of each of 1, 4, 8 and 16 sequences against the same
+/// matrix, where panel packing and the unpacked tiles meet.
+fn matmul_decode_steps(c: &mut Criterion) {
+    for n_tok in [1, 4, 8, 16] {
+        matmul_tokens(c, n_tok, &[Format::Q8_0, Format::Q4_1]);
+    }
+}
+
+/// `n_tok` tokens against the 1536 x 576 matrix in each of `formats`.
+fn matmul_tokens(c: &mut Criterion, n_tok: usize, formats: &[Format]) {
+    let (rows, cols) = (1536, 576);
     let values: Vec<f32> = (0..rows * cols)
         .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
         .collect();
@@ -68,10 +81,10 @@ fn matmul_prefill(c: &mut Criterion) {
         n_tok,
         cols,
     };
-    let mut group = c.benchmark_group(format!("matmul_64x1536x576_{}", k.name));
+    let mut group = c.benchmark_group(format!("matmul_{n_tok}x1536x576_{}", k.name));
     group.sample_size(20);
     group.throughput(Throughput::Elements((n_tok * rows * cols) as u64));
-    for format in [Format::Q8_0, Format::Q4_1, Format::Q4_0] {
+    for &format in formats {
         let m = Matrix::quantize(format, rows, cols, &values).unwrap();
         let mut out = vec![0f32; rows * n_tok];
         group.bench_function(format.name(), |b| {
@@ -96,5 +109,11 @@ fn memory_bandwidth(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, matvec, matmul_prefill, memory_bandwidth);
+criterion_group!(
+    benches,
+    matvec,
+    matmul_prefill,
+    matmul_decode_steps,
+    memory_bandwidth
+);
 criterion_main!(benches);

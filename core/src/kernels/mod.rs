@@ -37,6 +37,9 @@ pub type PanelRows<'a> = [Option<&'a [u8]>; panel::PANEL];
 /// A panel's results for a tile of tokens: `[token][row]`.
 pub type PanelAcc = [[f32; panel::PANEL]; TILE];
 
+/// A panel's unpacked weight rows · `TILE` activation rows.
+pub type PanelRowsX4 = fn([&[u8]; panel::PANEL], [&[u8]; TILE]) -> PanelAcc;
+
 /// The many-token kernel of one weight format (see `panel`).
 pub struct PanelDots {
     /// Packs blocks `b0 ..` of `PANEL` weight rows (`None`: a padding row of zeros) into as many
@@ -49,6 +52,9 @@ pub struct PanelDots {
     /// the same bits for every (row, token), so a token's result does not depend on how many
     /// were computed with it.
     pub rows: fn([&[u8]; panel::PANEL], &[u8]) -> [f32; panel::PANEL],
+    /// `rows` for `TILE` activation rows at once, each weight block unpacked once for all of
+    /// them (a decode step of several sequences): `[token][row]`, the bits `rows` gives each.
+    pub rows_x4: PanelRowsX4,
 }
 
 /// One weight format's dot products with Q16 activation rows. The multi-row shapes load each

@@ -106,8 +106,8 @@ pub fn matmul<'a>(
     }
 }
 
-/// `rows × n_tok` results as `matmul` gives them, one token at a time without packing (few
-/// tokens: decoding).
+/// `rows × n_tok` results as `matmul` gives them, without packing (few tokens: decoding one
+/// sequence or a step of several): tiles of `TILE` tokens, then one token at a time.
 pub fn matvec<'a>(
     kernels: &PanelDots,
     rows: usize,
@@ -116,12 +116,20 @@ pub fn matvec<'a>(
     x: impl Fn(usize) -> &'a [u8],
     mut put: impl FnMut(usize, usize, &[f32]),
 ) {
+    let tiles = n_tok / TILE * TILE;
     for r0 in (0..rows).step_by(PANEL) {
         // Rows past the end repeat the last one; their results are dropped.
         let panel = core::array::from_fn(|i| row((r0 + i).min(rows - 1)));
-        for t in 0..n_tok {
+        let run = (rows - r0).min(PANEL);
+        for t0 in (0..tiles).step_by(TILE) {
+            let out = (kernels.rows_x4)(panel, core::array::from_fn(|i| x(t0 + i)));
+            for (i, out) in out.iter().enumerate() {
+                put(r0, t0 + i, &out[..run]);
+            }
+        }
+        for t in tiles..n_tok {
             let out = (kernels.rows)(panel, x(t));
-            put(r0, t, &out[..(rows - r0).min(PANEL)]);
+            put(r0, t, &out[..run]);
         }
     }
 }

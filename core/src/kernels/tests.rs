@@ -222,8 +222,8 @@ proptest! {
     }
 
     /// The panel kernels (where the table has them): packing is byte-exact with the reference
-    /// packer, padding rows included; the packed dot and the unpacked rows give the same bits for
-    /// every (row, token), within 1e-5 of Σ|w·x| of the scalar dot; and a packed dot split in two
+    /// packer, padding rows included; the packed dot and the unpacked rows, one token or a tile at
+    /// a time, give the same bits for every (row, token), within 1e-5 of Σ|w·x| of the scalar dot; and a packed dot split in two
     /// chunks of blocks gives the bits of one.
     #[test]
     fn panel_kernels_match_scalar(blocks in 1usize..20, split in 0usize..20, w in values(20 * 32), xs in proptest::collection::vec(values(20 * 32), TILE), rows in 1usize..=panel::PANEL) {
@@ -269,10 +269,12 @@ proptest! {
             prop_assert!(acc.map(|a| a.map(f32::to_bits)) == chunked.map(|a| a.map(f32::to_bits)), "{format}: chunks differ");
 
             let padded: [&[u8]; panel::PANEL] = core::array::from_fn(|r| wq[r.min(rows - 1)].as_slice());
+            let unpacked_tile = (kernels.rows_x4)(padded, xs);
             for (t, x) in xq.iter().enumerate() {
                 let unpacked = (kernels.rows)(padded, x);
                 for (r, wr) in wq.iter().enumerate() {
                     prop_assert_eq!(unpacked[r].to_bits(), acc[t][r].to_bits(), "{} r{} t{}", format, r, t);
+                    prop_assert_eq!(unpacked_tile[t][r].to_bits(), acc[t][r].to_bits(), "{} tile r{} t{}", format, r, t);
                     let s = Kernels::scalar().dot_quantized(format, wr, x).unwrap();
                     let bound = 1e-5 * abs_dot(format, wr, x, n) + f32::MIN_POSITIVE;
                     close(s, acc[t][r], bound)?;

@@ -105,7 +105,8 @@ const fn dots<W: Unpack, const ISA: u8>() -> QuantDots {
         panel: Some(PanelDots {
             pack: pack::<W>,
             dot: panel::<W, ISA>,
-            rows: panel_rows::<W, ISA>,
+            rows: |w, x| panel_rows::<W, ISA, 1>(w, [x])[0],
+            rows_x4: panel_rows::<W, ISA, TILE>,
         }),
     }
 }

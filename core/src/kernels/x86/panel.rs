@@ -110,18 +110,23 @@ pub(super) unsafe fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
     }
 }
 
-/// `PANEL` weight rows against one row of Q16 activations, with the panel kernel's arithmetic.
-pub(super) fn panel_rows<W: Unpack, const ISA: u8>(w: [&[u8]; PANEL], x: &[u8]) -> [f32; PANEL] {
-    let nb = w.iter().fold(x.len() / BlockQ16::BYTES, |n, w| {
-        n.min(blocks::<W>(w.len()))
-    });
-    let mut out = [0f32; PANEL];
+/// `PANEL` weight rows against `T` rows of Q16 activations, unpacked, with the panel kernel's
+/// arithmetic: one token when decoding, a tile of tokens for batches too small to repay packing.
+pub(super) fn panel_rows<W: Unpack, const ISA: u8, const T: usize>(
+    w: [&[u8]; PANEL],
+    xs: [&[u8]; T],
+) -> [[f32; PANEL]; T] {
+    let nb = xs
+        .iter()
+        .fold(usize::MAX, |n, x| n.min(x.len() / BlockQ16::BYTES));
+    let nb = w.iter().fold(nb, |n, w| n.min(blocks::<W>(w.len())));
+    let mut out = [[0f32; PANEL]; T];
     // SAFETY: as for `dot`; `nb` whole blocks lie inside every slice.
     unsafe {
         match ISA {
-            AVX512_VNNI => rows_avx512::<W>(nb, w, x, &mut out),
-            AVX_VNNI => rows_vnni::<W>(nb, w, x, &mut out),
-            _ => rows_avx2::<W>(nb, w, x, &mut out),
+            AVX512_VNNI => rows_avx512::<W, T>(nb, w, xs, &mut out),
+            AVX_VNNI => rows_vnni::<W, T>(nb, w, xs, &mut out),
+            _ => rows_avx2::<W, T>(nb, w, xs, &mut out),
         }
     }
     out
@@ -227,35 +232,42 @@ pub(super) unsafe fn panel_half<W: Unpack, const ISA: u8>(
     }
 }
 
-/// `panel_rows` for a decoded token: each row's block sum as the one-row kernels start it (eight
+/// `panel_rows` for `T` tokens: each row's block sum as the one-row kernels start it (eight
 /// lanes of partial sums), then eight rows' lanes added across into one vector of eight block
-/// sums, so that the block's scaling is the panel kernel's, lane for lane, in the same order.
+/// sums, so that the block's scaling is the panel kernel's, lane for lane, in the same order. A
+/// row's block is unpacked once for all `T` tokens.
 #[inline(always)]
-pub(super) unsafe fn rows_tile<W: Unpack, const ISA: u8>(
+pub(super) unsafe fn rows_tile<W: Unpack, const ISA: u8, const T: usize>(
     nb: usize,
     w: [&[u8]; PANEL],
-    x: &[u8],
-    out: &mut [f32; PANEL],
+    xs: [&[u8]; T],
+    out: &mut [[f32; PANEL]; T],
 ) {
     // SAFETY: the caller guarantees `nb` whole blocks in every slice, AVX2/FMA/F16C, and the
     // features of `ISA`.
     unsafe {
-        let mut facc = [_mm256_setzero_ps(); PANEL / 8];
+        let mut facc = [[_mm256_setzero_ps(); PANEL / 8]; T];
         let mut unit_scales = UnitScales::new();
         for b in 0..nb {
-            let xp = x.as_ptr().add(b * BlockQ16::BYTES);
-            let x0 = _mm256_loadu_si256(xp.add(8) as *const __m256i);
-            let x1 = _mm256_loadu_si256(xp.add(40) as *const __m256i);
-            let dx = _mm256_set1_ps((xp as *const f32).read_unaligned());
-            let s = _mm256_set1_ps((xp.add(4) as *const f32).read_unaligned());
+            let mut x0 = [_mm256_setzero_si256(); T];
+            let mut x1 = [_mm256_setzero_si256(); T];
+            let mut dx = [_mm256_setzero_ps(); T];
+            let mut s = [_mm256_setzero_ps(); T];
+            for t in 0..T {
+                let xp = xs[t].as_ptr().add(b * BlockQ16::BYTES);
+                x0[t] = _mm256_loadu_si256(xp.add(8) as *const __m256i);
+                x1[t] = _mm256_loadu_si256(xp.add(40) as *const __m256i);
+                dx[t] = _mm256_set1_ps((xp as *const f32).read_unaligned());
+                s[t] = _mm256_set1_ps((xp.add(4) as *const f32).read_unaligned());
+            }
             if W::UNIT > 1 && b % W::UNIT == 0 {
                 unit_scales.read::<W>(core::array::from_fn(|r| unit::<W>(w[r].as_ptr(), b).0));
             }
-            for (h, acc) in facc.iter_mut().enumerate() {
-                let mut wp = [xp; 8];
+            for h in 0..PANEL / 8 {
+                let mut wp = [w[0].as_ptr(); 8];
                 let mut j = 0;
-                let mut v = [_mm256_setzero_si256(); 8];
-                let mut v_hi = [_mm256_setzero_si256(); 8];
+                let mut v = [[_mm256_setzero_si256(); 8]; T];
+                let mut v_hi = [[_mm256_setzero_si256(); 8]; T];
                 for r in 0..8 {
                     (wp[r], j) = unit::<W>(w[8 * h + r].as_ptr(), b);
                     // The same block of the next panel's row (the panel's rows are usually one
@@ -263,35 +275,44 @@ pub(super) unsafe fn rows_tile<W: Unpack, const ISA: u8>(
                     let ahead = PANEL * w[8 * h + r].len() + line_in_unit::<W>(j);
                     _mm_prefetch::<_MM_HINT_T0>(wp[r].wrapping_add(ahead) as *const i8);
                     let (lo, hi) = W::unpack(wp[r], j);
-                    let dot = _mm256_madd_epi16(lo, x0);
-                    if W::HALF_SCALES {
-                        v[r] = dot;
-                        v_hi[r] = _mm256_madd_epi16(hi, x1);
-                        continue;
+                    for t in 0..T {
+                        let dot = _mm256_madd_epi16(lo, x0[t]);
+                        if W::HALF_SCALES {
+                            v[t][r] = dot;
+                            v_hi[t][r] = _mm256_madd_epi16(hi, x1[t]);
+                            continue;
+                        }
+                        v[t][r] = match ISA {
+                            AVX512_VNNI | AVX_VNNI => dpwssd::<ISA>(dot, hi, x1[t]),
+                            _ => _mm256_add_epi32(dot, _mm256_madd_epi16(hi, x1[t])),
+                        };
                     }
-                    v[r] = match ISA {
-                        AVX512_VNNI | AVX_VNNI => dpwssd::<ISA>(dot, hi, x1),
-                        _ => _mm256_add_epi32(dot, _mm256_madd_epi16(hi, x1)),
-                    };
                 }
                 let (dw, mw) = if W::UNIT > 1 {
                     unit_scales.eight(j, h)
                 } else {
                     W::scales8(wp, j)
                 };
-                if W::HALF_SCALES {
-                    *acc = half_sums(sum_across8(v), sum_across8(v_hi), dw, mw, dx, *acc);
-                    continue;
-                }
-                let isum = sum_across8(v);
-                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), *acc);
-                if W::HAS_MIN {
-                    *acc = _mm256_fmadd_ps(mw, s, *acc);
+                for t in 0..T {
+                    let acc = &mut facc[t][h];
+                    if W::HALF_SCALES {
+                        let (lo, hi) = (sum_across8(v[t]), sum_across8(v_hi[t]));
+                        *acc = half_sums(lo, hi, dw, mw, dx[t], *acc);
+                        continue;
+                    }
+                    let isum = sum_across8(v[t]);
+                    *acc =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx[t]), *acc);
+                    if W::HAS_MIN {
+                        *acc = _mm256_fmadd_ps(mw, s[t], *acc);
+                    }
                 }
             }
         }
-        for (h, acc) in facc.iter().enumerate() {
-            _mm256_storeu_ps(out.as_mut_ptr().add(8 * h), *acc);
+        for t in 0..T {
+            for (h, acc) in facc[t].iter().enumerate() {
+                _mm256_storeu_ps(out[t].as_mut_ptr().add(8 * h), *acc);
+            }
         }
     }
 }
@@ -313,36 +334,36 @@ pub(super) unsafe fn sum_across8(v: [__m256i; 8]) -> __m256i {
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn rows_avx2<W: Unpack>(
+pub(super) unsafe fn rows_avx2<W: Unpack, const T: usize>(
     nb: usize,
     w: [&[u8]; PANEL],
-    x: &[u8],
-    out: &mut [f32; PANEL],
+    xs: [&[u8]; T],
+    out: &mut [[f32; PANEL]; T],
 ) {
     // SAFETY: as the caller guarantees for this function.
-    unsafe { rows_tile::<W, AVX2>(nb, w, x, out) }
+    unsafe { rows_tile::<W, AVX2, T>(nb, w, xs, out) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-pub(super) unsafe fn rows_vnni<W: Unpack>(
+pub(super) unsafe fn rows_vnni<W: Unpack, const T: usize>(
     nb: usize,
     w: [&[u8]; PANEL],
-    x: &[u8],
-    out: &mut [f32; PANEL],
+    xs: [&[u8]; T],
+    out: &mut [[f32; PANEL]; T],
 ) {
     // SAFETY: as the caller guarantees for this function.
-    unsafe { rows_tile::<W, AVX_VNNI>(nb, w, x, out) }
+    unsafe { rows_tile::<W, AVX_VNNI, T>(nb, w, xs, out) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn rows_avx512<W: Unpack>(
+pub(super) unsafe fn rows_avx512<W: Unpack, const T: usize>(
     nb: usize,
     w: [&[u8]; PANEL],
-    x: &[u8],
-    out: &mut [f32; PANEL],
+    xs: [&[u8]; T],
+    out: &mut [[f32; PANEL]; T],
 ) {
     // SAFETY: as the caller guarantees for this function.
-    unsafe { rows_tile::<W, AVX512_VNNI>(nb, w, x, out) }
+    unsafe { rows_tile::<W, AVX512_VNNI, T>(nb, w, xs, out) }
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
