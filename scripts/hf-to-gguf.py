@@ -7,7 +7,7 @@ rope_scaling), with the gguf package of the same llama.cpp (gguf-py), without to
     python3 scripts/hf-to-gguf.py CHECKPOINT_DIR OUT.gguf
 
 Needs numpy and gguf-py on PYTHONPATH ($(scripts/fetch-llama-cpp.sh)/gguf-py). Writes
-tests/data/llama3_rope.gguf from ../shared/fixtures/tiny/llama3_rope; .ci/run checks that it
+tests/data/llama3_rope.gguf from tests/fixtures/tiny/llama3_rope; .ci/run checks that it
 still does, byte for byte.
 """
 import json

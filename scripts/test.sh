@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test command: gets the real model and llama.cpp's tokenizer data the tests use (once),
-# then runs every test of the workspace. Needs ../shared/fixtures beside the repository (or SAPIENT_FIXTURES).
+# then runs every test of the workspace. Reads its fixtures from tests/fixtures (or SAPIENT_FIXTURES).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/fetch-model.sh >/dev/null

@@ -3,12 +3,12 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-/// `../shared/fixtures` beside the repository, or `$SAPIENT_FIXTURES`.
+/// The repository's `tests/fixtures`, or `$SAPIENT_FIXTURES`.
 pub fn fixtures() -> PathBuf {
     if let Ok(p) = std::env::var("SAPIENT_FIXTURES") {
         return PathBuf::from(p);
     }
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
 }
 
 pub fn tiny(name: &str) -> PathBuf {

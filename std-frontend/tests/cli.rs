@@ -9,10 +9,16 @@ fn sapient(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// The repository's `tests/fixtures`, or `$SAPIENT_FIXTURES`, as the golden tests find them.
+fn fixtures() -> PathBuf {
+    match std::env::var("SAPIENT_FIXTURES") {
+        Ok(p) => PathBuf::from(p),
+        Err(_) => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures"),
+    }
+}
+
 fn fixture(name: &str) -> String {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/fixtures/tiny")
-        .join(name);
+    let p = fixtures().join("tiny").join(name);
     p.to_str().unwrap().to_owned()
 }
 
@@ -317,8 +323,7 @@ fn tokenize_prints_the_reference_ids() {
     let model =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models/SmolLM2-135M-Instruct.Q4_1.gguf");
     let model = model.to_str().unwrap();
-    let reference = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/fixtures/smollm2/reference.json");
+    let reference = fixtures().join("smollm2/reference.json");
     let reference: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(reference).unwrap()).unwrap();
     let prompts = reference["prompts"].as_array().unwrap();
