@@ -24,6 +24,29 @@ pub fn end_of_turn_ids(tokenizer: &Tokenizer) -> Vec<u32> {
         .collect()
 }
 
+/// The most template instructions one rendering runs: real templates take thousands per message.
+const TEMPLATE_FUEL: u64 = 50_000_000;
+
+/// The most bytes one rendering writes: far more than any context holds as text.
+const TEMPLATE_OUTPUT_LIMIT: usize = 64 << 20;
+
+/// A `Vec` that refuses to grow past `TEMPLATE_OUTPUT_LIMIT`.
+struct CappedWriter(Vec<u8>);
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > TEMPLATE_OUTPUT_LIMIT {
+            return Err(std::io::Error::other("chat template output limit"));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos: String,
@@ -78,6 +101,8 @@ impl ChatTemplate {
 
     pub fn new(source: String, bos: String, eos: String) -> Result<Self> {
         let mut env = Environment::new();
+        // A template is code from a file: bound its work, so that a loop ends in an error.
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
@@ -89,13 +114,26 @@ impl ChatTemplate {
 
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
         let t = self.env.get_template("chat")?;
-        t.render(context! {
-            messages => messages,
-            add_generation_prompt => add_generation_prompt,
-            bos_token => &self.bos,
-            eos_token => &self.eos,
-        })
-        .map_err(|e| anyhow!("chat template: {e}"))
+        let mut out = CappedWriter(Vec::new());
+        t.render_to_write(
+            context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => &self.bos,
+                eos_token => &self.eos,
+            },
+            &mut out,
+        )
+        .map_err(|e| match e.kind() {
+            ErrorKind::WriteFailure => anyhow!(
+                "chat template: the rendered prompt passes {TEMPLATE_OUTPUT_LIMIT} bytes"
+            ),
+            ErrorKind::OutOfFuel => anyhow!(
+                "chat template: rendering took more than {TEMPLATE_FUEL} steps (a loop that does not end?)"
+            ),
+            _ => anyhow!("chat template: {e}"),
+        })?;
+        String::from_utf8(out.0).map_err(|_| anyhow!("chat template: output is not UTF-8"))
     }
 }
 
@@ -120,6 +158,25 @@ mod tests {
             out,
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
         );
+    }
+
+    #[test]
+    fn hostile_templates_end_in_errors() {
+        let render = |src: &str| {
+            ChatTemplate::new(src.into(), String::new(), String::new())
+                .unwrap()
+                .render(&[], false)
+                .unwrap_err()
+                .to_string()
+        };
+        let looping = render(
+            "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+        );
+        assert!(looping.contains("steps"), "{looping}");
+        let huge = render("{% for i in range(1000) %}{{ 'x' * 1000000 }}{% endfor %}");
+        assert!(huge.contains("bytes"), "{huge}");
+        let recursive = render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
+        assert!(recursive.contains("chat template"), "{recursive}");
     }
 
     #[test]
