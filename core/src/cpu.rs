@@ -218,6 +218,13 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, '_, '_, '_, E> {
             let k = o.len() / vocab;
             self.mm.matmul(&xs[..k * h], k, &[out_proj], &mut [o])?;
         }
+        // A NaN or an infinity here came from the weights; sampling would pick from garbage.
+        if let Some(i) = out.iter().position(|v| !v.is_finite()) {
+            return Err(Error::NotFinite {
+                what: "logits",
+                row: first + i / vocab,
+            });
+        }
         Ok(())
     }
 

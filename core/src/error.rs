@@ -61,6 +61,8 @@ pub enum Error {
         field: &'static str,
         reason: &'static str,
     },
+    /// A result that came out NaN or infinite: weights (or scales) that are not finite numbers.
+    NotFinite { what: &'static str, row: usize },
 }
 
 impl Error {
@@ -133,6 +135,10 @@ impl fmt::Display for Error {
             Error::InvalidSampling { field, reason } => {
                 write!(f, "invalid sampling parameter: {field} {reason}")
             }
+            Error::NotFinite { what, row } => write!(
+                f,
+                "the {what} of token {row} are not finite (NaN or infinity): the model's weights or scales hold values that are not finite numbers"
+            ),
         }
     }
 }

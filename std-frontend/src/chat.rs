@@ -115,7 +115,7 @@ impl ChatTemplate {
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
         let t = self.env.get_template("chat")?;
         let mut out = CappedWriter(Vec::new());
-        t.render_to_write(
+        t.render_captured_to(
             context! {
                 messages => messages,
                 add_generation_prompt => add_generation_prompt,

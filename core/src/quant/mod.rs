@@ -108,6 +108,36 @@ impl Format {
         self.block_len() > 1
     }
 
+    /// Byte offsets of the f16 scales (and minimums) in each block of a quantized format; the
+    /// rest of a block is small integers, finite whatever its bits.
+    const fn scale_offsets(self) -> &'static [usize] {
+        match self {
+            Format::F32 | Format::F16 | Format::BF16 => &[],
+            Format::Q8_0 | Format::Q4_0 | Format::Q5_0 => &[0],
+            Format::Q4_1 | Format::Q5_1 | Format::Q4K | Format::Q5K => &[0, 2],
+            Format::Q3K => &[108],
+            Format::Q6K => &[208],
+        }
+    }
+
+    /// The first value (float formats) or block (quantized formats, by its scales) of `bytes`
+    /// that is NaN or infinite: weights no computation should be trusted with.
+    pub fn first_non_finite(self, bytes: &[u8]) -> Option<usize> {
+        let f16_bad = |b: &[u8]| u16::from_le_bytes([b[0], b[1]]) & 0x7c00 == 0x7c00;
+        match self {
+            Format::F32 => bytes
+                .chunks_exact(4)
+                .position(|b| !f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite()),
+            Format::F16 => bytes.chunks_exact(2).position(f16_bad),
+            Format::BF16 => bytes
+                .chunks_exact(2)
+                .position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7f80 == 0x7f80),
+            _ => bytes
+                .chunks_exact(self.block_bytes())
+                .position(|b| self.scale_offsets().iter().any(|&o| f16_bad(&b[o..]))),
+        }
+    }
+
     /// Bytes of one row of `n` values, or an error if `n` is not a whole number of blocks.
     pub fn row_bytes(self, n: usize) -> Result<usize> {
         let block = self.block_len();
@@ -265,5 +295,46 @@ mod tests {
             let rmse = array_rmse(&x, &y);
             assert!(rmse < 0.002, "{format}: {rmse}");
         }
+    }
+
+    #[test]
+    fn non_finite_scales_and_values_are_found() {
+        for format in [
+            Format::Q8_0,
+            Format::Q4_0,
+            Format::Q4_1,
+            Format::Q5_0,
+            Format::Q5_1,
+            Format::Q3K,
+            Format::Q4K,
+            Format::Q5K,
+            Format::Q6K,
+        ] {
+            // Two blocks of ones: every byte 0x3c, every f16 in them 1.0.
+            let bytes = alloc::vec![0x3cu8; 2 * format.block_bytes()];
+            assert_eq!(format.first_non_finite(&bytes), None, "{format}");
+            for &o in format.scale_offsets() {
+                for bits in [0x7e00u16, 0x7c00, 0xfc00] {
+                    let mut bad = bytes.clone();
+                    let at = format.block_bytes() + o;
+                    bad[at..at + 2].copy_from_slice(&bits.to_le_bytes());
+                    assert_eq!(
+                        format.first_non_finite(&bad),
+                        Some(1),
+                        "{format} {o} {bits:x}"
+                    );
+                }
+            }
+        }
+        let f32s: alloc::vec::Vec<u8> = [1.0f32, f32::NAN]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        assert_eq!(Format::F32.first_non_finite(&f32s), Some(1));
+        assert_eq!(Format::F16.first_non_finite(&[0, 0x3c, 0, 0x7c]), Some(1));
+        assert_eq!(
+            Format::BF16.first_non_finite(&[0, 0x3f, 0x80, 0xff]),
+            Some(1)
+        );
     }
 }

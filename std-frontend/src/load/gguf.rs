@@ -448,6 +448,18 @@ impl Gguf {
             }
             order.push(name);
         }
+        // Tensors that share bytes are a lying table: one write would change two weights.
+        let mut spans: Vec<(usize, usize, &str)> = tensors
+            .iter()
+            .map(|(name, t)| (t.start, t.len, name.as_str()))
+            .collect();
+        spans.sort_unstable();
+        for pair in spans.windows(2) {
+            let ((a_start, a_len, a), (b_start, _, b)) = (pair[0], pair[1]);
+            if b_start < a_start + a_len {
+                bail!("GGUF tensors {a} and {b} overlap (bytes {b_start}.. lie inside {a})");
+            }
+        }
         Ok(Gguf {
             version,
             metadata,

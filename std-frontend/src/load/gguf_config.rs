@@ -50,9 +50,16 @@ pub fn parse(g: &Gguf) -> Result<GgufMeta> {
             key("attention.head_count")
         );
     }
-    let head_dim = g
-        .u64(&key("attention.key_length"))
-        .map_or(hidden / n_heads, |v| v as usize);
+    let head_dim = match g.u64(&key("attention.key_length")) {
+        Some(d) => d as usize,
+        None if hidden % n_heads != 0 => bail!(
+            "invalid config: {} {hidden} is not a multiple of {} {n_heads} (and no {} is given)",
+            key("embedding_length"),
+            key("attention.head_count"),
+            key("attention.key_length")
+        ),
+        None => hidden / n_heads,
+    };
     let vocab = match g.u64(&key("vocab_size")) {
         Some(v) => v as usize,
         None => match g.get("tokenizer.ggml.tokens") {

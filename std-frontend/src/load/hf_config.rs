@@ -79,7 +79,13 @@ pub fn parse(text: &str) -> Result<HfConfig> {
     if n_heads == 0 {
         bail!("invalid config: num_attention_heads must be greater than zero");
     }
-    let head_dim = opt_usize(c, "head_dim")?.unwrap_or(hidden / n_heads);
+    let head_dim = match opt_usize(c, "head_dim")? {
+        Some(d) => d,
+        None if hidden % n_heads != 0 => bail!(
+            "invalid config: hidden_size {hidden} is not a multiple of num_attention_heads {n_heads} (and no head_dim is given)"
+        ),
+        None => hidden / n_heads,
+    };
 
     // v5 keeps RoPE settings in `rope_parameters`; v4 in `rope_theta` + `rope_scaling`.
     let rope = c

@@ -216,7 +216,27 @@ impl ModelFiles {
         }
     }
 
+    /// A tensor of the files, refused if its values (or, quantized, its scales) are not all
+    /// finite: a NaN there would spread silently through attention's softmax.
     fn tensor(&self, name: &str) -> Result<Tensor<'_>> {
+        let t = self.stored_tensor(name)?;
+        let format = match t.kind {
+            Kind::Float(Dtype::F32) => Format::F32,
+            Kind::Float(Dtype::F16) => Format::F16,
+            Kind::Float(Dtype::BF16) => Format::BF16,
+            Kind::Block(f) => f,
+        };
+        if let Some(i) = format.first_non_finite(t.bytes) {
+            let what = match format.is_quantized() {
+                true => "the scale of block",
+                false => "value",
+            };
+            bail!("tensor {name}: {what} {i} is not finite (NaN or infinity)");
+        }
+        Ok(t)
+    }
+
+    fn stored_tensor(&self, name: &str) -> Result<Tensor<'_>> {
         match &self.source {
             Source::Safetensors { files, index, .. } => {
                 let i = *index

@@ -5,7 +5,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use half::{bf16, f16};
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype as StDtype, Metadata};
-use safetensors::SafeTensors;
+use safetensors::{SafeTensorError, SafeTensors};
 
 /// The element types sapient reads from safetensors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,8 +52,13 @@ pub struct SafetensorsFile {
 impl SafetensorsFile {
     pub fn open(path: &Path) -> Result<Self> {
         let map = super::map_file(path)?;
-        let (header, meta) = SafeTensors::read_metadata(&map[..])
-            .map_err(|e| anyhow!("{}: not a valid safetensors file: {e:?}", path.display()))?;
+        let (header, meta) = SafeTensors::read_metadata(&map[..]).map_err(|e| {
+            anyhow!(
+                "{}: not a valid safetensors file: {}",
+                path.display(),
+                describe(&e, map.len())
+            )
+        })?;
         Ok(SafetensorsFile {
             path: path.display().to_string(),
             map,
@@ -100,5 +105,35 @@ impl SafetensorsFile {
             );
         }
         Ok((dtype, &info.shape, bytes))
+    }
+}
+
+/// What a header error of the `safetensors` crate means, in words.
+fn describe(e: &SafeTensorError, file_len: usize) -> String {
+    match e {
+        SafeTensorError::HeaderTooSmall => {
+            format!("{file_len} bytes cannot hold the 8-byte header length")
+        }
+        SafeTensorError::InvalidHeaderLength => {
+            "the header length points past the end of the file (truncated?)".into()
+        }
+        SafeTensorError::HeaderTooLarge => "the header length is absurd (over 100 MB)".into(),
+        SafeTensorError::InvalidHeader | SafeTensorError::InvalidHeaderStart => {
+            "the header is not a UTF-8 JSON object".into()
+        }
+        SafeTensorError::InvalidHeaderDeserialization | SafeTensorError::JsonError(_) => {
+            "the header is not the JSON of a tensor table".into()
+        }
+        SafeTensorError::TensorInvalidInfo => {
+            "a tensor's shape and dtype disagree with its data offsets".into()
+        }
+        SafeTensorError::InvalidOffset(name) => {
+            format!("tensor {name}'s data offsets overlap another tensor or leave a gap")
+        }
+        SafeTensorError::MetadataIncompleteBuffer => {
+            "the tensors' data does not end where the file does (truncated?)".into()
+        }
+        SafeTensorError::ValidationOverflow => "a tensor's shape overflows".into(),
+        other => format!("{other:?}"),
     }
 }
