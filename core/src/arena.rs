@@ -56,8 +56,14 @@ impl Layout {
         // The mat-mul writes its output row-major by weight row before reordering it per token;
         // the largest group is Q|K|V, gate|up, or the output projection of `LOGIT_ROWS` tokens.
         let tmp = (b * (q + 2 * kv).max(2 * ff).max(h)).max(logit_rows(b) * c.vocab_size);
-        let widest = h.max(ff).max(q);
-        let blocks = if widest % QK == 0 { b * widest / QK } else { 0 };
+        // Q16 activations feed the quantized matrices, whose rows are whole blocks: the widest
+        // input among those that are (hidden 32 with intermediate 48 still quantizes Q, K, V).
+        let widest = [h, ff, q]
+            .into_iter()
+            .filter(|w| w.is_multiple_of(QK))
+            .max()
+            .unwrap_or(0);
+        let blocks = b * widest / QK;
         Ok(Layout {
             x: b * h,
             xb: b * h,

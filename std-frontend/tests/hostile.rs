@@ -526,3 +526,37 @@ fn hostile_tokenizers_and_templates_are_errors() {
         assert!(err.contains(needle), "{what}: {err}");
     }
 }
+
+/// Found by fuzzing `load_forward` on its own seeds: with hidden size 32 and an intermediate
+/// size of 48 (no multiple of 32), the scratch arena held no room for the Q16 activations that
+/// the Q, K, V and gate/up matrices still take, and every forward failed.
+#[test]
+fn fuzz_seed_models_generate() {
+    let dir = scratch_dir("fuzz-seeds");
+    let seeds = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/corpus/load_forward");
+    let mut ran = 0;
+    for seed in std::fs::read_dir(seeds).unwrap() {
+        let seed = seed.unwrap().path();
+        // The fuzzer's own finds sit beside the seeds.
+        if !seed.file_name().unwrap().to_string_lossy().starts_with("seed-") {
+            continue;
+        }
+        let path = dir.join("model.gguf");
+        std::fs::copy(&seed, &path).unwrap();
+        let (code, err) = cli(
+            &[
+                "generate",
+                "-m",
+                path.to_str().unwrap(),
+                "--prompt-ids",
+                "1,2",
+                "-n",
+                "3",
+            ],
+            "",
+        );
+        assert_eq!(code, Some(0), "{}: {err}", seed.display());
+        ran += 1;
+    }
+    assert!(ran >= 6, "only {ran} seeds");
+}

@@ -15,7 +15,7 @@ use sapient_core::weights::{LayerWeights, Matrix, Weights};
 use sapient_core::{Format, Model};
 
 pub mod gguf;
-mod gguf_config;
+pub mod gguf_config;
 pub mod hf_config;
 pub mod random;
 pub mod resolve;
