@@ -35,11 +35,23 @@ pub fn attend<E: Exec + ?Sized>(
     out: &mut [f32],
 ) -> Result<()> {
     let hd = shape.head_dim;
-    if q.len() != out.len() || !q.len().is_multiple_of(shape.n_heads * hd) || hd > MAX_HEAD_DIM {
-        return Err(Error::Length {
-            what: "attention input",
-            expected: out.len(),
-            got: q.len(),
+    if q.len() != out.len() {
+        return Err(Error::Mismatch {
+            op: "attention",
+            lhs: ("query values", q.len()),
+            rhs: ("output values", out.len()),
+        });
+    }
+    if hd > MAX_HEAD_DIM {
+        return Err(Error::InvalidArgument {
+            what: "attention",
+            reason: "head_dim is larger than MAX_HEAD_DIM",
+        });
+    }
+    if !q.len().is_multiple_of(shape.n_heads * hd) {
+        return Err(Error::InvalidArgument {
+            what: "attention",
+            reason: "the queries are not whole rows of n_heads × head_dim values",
         });
     }
     // The query heads that share a KV head go together, and with them, while prefilling, the

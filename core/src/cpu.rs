@@ -194,10 +194,10 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, '_, '_, '_, E> {
             .b
             .xb
             .get(start..start + out.len())
-            .ok_or(Error::Length {
-                what: "hidden states",
-                expected: have,
-                got: out.len(),
+            .ok_or(Error::OutOfRange {
+                what: "hidden state value",
+                index: start + out.len() - 1,
+                len: have,
             })?;
         out.copy_from_slice(src);
         Ok(())
@@ -245,11 +245,25 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, '_, '_, '_, E> {
         let (h, vocab) = (self.model.config.hidden_size, self.model.config.vocab_size);
         let k = rows.len();
         let have = self.max_logit_rows();
-        if k > have || rows.windows(2).any(|w| w[0] >= w[1]) {
-            return Err(Error::Length {
-                what: "logit rows (ascending, at most max_logit_rows)",
-                expected: have,
-                got: k,
+        if k > have {
+            return Err(Error::Mismatch {
+                op: "logits_rows",
+                lhs: ("rows asked for", k),
+                rhs: ("at most (max_logit_rows)", have),
+            });
+        }
+        if rows.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(Error::InvalidArgument {
+                what: "logits_rows",
+                reason: "the rows must ascend",
+            });
+        }
+        let batch = self.b.xb.len() / h;
+        if let Some(&r) = rows.iter().find(|&&r| r >= batch) {
+            return Err(Error::OutOfRange {
+                what: "logit row",
+                index: r,
+                len: batch,
             });
         }
         // Rows ascend, so row i comes from row rows[i] >= i: moving them up in order is safe.
@@ -274,10 +288,9 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, '_, '_, '_, E> {
 /// Rotates each token's heads; `angles` holds `cos` then `sin` (`head_dim / 2` each) per token.
 fn rope(x: &mut [f32], n_tok: usize, angles: &[f32], style: RopeStyle) -> Result<()> {
     if n_tok == 0 || !x.len().is_multiple_of(n_tok) || !angles.len().is_multiple_of(n_tok) {
-        return Err(Error::Length {
-            what: "rope input",
-            expected: n_tok,
-            got: x.len(),
+        return Err(Error::InvalidArgument {
+            what: "rope",
+            reason: "the input and the angles are not whole rows of one or more tokens",
         });
     }
     let per_tok = x.len() / n_tok;
@@ -301,10 +314,21 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
         outs: &mut [&mut [f32]],
     ) -> Result<()> {
         let cols = mats.first().map_or(0, |m| m.cols);
-        if mats.len() != outs.len()
-            || mats.iter().any(|m| m.cols != cols)
-            || x.len() != n_tok * cols
-        {
+        if mats.len() != outs.len() {
+            return Err(Error::Mismatch {
+                op: "mat-mul",
+                lhs: ("matrices", mats.len()),
+                rhs: ("outputs", outs.len()),
+            });
+        }
+        if let Some(m) = mats.iter().find(|m| m.cols != cols) {
+            return Err(Error::Mismatch {
+                op: "mat-mul of several matrices",
+                lhs: ("columns of the first", cols),
+                rhs: ("columns of another", m.cols),
+            });
+        }
+        if x.len() != n_tok * cols {
             return Err(Error::Length {
                 what: "mat-mul input",
                 expected: n_tok * cols,

@@ -13,6 +13,26 @@ pub enum Error {
         expected: usize,
         got: usize,
     },
+    /// Two things that must agree in length or count do not (in the style of candle's
+    /// `ShapeMismatchBinaryOp`): `op` names the operation, each side what it counts.
+    Mismatch {
+        op: &'static str,
+        lhs: (&'static str, usize),
+        rhs: (&'static str, usize),
+    },
+    /// An index (a row, a layer, a position) past the end of what it indexes.
+    OutOfRange {
+        what: &'static str,
+        index: usize,
+        len: usize,
+    },
+    /// A size whose computation overflows `usize`.
+    Overflow { what: &'static str },
+    /// An argument that breaks a rule of the call other than a length.
+    InvalidArgument {
+        what: &'static str,
+        reason: &'static str,
+    },
     /// A length that must be a multiple of a format's block size was not.
     NotBlockMultiple {
         what: &'static str,
@@ -86,6 +106,16 @@ impl fmt::Display for Error {
                 expected,
                 got,
             } => write!(f, "{what}: expected length {expected}, got {got}"),
+            Error::Mismatch { op, lhs, rhs } => write!(
+                f,
+                "{op}: {} {} against {} {}",
+                lhs.1, lhs.0, rhs.1, rhs.0
+            ),
+            Error::OutOfRange { what, index, len } => {
+                write!(f, "{what} {index} is out of range (there are {len})")
+            }
+            Error::Overflow { what } => write!(f, "the size of {what} overflows"),
+            Error::InvalidArgument { what, reason } => write!(f, "{what}: {reason}"),
             Error::NotBlockMultiple { what, len, block } => {
                 write!(f, "{what}: length {len} is not a multiple of the block size {block}")
             }

@@ -148,11 +148,31 @@ impl<'a> KvCache<'a> {
     ) -> Result<()> {
         let kv_dim = self.n_kv_heads * self.head_dim;
         let n = k.len() / kv_dim;
-        if layer >= self.n_layers || k.len() != v.len() || pos + n > self.max_seq {
-            return Err(Error::Length {
+        if layer >= self.n_layers {
+            return Err(Error::OutOfRange {
+                what: "KV cache layer",
+                index: layer,
+                len: self.n_layers,
+            });
+        }
+        if k.len() != v.len() {
+            return Err(Error::Mismatch {
+                op: "KV store",
+                lhs: ("K values", k.len()),
+                rhs: ("V values", v.len()),
+            });
+        }
+        if !k.len().is_multiple_of(kv_dim) {
+            return Err(Error::InvalidArgument {
                 what: "KV store",
-                expected: kv_dim * (self.max_seq - pos.min(self.max_seq)),
-                got: k.len(),
+                reason: "K and V are not whole rows of n_kv_heads × head_dim values",
+            });
+        }
+        if pos + n > self.max_seq {
+            return Err(Error::ContextFull {
+                pos,
+                tokens: n,
+                max_seq: self.max_seq,
             });
         }
         let plane = self.plane_bytes();

@@ -19,10 +19,8 @@ impl<'w> Matrix<'w> {
     /// Checks that `bytes` holds exactly `rows` whole rows of `cols` values in `format`.
     pub fn new(format: Format, rows: usize, cols: usize, bytes: Cow<'w, [u8]>) -> Result<Self> {
         let row_bytes = format.row_bytes(cols)?;
-        let expected = rows.checked_mul(row_bytes).ok_or(Error::Length {
+        let expected = rows.checked_mul(row_bytes).ok_or(Error::Overflow {
             what: "matrix bytes",
-            expected: usize::MAX,
-            got: bytes.len(),
         })?;
         if bytes.len() != expected {
             return Err(Error::Length {
@@ -76,10 +74,10 @@ impl<'w> Matrix<'w> {
     /// Row `r` as f32 in `out` (`cols` long).
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<()> {
         if r >= self.rows {
-            return Err(Error::Length {
-                what: "matrix row index",
-                expected: self.rows,
-                got: r,
+            return Err(Error::OutOfRange {
+                what: "matrix row",
+                index: r,
+                len: self.rows,
             });
         }
         quant::dequantize_row(self.format, self.row(r), out)

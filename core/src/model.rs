@@ -124,15 +124,18 @@ pub fn layer_loop<B: Backend + ?Sized>(
     wants: &mut [Want<'_>],
 ) -> Result<()> {
     let n_seq = tokens.len();
-    if wants.len() != n_seq || backend.sequences() != n_seq {
-        return Err(Error::Length {
-            what: "sequences (inputs, wants, KV caches)",
-            expected: n_seq,
-            got: if wants.len() != n_seq {
-                wants.len()
-            } else {
-                backend.sequences()
-            },
+    if wants.len() != n_seq {
+        return Err(Error::Mismatch {
+            op: "forward",
+            lhs: ("token sequences", n_seq),
+            rhs: ("wants", wants.len()),
+        });
+    }
+    if backend.sequences() != n_seq {
+        return Err(Error::Mismatch {
+            op: "forward",
+            lhs: ("token sequences", n_seq),
+            rhs: ("KV caches", backend.sequences()),
         });
     }
     for (s, (seq, want)) in tokens.iter().zip(wants.iter()).enumerate() {
@@ -195,10 +198,9 @@ fn check_sequence<B: Backend + ?Sized>(
         });
     }
     if n == 0 && matches!(want, Want::LastLogits(_) | Want::LastArgmax(_)) {
-        return Err(Error::Length {
-            what: "tokens (the last one's logits are asked for)",
-            expected: 1,
-            got: 0,
+        return Err(Error::InvalidArgument {
+            what: "forward",
+            reason: "the last token's logits are asked for, but no tokens are given",
         });
     }
     let expected = match want {
@@ -297,9 +299,15 @@ fn forward_batch<B: Backend + ?Sized>(
 
 /// The mean over positions of `n × dim` hidden states: the embedding `sapient embed` prints.
 pub fn mean_rows(hidden: &[f32], dim: usize, out: &mut [f32]) -> Result<()> {
-    if dim == 0 || !hidden.len().is_multiple_of(dim) || out.len() != dim {
-        return Err(Error::Length {
+    if dim == 0 || !hidden.len().is_multiple_of(dim) {
+        return Err(Error::InvalidArgument {
             what: "mean_rows",
+            reason: "the hidden states are not whole rows of `dim` values",
+        });
+    }
+    if out.len() != dim {
+        return Err(Error::Length {
+            what: "mean_rows output",
             expected: dim,
             got: out.len(),
         });

@@ -51,10 +51,10 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) -> Result<
     same_len("rms_norm output", x.len(), out.len())?;
     let n = weight.len();
     if n == 0 || !x.len().is_multiple_of(n) {
-        return Err(Error::Length {
-            what: "rms_norm input",
-            expected: n,
-            got: x.len(),
+        return Err(Error::NotBlockMultiple {
+            what: "rms_norm input (rows of the weight's length)",
+            len: x.len(),
+            block: n,
         });
     }
     for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
@@ -125,10 +125,10 @@ pub fn add(x: &mut [f32], y: &[f32]) -> Result<()> {
 /// Adds `bias` to every row of `x` (rows are `bias.len()` long).
 pub fn add_bias(x: &mut [f32], bias: &[f32]) -> Result<()> {
     if bias.is_empty() || !x.len().is_multiple_of(bias.len()) {
-        return Err(Error::Length {
-            what: "bias",
-            expected: bias.len(),
-            got: x.len(),
+        return Err(Error::NotBlockMultiple {
+            what: "bias input (rows of the bias's length)",
+            len: x.len(),
+            block: bias.len(),
         });
     }
     for row in x.chunks_exact_mut(bias.len()) {
@@ -152,10 +152,10 @@ pub fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle) -> Result
     let half = cos.len();
     same_len("rope sin", half, sin.len())?;
     if half == 0 || !x.len().is_multiple_of(2 * half) {
-        return Err(Error::Length {
-            what: "rope input",
-            expected: 2 * half,
-            got: x.len(),
+        return Err(Error::NotBlockMultiple {
+            what: "rope input (heads of 2 × angles)",
+            len: x.len(),
+            block: 2 * half,
         });
     }
     for head in x.chunks_exact_mut(2 * half) {

@@ -538,7 +538,12 @@ fn fuzz_seed_models_generate() {
     for seed in std::fs::read_dir(seeds).unwrap() {
         let seed = seed.unwrap().path();
         // The fuzzer's own finds sit beside the seeds.
-        if !seed.file_name().unwrap().to_string_lossy().starts_with("seed-") {
+        if !seed
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("seed-")
+        {
             continue;
         }
         let path = dir.join("model.gguf");

@@ -114,6 +114,9 @@ impl Kernels {
     /// reports AVX2, FMA and F16C (its AVX-VNNI and AVX-512 variants only with those too), so an older
     /// CPU gets the scalar set rather than SIGILL.
     pub fn best() -> &'static Kernels {
+        // Miri interprets the scalar paths; it runs no `cpuid` and few vector intrinsics.
+        #[cfg(miri)]
+        return &scalar::KERNELS;
         #[cfg(target_arch = "x86_64")]
         if x86::avx512_available() {
             return &x86::KERNELS_AVX512;
@@ -184,18 +187,16 @@ impl Kernels {
     pub fn axpy_q8_0(&self, out: &mut [f32], a: &[f32], rows: &[&[u8]]) -> Result<()> {
         let k = rows.len();
         if k == 0 || k > AXPY_ROWS || !a.len().is_multiple_of(k) {
-            return Err(Error::Length {
-                what: "axpy rows",
-                expected: AXPY_ROWS,
-                got: k,
+            return Err(Error::InvalidArgument {
+                what: "axpy",
+                reason: "it takes 1 to AXPY_ROWS rows and the same number of weights per run",
             });
         }
         let runs = a.len() / k;
         if runs == 0 || !out.len().is_multiple_of(runs) {
-            return Err(Error::Length {
-                what: "axpy output",
-                expected: runs,
-                got: out.len(),
+            return Err(Error::InvalidArgument {
+                what: "axpy",
+                reason: "the output is not a whole number of runs, one per weight group",
             });
         }
         let n = out.len() / runs;
@@ -236,11 +237,17 @@ impl Kernels {
         out: &mut [f32],
     ) -> Result<()> {
         let n_tok = x.n_tok;
-        if n_tok == 0 || !out.len().is_multiple_of(n_tok) || row0 + out.len() / n_tok > w.rows {
-            return Err(Error::Length {
+        if n_tok == 0 || !out.len().is_multiple_of(n_tok) {
+            return Err(Error::InvalidArgument {
                 what: "mat-mul output",
-                expected: (w.rows - row0.min(w.rows)) * n_tok,
-                got: out.len(),
+                reason: "it is not a whole number of rows of one result per token",
+            });
+        }
+        if row0 + out.len() / n_tok > w.rows {
+            return Err(Error::OutOfRange {
+                what: "mat-mul row",
+                index: row0 + out.len() / n_tok - 1,
+                len: w.rows,
             });
         }
         let rows = out.len() / n_tok;
@@ -263,11 +270,17 @@ impl Kernels {
         out: &mut [f32],
     ) -> Result<()> {
         let rows = w.rows;
-        if rows == 0 || !out.len().is_multiple_of(rows) || tok0 + out.len() / rows > x.n_tok {
-            return Err(Error::Length {
+        if rows == 0 || !out.len().is_multiple_of(rows) {
+            return Err(Error::InvalidArgument {
                 what: "mat-mul output",
-                expected: (x.n_tok - tok0.min(x.n_tok)) * rows,
-                got: out.len(),
+                reason: "it is not a whole number of tokens of one result per row",
+            });
+        }
+        if tok0 + out.len() / rows > x.n_tok {
+            return Err(Error::OutOfRange {
+                what: "mat-mul token",
+                index: tok0 + out.len() / rows - 1,
+                len: x.n_tok,
             });
         }
         let n = out.len() / rows;

@@ -1,4 +1,5 @@
 //! Every SIMD kernel against its scalar twin, and ggml's synthetic accuracy test.
+use alloc::string::ToString;
 use alloc::vec;
 use alloc::vec::Vec;
 
@@ -463,6 +464,59 @@ fn mismatched_lengths_are_errors() {
         .is_err());
     assert!(k.axpy_q8_0(&mut [0.0; 32], &[1.0; 5], &[row; 5]).is_err());
     assert!(k.axpy_q8_0(&mut [0.0; 64], &[1.0; 4], &[row; 2]).is_ok());
+}
+
+/// Faults that are not lengths get variants that say what they are: no message reads like
+/// "expected 640, got 640".
+#[test]
+fn faults_name_what_is_wrong() {
+    let k = Kernels::best();
+    let row: &[u8] = &[0u8; 34];
+    let axpy = k
+        .axpy_q8_0(&mut [0.0; 32], &[1.0; 3], &[row; 2])
+        .unwrap_err();
+    assert!(
+        matches!(axpy, Error::InvalidArgument { what: "axpy", .. }),
+        "{axpy}"
+    );
+    let m = Matrix::new(Format::Q8_0, 2, 32, vec![0u8; 68].into()).unwrap();
+    let oob = m.dequantize_row(2, &mut [0.0; 32]).unwrap_err();
+    assert_eq!(
+        oob,
+        Error::OutOfRange {
+            what: "matrix row",
+            index: 2,
+            len: 2
+        }
+    );
+    assert_eq!(
+        oob.to_string(),
+        "matrix row 2 is out of range (there are 2)"
+    );
+    let huge = Matrix::new(Format::Q8_0, usize::MAX, 32, vec![0u8; 68].into()).unwrap_err();
+    assert!(matches!(huge, Error::Overflow { .. }), "{huge}");
+    let xq = q16_row(&[0.5; 32]);
+    let acts = Activations {
+        f32: &[0.5; 32],
+        q16: Some(&xq),
+        n_tok: 1,
+        cols: 32,
+    };
+    let past = k.matmul_rows(&m, &acts, 1, &mut [0.0; 2]).unwrap_err();
+    assert!(
+        matches!(
+            past,
+            Error::OutOfRange {
+                index: 2,
+                len: 2,
+                ..
+            }
+        ),
+        "{past}"
+    );
+    for e in [axpy, oob, huge, past] {
+        assert!(!e.to_string().contains("expected length"), "{e}");
+    }
 }
 
 /// The tiled mat-mul against plain per-row dots, for every weight format and a ragged token count,
