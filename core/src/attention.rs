@@ -432,6 +432,7 @@ mod tests {
     /// A token's attention is the same bits whether it comes alone (decoding) or in a block of
     /// prefill tokens, with and without a sliding window, for every KV format and grouping.
     #[test]
+    #[cfg_attr(miri, ignore = "millions of steps: minutes under Miri; run natively")]
     fn prefill_attention_equals_one_token_at_a_time() {
         let hd = 64;
         for (n_heads, n_kv_heads) in [(4, 4), (6, 2), (9, 3), (7, 1), (32, 2)] {

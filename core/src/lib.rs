@@ -10,6 +10,9 @@
 #![no_std]
 #![forbid(unsafe_op_in_unsafe_fn)]
 
+#[cfg(test)]
+extern crate std;
+
 extern crate alloc;
 
 pub mod arena;

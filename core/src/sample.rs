@@ -431,6 +431,7 @@ mod tests {
     /// (q a point mass, as an n-gram lookup proposes). The counts of the draft's own tokens fail
     /// the same test, so the test can tell the two apart.
     #[test]
+    #[cfg_attr(miri, ignore = "millions of steps: minutes under Miri; run natively")]
     fn speculative_sampling_keeps_the_target_distribution() {
         let target_logits = [1.0, 0.2, -0.5, 2.0, 0.0, -2.0];
         let draft_logits = [0.0, 1.5, 0.5, 1.0, -1.0, 0.3];

@@ -17,6 +17,22 @@ pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
 
+/// A SIMD table and the check of whether this CPU runs it.
+pub type SimdTable = (&'static Kernels, fn() -> bool);
+
+#[cfg(target_arch = "x86_64")]
+static SIMD_TABLES: [SimdTable; 3] = [
+    (&x86::KERNELS, x86::available),
+    (&x86::KERNELS_VNNI, x86::vnni_available),
+    (&x86::KERNELS_AVX512, x86::avx512_available),
+];
+
+#[cfg(target_arch = "aarch64")]
+static SIMD_TABLES: [SimdTable; 1] = [(&aarch64::KERNELS, || true)];
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+static SIMD_TABLES: [SimdTable; 0] = [];
+
 /// How many activation rows a tiled kernel takes at once.
 pub const TILE: usize = 4;
 
@@ -137,6 +153,16 @@ impl Kernels {
 
     pub fn scalar() -> &'static Kernels {
         &scalar::KERNELS
+    }
+
+    /// Every SIMD table this build carries for its architecture, each with the check of whether
+    /// this CPU runs it: `best` picks among them, the tests check each against the scalar one.
+    pub fn simd_tables() -> &'static [SimdTable] {
+        // Miri runs no `cpuid`, and the scalar table alone.
+        #[cfg(miri)]
+        return &[];
+        #[allow(unreachable_code)]
+        &SIMD_TABLES
     }
 
     /// The dots of a quantized weight format.

@@ -158,64 +158,103 @@ const QUANTIZED: [Format; 9] = [
     Format::Q6K,
 ];
 
+/// The SIMD tables this CPU runs, each checked against the scalar twin by the property tests
+/// (not only the one `Kernels::best` picks: the others ship to other CPUs). Those this CPU cannot
+/// run are named on stderr, past the test harness's capture, so that a run that skipped them
+/// says so.
+fn simd_tables() -> Vec<&'static Kernels> {
+    let mut runnable = Vec::new();
+    for (table, runs) in Kernels::simd_tables() {
+        if runs() {
+            runnable.push(*table);
+        } else {
+            not_tested(table.name);
+        }
+    }
+    runnable
+}
+
+/// Says once per process, on stderr, that `table`'s kernels went untested on this CPU.
+fn not_tested(table: &'static str) {
+    use std::io::Write;
+    static SAID: std::sync::Mutex<Vec<&str>> = std::sync::Mutex::new(Vec::new());
+    let mut said = SAID.lock().unwrap();
+    if !said.contains(&table) {
+        said.push(table);
+        let _ = writeln!(
+            std::io::stderr(),
+            "note: the {table} kernels are not tested here: this CPU lacks their features"
+        );
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(200))]
 
     /// The SIMD activation quantizer is bit-exact with the reference, NaN and infinities included.
     #[test]
+    #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
     fn quantize_q8_0_is_bit_exact(blocks in 1usize..12, x in values(12 * 32), specials in proptest::collection::vec((0usize..384, prop_oneof![Just(f32::NAN), Just(f32::INFINITY), Just(f32::NEG_INFINITY), Just(-0.0f32), Just(f32::MIN_POSITIVE / 4.0)]), 0..4)) {
-        let mut x = x[..blocks * 32].to_vec();
-        for (i, v) in specials {
-            if i < x.len() { x[i] = v; }
+        for k in simd_tables() {
+            let mut x = x[..blocks * 32].to_vec();
+            for &(i, v) in &specials {
+                if i < x.len() { x[i] = v; }
+            }
+            let reference = quantized(Format::Q8_0, &x);
+            let mut simd = vec![0u8; reference.len()];
+            k.quantize_q8_0(&x, &mut simd).unwrap();
+            prop_assert_eq!(simd, reference);
         }
-        let reference = quantized(Format::Q8_0, &x);
-        let mut simd = vec![0u8; reference.len()];
-        Kernels::best().quantize_q8_0(&x, &mut simd).unwrap();
-        prop_assert_eq!(simd, reference);
     }
 
     /// The SIMD Q16 quantizer is bit-exact with the reference, NaN and infinities included.
     #[test]
+    #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
     fn quantize_q16_is_bit_exact(blocks in 1usize..12, x in values(12 * 32), specials in proptest::collection::vec((0usize..384, prop_oneof![Just(f32::NAN), Just(f32::INFINITY), Just(f32::NEG_INFINITY), Just(-0.0f32), Just(f32::MIN_POSITIVE / 4.0)]), 0..4)) {
-        let mut x = x[..blocks * 32].to_vec();
-        for (i, v) in specials {
-            if i < x.len() { x[i] = v; }
+        for k in simd_tables() {
+            let mut x = x[..blocks * 32].to_vec();
+            for &(i, v) in &specials {
+                if i < x.len() { x[i] = v; }
+            }
+            let reference = q16_row(&x);
+            let mut simd = vec![0u8; reference.len()];
+            k.quantize_q16(&x, &mut simd).unwrap();
+            prop_assert_eq!(simd, reference);
         }
-        let reference = q16_row(&x);
-        let mut simd = vec![0u8; reference.len()];
-        Kernels::best().quantize_q16(&x, &mut simd).unwrap();
-        prop_assert_eq!(simd, reference);
     }
 
     /// Each quantized dot shape agrees with the scalar reference within 1e-5 of Σ|w·x|: both add
     /// the same per-block integer sums, only in another order.
     #[test]
+    #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
     fn quantized_dots_match_scalar(blocks in 1usize..20, w in values(20 * 32), xs in proptest::collection::vec(values(20 * 32), TILE)) {
-        for format in QUANTIZED {
-            let n = row_len(format, blocks);
-            let xq: Vec<Vec<u8>> = xs.iter().map(|x| q16_row(&x[..n])).collect();
-            let xs = core::array::from_fn(|i| xq[i].as_slice());
-            // Four rows: these weights and others made from them.
-            let wq: Vec<Vec<u8>> = [1.0, -0.5, 2.0, 0.25].iter().map(|k| {
-                let wr: Vec<f32> = w[..n].iter().map(|v| v * k).collect();
-                quantized(format, &wr)
-            }).collect();
-            let w4: [&[u8]; 4] = core::array::from_fn(|r| wq[r].as_slice());
-            let dots = Kernels::best().dots(format).unwrap();
-            let x4 = (dots.x4)(w4[0], xs);
-            let pair = (dots.rows2x4)([w4[0], w4[1]], xs);
-            let quads: Vec<[f32; 4]> = xs.iter().map(|x| (dots.rows4)(w4, x)).collect();
-            for (t, x) in xq.iter().enumerate() {
-                for (r, wr) in wq.iter().enumerate() {
-                    let s = Kernels::scalar().dot_quantized(format, wr, x).unwrap();
-                    let bound = 1e-5 * abs_dot(format, wr, x, n) + f32::MIN_POSITIVE;
-                    close(s, Kernels::best().dot_quantized(format, wr, x).unwrap(), bound)?;
-                    close(s, quads[t][r], bound)?;
-                    if r < 2 {
-                        close(s, pair[r][t], bound)?;
-                    }
-                    if r == 0 {
-                        close(s, x4[t], bound)?;
+        for k in simd_tables() {
+            for format in QUANTIZED {
+                let n = row_len(format, blocks);
+                let xq: Vec<Vec<u8>> = xs.iter().map(|x| q16_row(&x[..n])).collect();
+                let xs = core::array::from_fn(|i| xq[i].as_slice());
+                // Four rows: these weights and others made from them.
+                let wq: Vec<Vec<u8>> = [1.0, -0.5, 2.0, 0.25].iter().map(|k| {
+                    let wr: Vec<f32> = w[..n].iter().map(|v| v * k).collect();
+                    quantized(format, &wr)
+                }).collect();
+                let w4: [&[u8]; 4] = core::array::from_fn(|r| wq[r].as_slice());
+                let dots = k.dots(format).unwrap();
+                let x4 = (dots.x4)(w4[0], xs);
+                let pair = (dots.rows2x4)([w4[0], w4[1]], xs);
+                let quads: Vec<[f32; 4]> = xs.iter().map(|x| (dots.rows4)(w4, x)).collect();
+                for (t, x) in xq.iter().enumerate() {
+                    for (r, wr) in wq.iter().enumerate() {
+                        let s = Kernels::scalar().dot_quantized(format, wr, x).unwrap();
+                        let bound = 1e-5 * abs_dot(format, wr, x, n) + f32::MIN_POSITIVE;
+                        close(s, k.dot_quantized(format, wr, x).unwrap(), bound)?;
+                        close(s, quads[t][r], bound)?;
+                        if r < 2 {
+                            close(s, pair[r][t], bound)?;
+                        }
+                        if r == 0 {
+                            close(s, x4[t], bound)?;
+                        }
                     }
                 }
             }
@@ -227,61 +266,64 @@ proptest! {
     /// a time, give the same bits for every (row, token), within 1e-5 of Σ|w·x| of the scalar dot; and a packed dot split in two
     /// chunks of blocks gives the bits of one.
     #[test]
+    #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
     fn panel_kernels_match_scalar(blocks in 1usize..20, split in 0usize..20, w in values(20 * 32), xs in proptest::collection::vec(values(20 * 32), TILE), rows in 1usize..=panel::PANEL) {
-        for format in QUANTIZED {
-            let Some(kernels) = &Kernels::best().dots(format).unwrap().panel else {
-                continue;
-            };
-            let n = row_len(format, blocks);
-            let blocks = n / QK;
-            let split = split.min(blocks);
-            let xq: Vec<Vec<u8>> = xs.iter().map(|x| q16_row(&x[..n])).collect();
-            let xs: [&[u8]; TILE] = core::array::from_fn(|i| xq[i].as_slice());
-            // Rows made from the weights by scaling and rotating them.
-            let wq: Vec<Vec<u8>> = (0..rows).map(|r| {
-                let k = [1.0, -0.5, 2.0, 0.25][r % 4] * (1 + r / 4) as f32;
-                let wr: Vec<f32> = (0..n).map(|i| w[(i + 7 * r) % n] * k).collect();
-                quantized(format, &wr)
-            }).collect();
-            let panel: [Option<&[u8]>; panel::PANEL] = core::array::from_fn(|r| wq.get(r).map(Vec::as_slice));
-            let mut packed = vec![0u8; blocks * panel::PANEL_BLOCK_BYTES];
-            (kernels.pack)(&panel, 0, &mut packed);
-            let mut reference = vec![0u8; packed.len()];
-            match format {
-                Format::Q8_0 => panel::pack_ref::<quant::BlockQ8_0>(&panel, 0, &mut reference),
-                Format::Q4_0 => panel::pack_ref::<quant::BlockQ4_0>(&panel, 0, &mut reference),
-                Format::Q4_1 => panel::pack_ref::<quant::BlockQ4_1>(&panel, 0, &mut reference),
-                Format::Q5_0 => panel::pack_ref::<quant::BlockQ5_0>(&panel, 0, &mut reference),
-                Format::Q5_1 => panel::pack_ref::<quant::BlockQ5_1>(&panel, 0, &mut reference),
-                Format::Q3K => panel::pack_ref::<quant::BlockQ3K>(&panel, 0, &mut reference),
-                Format::Q4K => panel::pack_ref::<quant::BlockQ4K>(&panel, 0, &mut reference),
-                Format::Q5K => panel::pack_ref::<quant::BlockQ5K>(&panel, 0, &mut reference),
-                Format::Q6K => panel::pack_ref::<quant::BlockQ6K>(&panel, 0, &mut reference),
-                other => unreachable!("{other} is not quantized"),
-            }
-            prop_assert!(packed == reference, "{format}: packing differs");
-
-            let mut acc = [[0f32; panel::PANEL]; TILE];
-            (kernels.dot)(&packed, xs, &mut acc);
-            let mut chunked = [[0f32; panel::PANEL]; TILE];
-            let at = split * panel::PANEL_BLOCK_BYTES;
-            (kernels.dot)(&packed[..at], xs, &mut chunked);
-            (kernels.dot)(&packed[at..], xs.map(|x| &x[split * BlockQ16::BYTES..]), &mut chunked);
-            prop_assert!(acc.map(|a| a.map(f32::to_bits)) == chunked.map(|a| a.map(f32::to_bits)), "{format}: chunks differ");
-
-            let padded: [&[u8]; panel::PANEL] = core::array::from_fn(|r| wq[r.min(rows - 1)].as_slice());
-            let unpacked_tile = (kernels.rows_x4)(padded, xs);
-            for (t, x) in xq.iter().enumerate() {
-                let unpacked = (kernels.rows)(padded, x);
-                for (r, wr) in wq.iter().enumerate() {
-                    prop_assert_eq!(unpacked[r].to_bits(), acc[t][r].to_bits(), "{} r{} t{}", format, r, t);
-                    prop_assert_eq!(unpacked_tile[t][r].to_bits(), acc[t][r].to_bits(), "{} tile r{} t{}", format, r, t);
-                    let s = Kernels::scalar().dot_quantized(format, wr, x).unwrap();
-                    let bound = 1e-5 * abs_dot(format, wr, x, n) + f32::MIN_POSITIVE;
-                    close(s, acc[t][r], bound)?;
+        for k in simd_tables() {
+            for format in QUANTIZED {
+                let Some(kernels) = &k.dots(format).unwrap().panel else {
+                    continue;
+                };
+                let n = row_len(format, blocks);
+                let blocks = n / QK;
+                let split = split.min(blocks);
+                let xq: Vec<Vec<u8>> = xs.iter().map(|x| q16_row(&x[..n])).collect();
+                let xs: [&[u8]; TILE] = core::array::from_fn(|i| xq[i].as_slice());
+                // Rows made from the weights by scaling and rotating them.
+                let wq: Vec<Vec<u8>> = (0..rows).map(|r| {
+                    let k = [1.0, -0.5, 2.0, 0.25][r % 4] * (1 + r / 4) as f32;
+                    let wr: Vec<f32> = (0..n).map(|i| w[(i + 7 * r) % n] * k).collect();
+                    quantized(format, &wr)
+                }).collect();
+                let panel: [Option<&[u8]>; panel::PANEL] = core::array::from_fn(|r| wq.get(r).map(Vec::as_slice));
+                let mut packed = vec![0u8; blocks * panel::PANEL_BLOCK_BYTES];
+                (kernels.pack)(&panel, 0, &mut packed);
+                let mut reference = vec![0u8; packed.len()];
+                match format {
+                    Format::Q8_0 => panel::pack_ref::<quant::BlockQ8_0>(&panel, 0, &mut reference),
+                    Format::Q4_0 => panel::pack_ref::<quant::BlockQ4_0>(&panel, 0, &mut reference),
+                    Format::Q4_1 => panel::pack_ref::<quant::BlockQ4_1>(&panel, 0, &mut reference),
+                    Format::Q5_0 => panel::pack_ref::<quant::BlockQ5_0>(&panel, 0, &mut reference),
+                    Format::Q5_1 => panel::pack_ref::<quant::BlockQ5_1>(&panel, 0, &mut reference),
+                    Format::Q3K => panel::pack_ref::<quant::BlockQ3K>(&panel, 0, &mut reference),
+                    Format::Q4K => panel::pack_ref::<quant::BlockQ4K>(&panel, 0, &mut reference),
+                    Format::Q5K => panel::pack_ref::<quant::BlockQ5K>(&panel, 0, &mut reference),
+                    Format::Q6K => panel::pack_ref::<quant::BlockQ6K>(&panel, 0, &mut reference),
+                    other => unreachable!("{other} is not quantized"),
                 }
-                for (r, v) in acc[t].iter().enumerate().skip(rows) {
-                    prop_assert_eq!(*v, 0.0, "padding row {}", r);
+                prop_assert!(packed == reference, "{format}: packing differs");
+
+                let mut acc = [[0f32; panel::PANEL]; TILE];
+                (kernels.dot)(&packed, xs, &mut acc);
+                let mut chunked = [[0f32; panel::PANEL]; TILE];
+                let at = split * panel::PANEL_BLOCK_BYTES;
+                (kernels.dot)(&packed[..at], xs, &mut chunked);
+                (kernels.dot)(&packed[at..], xs.map(|x| &x[split * BlockQ16::BYTES..]), &mut chunked);
+                prop_assert!(acc.map(|a| a.map(f32::to_bits)) == chunked.map(|a| a.map(f32::to_bits)), "{format}: chunks differ");
+
+                let padded: [&[u8]; panel::PANEL] = core::array::from_fn(|r| wq[r.min(rows - 1)].as_slice());
+                let unpacked_tile = (kernels.rows_x4)(padded, xs);
+                for (t, x) in xq.iter().enumerate() {
+                    let unpacked = (kernels.rows)(padded, x);
+                    for (r, wr) in wq.iter().enumerate() {
+                        prop_assert_eq!(unpacked[r].to_bits(), acc[t][r].to_bits(), "{} r{} t{}", format, r, t);
+                        prop_assert_eq!(unpacked_tile[t][r].to_bits(), acc[t][r].to_bits(), "{} tile r{} t{}", format, r, t);
+                        let s = Kernels::scalar().dot_quantized(format, wr, x).unwrap();
+                        let bound = 1e-5 * abs_dot(format, wr, x, n) + f32::MIN_POSITIVE;
+                        close(s, acc[t][r], bound)?;
+                    }
+                    for (r, v) in acc[t].iter().enumerate().skip(rows) {
+                        prop_assert_eq!(*v, 0.0, "padding row {}", r);
+                    }
                 }
             }
         }
@@ -290,19 +332,22 @@ proptest! {
     /// SiLU·mul and the softmax's exponentials give the scalar table's bits on any length,
     /// NaN, infinities and huge values included.
     #[test]
+    #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
     fn elementwise_kernels_are_bit_exact(len in 0usize..100, x in values(100), y in values(100), m in -50f32..50.0, specials in proptest::collection::vec((0usize..100, prop_oneof![Just(f32::NAN), Just(f32::INFINITY), Just(f32::NEG_INFINITY), Just(-0.0f32), Just(88.0f32), Just(-100.0f32)]), 0..4)) {
-        let mut x = x[..len].to_vec();
-        for (i, v) in specials {
-            if i < len { x[i] = v; }
+        for k in simd_tables() {
+            let mut x = x[..len].to_vec();
+            for &(i, v) in &specials {
+                if i < len { x[i] = v; }
+            }
+            let (best, scalar) = (k, Kernels::scalar());
+            let (mut a, mut b) = (x.clone(), x.clone());
+            (best.silu_mul)(&mut a, &y);
+            (scalar.silu_mul)(&mut b, &y);
+            prop_assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+            let (mut a, mut b) = (x.clone(), x);
+            prop_assert_eq!((best.exp_sub)(&mut a, m).to_bits(), (scalar.exp_sub)(&mut b, m).to_bits());
+            prop_assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
         }
-        let (best, scalar) = (Kernels::best(), Kernels::scalar());
-        let (mut a, mut b) = (x.clone(), x.clone());
-        (best.silu_mul)(&mut a, &y);
-        (scalar.silu_mul)(&mut b, &y);
-        prop_assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
-        let (mut a, mut b) = (x.clone(), x);
-        prop_assert_eq!((best.exp_sub)(&mut a, m).to_bits(), (scalar.exp_sub)(&mut b, m).to_bits());
-        prop_assert_eq!(a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), b.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
     }
 
     /// Q16 activations cost next to nothing in accuracy: a quantized dot is within 1e-4 of
@@ -317,7 +362,7 @@ proptest! {
             dequantize_row(format, &wq, &mut wd).unwrap();
             let exact: f64 = wd.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
             let scale: f64 = wd.iter().zip(&x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
-            for k in [Kernels::scalar(), Kernels::best()] {
+            for k in core::iter::once(Kernels::scalar()).chain(simd_tables()) {
                 let got = k.dot_quantized(format, &wq, &xq).unwrap() as f64;
                 prop_assert!((got - exact).abs() <= 1e-4 * scale + 1e-6, "{} {format}: {got} vs {exact}", k.name);
             }
@@ -326,52 +371,61 @@ proptest! {
 
     /// f16 dots on any length, within 1e-5 of Σ|w·x| (of the f16 values).
     #[test]
+    #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
     fn f16_dots_match_scalar(len in 0usize..300, w in proptest::collection::vec(-100f32..100.0, 300), xs in proptest::collection::vec(values(300), TILE)) {
-        let wb = quantized(Format::F16, &w[..len]);
-        let mut wd = vec![0f32; len];
-        dequantize_row(Format::F16, &wb, &mut wd).unwrap();
-        let xs: [&[f32]; TILE] = core::array::from_fn(|i| &xs[i][..len]);
-        let tile = (Kernels::best().dot_f16_x4)(&wb, xs);
-        for (i, x) in xs.iter().enumerate() {
-            let s = Kernels::scalar().dot_f16_bytes(&wb, x).unwrap();
-            let b = Kernels::best().dot_f16_bytes(&wb, x).unwrap();
-            let bound = 1e-5 * wd.iter().zip(x.iter()).map(|(a, b)| (a * b).abs()).sum::<f32>();
-            close(s, b, bound)?;
-            close(s, tile[i], bound)?;
+        for k in simd_tables() {
+            let wb = quantized(Format::F16, &w[..len]);
+            let mut wd = vec![0f32; len];
+            dequantize_row(Format::F16, &wb, &mut wd).unwrap();
+            let xs: [&[f32]; TILE] = core::array::from_fn(|i| &xs[i][..len]);
+            let tile = (k.dot_f16_x4)(&wb, xs);
+            for (i, x) in xs.iter().enumerate() {
+                let s = Kernels::scalar().dot_f16_bytes(&wb, x).unwrap();
+                let b = k.dot_f16_bytes(&wb, x).unwrap();
+                let bound = 1e-5 * wd.iter().zip(x.iter()).map(|(a, b)| (a * b).abs()).sum::<f32>();
+                close(s, b, bound)?;
+                close(s, tile[i], bound)?;
+            }
         }
     }
 
     /// bf16 dots on any length, within 1e-5 of Σ|w·x| (of the bf16 values).
     #[test]
+    #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
     fn bf16_dots_match_scalar(len in 0usize..300, w in values(300), xs in proptest::collection::vec(values(300), TILE)) {
-        let wb = quantized(Format::BF16, &w[..len]);
-        let mut wd = vec![0f32; len];
-        dequantize_row(Format::BF16, &wb, &mut wd).unwrap();
-        let xs: [&[f32]; TILE] = core::array::from_fn(|i| &xs[i][..len]);
-        let tile = (Kernels::best().dot_bf16_x4)(&wb, xs);
-        for (i, x) in xs.iter().enumerate() {
-            let exact: f32 = wd.iter().zip(x.iter()).map(|(a, b)| a * b).sum();
-            let s = Kernels::scalar().dot_bf16_bytes(&wb, x).unwrap();
-            let b = Kernels::best().dot_bf16_bytes(&wb, x).unwrap();
-            let bound = 1e-5 * wd.iter().zip(x.iter()).map(|(a, b)| (a * b).abs()).sum::<f32>() + f32::MIN_POSITIVE;
-            close(exact, s, bound)?;
-            close(s, b, bound)?;
-            close(s, tile[i], bound)?;
+        for k in simd_tables() {
+            let wb = quantized(Format::BF16, &w[..len]);
+            let mut wd = vec![0f32; len];
+            dequantize_row(Format::BF16, &wb, &mut wd).unwrap();
+            let xs: [&[f32]; TILE] = core::array::from_fn(|i| &xs[i][..len]);
+            let tile = (k.dot_bf16_x4)(&wb, xs);
+            for (i, x) in xs.iter().enumerate() {
+                let exact: f32 = wd.iter().zip(x.iter()).map(|(a, b)| a * b).sum();
+                let s = Kernels::scalar().dot_bf16_bytes(&wb, x).unwrap();
+                let b = k.dot_bf16_bytes(&wb, x).unwrap();
+                let bound = 1e-5 * wd.iter().zip(x.iter()).map(|(a, b)| (a * b).abs()).sum::<f32>() + f32::MIN_POSITIVE;
+                close(exact, s, bound)?;
+                close(s, b, bound)?;
+                close(s, tile[i], bound)?;
+            }
         }
     }
 
     /// f32 dots on any length (not only multiples of 32), within 1e-5 of Σ|w·x|.
     #[test]
+    #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
     fn f32_dots_match_scalar(len in 0usize..300, w in values(300), xs in proptest::collection::vec(values(300), TILE)) {
-        let wb = quantized(Format::F32, &w[..len]);
-        let xs: [&[f32]; TILE] = core::array::from_fn(|i| &xs[i][..len]);
-        let tile = (Kernels::best().dot_f32_x4)(&wb, xs);
-        for (i, x) in xs.iter().enumerate() {
-            let s = Kernels::scalar().dot_f32_bytes(&wb, x).unwrap();
-            let b = Kernels::best().dot_f32_bytes(&wb, x).unwrap();
-            let bound = 1e-5 * w[..len].iter().zip(x.iter()).map(|(a, b)| (a * b).abs()).sum::<f32>();
-            close(s, b, bound)?;
-            close(s, tile[i], bound)?;
+        for k in simd_tables() {
+            let wb = quantized(Format::F32, &w[..len]);
+            let xs: [&[f32]; TILE] = core::array::from_fn(|i| &xs[i][..len]);
+            let tile = (k.dot_f32_x4)(&wb, xs);
+            for (i, x) in xs.iter().enumerate() {
+                let s = Kernels::scalar().dot_f32_bytes(&wb, x).unwrap();
+                let b = k.dot_f32_bytes(&wb, x).unwrap();
+                let bound = 1e-5 * w[..len].iter().zip(x.iter()).map(|(a, b)| (a * b).abs()).sum::<f32>();
+                close(s, b, bound)?;
+                close(s, tile[i], bound)?;
+            }
         }
     }
 }
@@ -382,6 +436,7 @@ proptest! {
     /// The Q8_0 axpy (one to four rows into one to four runs) agrees with the scalar one within
     /// float rounding of each term.
     #[test]
+    #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
     fn axpy_q8_0_matches_scalar(blocks in 1usize..8, n_rows in 1usize..5, runs in 1usize..5, v in proptest::collection::vec(values(8 * 32), 4), out in proptest::collection::vec(-100f32..100.0, 4 * 8 * 32), a in proptest::collection::vec(-10f32..10.0, 16)) {
         let n = blocks * 32;
         let rows: Vec<Vec<u8>> = v[..n_rows].iter().map(|v| quantized(Format::Q8_0, &v[..n])).collect();
@@ -603,6 +658,7 @@ fn matmul_rows_equals_row_dots() {
 
 /// The build's CPU features pick the table: a `+dotprod` aarch64 build must run the `sdot` path.
 #[test]
+#[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
 fn best_kernels_follow_the_cpu() {
     let name = Kernels::best().name;
     #[cfg(all(target_arch = "aarch64", target_feature = "dotprod"))]
@@ -627,6 +683,7 @@ fn best_kernels_follow_the_cpu() {
 /// Every tile shape gives a (row, token) pair the very same bits, so batching, threads and row
 /// pairing never change a result.
 #[test]
+#[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
 fn tile_shapes_agree_bit_for_bit() {
     let n = 8 * 32;
     let rows: Vec<Vec<f32>> = (0..4)
@@ -718,8 +775,10 @@ fn batch_size_changes_no_result() {
 /// The AVX-512 table's V sum gives the AVX2 table's bits (where this CPU runs it).
 #[cfg(target_arch = "x86_64")]
 #[test]
+#[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
 fn x86_axpy_tables_agree_bit_for_bit() {
     if !x86::avx512_available() {
+        not_tested(x86::KERNELS_AVX512.name);
         return;
     }
     let n = 3 * 32;
@@ -752,6 +811,7 @@ fn x86_axpy_tables_agree_bit_for_bit() {
 /// The AVX-VNNI and AVX-512 tables give the AVX2 table's bits (where this CPU runs them).
 #[cfg(target_arch = "x86_64")]
 #[test]
+#[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
 fn x86_tables_agree_bit_for_bit() {
     let n = 8 * 32;
     let w: Vec<f32> = (0..n).map(|i| libm::sinf(i as f32 * 0.37) * 5.0).collect();
@@ -764,11 +824,14 @@ fn x86_tables_agree_bit_for_bit() {
         })
         .collect();
     let x4: [&[u8]; TILE] = core::array::from_fn(|t| xq[t].as_slice());
-    let tables = [
-        (x86::available(), &x86::KERNELS),
-        (x86::vnni_available(), &x86::KERNELS_VNNI),
-        (x86::avx512_available(), &x86::KERNELS_AVX512),
-    ];
+    let tables: Vec<(bool, &Kernels)> = Kernels::simd_tables()
+        .iter()
+        .map(|(k, runs)| (runs(), *k))
+        .collect();
+    let compared = tables.iter().filter(|(ok, _)| *ok).count();
+    if compared < 2 {
+        not_tested("AVX-VNNI and AVX-512 (compared with AVX2)");
+    }
     for format in QUANTIZED {
         let wq = quantized(format, &w);
         let wq2: Vec<u8> = quantized(format, &w.iter().map(|v| -v).collect::<Vec<_>>());

@@ -34,6 +34,10 @@ pub(super) unsafe fn axpy_rows<const K: usize, const ISA: u8>(
     }
 }
 
+/// # Safety
+/// The CPU has the features enabled here. Every row holds whole Q8_0 blocks; the kernel
+/// reads `min(out.len() / runs, row values)` values of each, with `runs = a.len() / K`, and
+/// stays within `out`, `a` and the rows whatever their lengths.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 pub(super) unsafe fn axpy_q8_0_avx512<const K: usize>(
     out: &mut [f32],
@@ -80,6 +84,9 @@ pub(super) unsafe fn axpy_q8_0_avx512<const K: usize>(
 }
 
 /// `K` rows at a time, so that their widened blocks stay in registers.
+///
+/// # Safety
+/// As for `axpy_q8_0_avx512`, with the features enabled here.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn axpy_q8_0_avx2<const K: usize>(out: &mut [f32], a: &[f32], rows: [&[u8]; K]) {
     let nb = super::super::q8_0_blocks(&rows);

@@ -12,12 +12,18 @@ pub(super) fn exp_sub(x: &mut [f32], m: f32) -> f32 {
 }
 
 /// The portable loop, vectorized eight wide instead of baseline x86-64's four.
+///
+/// # Safety
+/// The CPU has AVX2. Any lengths: the loop stops at the shorter slice.
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
     crate::ops::silu_mul(gate, up)
 }
 
 /// The portable loop, vectorized eight wide instead of baseline x86-64's four.
+///
+/// # Safety
+/// The CPU has AVX2. Any length.
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn exp_sub_avx2(x: &mut [f32], m: f32) -> f32 {
     crate::ops::exp_sub(x, m)
@@ -108,6 +114,10 @@ fn dot_floats<L: Floats, const N: usize>(w: &[u8], xs: [&[f32]; N]) -> [f32; N] 
 
 /// Float weights in format `L` · N rows of f32 activations: eight lanes of FMAs, then the rest
 /// one value at a time.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `n` values of format `L` lie inside `w` and `n` inside every
+/// `xs[i]`.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_floats_avx2<L: Floats, const N: usize>(
     n: usize,

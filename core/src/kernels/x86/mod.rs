@@ -111,6 +111,8 @@ const fn dots<W: Unpack, const ISA: u8>() -> QuantDots {
     }
 }
 
+/// # Safety
+/// Two readable bytes at `p`; the CPU has F16C.
 #[inline(always)]
 unsafe fn f16_at(p: *const u8) -> f32 {
     // SAFETY: the caller guarantees two readable bytes at `p` and F16C.
@@ -120,6 +122,8 @@ unsafe fn f16_at(p: *const u8) -> f32 {
     }
 }
 
+/// # Safety
+/// register-only: the CPU has the features of the function that inlines it (AVX).
 #[inline(always)]
 unsafe fn hsum(v: __m256) -> f32 {
     // SAFETY: register-only arithmetic; the caller has AVX.
@@ -133,6 +137,9 @@ unsafe fn hsum(v: __m256) -> f32 {
 
 /// The horizontal sums of `N` accumulators. A plain loop: closures do not inherit the enclosing
 /// function's target features, so `map(|a| hsum(a))` would call the intrinsics out of line.
+///
+/// # Safety
+/// register-only: the CPU has the features of the function that inlines it (AVX).
 #[inline(always)]
 unsafe fn hsums<const N: usize>(acc: [__m256; N]) -> [f32; N] {
     let mut out = [0f32; N];
@@ -146,6 +153,9 @@ unsafe fn hsums<const N: usize>(acc: [__m256; N]) -> [f32; N] {
 /// `acc + Σ a·b` over each pair of i16 lanes, as eight i32: one `vpdpwssd`. In assembly because
 /// LLVM splits the intrinsic back into `vpmaddwd` + `vpaddd`, an extra instruction per
 /// (row, token, block) in the hottest loop.
+///
+/// # Safety
+/// register-only: the CPU has the features of the function that inlines it (`ISA`: AVX-VNNI, or AVX512-VNNI with AVX512VL).
 #[inline(always)]
 unsafe fn dpwssd<const ISA: u8>(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
     // SAFETY: the caller has the features of `ISA`.
@@ -158,6 +168,8 @@ unsafe fn dpwssd<const ISA: u8>(acc: __m256i, a: __m256i, b: __m256i) -> __m256i
     }
 }
 
+/// # Safety
+/// Register-only: the CPU has AVX2 and AVX-VNNI.
 #[target_feature(enable = "avx2,avxvnni")]
 #[inline]
 unsafe fn dpwssd_vex(mut acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
@@ -174,6 +186,8 @@ unsafe fn dpwssd_vex(mut acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
     acc
 }
 
+/// # Safety
+/// Register-only: the CPU has AVX512F, AVX512VL and AVX512-VNNI.
 #[target_feature(enable = "avx2,avx512f,avx512vl,avx512vnni")]
 #[inline]
 unsafe fn dpwssd_evex(mut acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
@@ -192,6 +206,9 @@ unsafe fn dpwssd_evex(mut acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
 }
 
 /// `vpdpwssd` on 512-bit vectors, in assembly for the reason `dpwssd` gives.
+///
+/// # Safety
+/// Register-only: the CPU has AVX512F and AVX512-VNNI.
 #[target_feature(enable = "avx512f,avx512vnni")]
 #[inline]
 unsafe fn dpwssd_zmm(mut acc: __m512i, a: __m512i, b: __m512i) -> __m512i {

@@ -14,6 +14,9 @@ pub(super) fn pack<W: Unpack>(rows: &PanelRows<'_>, b0: usize, out: &mut [u8]) {
     unsafe { pack_avx2::<W>(nb, rows, b0, out) }
 }
 
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; blocks `b0 .. b0 + nb` lie inside every row of `rows` that
+/// is `Some`, and `nb` packed blocks (`PANEL_BLOCK_BYTES` each) inside `out`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn pack_avx2<W: Unpack>(
     nb: usize,
@@ -72,6 +75,9 @@ pub(super) unsafe fn pack_avx2<W: Unpack>(
 }
 
 /// Transposes eight vectors of eight 32-bit lanes.
+///
+/// # Safety
+/// register-only: the CPU has the features of the function that inlines it (AVX2).
 #[inline(always)]
 pub(super) unsafe fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
     // SAFETY: register-only; the caller has AVX2.
@@ -161,6 +167,10 @@ pub(super) fn panel<W: Unpack, const ISA: u8>(
 /// The 256-bit panel kernel (see `super::panel`) on rows `8h .. 8h + 8` of the panel: per block,
 /// one integer sum per (row, token) in a lane of `isum[t]`, then `acc += Σ·(dw·dx)` and `m·s`
 /// for the eight rows at once.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and the features of `ISA`; `h < PANEL / 8`; `nb` whole packed blocks
+/// lie inside `packed` and `nb` Q16 blocks inside every `xs[t]`.
 #[inline(always)]
 pub(super) unsafe fn panel_half<W: Unpack, const ISA: u8>(
     nb: usize,
@@ -236,6 +246,10 @@ pub(super) unsafe fn panel_half<W: Unpack, const ISA: u8>(
 /// lanes of partial sums), then eight rows' lanes added across into one vector of eight block
 /// sums, so that the block's scaling is the panel kernel's, lane for lane, in the same order. A
 /// row's block is unpacked once for all `T` tokens.
+///
+/// # Safety
+/// The CPU has AVX2, FMA, F16C and the features of `ISA`; `nb` whole blocks of format `W` lie
+/// inside every `w[r]` and `nb` Q16 blocks inside every `xs[t]`.
 #[inline(always)]
 pub(super) unsafe fn rows_tile<W: Unpack, const ISA: u8, const T: usize>(
     nb: usize,
@@ -318,6 +332,9 @@ pub(super) unsafe fn rows_tile<W: Unpack, const ISA: u8, const T: usize>(
 }
 
 /// Lane `r` of the result: the sum of `v[r]`'s eight lanes.
+///
+/// # Safety
+/// register-only: the CPU has the features of the function that inlines it (AVX2).
 #[inline(always)]
 pub(super) unsafe fn sum_across8(v: [__m256i; 8]) -> __m256i {
     // SAFETY: register-only; the caller has AVX2.
@@ -333,6 +350,8 @@ pub(super) unsafe fn sum_across8(v: [__m256i; 8]) -> __m256i {
     }
 }
 
+/// # Safety
+/// As for `rows_tile`, with the features enabled here.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn rows_avx2<W: Unpack, const T: usize>(
     nb: usize,
@@ -344,6 +363,8 @@ pub(super) unsafe fn rows_avx2<W: Unpack, const T: usize>(
     unsafe { rows_tile::<W, AVX2, T>(nb, w, xs, out) }
 }
 
+/// # Safety
+/// As for `rows_tile`, with the features enabled here.
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 pub(super) unsafe fn rows_vnni<W: Unpack, const T: usize>(
     nb: usize,
@@ -355,6 +376,8 @@ pub(super) unsafe fn rows_vnni<W: Unpack, const T: usize>(
     unsafe { rows_tile::<W, AVX_VNNI, T>(nb, w, xs, out) }
 }
 
+/// # Safety
+/// As for `rows_tile`, with the features enabled here.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn rows_avx512<W: Unpack, const T: usize>(
     nb: usize,
@@ -366,6 +389,8 @@ pub(super) unsafe fn rows_avx512<W: Unpack, const T: usize>(
     unsafe { rows_tile::<W, AVX512_VNNI, T>(nb, w, xs, out) }
 }
 
+/// # Safety
+/// As for `panel_half`, with the features enabled here.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn panel_avx2<W: Unpack>(
     nb: usize,
@@ -378,6 +403,8 @@ pub(super) unsafe fn panel_avx2<W: Unpack>(
     unsafe { panel_half::<W, AVX2>(nb, packed, xs, acc, h) }
 }
 
+/// # Safety
+/// As for `panel_half`, with the features enabled here.
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 pub(super) unsafe fn panel_vnni<W: Unpack>(
     nb: usize,
@@ -392,6 +419,10 @@ pub(super) unsafe fn panel_vnni<W: Unpack>(
 
 /// The 512-bit panel kernel: as `panel_half`, all sixteen rows in one vector, four sums per
 /// token in flight. The same integer sums and float operations per lane, so the same bits.
+///
+/// # Safety
+/// The CPU has the features enabled here; `nb` whole packed blocks lie inside `packed` and
+/// `nb` Q16 blocks inside every `xs[t]`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn panel_avx512<W: Unpack>(
     nb: usize,

@@ -34,6 +34,9 @@ pub(super) fn dot<W: Unpack, const R: usize, const N: usize, const ISA: u8>(
 
 /// The largest |x| of a block, NaN ignored (`max` keeps its second operand when the first is NaN,
 /// as the scalar fold does).
+///
+/// # Safety
+/// register-only: the CPU has the features of the function that inlines it (AVX).
 #[inline(always)]
 pub(super) unsafe fn block_amax(v: [__m256; 4]) -> f32 {
     // SAFETY: register-only arithmetic; the caller has AVX.
@@ -50,6 +53,8 @@ pub(super) unsafe fn block_amax(v: [__m256; 4]) -> f32 {
     }
 }
 
+/// # Safety
+/// The CPU has AVX2, FMA and F16C. Any lengths: it quantizes the whole blocks both slices hold.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn quantize_q16_avx2(x: &[f32], out: &mut [u8]) {
     let nb = (x.len() / QK).min(out.len() / BlockQ16::BYTES);
@@ -94,6 +99,8 @@ pub(super) unsafe fn quantize_q16_avx2(x: &[f32], out: &mut [u8]) {
     }
 }
 
+/// # Safety
+/// The CPU has AVX2, FMA and F16C. Any lengths: it quantizes the whole blocks both slices hold.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn quantize_q8_0_avx2(x: &[f32], out: &mut [u8]) {
     let nb = (x.len() / QK).min(out.len() / BlockQ8_0::BYTES);
@@ -125,6 +132,9 @@ pub(super) unsafe fn quantize_q8_0_avx2(x: &[f32], out: &mut [u8]) {
 
 /// Rounds half away from zero (C's `roundf`), maps NaN to 0 and clamps to ±127, exactly as the
 /// scalar quantizer does: truncate, then step away from zero where the dropped part is >= 0.5.
+///
+/// # Safety
+/// register-only: the CPU has the features of the function that inlines it (AVX).
 #[inline(always)]
 pub(super) unsafe fn round_q8(v: __m256) -> __m256 {
     // SAFETY: register-only arithmetic; the caller has AVX.
@@ -153,6 +163,9 @@ pub(super) unsafe fn round_q8(v: __m256) -> __m256 {
 /// Q8_0 decode (2 threads), no prefetch gave 67 tokens/s, 512 bytes 76, 2048 to 8192 bytes 95-104.
 pub(super) const PREFETCH: usize = 4096;
 
+/// # Safety
+/// The CPU has AVX2, FMA, F16C and the features of `ISA`; `nb` whole blocks of format `W` lie
+/// inside every `w[r]` and `nb` Q16 blocks inside every `xs[t]`.
 #[inline(always)]
 pub(super) unsafe fn tile<W: Unpack, const R: usize, const N: usize, const ISA: u8>(
     nb: usize,
@@ -214,6 +227,8 @@ pub(super) unsafe fn tile<W: Unpack, const R: usize, const N: usize, const ISA: 
     }
 }
 
+/// # Safety
+/// As for `tile`, with the features enabled here.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn tile_avx2<W: Unpack, const R: usize, const N: usize>(
     nb: usize,
@@ -224,6 +239,8 @@ pub(super) unsafe fn tile_avx2<W: Unpack, const R: usize, const N: usize>(
     unsafe { tile::<W, R, N, AVX2>(nb, w, xs) }
 }
 
+/// # Safety
+/// As for `tile`, with the features enabled here.
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 pub(super) unsafe fn tile_vnni<W: Unpack, const R: usize, const N: usize>(
     nb: usize,
@@ -234,6 +251,8 @@ pub(super) unsafe fn tile_vnni<W: Unpack, const R: usize, const N: usize>(
     unsafe { tile::<W, R, N, AVX_VNNI>(nb, w, xs) }
 }
 
+/// # Safety
+/// As for `tile`, with the features enabled here.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn tile_avx512<W: Unpack, const R: usize, const N: usize>(
     nb: usize,

@@ -109,6 +109,9 @@ impl UnitScales {
     }
 
     /// Block `j`'s scales and minimums of rows `8h .. 8h + 8`, one per lane.
+    ///
+    /// # Safety
+    /// `read` has been called for the unit that holds block `j`; `h < PANEL / 8`; the CPU has AVX.
     #[inline(always)]
     pub(super) unsafe fn eight(&self, j: usize, h: usize) -> (__m256, __m256) {
         // SAFETY: loads of eight floats inside the arrays (h < PANEL / 8); the caller has AVX.
@@ -147,6 +150,9 @@ pub(super) unsafe fn unit<W: Unpack>(row: *const u8, b: usize) -> (*const u8, us
 
 /// `acc + Σ_lo·(d_lo·dx) + Σ_hi·(d_hi·dx)`: a block whose halves have their own scales, low half
 /// first (every kernel adds them in this order, so all give the same bits).
+///
+/// # Safety
+/// register-only: the CPU has the features of the function that inlines it (AVX2 and FMA).
 #[inline(always)]
 pub(super) unsafe fn half_sums(
     lo: __m256i,
@@ -367,6 +373,9 @@ pub(super) unsafe fn bytes32(p: *const u8, shift: usize, mask: i8) -> __m256i {
 }
 
 /// 32 unsigned bytes as `i16` (values 0..16, 16..32).
+///
+/// # Safety
+/// register-only: the CPU has the features of the function that inlines it (AVX2).
 #[inline(always)]
 pub(super) unsafe fn widen_u8(v: __m256i) -> (__m256i, __m256i) {
     // SAFETY: register-only; the caller has AVX2.
@@ -379,6 +388,9 @@ pub(super) unsafe fn widen_u8(v: __m256i) -> (__m256i, __m256i) {
 }
 
 /// 32 signed bytes as `i16` (values 0..16, 16..32).
+///
+/// # Safety
+/// register-only: the CPU has the features of the function that inlines it (AVX2).
 #[inline(always)]
 pub(super) unsafe fn widen_i8(v: __m256i) -> (__m256i, __m256i) {
     // SAFETY: register-only; the caller has AVX2.
@@ -467,6 +479,9 @@ pub(super) unsafe fn fives(qh: *const u8, qs: *const u8) -> (__m256i, __m256i) {
 }
 
 /// The low nibbles of 16 bytes (values 0..16) and their high nibbles (16..32), as `i16`.
+///
+/// # Safety
+/// 16 readable bytes at `p`; the CPU has AVX2.
 #[inline(always)]
 pub(super) unsafe fn nibbles(p: *const u8) -> (__m256i, __m256i) {
     // SAFETY: the caller guarantees 16 readable bytes at `p` and AVX2.
