@@ -30,6 +30,12 @@ pub fn tiny_names() -> Vec<String> {
         .cloned()
         .collect();
     names.sort();
+    // Every loop over the fixtures would pass vacuously on an empty index.
+    assert!(
+        names.len() >= 8,
+        "only {} fixtures in index.json",
+        names.len()
+    );
     names
 }
 
