@@ -477,6 +477,7 @@ mod tests {
     /// Grouped attention (one to four query heads per KV head, and a group size that does not
     /// divide into tiles) against a plain softmax over the cache's own (dequantized) rows.
     #[test]
+    #[cfg_attr(miri, ignore = "too slow under Miri; run natively")]
     fn grouped_attention_matches_plain_softmax() {
         let hd = 32;
         for (n_heads, n_kv_heads) in [(4, 4), (4, 2), (6, 2), (8, 2), (7, 1), (4, 1)] {

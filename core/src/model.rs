@@ -322,3 +322,143 @@ pub fn mean_rows(hidden: &[f32], dim: usize, out: &mut [f32]) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use alloc::vec;
+
+    use super::*;
+    use crate::config::RopeStyle;
+    use crate::exec::Serial;
+    use crate::kv_cache::KvFormat;
+    use crate::quant::Format;
+    use crate::sample::{Sampler, SamplerConfig};
+    use crate::weights::{LayerWeights, Matrix};
+
+    fn tiny_config() -> Config {
+        Config {
+            vocab_size: 16,
+            hidden_size: 32,
+            intermediate_size: 48,
+            // One layer under Miri, which interprets every operation.
+            n_layers: if cfg!(miri) { 1 } else { 2 },
+            n_heads: 2,
+            n_kv_heads: 1,
+            head_dim: 32,
+            rms_norm_eps: 1e-5,
+            rope_theta: 10000.0,
+            rope_style: RopeStyle::Halves,
+            rope_scaling: None,
+            tie_word_embeddings: true,
+            qkv_bias: false,
+            sliding_window: None,
+            max_position_embeddings: 64,
+        }
+    }
+
+    /// A `rows × cols` matrix of deterministic values in `format`.
+    fn matrix(format: Format, rows: usize, cols: usize, seed: usize) -> Matrix<'static> {
+        let v: Vec<f32> = (0..rows * cols)
+            .map(|i| libm::sinf((i * 7 + seed * 13) as f32 * 0.31) * 0.5)
+            .collect();
+        Matrix::quantize(format, rows, cols, &v).unwrap()
+    }
+
+    fn tiny_model() -> Model<'static> {
+        let c = tiny_config();
+        let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let layers = (0..c.n_layers)
+            .map(|l| LayerWeights {
+                attn_norm: vec![1.0; h],
+                // Q8_0 where the input rows are whole blocks, f32 for the down projection's
+                // 48-wide rows.
+                wq: matrix(Format::Q8_0, q, h, 10 * l),
+                wk: matrix(Format::Q8_0, kv, h, 10 * l + 1),
+                wv: matrix(Format::Q8_0, kv, h, 10 * l + 2),
+                wo: matrix(Format::Q8_0, h, q, 10 * l + 3),
+                bq: None,
+                bk: None,
+                bv: None,
+                ffn_norm: vec![1.0; h],
+                w_gate: matrix(Format::Q8_0, ff, h, 10 * l + 4),
+                w_up: matrix(Format::Q8_0, ff, h, 10 * l + 5),
+                w_down: matrix(Format::F32, h, ff, 10 * l + 6),
+            })
+            .collect();
+        let weights = Weights {
+            embed: matrix(Format::Q8_0, c.vocab_size, h, 99),
+            layers,
+            norm: vec![1.0; h],
+            lm_head: None,
+            rope_freq_factors: None,
+        };
+        Model::new(c, weights).unwrap()
+    }
+
+    /// The whole path a firmware takes, in memory the caller owns: arenas sized by
+    /// `bytes_needed`, a prompt, then greedy tokens, each step's logits from the cache equal to
+    /// those of the whole sequence at once. Small enough for Miri, which checks the arenas'
+    /// casts.
+    #[test]
+    fn forward_in_caller_memory_decodes_as_it_prefills() {
+        let model = tiny_model();
+        let c = &model.config;
+        let ctx = if cfg!(miri) { 4 } else { 8 };
+        let mut kv_mem = vec![0u8; KvCache::bytes_needed(c, ctx, KvFormat::Q8_0).unwrap()];
+        let need = Scratch::bytes_needed(c, 4).unwrap();
+        let mut scratch_mem = vec![0u8; need + 3];
+        // The scratch holds f32s: start it at an aligned byte.
+        let at = scratch_mem.as_ptr().align_offset(4);
+        let scratch_bytes = &mut scratch_mem[at..at + need];
+        let mut cache = KvCache::new(c, ctx, KvFormat::Q8_0, &mut kv_mem).unwrap();
+        let mut scratch = Scratch::new(c, 4, scratch_bytes).unwrap();
+        let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
+        let mut tokens = vec![1u32, 5, 9];
+        let mut logits = vec![0f32; c.vocab_size];
+        model
+            .forward(
+                &tokens,
+                &mut cache,
+                &mut scratch,
+                &Serial,
+                Want::LastLogits(&mut logits),
+            )
+            .unwrap();
+        while tokens.len() < ctx {
+            let next = sampler.sample(&mut logits, &tokens);
+            assert!((next as usize) < c.vocab_size);
+            tokens.push(next);
+            model
+                .forward(
+                    &[next],
+                    &mut cache,
+                    &mut scratch,
+                    &Serial,
+                    Want::LastLogits(&mut logits),
+                )
+                .unwrap();
+        }
+        assert_eq!(cache.len(), ctx);
+        // The same tokens at once, in a fresh cache: the last logits agree bit for bit.
+        let mut again = vec![0f32; c.vocab_size];
+        let mut cache2 = KvCache::new(c, ctx, KvFormat::Q8_0, &mut kv_mem).unwrap();
+        model
+            .forward(
+                &tokens,
+                &mut cache2,
+                &mut scratch,
+                &Serial,
+                Want::LastLogits(&mut again),
+            )
+            .unwrap();
+        assert_eq!(
+            logits.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            again.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        // One more token does not fit.
+        let err = model
+            .forward(&[1], &mut cache2, &mut scratch, &Serial, Want::Nothing)
+            .unwrap_err();
+        assert!(matches!(err, Error::ContextFull { .. }), "{err}");
+    }
+}

@@ -353,6 +353,7 @@ proptest! {
     /// Q16 activations cost next to nothing in accuracy: a quantized dot is within 1e-4 of
     /// Σ|w·x| of the f32 dot of the (dequantized) weights with the unquantized activations.
     #[test]
+    #[cfg_attr(miri, ignore = "too slow under Miri; run natively")]
     fn q16_dots_track_f32_activations(blocks in 1usize..20, w in proptest::collection::vec(-4f32..4.0, 20 * 32), x in proptest::collection::vec(-30f32..30.0, 20 * 32)) {
         for format in QUANTIZED {
             let n = row_len(format, blocks);
@@ -577,6 +578,7 @@ fn faults_name_what_is_wrong() {
 /// The tiled mat-mul against plain per-row dots, for every weight format and a ragged token count,
 /// in both output orders.
 #[test]
+#[cfg_attr(miri, ignore = "too slow under Miri; run natively")]
 fn matmul_rows_equals_row_dots() {
     let (rows, cols, n_tok) = (70, 256, 11);
     let w: Vec<f32> = (0..rows * cols)
@@ -725,6 +727,7 @@ fn tile_shapes_agree_bit_for_bit() {
 /// A token's mat-mul result does not depend on how many tokens go with it, on either side of
 /// `PANEL_MIN_TOKENS`, nor on the rows computed with it.
 #[test]
+#[cfg_attr(miri, ignore = "too slow under Miri; run natively")]
 fn batch_size_changes_no_result() {
     let (rows, cols, n_tok) = (37, 256, 2 * PANEL_MIN_TOKENS + 3);
     let w: Vec<f32> = (0..rows * cols)

@@ -277,6 +277,7 @@ mod tests {
     /// llama.cpp's `test-quantize-fns`: the reference quantizers' total error on its synthetic
     /// signal stays under `MAX_QUANTIZATION_TOTAL_ERROR` (0.002) for every format here.
     #[test]
+    #[cfg_attr(miri, ignore = "too slow under Miri; run natively")]
     fn ggml_total_quantization_error() {
         let x = ggml_signal(0.0, 4096);
         for format in [
