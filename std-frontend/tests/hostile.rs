@@ -565,3 +565,36 @@ fn fuzz_seed_models_generate() {
     }
     assert!(ran >= 6, "only {ran} seeds");
 }
+
+/// Limits reached at run time: a prompt longer than the context is refused before any work; a
+/// generation that fills the context stops with a note and keeps (and prints) what it made.
+#[test]
+fn context_limits_fail_cleanly() {
+    let m = fixtures().join("tiny/llama");
+    let m = m.to_str().unwrap();
+    fails_cleanly(
+        &[
+            "generate",
+            "-m",
+            m,
+            "--prompt-ids",
+            "1,2,3,4,5,6,7,8,9,10",
+            "--ctx",
+            "8",
+        ],
+        "",
+        "more than the context of 8",
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_sapient"))
+        .args(["generate", "-m", m, "--prompt-ids", "1,2,3", "--ctx", "8"])
+        .args(["-n", "20", "--temperature", "0", "--format", "json"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("end of the context"), "{err}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    // Three prompt positions and five generated tokens fill the eight; the sixth token comes
+    // from the last position's logits without needing a place in the cache.
+    assert_eq!(json["generated_ids"].as_array().unwrap().len(), 6, "{json}");
+}
