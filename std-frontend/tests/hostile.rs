@@ -337,16 +337,13 @@ fn hostile_safetensors_are_errors() {
         let dir = edited_checkpoint(&format!("st-{i}"), |d| {
             std::fs::write(d.join("model.safetensors"), &bytes).unwrap();
         });
-        let err = ModelFiles::open(&dir, &LoadOptions::default())
-            .and_then(|f| f.model(Quantize::AsStored).map(|_| ()))
-            .map(|_| format!("{what}: loaded"))
-            .unwrap_or_else(|e| format!("{e:#}"));
-        assert!(err.contains(needle), "{what}: {err}");
+        eprintln!("{what}");
+        load_fails(&dir, needle);
         generate_fails(&dir, needle);
     }
 }
 
-/// NaN weights in a float checkpoint: found when the logits come out non-finite.
+/// NaN weights in a float checkpoint: refused at load, naming the tensor.
 #[test]
 fn nan_weights_are_errors() {
     let dir = edited_checkpoint("st-nan", |d| {
@@ -424,11 +421,8 @@ fn hostile_configs_are_errors() {
     ];
     for (i, (what, edit, needle)) in cases.into_iter().enumerate() {
         let dir = edited_checkpoint(&format!("config-{i}"), edit);
-        let err = ModelFiles::open(&dir, &LoadOptions::default())
-            .and_then(|f| f.model(Quantize::AsStored).map(|_| ()))
-            .map(|_| format!("{what}: loaded"))
-            .unwrap_or_else(|e| format!("{e:#}"));
-        assert!(err.contains(needle), "{what}: {err}");
+        eprintln!("{what}");
+        load_fails(&dir, needle);
         generate_fails(&dir, needle);
     }
 }

@@ -145,18 +145,7 @@ const WRITABLE: [Format; 5] = [
     Format::Q5_1,
 ];
 
-/// Every quantized weight format.
-const QUANTIZED: [Format; 9] = [
-    Format::Q8_0,
-    Format::Q4_0,
-    Format::Q4_1,
-    Format::Q5_0,
-    Format::Q5_1,
-    Format::Q3K,
-    Format::Q4K,
-    Format::Q5K,
-    Format::Q6K,
-];
+use crate::quant::QUANTIZED;
 
 /// The SIMD tables this CPU runs, each checked against the scalar twin by the property tests
 /// (not only the one `Kernels::best` picks: the others ship to other CPUs). Those this CPU cannot

@@ -175,6 +175,20 @@ impl fmt::Display for Format {
     }
 }
 
+/// Every quantized weight format, for the tests that go through them all.
+#[cfg(test)]
+pub(crate) const QUANTIZED: [Format; 9] = [
+    Format::Q8_0,
+    Format::Q4_0,
+    Format::Q4_1,
+    Format::Q5_0,
+    Format::Q5_1,
+    Format::Q3K,
+    Format::Q4K,
+    Format::Q5K,
+    Format::Q6K,
+];
+
 /// Quantizes (or converts) `x` into `out` in `format`, with the reference quantizer. The
 /// k-quants are read, never written, here: their quantizers are an error.
 pub fn quantize_row(format: Format, x: &[f32], out: &mut [u8]) -> Result<()> {
@@ -300,17 +314,7 @@ mod tests {
 
     #[test]
     fn non_finite_scales_and_values_are_found() {
-        for format in [
-            Format::Q8_0,
-            Format::Q4_0,
-            Format::Q4_1,
-            Format::Q5_0,
-            Format::Q5_1,
-            Format::Q3K,
-            Format::Q4K,
-            Format::Q5K,
-            Format::Q6K,
-        ] {
+        for format in QUANTIZED {
             // Two blocks of ones: every byte 0x3c, every f16 in them 1.0.
             let bytes = alloc::vec![0x3cu8; 2 * format.block_bytes()];
             assert_eq!(format.first_non_finite(&bytes), None, "{format}");
