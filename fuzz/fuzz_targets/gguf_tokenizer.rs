@@ -30,10 +30,16 @@ fuzz_target!(|data: &[u8]| {
     for option in options {
         match option.split_once('=') {
             Some(("bos", n)) => {
-                metadata.insert("tokenizer.ggml.bos_token_id".into(), Value::U32(n.parse().unwrap_or(0)));
+                metadata.insert(
+                    "tokenizer.ggml.bos_token_id".into(),
+                    Value::U32(n.parse().unwrap_or(0)),
+                );
             }
             Some(("unk", n)) => {
-                metadata.insert("tokenizer.ggml.unknown_token_id".into(), Value::U32(n.parse().unwrap_or(0)));
+                metadata.insert(
+                    "tokenizer.ggml.unknown_token_id".into(),
+                    Value::U32(n.parse().unwrap_or(0)),
+                );
             }
             Some(("pre", name)) => {
                 metadata.insert("tokenizer.ggml.pre".into(), string(name));

@@ -25,5 +25,9 @@ pub fn load_and_run(path: &Path) {
     let Ok(model) = files.model(Quantize::AsStored) else {
         return;
     };
-    let _ = sapient::run::logits(&CpuRunner::new(&model, KvFormat::F32, &Serial), &[1, 2], false);
+    let _ = sapient::run::logits(
+        &CpuRunner::new(&model, KvFormat::F32, &Serial),
+        &[1, 2],
+        false,
+    );
 }
