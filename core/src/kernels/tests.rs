@@ -451,6 +451,7 @@ proptest! {
 /// llama.cpp's `test-quantize-fns`: the SIMD quantizer against the reference, and the quantized
 /// dot product against the f32 one, with ggml's thresholds.
 #[test]
+#[cfg_attr(miri, ignore = "too slow under Miri; run natively")]
 fn ggml_reference_and_dot_product_error() {
     let n = 4096;
     let x = ggml_signal(0.0, n);
