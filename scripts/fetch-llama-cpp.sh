@@ -13,7 +13,8 @@ if [ ! -f "$src/models/ggml-vocab-llama-spm.gguf.out" ]; then
     trap 'rm -rf "$tmp"' EXIT
     # Without build isolation, pip reads the sdist's metadata with the installed scikit-build-core
     # instead of building a CMake from source first.
-    python3 -m pip install --quiet scikit-build-core >&2
+    # scikit-build-core wants a CMake to read the metadata; the `cmake` wheel brings one.
+    python3 -m pip install --quiet scikit-build-core cmake >&2
     python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python --no-build-isolation \
         --dest "$tmp" "llama-cpp-python==$version" >&2
     tar -xzf "$tmp"/llama_cpp_python-*.tar.gz -C "$tmp"
