@@ -61,8 +61,8 @@ fn cli(args: &[&str], stdin: &str) -> (Option<i32>, String) {
 /// `needle`, no panic.
 fn fails_cleanly(args: &[&str], stdin: &str, needle: &str) {
     let (code, err) = cli(args, stdin);
-    // The GPU build's adapter probe may print lines of its own; sapient's is the one that
-    // starts with "error:".
+    // The calls pass `--backend cpu`: a GPU build's adapter probe may print lines of its own
+    // (lavapipe's "error: XDG_RUNTIME_DIR ..."); sapient's starts with "error:" too.
     let ours: Vec<&str> = err.lines().filter(|l| l.starts_with("error:")).collect();
     assert_eq!(code, Some(1), "sapient {args:?}: {err}");
     assert!(!err.contains("panicked"), "sapient {args:?}: {err}");
@@ -77,7 +77,17 @@ fn fails_cleanly(args: &[&str], stdin: &str, needle: &str) {
 fn generate_fails(model: &Path, needle: &str) {
     let m = model.to_str().unwrap();
     fails_cleanly(
-        &["generate", "-m", m, "--prompt-ids", "1,2,3", "-n", "2"],
+        &[
+            "generate",
+            "-m",
+            m,
+            "--prompt-ids",
+            "1,2,3",
+            "-n",
+            "2",
+            "--backend",
+            "cpu",
+        ],
         "",
         needle,
     );
@@ -432,7 +442,17 @@ fn token_ids_outside_the_vocabulary_are_errors() {
     let m = fixtures().join("tiny/llama");
     let m = m.to_str().unwrap();
     fails_cleanly(
-        &["generate", "-m", m, "--prompt-ids", "1,512", "-n", "2"],
+        &[
+            "generate",
+            "-m",
+            m,
+            "--prompt-ids",
+            "1,512",
+            "-n",
+            "2",
+            "--backend",
+            "cpu",
+        ],
         "",
         "512",
     );
@@ -481,7 +501,20 @@ fn hostile_tokenizers_and_templates_are_errors() {
         std::fs::write(d.join("tokenizer.json"), byte_level_tokenizer()).unwrap();
     });
     let m = dir.to_str().unwrap();
-    let (code, err) = cli(&["generate", "-m", m, "-p", "hi", "-n", "2"], "");
+    let (code, err) = cli(
+        &[
+            "generate",
+            "-m",
+            m,
+            "-p",
+            "hi",
+            "-n",
+            "2",
+            "--backend",
+            "cpu",
+        ],
+        "",
+    );
     assert_eq!(code, Some(0), "{err}");
 
     let dir = edited_checkpoint("tok-broken", |d| {
@@ -514,7 +547,7 @@ fn hostile_tokenizers_and_templates_are_errors() {
             std::fs::write(d.join("tokenizer_config.json"), config.to_string()).unwrap();
         });
         let m = dir.to_str().unwrap();
-        let (code, err) = cli(&["chat", "-m", m, "-n", "2"], "hello\n");
+        let (code, err) = cli(&["chat", "-m", m, "-n", "2", "--backend", "cpu"], "hello\n");
         assert_eq!(code, Some(1), "{what}: {err}");
         assert!(!err.contains("panicked"), "{what}: {err}");
         assert!(err.contains(needle), "{what}: {err}");
@@ -580,7 +613,17 @@ fn context_limits_fail_cleanly() {
         "more than the context of 8",
     );
     let out = Command::new(env!("CARGO_BIN_EXE_sapient"))
-        .args(["generate", "-m", m, "--prompt-ids", "1,2,3", "--ctx", "8"])
+        .args([
+            "generate",
+            "-m",
+            m,
+            "--prompt-ids",
+            "1,2,3",
+            "--ctx",
+            "8",
+            "--backend",
+            "cpu",
+        ])
         .args(["-n", "20", "--temperature", "0", "--format", "json"])
         .output()
         .unwrap();
