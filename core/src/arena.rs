@@ -9,11 +9,21 @@ pub const LOGIT_ROWS: usize = 16;
 
 /// Rows of logits a scratch for batches of `b` tokens holds: `LOGIT_ROWS` for batches that many
 /// sequences can share, a tile for smaller ones (a microcontroller's arena stays small).
-fn logit_rows(b: usize) -> usize {
+const fn logit_rows(b: usize) -> usize {
     if b >= LOGIT_ROWS {
         LOGIT_ROWS
+    } else if b < TILE {
+        b
     } else {
-        b.min(TILE)
+        TILE
+    }
+}
+
+const fn max(a: usize, b: usize) -> usize {
+    if a > b {
+        a
+    } else {
+        b
     }
 }
 use crate::quant::{BlockQ16, QK};
@@ -44,8 +54,10 @@ struct Layout {
 }
 
 impl Layout {
-    fn new(c: &Config, b: usize) -> Result<Self> {
-        c.validate()?;
+    const fn new(c: &Config, b: usize) -> Result<Self> {
+        if let Err(e) = c.validate() {
+            return Err(e);
+        }
         if b == 0 {
             return Err(Error::InvalidConfig {
                 field: "max_batch",
@@ -55,14 +67,21 @@ impl Layout {
         let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         // The mat-mul writes its output row-major by weight row before reordering it per token;
         // the largest group is Q|K|V, gate|up, or the output projection of `LOGIT_ROWS` tokens.
-        let tmp = (b * (q + 2 * kv).max(2 * ff).max(h)).max(logit_rows(b) * c.vocab_size);
+        let tmp = max(
+            b * max(max(q + 2 * kv, 2 * ff), h),
+            logit_rows(b) * c.vocab_size,
+        );
         // Q16 activations feed the quantized matrices, whose rows are whole blocks: the widest
         // input among those that are (hidden 32 with intermediate 48 still quantizes Q, K, V).
-        let widest = [h, ff, q]
-            .into_iter()
-            .filter(|w| w.is_multiple_of(QK))
-            .max()
-            .unwrap_or(0);
+        let inputs = [h, ff, q];
+        let mut widest = 0;
+        let mut i = 0;
+        while i < inputs.len() {
+            if inputs[i].is_multiple_of(QK) {
+                widest = max(widest, inputs[i]);
+            }
+            i += 1;
+        }
         let blocks = b * widest / QK;
         Ok(Layout {
             x: b * h,
@@ -81,7 +100,7 @@ impl Layout {
         })
     }
 
-    fn floats(&self) -> usize {
+    const fn floats(&self) -> usize {
         self.x
             + self.xb
             + self.q
@@ -98,14 +117,24 @@ impl Layout {
 
 impl<'a> Scratch<'a> {
     /// Exactly how many bytes `new` needs for batches of up to `max_batch` tokens. Longer inputs
-    /// are processed `max_batch` tokens at a time.
-    pub fn bytes_needed(config: &Config, max_batch: usize) -> Result<usize> {
-        let l = Layout::new(config, max_batch)?;
-        Ok(l.floats() * 4 + l.q16)
+    /// are processed `max_batch` tokens at a time. A `const fn`, so firmware can size a `static`
+    /// arena at compile time.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] if `config` is invalid or `max_batch` is zero.
+    pub const fn bytes_needed(config: &Config, max_batch: usize) -> Result<usize> {
+        match Layout::new(config, max_batch) {
+            Ok(l) => Ok(l.floats() * 4 + l.q16),
+            Err(e) => Err(e),
+        }
     }
 
     /// Borrows `mem`, which must be 4-byte aligned (a `Vec<f32>` or `[f32; N]` viewed as bytes,
     /// or any allocation of alignment 4) and at least `bytes_needed` long.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for an invalid config or a zero batch, [`Error::ArenaTooSmall`]
+    /// if `mem` is shorter than `bytes_needed`, [`Error::Misaligned`] if it is not 4-byte aligned.
     pub fn new(config: &Config, max_batch: usize, mem: &'a mut [u8]) -> Result<Self> {
         let layout = Layout::new(config, max_batch)?;
         let needed = layout.floats() * 4 + layout.q16;

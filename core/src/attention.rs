@@ -25,6 +25,11 @@ pub struct AttentionShape {
 /// `out` ← attention of the `n_tok` queries in `q` (positions `first_pos ..`, heads of
 /// `shape.head_dim` one after another per token) over the keys and values in `kv`, split across
 /// `exec` when there is enough work.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a shape it cannot run (heads larger than `MAX_HEAD_DIM`, or `q`
+/// not whole tokens), [`Error::Mismatch`] when `q`, `out` and the shape disagree, and whatever
+/// `exec` reports.
 pub fn attend<E: Exec + ?Sized>(
     kernels: &Kernels,
     exec: &E,

@@ -44,29 +44,62 @@ pub trait Backend {
     fn kv_capacity(&self, seq: usize) -> usize;
     /// `X` ← the embeddings of the batch's tokens: each segment's tokens are
     /// `tokens[seq][offset .. offset + len]`, at positions `pos0 ..`.
+    ///
+    /// # Errors
+    /// The backend's own failures, and arguments that do not fit the batch.
     fn embed(&mut self, tokens: &[&[u32]], segments: &[Segment]) -> Result<()>;
     /// `Q`, `K`, `V` ← RMSNorm(`X`)·W{q,k,v}ᵀ, plus the biases where the model has them.
+    ///
+    /// # Errors
+    /// The backend's own failures, and arguments that do not fit the batch.
     fn qkv(&mut self, layer: usize, n: usize) -> Result<()>;
     /// Rotates `Q` and `K` for each token's position, and stores `K` and `V` there in its
     /// sequence's cache.
+    ///
+    /// # Errors
+    /// The backend's own failures, and arguments that do not fit the batch.
     fn rope_store(&mut self, layer: usize, segments: &[Segment]) -> Result<()>;
     /// `Att` ← causal attention of each segment's `Q` rows over its sequence's cached positions
     /// `0 .. pos0 + len`.
+    ///
+    /// # Errors
+    /// The backend's own failures, and arguments that do not fit the batch.
     fn attention(&mut self, layer: usize, segments: &[Segment]) -> Result<()>;
     /// `X` += `Att`·Woᵀ.
+    ///
+    /// # Errors
+    /// The backend's own failures, and arguments that do not fit the batch.
     fn attn_out(&mut self, layer: usize, n: usize) -> Result<()>;
     /// `Gate`, `Up` ← RMSNorm(`X`)·W{gate,up}ᵀ.
+    ///
+    /// # Errors
+    /// The backend's own failures, and arguments that do not fit the batch.
     fn gate_up(&mut self, layer: usize, n: usize) -> Result<()>;
     /// `X` += (SiLU(`Gate`)·`Up`)·W_downᵀ.
+    ///
+    /// # Errors
+    /// The backend's own failures, and arguments that do not fit the batch.
     fn ffn_out(&mut self, layer: usize, n: usize) -> Result<()>;
     /// `Out` rows `first .. first + n` ← the final RMSNorm of those rows of `X`.
+    ///
+    /// # Errors
+    /// The backend's own failures, and arguments that do not fit the batch.
     fn final_norm(&mut self, first: usize, n: usize) -> Result<()>;
     /// Copies `Out` rows `first ..` (`out.len() / hidden_size` of them) to `out`.
+    ///
+    /// # Errors
+    /// The backend's own failures, and arguments that do not fit the batch.
     fn read_hidden(&mut self, first: usize, out: &mut [f32]) -> Result<()>;
     /// `out` ← logits of `Out` rows `first ..` (`out.len() / vocab_size` of them).
+    ///
+    /// # Errors
+    /// The backend's own failures, and arguments that do not fit the batch.
     fn logits(&mut self, first: usize, out: &mut [f32]) -> Result<()>;
     /// The id of the largest logit of `Out` row `row` (greedy decoding: a GPU reads back one
     /// number instead of the logits).
+    ///
+    /// # Errors
+    /// The backend's own failures, and arguments that do not fit the batch.
     fn argmax(&mut self, row: usize) -> Result<u32>;
     /// How many rows `logits_rows` takes at once; 1 (the default) for a backend that runs one
     /// sequence, where a batch never has two last tokens.
@@ -76,6 +109,10 @@ pub trait Backend {
     /// Logits of `Out` rows `rows` (ascending, at most `max_logit_rows`), `rows.len() ×
     /// vocab_size` in the backend's own memory: the last tokens of several sequences through the
     /// output matrix at once, so that it is read once for all of them.
+    ///
+    /// # Errors
+    /// [`Error::Backend`](crate::Error::Backend) from a backend that runs one sequence; rows
+    /// outside the batch or more than `max_logit_rows` of them.
     fn logits_rows(&mut self, rows: &[usize]) -> Result<&[f32]> {
         let _ = rows;
         Err(crate::error::Error::Backend(
@@ -83,5 +120,8 @@ pub trait Backend {
         ))
     }
     /// Ends a batch: each segment's positions now belong to its sequence's cache.
+    ///
+    /// # Errors
+    /// The backend's own failures, and arguments that do not fit the batch.
     fn commit(&mut self, segments: &[Segment]) -> Result<()>;
 }

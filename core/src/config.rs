@@ -1,5 +1,5 @@
-//! The numbers a Llama-family model is made of. Plain data: parsing lives in the std frontend.
-use alloc::vec::Vec;
+//! The numbers a Llama-family model is made of. Plain data, buildable in a `const` (firmware sizes
+//! its arenas from one at compile time); parsing lives in the std frontend.
 
 use crate::error::{Error, Result};
 
@@ -49,17 +49,20 @@ pub struct Config {
 }
 
 impl Config {
-    pub fn q_dim(&self) -> usize {
+    pub const fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim
     }
 
-    pub fn kv_dim(&self) -> usize {
+    pub const fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
     }
 
     /// Rejects any configuration that could not run: zero or absurd sizes, heads that do not
     /// group, an odd head dimension, non-finite constants.
-    pub fn validate(&self) -> Result<()> {
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the first field (by its Hugging Face name) that is wrong.
+    pub const fn validate(&self) -> Result<()> {
         let dims = [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
@@ -69,55 +72,41 @@ impl Config {
             ("num_key_value_heads", self.n_kv_heads),
             ("head_dim", self.head_dim),
         ];
-        for (field, v) in dims {
+        // A `while` loop: `for` is not available in a `const fn`.
+        let mut i = 0;
+        while i < dims.len() {
+            let (field, v) = dims[i];
             if v == 0 {
-                return Err(Error::InvalidConfig {
-                    field,
-                    reason: "must be greater than zero",
-                });
+                return Err(invalid(field, "must be greater than zero"));
             }
             if v > MAX_DIM {
-                return Err(Error::InvalidConfig {
-                    field,
-                    reason: "is too large",
-                });
+                return Err(invalid(field, "is too large"));
             }
+            i += 1;
         }
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
-            return Err(Error::InvalidConfig {
-                field: "num_key_value_heads",
-                reason: "must divide num_attention_heads",
-            });
+            return Err(invalid(
+                "num_key_value_heads",
+                "must divide num_attention_heads",
+            ));
         }
         if !self.head_dim.is_multiple_of(2) || self.head_dim > MAX_HEAD_DIM {
-            return Err(Error::InvalidConfig {
-                field: "head_dim",
-                reason: "must be even and at most 512",
-            });
+            return Err(invalid("head_dim", "must be even and at most 512"));
         }
         if self.q_dim() > MAX_DIM {
-            return Err(Error::InvalidConfig {
-                field: "num_attention_heads",
-                reason: "times head_dim is too large",
-            });
+            return Err(invalid(
+                "num_attention_heads",
+                "times head_dim is too large",
+            ));
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
-            return Err(Error::InvalidConfig {
-                field: "rms_norm_eps",
-                reason: "must be finite and non-negative",
-            });
+            return Err(invalid("rms_norm_eps", "must be finite and non-negative"));
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
-            return Err(Error::InvalidConfig {
-                field: "rope_theta",
-                reason: "must be finite and positive",
-            });
+            return Err(invalid("rope_theta", "must be finite and positive"));
         }
-        if self.sliding_window == Some(0) {
-            return Err(Error::InvalidConfig {
-                field: "sliding_window",
-                reason: "must be greater than zero",
-            });
+        if let Some(0) = self.sliding_window {
+            return Err(invalid("sliding_window", "must be greater than zero"));
         }
         if let Some(s) = self.rope_scaling {
             let ok = s.factor.is_finite()
@@ -128,29 +117,38 @@ impl Config {
                 && s.low_freq_factor > 0.0
                 && s.original_max_position_embeddings > 0;
             if !ok {
-                return Err(Error::InvalidConfig {
-                    field: "rope_scaling",
-                    reason: "needs factor > 0, 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0",
-                });
+                return Err(invalid(
+                    "rope_scaling",
+                    "needs factor > 0, 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0",
+                ));
             }
         }
         Ok(())
     }
 
-    /// RoPE inverse frequencies, one per pair, computed in f32 as transformers does, with Llama-3
-    /// scaling applied when configured.
-    pub fn rope_inv_freq(&self) -> Vec<f32> {
-        let d = self.head_dim;
-        (0..d / 2)
-            .map(|i| {
-                let f = 1.0 / libm::powf(self.rope_theta, (2 * i) as f32 / d as f32);
-                match self.rope_scaling {
-                    Some(s) => llama3_scale(f, s),
-                    None => f,
-                }
-            })
-            .collect()
+    /// RoPE inverse frequencies, one per pair (`head_dim / 2`), computed in f32 as transformers
+    /// does, with Llama-3 scaling applied when configured. A fixed-size table: no allocation.
+    pub fn rope_inv_freq(&self) -> InvFreq {
+        let d = self.head_dim.min(MAX_HEAD_DIM);
+        let mut freqs = InvFreq::new();
+        for i in 0..d / 2 {
+            let f = 1.0 / libm::powf(self.rope_theta, (2 * i) as f32 / d as f32);
+            let f = match self.rope_scaling {
+                Some(s) => llama3_scale(f, s),
+                None => f,
+            };
+            // Cannot fail: `d / 2` is at most the table's capacity.
+            let _ = freqs.push(f);
+        }
+        freqs
     }
+}
+
+/// RoPE's inverse frequencies, one per pair of a head.
+pub type InvFreq = heapless::Vec<f32, { MAX_HEAD_DIM / 2 }>;
+
+const fn invalid(field: &'static str, reason: &'static str) -> Error {
+    Error::InvalidConfig { field, reason }
 }
 
 /// transformers' `_compute_llama3_parameters` for one frequency.

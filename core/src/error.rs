@@ -5,7 +5,8 @@ use core::fmt;
 pub type Result<T, E = Error> = core::result::Result<T, E>;
 
 /// Everything that can go wrong in the core, each naming what was wrong.
-#[derive(Debug, Clone, PartialEq, Eq)]
+// Copy, with no destructor, so that `const fn`s (the arenas' `bytes_needed`) can return it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Error {
     /// A slice had the wrong length.
     Length {
@@ -75,7 +76,7 @@ pub enum Error {
         format: crate::quant::Format,
     },
     /// The architecture named by a model is not one sapient implements.
-    UnknownArchitecture(heapless::String<48>),
+    UnknownArchitecture(ArchName),
     /// A sampling parameter out of its range.
     InvalidSampling {
         field: &'static str,
@@ -88,13 +89,47 @@ pub enum Error {
 impl Error {
     /// An `UnknownArchitecture` error holding (a prefix of) `name`.
     pub fn unknown_architecture(name: &str) -> Self {
-        let mut s = heapless::String::new();
+        let mut arch = ArchName {
+            bytes: [0; ArchName::CAPACITY],
+            len: 0,
+        };
         for c in name.chars() {
-            if s.push(c).is_err() {
+            let end = arch.len as usize + c.len_utf8();
+            if end > ArchName::CAPACITY {
                 break;
             }
+            c.encode_utf8(&mut arch.bytes[arch.len as usize..end]);
+            arch.len = end as u8;
         }
-        Error::UnknownArchitecture(s)
+        Error::UnknownArchitecture(arch)
+    }
+}
+
+/// The first characters of an architecture's name, stored inline (an error allocates nothing).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ArchName {
+    bytes: [u8; ArchName::CAPACITY],
+    len: u8,
+}
+
+impl ArchName {
+    const CAPACITY: usize = 48;
+
+    pub fn as_str(&self) -> &str {
+        // Only whole characters are stored, so the prefix is UTF-8.
+        core::str::from_utf8(&self.bytes[..self.len as usize]).unwrap_or_default()
+    }
+}
+
+impl fmt::Debug for ArchName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl fmt::Display for ArchName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

@@ -12,6 +12,9 @@ pub trait Exec: Sync {
 
     /// Calls `f(i, chunk)` for every `chunk_len`-long chunk of `out` (the last may be shorter), in
     /// any order and possibly at once, and returns the first error any call returned.
+    ///
+    /// # Errors
+    /// The first error a call of `f` returned.
     fn for_each_chunk(&self, out: &mut [f32], chunk_len: usize, f: &ChunkFn<'_>) -> Result<()>;
 
     /// Runs `f`, which will call `for_each_chunk` many times, where those calls are cheapest: a

@@ -26,7 +26,7 @@ impl KvFormat {
         }
     }
 
-    pub fn format(self) -> Format {
+    pub const fn format(self) -> Format {
         match self {
             KvFormat::F32 => Format::F32,
             KvFormat::F16 => Format::F16,
@@ -48,20 +48,43 @@ pub struct KvCache<'a> {
 }
 
 impl<'a> KvCache<'a> {
-    /// Exactly how many bytes `new` needs for `max_seq` positions of `config` in `format`.
-    pub fn bytes_needed(config: &Config, max_seq: usize, format: KvFormat) -> Result<usize> {
-        config.validate()?;
-        let row = format.format().row_bytes(config.head_dim)?;
-        [config.n_layers, 2, max_seq, config.n_kv_heads]
-            .iter()
-            .try_fold(row, |acc, n| acc.checked_mul(*n))
-            .ok_or(Error::InvalidConfig {
-                field: "max_seq",
-                reason: "makes the KV cache larger than the address space",
-            })
+    /// Exactly how many bytes `new` needs for `max_seq` positions of `config` in `format`:
+    /// `n_layers × 2 × max_seq × n_kv_heads` rows of `head_dim` values in `format`. A `const fn`,
+    /// so firmware can size a `static` arena at compile time.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] if `config` is invalid or the size overflows `usize`;
+    /// [`Error::NotBlockMultiple`] if a head is not a whole number of `format`'s blocks.
+    pub const fn bytes_needed(config: &Config, max_seq: usize, format: KvFormat) -> Result<usize> {
+        if let Err(e) = config.validate() {
+            return Err(e);
+        }
+        let row = match format.format().row_bytes(config.head_dim) {
+            Ok(row) => row,
+            Err(e) => return Err(e),
+        };
+        let factors = [config.n_layers, 2, max_seq, config.n_kv_heads];
+        let mut bytes = row;
+        let mut i = 0;
+        while i < factors.len() {
+            bytes = match bytes.checked_mul(factors[i]) {
+                Some(b) => b,
+                None => {
+                    return Err(Error::InvalidConfig {
+                        field: "max_seq",
+                        reason: "makes the KV cache larger than the address space",
+                    })
+                }
+            };
+            i += 1;
+        }
+        Ok(bytes)
     }
 
     /// Borrows `mem` as an empty cache. Fails if `mem` is smaller than `bytes_needed`.
+    ///
+    /// # Errors
+    /// As `bytes_needed`, and [`Error::ArenaTooSmall`] if `mem` is shorter than it says.
     pub fn new(
         config: &Config,
         max_seq: usize,

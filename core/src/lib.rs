@@ -9,6 +9,7 @@
 //! and lends them.
 #![no_std]
 #![forbid(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::missing_errors_doc, clippy::missing_panics_doc)]
 
 #[cfg(test)]
 extern crate std;
@@ -39,4 +40,9 @@ pub use exec::{Exec, Serial};
 pub use kv_cache::{KvCache, KvFormat};
 pub use model::{Model, Want};
 pub use quant::Format;
-pub use weights::{LayerWeights, Matrix, Weights};
+pub use weights::{LayerWeights, Layers, Matrix, Weights};
+
+/// The README's example of the core without a heap, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeExample;

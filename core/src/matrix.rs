@@ -17,6 +17,10 @@ pub struct Matrix<'w> {
 
 impl<'w> Matrix<'w> {
     /// Checks that `bytes` holds exactly `rows` whole rows of `cols` values in `format`.
+    ///
+    /// # Errors
+    /// [`Error::NotBlockMultiple`] if a row is not whole blocks, [`Error::Overflow`] if the size
+    /// overflows, [`Error::Length`] if `bytes` is not exactly `rows` rows.
     pub fn new(format: Format, rows: usize, cols: usize, bytes: Cow<'w, [u8]>) -> Result<Self> {
         let row_bytes = format.row_bytes(cols)?;
         let expected = rows.checked_mul(row_bytes).ok_or(Error::Overflow {
@@ -39,6 +43,10 @@ impl<'w> Matrix<'w> {
     }
 
     /// Quantizes (or converts) a row-major f32 matrix into an owned one in `format`.
+    ///
+    /// # Errors
+    /// [`Error::Length`] if `values` is not `rows × cols` long; as `quant::quantize_row` for the
+    /// format (k-quants are not written here).
     pub fn quantize(format: Format, rows: usize, cols: usize, values: &[f32]) -> Result<Self> {
         if values.len() != rows * cols {
             return Err(Error::Length {
@@ -72,6 +80,9 @@ impl<'w> Matrix<'w> {
     }
 
     /// Row `r` as f32 in `out` (`cols` long).
+    ///
+    /// # Errors
+    /// [`Error::OutOfRange`] if `r` is not a row, [`Error::Length`] if `out` is not `cols` long.
     pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<()> {
         if r >= self.rows {
             return Err(Error::OutOfRange {

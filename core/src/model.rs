@@ -1,10 +1,8 @@
 //! The Llama layer loop: one loop for Llama 1/2/3, SmolLM, Mistral, Qwen2 and the SmolVLM text
 //! backbone, written against `Backend`, and `Model`, which runs it on the CPU.
-use alloc::vec::Vec;
-
 use crate::arena::Scratch;
 use crate::backend::{Backend, Segment};
-use crate::config::Config;
+use crate::config::{Config, InvFreq};
 use crate::cpu::Cpu;
 use crate::error::{Error, Result};
 use crate::exec::Exec;
@@ -30,17 +28,20 @@ pub enum Want<'o> {
 pub struct Model<'w> {
     pub config: Config,
     pub weights: Weights<'w>,
-    inv_freq: Vec<f32>,
+    inv_freq: InvFreq,
     kernels: &'static Kernels,
 }
 
 impl<'w> Model<'w> {
     /// Checks every weight against `config` and picks the fastest kernels for this CPU.
+    ///
+    /// # Errors
+    /// As [`Weights::validate`]: an invalid config, or the first tensor whose shape disagrees.
     pub fn new(config: Config, weights: Weights<'w>) -> Result<Self> {
         weights.validate(&config)?;
         let mut inv_freq = config.rope_inv_freq();
         if let Some(factors) = &weights.rope_freq_factors {
-            for (f, d) in inv_freq.iter_mut().zip(factors) {
+            for (f, d) in inv_freq.iter_mut().zip(factors.iter()) {
                 *f /= d;
             }
         }
@@ -70,6 +71,12 @@ impl<'w> Model<'w> {
 
     /// Runs `tokens` at the positions after those already in `cache`, appends their K and V to
     /// it, and fills `want`. Inputs longer than the scratch's batch are processed in batches.
+    ///
+    /// # Errors
+    /// [`Error::ContextFull`] if `cache` cannot hold the tokens (nothing is computed then),
+    /// [`Error::InvalidConfig`] if the cache or scratch was made for another shape; an error
+    /// naming a token id past the vocabulary or a `want` buffer of the wrong length;
+    /// [`Error::NotFinite`] if the logits are not finite (weights that are not numbers).
     pub fn forward<E: Exec + ?Sized>(
         &self,
         tokens: &[u32],
@@ -85,6 +92,9 @@ impl<'w> Model<'w> {
     /// `caches[s]` holds and fills `wants[s]`. Their tokens share batches (up to the scratch's
     /// batch size), so the weights are read once for all of them; each token's results are the
     /// same bits as when its sequence runs alone.
+    ///
+    /// # Errors
+    /// As `forward`, and [`Error::Mismatch`] if `tokens`, `caches` and `wants` differ in number.
     pub fn forward_many<E: Exec + ?Sized>(
         &self,
         tokens: &[&[u32]],
@@ -117,6 +127,11 @@ pub const MAX_SEGMENTS: usize = 64;
 /// Runs each sequence's `tokens[s]` through the model on `backend`, at the positions after those
 /// its KV cache holds, and fills `wants[s]`. The sequences' tokens are packed into batches of at
 /// most the backend's batch size, in order.
+///
+/// # Errors
+/// [`Error::ContextFull`] when a cache cannot hold its sequence's tokens (checked before any
+/// work), [`Error::Mismatch`] when `tokens`, `wants` and the caches disagree in number or a
+/// `Want`'s buffer has the wrong length, and whatever the backend reports.
 pub fn layer_loop<B: Backend + ?Sized>(
     c: &Config,
     backend: &mut B,
@@ -298,6 +313,10 @@ fn forward_batch<B: Backend + ?Sized>(
 }
 
 /// The mean over positions of `n × dim` hidden states: the embedding `sapient embed` prints.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] if `hidden` is not whole rows of `dim`, [`Error::Length`] if
+/// `out` is not `dim` long.
 pub fn mean_rows(hidden: &[f32], dim: usize, out: &mut [f32]) -> Result<()> {
     if dim == 0 || !hidden.len().is_multiple_of(dim) {
         return Err(Error::InvalidArgument {
@@ -326,6 +345,7 @@ pub fn mean_rows(hidden: &[f32], dim: usize, out: &mut [f32]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use alloc::vec;
+    use alloc::vec::Vec;
 
     use super::*;
     use crate::config::RopeStyle;
@@ -369,7 +389,7 @@ mod tests {
         let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         let layers = (0..c.n_layers)
             .map(|l| LayerWeights {
-                attn_norm: vec![1.0; h],
+                attn_norm: vec![1.0; h].into(),
                 // Q8_0 where the input rows are whole blocks, f32 for the down projection's
                 // 48-wide rows.
                 wq: matrix(Format::Q8_0, q, h, 10 * l),
@@ -379,7 +399,7 @@ mod tests {
                 bq: None,
                 bk: None,
                 bv: None,
-                ffn_norm: vec![1.0; h],
+                ffn_norm: vec![1.0; h].into(),
                 w_gate: matrix(Format::Q8_0, ff, h, 10 * l + 4),
                 w_up: matrix(Format::Q8_0, ff, h, 10 * l + 5),
                 w_down: matrix(Format::F32, h, ff, 10 * l + 6),
@@ -388,7 +408,7 @@ mod tests {
         let weights = Weights {
             embed: matrix(Format::Q8_0, c.vocab_size, h, 99),
             layers,
-            norm: vec![1.0; h],
+            norm: vec![1.0; h].into(),
             lm_head: None,
             rope_freq_factors: None,
         };
@@ -425,7 +445,7 @@ mod tests {
             )
             .unwrap();
         while tokens.len() < ctx {
-            let next = sampler.sample(&mut logits, &tokens);
+            let next = sampler.sample(&mut logits, &tokens).unwrap();
             assert!((next as usize) < c.vocab_size);
             tokens.push(next);
             model

@@ -47,6 +47,10 @@ fn same_len(what: &'static str, expected: usize, got: usize) -> Result<()> {
 }
 
 /// `out = x / sqrt(mean(x²) + eps) * weight`, row by row (rows are `weight.len()` long).
+///
+/// # Errors
+/// [`Error::Length`] if `out` differs from `x` in length, [`Error::NotBlockMultiple`] if `x`
+/// is not whole rows.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) -> Result<()> {
     same_len("rms_norm output", x.len(), out.len())?;
     let n = weight.len();
@@ -114,6 +118,9 @@ pub fn exp_sub(x: &mut [f32], m: f32) -> f32 {
 }
 
 /// `x += y`.
+///
+/// # Errors
+/// [`Error::Length`] if the lengths differ.
 pub fn add(x: &mut [f32], y: &[f32]) -> Result<()> {
     same_len("add", x.len(), y.len())?;
     for (a, b) in x.iter_mut().zip(y) {
@@ -123,6 +130,9 @@ pub fn add(x: &mut [f32], y: &[f32]) -> Result<()> {
 }
 
 /// Adds `bias` to every row of `x` (rows are `bias.len()` long).
+///
+/// # Errors
+/// [`Error::NotBlockMultiple`] if `x` is not whole rows of `bias` (or `bias` is empty).
 pub fn add_bias(x: &mut [f32], bias: &[f32]) -> Result<()> {
     if bias.is_empty() || !x.len().is_multiple_of(bias.len()) {
         return Err(Error::NotBlockMultiple {
@@ -148,6 +158,10 @@ pub fn rope_angles(pos: usize, inv_freq: &[f32], cos: &mut [f32], sin: &mut [f32
 }
 
 /// Rotates every head in `x` (heads are `2 * cos.len()` long) by the given angles.
+///
+/// # Errors
+/// [`Error::Length`] if `cos` and `sin` differ, [`Error::NotBlockMultiple`] if `x` is not
+/// whole heads.
 pub fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle) -> Result<()> {
     let half = cos.len();
     same_len("rope sin", half, sin.len())?;

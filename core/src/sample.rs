@@ -44,6 +44,10 @@ impl SamplerConfig {
         }
     }
 
+    /// Rejects parameters out of their range.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSampling`] naming the first such parameter.
     pub fn validate(&self) -> Result<()> {
         let bad = |field, reason| Err(Error::InvalidSampling { field, reason });
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
@@ -101,20 +105,89 @@ impl Rng {
     }
 }
 
-pub struct Sampler {
+/// One candidate token: its id, and its logit (later its probability).
+pub type Candidate = (u32, f32);
+
+/// Picks tokens from logits. Sampling (anything but greedy) sorts the vocabulary's tokens in a
+/// buffer of one [`Candidate`] per token: grown on first use by [`Sampler::new`], or caller memory
+/// with [`Sampler::in_memory`] (firmware, no allocator).
+pub struct Sampler<'c> {
     config: SamplerConfig,
     rng: Rng,
-    /// (token, logit then probability); allocated once, reused for every token.
-    candidates: Vec<(u32, f32)>,
+    candidates: Candidates<'c>,
+    /// How many candidates the last draw kept.
+    kept: usize,
 }
 
-impl Sampler {
+/// Where the sampler keeps its candidates.
+enum Candidates<'c> {
+    Owned(Vec<Candidate>),
+    Borrowed(&'c mut [Candidate]),
+}
+
+impl Candidates<'_> {
+    /// Room for `n` candidates.
+    fn room(&mut self, n: usize) -> Result<&mut [Candidate]> {
+        match self {
+            Candidates::Owned(v) => {
+                if v.len() < n {
+                    v.resize(n, (0, 0.0));
+                }
+                Ok(&mut v[..n])
+            }
+            Candidates::Borrowed(b) => {
+                let got = core::mem::size_of_val(*b);
+                b.get_mut(..n).ok_or(Error::ArenaTooSmall {
+                    what: "sampler candidates",
+                    needed: n * size_of::<Candidate>(),
+                    got,
+                })
+            }
+        }
+    }
+
+    fn get(&self, n: usize) -> &[Candidate] {
+        match self {
+            Candidates::Owned(v) => &v[..n],
+            Candidates::Borrowed(b) => &b[..n],
+        }
+    }
+}
+
+impl Sampler<'static> {
+    /// A sampler that allocates its candidate buffer (one [`Candidate`] per vocabulary entry) the
+    /// first time it samples.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSampling`] naming a parameter out of its range.
     pub fn new(config: SamplerConfig) -> Result<Self> {
+        Self::with_candidates(config, Candidates::Owned(Vec::new()))
+    }
+}
+
+impl<'c> Sampler<'c> {
+    /// A sampler that keeps its candidates in `buf`, which needs
+    /// [`Sampler::candidates_needed`]`(vocab_size)` entries unless sampling is greedy (greedy
+    /// decoding never touches it; an empty slice will do). Allocates nothing.
+    ///
+    /// # Errors
+    /// [`Error::InvalidSampling`] naming a parameter out of its range.
+    pub fn in_memory(config: SamplerConfig, buf: &'c mut [Candidate]) -> Result<Self> {
+        Self::with_candidates(config, Candidates::Borrowed(buf))
+    }
+
+    /// Candidates `in_memory` needs for a vocabulary of `vocab_size` tokens.
+    pub const fn candidates_needed(vocab_size: usize) -> usize {
+        vocab_size
+    }
+
+    fn with_candidates(config: SamplerConfig, candidates: Candidates<'c>) -> Result<Self> {
         config.validate()?;
         Ok(Sampler {
             rng: Rng::new(config.seed),
             config,
-            candidates: Vec::new(),
+            candidates,
+            kept: 0,
         })
     }
 
@@ -137,30 +210,40 @@ impl Sampler {
 
     /// The next token given `logits` and the tokens so far (for the repetition penalty).
     /// `logits` is modified by the penalty.
-    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
-        match filter(&self.config, &mut self.candidates, logits, history) {
-            Choice::Token(t) => t,
-            Choice::Candidates => draw(&self.candidates, self.rng.next_f32()),
+    ///
+    /// # Errors
+    /// [`Error::ArenaTooSmall`] if the caller's candidate buffer (`in_memory`) holds fewer
+    /// entries than `logits` when sampling is not greedy.
+    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> Result<u32> {
+        match self.filter(logits, history)? {
+            Choice::Token(t) => Ok(t),
+            Choice::Candidates => {
+                let u = self.rng.next_f32();
+                Ok(draw(self.kept(), u))
+            }
         }
     }
 
     /// As `sample`, and `probs` ← the distribution the token was drawn from, as (token,
     /// probability) pairs, most likely first (one pair of probability 1 when deterministic): what
     /// a draft hands to `verify`.
+    ///
+    /// # Errors
+    /// As `sample`.
     pub fn sample_with_probs(
         &mut self,
         logits: &mut [f32],
         history: &[u32],
-        probs: &mut Vec<(u32, f32)>,
-    ) -> u32 {
-        let t = self.sample(logits, history);
+        probs: &mut Vec<Candidate>,
+    ) -> Result<u32> {
+        let t = self.sample(logits, history)?;
         probs.clear();
         if self.is_deterministic() {
             probs.push((t, 1.0));
         } else {
-            probs.extend_from_slice(&self.candidates);
+            probs.extend_from_slice(self.kept());
         }
-        t
+        Ok(t)
     }
 
     /// Speculative sampling's check of one draft token: `logits` are the target's at the
@@ -170,19 +253,24 @@ impl Sampler {
     /// choose. Otherwise the draft is accepted with probability min(1, p(draft) / q(draft)), and
     /// a rejection draws from max(0, p − q) renormalized, so the token that comes out is
     /// distributed as the target's own `sample` (Leviathan et al., 2023).
+    ///
+    /// # Errors
+    /// As `sample`.
     pub fn verify(
         &mut self,
         logits: &mut [f32],
         history: &[u32],
         draft: u32,
-        draft_probs: &[(u32, f32)],
-    ) -> Verdict {
-        let p = match filter(&self.config, &mut self.candidates, logits, history) {
-            Choice::Token(t) if t == draft => return Verdict::Accepted,
-            Choice::Token(t) => return Verdict::Rejected(t),
-            Choice::Candidates => &mut self.candidates,
-        };
-        let prob_of = |dist: &[(u32, f32)], t: u32| {
+        draft_probs: &[Candidate],
+    ) -> Result<Verdict> {
+        match self.filter(logits, history)? {
+            Choice::Token(t) if t == draft => return Ok(Verdict::Accepted),
+            Choice::Token(t) => return Ok(Verdict::Rejected(t)),
+            Choice::Candidates => {}
+        }
+        let kept = self.kept;
+        let p = self.candidates.room(kept)?;
+        let prob_of = |dist: &[Candidate], t: u32| {
             dist.iter()
                 .find(|(id, _)| *id == t)
                 .map_or(0.0, |(_, p)| *p)
@@ -190,7 +278,7 @@ impl Sampler {
         let (p_draft, q_draft) = (prob_of(p, draft), prob_of(draft_probs, draft));
         let u = self.rng.next_f32();
         if u * q_draft < p_draft {
-            return Verdict::Accepted;
+            return Ok(Verdict::Accepted);
         }
         let u = self.rng.next_f32();
         let mut residual_sum = 0.0;
@@ -201,10 +289,74 @@ impl Sampler {
         if residual_sum <= 0.0 {
             // p ≤ q everywhere means p = q (up to rounding), so acceptance was certain; rounding
             // got here. Any token of p is then a draw from p.
-            return Verdict::Rejected(p[0].0);
+            return Ok(Verdict::Rejected(p[0].0));
         }
         p.iter_mut().for_each(|(_, prob)| *prob /= residual_sum);
-        Verdict::Rejected(draw(p, u))
+        Ok(Verdict::Rejected(draw(p, u)))
+    }
+
+    /// The candidates the last draw kept, most likely first.
+    fn kept(&self) -> &[Candidate] {
+        self.candidates.get(self.kept)
+    }
+
+    /// Applies the repetition penalty to `logits`, then (unless the choice is deterministic)
+    /// fills the candidates with the surviving tokens and their probabilities, most likely
+    /// first.
+    fn filter(&mut self, logits: &mut [f32], history: &[u32]) -> Result<Choice> {
+        let c = &self.config;
+        if c.repeat_penalty != 1.0 {
+            apply_repeat_penalty(c, logits, history);
+        }
+        if c.temperature == 0.0 || c.top_k == 1 {
+            return Ok(Choice::Token(argmax(logits)));
+        }
+        let room = self.candidates.room(logits.len())?;
+        let mut n = 0;
+        for (i, l) in logits.iter().enumerate() {
+            if !l.is_nan() {
+                room[n] = (i as u32, *l);
+                n += 1;
+            }
+        }
+        if n == 0 {
+            return Ok(Choice::Token(0));
+        }
+        // Most likely first; ties keep the lower id first, so runs are reproducible.
+        let by_logit = |a: &Candidate, b: &Candidate| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        if c.top_k > 0 && c.top_k < n {
+            room[..n].select_nth_unstable_by(c.top_k - 1, by_logit);
+            n = c.top_k;
+        }
+        let cand = &mut room[..n];
+        cand.sort_unstable_by(by_logit);
+        softmax_in_place(cand, 1.0);
+        if c.top_p < 1.0 {
+            let mut sum = 0.0;
+            for (i, (_, p)) in cand.iter().enumerate() {
+                sum += p;
+                if sum >= c.top_p {
+                    n = i + 1;
+                    break;
+                }
+            }
+        }
+        if c.min_p > 0.0 {
+            let threshold = cand[0].1 * c.min_p;
+            n = cand[..n]
+                .iter()
+                .take_while(|(_, p)| *p >= threshold)
+                .count()
+                .max(1);
+        }
+        let cand = &mut cand[..n];
+        // Temperature rescales the survivors' logits: p^(1/T), renormalized.
+        for (_, p) in cand.iter_mut() {
+            *p = libm::logf(*p);
+        }
+        softmax_in_place(cand, c.temperature);
+        self.kept = n;
+        Ok(Choice::Candidates)
     }
 }
 
@@ -225,84 +377,28 @@ enum Choice {
     Candidates,
 }
 
-/// Applies the repetition penalty to `logits`, then (unless the choice is deterministic) fills
-/// `cand` with the surviving tokens and their probabilities, most likely first.
-fn filter(
-    c: &SamplerConfig,
-    cand: &mut Vec<(u32, f32)>,
-    logits: &mut [f32],
-    history: &[u32],
-) -> Choice {
-    if c.repeat_penalty != 1.0 {
-        let start = history.len().saturating_sub(c.repeat_last_n);
-        let recent = &history[start..];
-        for (i, &t) in recent.iter().enumerate() {
-            // Penalize each distinct token once.
-            if recent[..i].contains(&t) {
-                continue;
-            }
-            if let Some(l) = logits.get_mut(t as usize) {
-                *l = if *l > 0.0 {
-                    *l / c.repeat_penalty
-                } else {
-                    *l * c.repeat_penalty
-                };
-            }
+/// Divides positive logits (multiplies negative ones) of the distinct tokens among the last
+/// `repeat_last_n` of `history`.
+fn apply_repeat_penalty(c: &SamplerConfig, logits: &mut [f32], history: &[u32]) {
+    let start = history.len().saturating_sub(c.repeat_last_n);
+    let recent = &history[start..];
+    for (i, &t) in recent.iter().enumerate() {
+        // Penalize each distinct token once.
+        if recent[..i].contains(&t) {
+            continue;
+        }
+        if let Some(l) = logits.get_mut(t as usize) {
+            *l = if *l > 0.0 {
+                *l / c.repeat_penalty
+            } else {
+                *l * c.repeat_penalty
+            };
         }
     }
-    if c.temperature == 0.0 || c.top_k == 1 {
-        return Choice::Token(argmax(logits));
-    }
-    cand.clear();
-    cand.extend(
-        logits
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| !l.is_nan())
-            .map(|(i, l)| (i as u32, *l)),
-    );
-    if cand.is_empty() {
-        return Choice::Token(0);
-    }
-    // Most likely first; ties keep the lower id first, so runs are reproducible.
-    let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-    if c.top_k > 0 && c.top_k < cand.len() {
-        cand.select_nth_unstable_by(c.top_k - 1, by_logit);
-        cand.truncate(c.top_k);
-    }
-    cand.sort_unstable_by(by_logit);
-    softmax_in_place(cand, 1.0);
-    if c.top_p < 1.0 {
-        let mut sum = 0.0;
-        let mut keep = cand.len();
-        for (i, (_, p)) in cand.iter().enumerate() {
-            sum += p;
-            if sum >= c.top_p {
-                keep = i + 1;
-                break;
-            }
-        }
-        cand.truncate(keep);
-    }
-    if c.min_p > 0.0 {
-        let threshold = cand[0].1 * c.min_p;
-        let keep = cand
-            .iter()
-            .take_while(|(_, p)| *p >= threshold)
-            .count()
-            .max(1);
-        cand.truncate(keep);
-    }
-    // Temperature rescales the survivors' logits: p^(1/T), renormalized.
-    for (_, p) in cand.iter_mut() {
-        *p = libm::logf(*p);
-    }
-    softmax_in_place(cand, c.temperature);
-    Choice::Candidates
 }
 
 /// The token of `dist` (probabilities summing to 1) that the uniform draw `u` lands on.
-fn draw(dist: &[(u32, f32)], u: f32) -> u32 {
+fn draw(dist: &[Candidate], u: f32) -> u32 {
     let mut acc = 0.0;
     for &(t, p) in dist {
         acc += p;
@@ -314,7 +410,7 @@ fn draw(dist: &[(u32, f32)], u: f32) -> u32 {
 }
 
 /// Candidates' values (logits, sorted descending) -> probabilities of `value / temperature`.
-fn softmax_in_place(cand: &mut [(u32, f32)], temperature: f32) {
+fn softmax_in_place(cand: &mut [Candidate], temperature: f32) {
     let max = cand[0].1;
     let mut sum = 0.0;
     for (_, v) in cand.iter_mut() {
@@ -358,7 +454,7 @@ mod tests {
         #[test]
         fn top_k_1_is_greedy(l in logits(), seed in any::<u64>(), t in 0.1f32..3.0) {
             let mut s = Sampler::new(SamplerConfig { temperature: t, top_k: 1, top_p: 1.0, min_p: 0.0, seed, ..SamplerConfig::default() }).unwrap();
-            prop_assert_eq!(s.sample(&mut l.clone(), &[]), argmax(&l));
+            prop_assert_eq!(s.sample(&mut l.clone(), &[]).unwrap(), argmax(&l));
         }
 
         #[test]
@@ -366,7 +462,7 @@ mod tests {
             let c = SamplerConfig { seed, top_k: 0, ..SamplerConfig::default() };
             let (mut a, mut b) = (Sampler::new(c).unwrap(), Sampler::new(c).unwrap());
             for _ in 0..20 {
-                prop_assert_eq!(a.sample(&mut l.clone(), &[]), b.sample(&mut l.clone(), &[]));
+                prop_assert_eq!(a.sample(&mut l.clone(), &[]).unwrap(), b.sample(&mut l.clone(), &[]).unwrap());
             }
         }
 
@@ -378,7 +474,7 @@ mod tests {
             let mut order: Vec<usize> = (0..l.len()).collect();
             order.sort_by(|a, b| l[*b].total_cmp(&l[*a]).then(a.cmp(b)));
             for _ in 0..10 {
-                let t = s.sample(&mut l.clone(), &[]) as usize;
+                let t = s.sample(&mut l.clone(), &[]).unwrap() as usize;
                 let rank = order.iter().position(|&i| i == t).unwrap();
                 let mass_before: f32 = order[..rank].iter().map(|&i| pr[i]).sum();
                 // Everything ranked above `t` did not yet reach p (with float slack).
@@ -393,7 +489,7 @@ mod tests {
             let pr = probs(&l);
             let best = pr.iter().fold(0f32, |a, b| a.max(*b));
             for _ in 0..10 {
-                let t = s.sample(&mut l.clone(), &[]) as usize;
+                let t = s.sample(&mut l.clone(), &[]).unwrap() as usize;
                 prop_assert!(pr[t] >= best * m * (1.0 - 1e-4), "p {} best {} min_p {}", pr[t], best, m);
             }
         }
@@ -417,7 +513,8 @@ mod tests {
     fn sampled_distribution(config: SamplerConfig, logits: &[f32]) -> Vec<f32> {
         let mut s = Sampler::new(config).unwrap();
         let mut probs = Vec::new();
-        s.sample_with_probs(&mut logits.to_vec(), &[], &mut probs);
+        s.sample_with_probs(&mut logits.to_vec(), &[], &mut probs)
+            .unwrap();
         let mut p = vec![0.0; logits.len()];
         for (t, pr) in probs {
             p[t as usize] = pr;
@@ -461,16 +558,23 @@ mod tests {
             let (mut out, mut drafted, mut point) = ([0u32; 6], [0u32; 6], [0u32; 6]);
             let mut q = Vec::new();
             for trial in 0..TRIALS {
-                let d = draft.sample_with_probs(&mut draft_logits.to_vec(), &[], &mut q);
+                let d = draft
+                    .sample_with_probs(&mut draft_logits.to_vec(), &[], &mut q)
+                    .unwrap();
                 drafted[d as usize] += 1;
-                let verdict = target.verify(&mut target_logits.to_vec(), &[], d, &q);
+                let verdict = target
+                    .verify(&mut target_logits.to_vec(), &[], d, &q)
+                    .unwrap();
                 out[match verdict {
                     Verdict::Accepted => d,
                     Verdict::Rejected(t) => t,
                 } as usize] += 1;
                 // A point-mass draft cycling through every token, kept or filtered.
                 let d = (trial % 6) as u32;
-                point[match target.verify(&mut target_logits.to_vec(), &[], d, &[(d, 1.0)]) {
+                point[match target
+                    .verify(&mut target_logits.to_vec(), &[], d, &[(d, 1.0)])
+                    .unwrap()
+                {
                     Verdict::Accepted => d,
                     Verdict::Rejected(t) => t,
                 } as usize] += 1;
@@ -492,14 +596,23 @@ mod tests {
     fn deterministic_verify_is_exact() {
         let mut s = Sampler::new(SamplerConfig::greedy()).unwrap();
         let l = [0.1, 3.0, 2.9, -1.0];
-        assert_eq!(s.verify(&mut l.to_vec(), &[], 1, &[]), Verdict::Accepted);
-        assert_eq!(s.verify(&mut l.to_vec(), &[], 2, &[]), Verdict::Rejected(1));
+        assert_eq!(
+            s.verify(&mut l.to_vec(), &[], 1, &[]).unwrap(),
+            Verdict::Accepted
+        );
+        assert_eq!(
+            s.verify(&mut l.to_vec(), &[], 2, &[]).unwrap(),
+            Verdict::Rejected(1)
+        );
         let mut s = Sampler::new(SamplerConfig {
             repeat_penalty: 2.0,
             ..SamplerConfig::greedy()
         })
         .unwrap();
-        assert_eq!(s.verify(&mut l.to_vec(), &[1], 2, &[]), Verdict::Accepted);
+        assert_eq!(
+            s.verify(&mut l.to_vec(), &[1], 2, &[]).unwrap(),
+            Verdict::Accepted
+        );
     }
 
     #[test]
@@ -510,8 +623,43 @@ mod tests {
         })
         .unwrap();
         let mut l = vec![1.0, 0.9, -1.0];
-        assert_eq!(s.sample(&mut l, &[0]), 1);
+        assert_eq!(s.sample(&mut l, &[0]).unwrap(), 1);
         assert_eq!(l, vec![0.5, 0.9, -1.0]);
+    }
+
+    proptest! {
+        /// Caller memory gives the same tokens as the sampler's own buffer.
+        #[test]
+        fn caller_memory_samples_as_owned(l in logits(), seed in any::<u64>(), top_k in 0usize..50) {
+            let c = SamplerConfig { seed, top_k, ..SamplerConfig::default() };
+            let mut buf = vec![(0u32, 0f32); Sampler::candidates_needed(l.len())];
+            let mut borrowed = Sampler::in_memory(c, &mut buf).unwrap();
+            let mut owned = Sampler::new(c).unwrap();
+            for _ in 0..10 {
+                prop_assert_eq!(
+                    borrowed.sample(&mut l.clone(), &[]).unwrap(),
+                    owned.sample(&mut l.clone(), &[]).unwrap()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn caller_memory_too_small_is_an_error() {
+        let mut l = vec![0.5, 0.25, 1.0, -1.0];
+        let mut small = [(0u32, 0f32); 3];
+        let mut s = Sampler::in_memory(SamplerConfig::default(), &mut small).unwrap();
+        assert_eq!(
+            s.sample(&mut l, &[]),
+            Err(Error::ArenaTooSmall {
+                what: "sampler candidates",
+                needed: 32,
+                got: 24
+            })
+        );
+        // Greedy decoding needs no candidates at all.
+        let mut greedy = Sampler::in_memory(SamplerConfig::greedy(), &mut []).unwrap();
+        assert_eq!(greedy.sample(&mut l, &[]), Ok(2));
     }
 
     #[test]

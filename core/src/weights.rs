@@ -1,6 +1,9 @@
-//! Weights as the layer loop reads them: matrices in any supported format, borrowed (from a
-//! memory map or a `static`) or owned, and norms and biases in f32.
+//! Weights as the layer loop reads them: matrices in any supported format, and norms and biases
+//! in f32, each borrowed (from a memory map or a `static`) or owned. Firmware borrows everything,
+//! layers included, so building a model needs no allocator.
+use alloc::borrow::Cow;
 use alloc::vec::Vec;
+use core::ops::Deref;
 
 use crate::config::Config;
 use crate::error::{Error, Result};
@@ -9,16 +12,16 @@ pub use crate::matrix::Matrix;
 /// One transformer block.
 #[derive(Debug, Clone)]
 pub struct LayerWeights<'w> {
-    pub attn_norm: Vec<f32>,
+    pub attn_norm: Cow<'w, [f32]>,
     pub wq: Matrix<'w>,
     pub wk: Matrix<'w>,
     pub wv: Matrix<'w>,
     pub wo: Matrix<'w>,
     /// Qwen2's projection biases.
-    pub bq: Option<Vec<f32>>,
-    pub bk: Option<Vec<f32>>,
-    pub bv: Option<Vec<f32>>,
-    pub ffn_norm: Vec<f32>,
+    pub bq: Option<Cow<'w, [f32]>>,
+    pub bk: Option<Cow<'w, [f32]>>,
+    pub bv: Option<Cow<'w, [f32]>>,
+    pub ffn_norm: Cow<'w, [f32]>,
     pub w_gate: Matrix<'w>,
     pub w_up: Matrix<'w>,
     pub w_down: Matrix<'w>,
@@ -27,13 +30,63 @@ pub struct LayerWeights<'w> {
 #[derive(Debug, Clone)]
 pub struct Weights<'w> {
     pub embed: Matrix<'w>,
-    pub layers: Vec<LayerWeights<'w>>,
-    pub norm: Vec<f32>,
+    pub layers: Layers<'w>,
+    pub norm: Cow<'w, [f32]>,
     /// `None` when the output projection is tied to the embedding.
     pub lm_head: Option<Matrix<'w>>,
     /// Llama 3.1+ GGUF files' `rope_freqs.weight`: one divisor per pair of a head, applied to
     /// RoPE's frequencies (llama.cpp's frequency factors, in place of `Config::rope_scaling`).
-    pub rope_freq_factors: Option<Vec<f32>>,
+    pub rope_freq_factors: Option<Cow<'w, [f32]>>,
+}
+
+/// The layers, owned or borrowed. Not a `Cow`: `Cow<'w, [LayerWeights<'w>]>` would make
+/// `Weights` invariant in `'w`, so a `Weights<'static>` could not stand in for a shorter one.
+#[derive(Debug, Clone)]
+pub enum Layers<'w> {
+    Owned(Vec<LayerWeights<'w>>),
+    Borrowed(&'w [LayerWeights<'w>]),
+}
+
+impl<'w> Layers<'w> {
+    /// The layers to modify, copied first if borrowed (as `Cow::to_mut`).
+    pub fn to_mut(&mut self) -> &mut Vec<LayerWeights<'w>> {
+        if let Layers::Borrowed(s) = *self {
+            *self = Layers::Owned(s.to_vec());
+        }
+        match self {
+            Layers::Owned(v) => v,
+            Layers::Borrowed(_) => unreachable!("made owned above"),
+        }
+    }
+}
+
+impl<'w> Deref for Layers<'w> {
+    type Target = [LayerWeights<'w>];
+
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Layers::Owned(v) => v,
+            Layers::Borrowed(s) => s,
+        }
+    }
+}
+
+impl<'w> From<Vec<LayerWeights<'w>>> for Layers<'w> {
+    fn from(v: Vec<LayerWeights<'w>>) -> Self {
+        Layers::Owned(v)
+    }
+}
+
+impl<'w> FromIterator<LayerWeights<'w>> for Layers<'w> {
+    fn from_iter<I: IntoIterator<Item = LayerWeights<'w>>>(iter: I) -> Self {
+        Layers::Owned(iter.into_iter().collect())
+    }
+}
+
+impl<'w> From<&'w [LayerWeights<'w>]> for Layers<'w> {
+    fn from(s: &'w [LayerWeights<'w>]) -> Self {
+        Layers::Borrowed(s)
+    }
 }
 
 impl Weights<'_> {
@@ -43,6 +96,11 @@ impl Weights<'_> {
     }
 
     /// Checks every shape against `config`, naming the first tensor that disagrees.
+    ///
+    /// # Errors
+    /// As [`Config::validate`], then [`Error::Shape`] naming the first tensor (and layer) whose
+    /// shape disagrees, or [`Error::InvalidConfig`] for missing biases, a layer count that
+    /// disagrees, or frequency factors that are not finite and positive.
     pub fn validate(&self, c: &Config) -> Result<()> {
         c.validate()?;
         let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);

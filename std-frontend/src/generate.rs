@@ -75,7 +75,7 @@ pub fn generate(
     let mut why = Stop::MaxTokens;
     for i in 0..max_tokens {
         if !argmax {
-            next = sampler.sample(&mut logits, history);
+            next = sampler.sample(&mut logits, history)?;
         }
         if stop.contains(&next) {
             why = Stop::EndOfSequence;

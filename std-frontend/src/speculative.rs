@@ -32,7 +32,7 @@ const NGRAM_MIN: usize = 2;
 /// A draft model's session and sampler, and the tokens its cache holds.
 pub struct ModelDraft<'s> {
     session: &'s mut dyn Session,
-    sampler: Sampler,
+    sampler: Sampler<'static>,
     /// The tokens in the draft's cache, in order.
     fed: Vec<u32>,
     logits: Vec<f32>,
@@ -41,7 +41,7 @@ pub struct ModelDraft<'s> {
 impl<'s> ModelDraft<'s> {
     /// `sampler` is the draft's own, configured as the target's (with another seed) so that
     /// its distribution is close to the target's.
-    pub fn new(session: &'s mut dyn Session, sampler: Sampler) -> Self {
+    pub fn new(session: &'s mut dyn Session, sampler: Sampler<'static>) -> Self {
         let vocab = session.config().vocab_size;
         ModelDraft {
             session,
@@ -96,7 +96,7 @@ impl<'s> ModelDraft<'s> {
             }
             next = self
                 .sampler
-                .sample_with_probs(&mut self.logits, &self.fed, &mut probs[i]);
+                .sample_with_probs(&mut self.logits, &self.fed, &mut probs[i])?;
             tokens.push(next);
             if self.session.kv_len() == self.session.max_seq() {
                 break;
@@ -185,7 +185,7 @@ pub fn generate_speculative(
     stats.prompt_secs = t0.elapsed().as_secs_f64();
 
     let t1 = std::time::Instant::now();
-    let mut next = sampler.sample(&mut rows[..vocab], history);
+    let mut next = sampler.sample(&mut rows[..vocab], history)?;
     let (mut proposal, mut probs) = (Vec::new(), Vec::new());
     let mut length = draft_tokens;
     // Reports `token` as `generate` does, with `fed` tokens before it in the cache; says why
@@ -246,8 +246,8 @@ pub fn generate_speculative(
         for (i, &d) in proposal.iter().enumerate() {
             let row = &mut rows[i * vocab..(i + 1) * vocab];
             let verdict = match draft {
-                Draft::Model(_) => sampler.verify(row, history, d, &probs[i]),
-                Draft::Ngram => sampler.verify(row, history, d, &[(d, 1.0)]),
+                Draft::Model(_) => sampler.verify(row, history, d, &probs[i])?,
+                Draft::Ngram => sampler.verify(row, history, d, &[(d, 1.0)])?,
             };
             match verdict {
                 Verdict::Accepted => history.push(d),
@@ -280,7 +280,7 @@ pub fn generate_speculative(
         // Every draft token stood: the target's own token after the last comes free.
         next = match replacement {
             Some(t) => t,
-            None => sampler.sample(&mut rows[accepted * vocab..(accepted + 1) * vocab], history),
+            None => sampler.sample(&mut rows[accepted * vocab..(accepted + 1) * vocab], history)?,
         };
     };
     stats.generate_secs = t1.elapsed().as_secs_f64();

@@ -64,23 +64,23 @@ fn converted(model: &Model<'_>, format: Format) -> Model<'static> {
             .layers
             .iter()
             .map(|l| sapient_core::LayerWeights {
-                attn_norm: l.attn_norm.clone(),
+                attn_norm: l.attn_norm.to_vec().into(),
                 wq: convert(&l.wq),
                 wk: convert(&l.wk),
                 wv: convert(&l.wv),
                 wo: convert(&l.wo),
-                bq: l.bq.clone(),
-                bk: l.bk.clone(),
-                bv: l.bv.clone(),
-                ffn_norm: l.ffn_norm.clone(),
+                bq: l.bq.as_ref().map(|b| b.to_vec().into()),
+                bk: l.bk.as_ref().map(|b| b.to_vec().into()),
+                bv: l.bv.as_ref().map(|b| b.to_vec().into()),
+                ffn_norm: l.ffn_norm.to_vec().into(),
                 w_gate: convert(&l.w_gate),
                 w_up: convert(&l.w_up),
                 w_down: convert(&l.w_down),
             })
             .collect(),
-        norm: w.norm.clone(),
+        norm: w.norm.to_vec().into(),
         lm_head: w.lm_head.as_ref().map(convert),
-        rope_freq_factors: w.rope_freq_factors.clone(),
+        rope_freq_factors: w.rope_freq_factors.as_ref().map(|f| f.to_vec().into()),
     };
     Model::new(model.config.clone(), weights).unwrap()
 }

@@ -90,7 +90,7 @@ fn models() -> (Model<'static>, Model<'static>) {
             (Format::Q5K, Format::Q4K)
         };
         layers.push(LayerWeights {
-            attn_norm: vec![1.0; h],
+            attn_norm: vec![1.0; h].into(),
             wq: k_matrix(&mut rng, Format::Q4K, c.q_dim(), h),
             wk: k_matrix(
                 &mut rng,
@@ -103,7 +103,7 @@ fn models() -> (Model<'static>, Model<'static>) {
             bq: None,
             bk: None,
             bv: None,
-            ffn_norm: vec![1.0; h],
+            ffn_norm: vec![1.0; h].into(),
             w_gate: k_matrix(&mut rng, Format::Q4K, ff, h),
             w_up: k_matrix(&mut rng, Format::Q4K, ff, h),
             w_down: k_matrix(&mut rng, down, h, ff),
@@ -111,8 +111,8 @@ fn models() -> (Model<'static>, Model<'static>) {
     }
     let weights = Weights {
         embed: k_matrix(&mut rng, Format::Q4K, c.vocab_size, h),
-        layers,
-        norm: vec![1.0; h],
+        layers: layers.into(),
+        norm: vec![1.0; h].into(),
         lm_head: Some(k_matrix(&mut rng, Format::Q6K, c.vocab_size, h)),
         rope_freq_factors: None,
     };

@@ -75,7 +75,7 @@ fn expected<'f>(files: &'f ModelFiles, target: Target) -> Model<'f> {
         )
     };
     w.embed = f(&w.embed, Role::TokenEmbedding, 0, None);
-    for (i, l) in w.layers.iter_mut().enumerate() {
+    for (i, l) in w.layers.to_mut().iter_mut().enumerate() {
         l.wq = f(&l.wq, Role::Other, i, permute);
         l.wk = f(&l.wk, Role::Other, i, permute);
         l.wv = f(&l.wv, Role::AttentionV, i, None);
@@ -89,7 +89,7 @@ fn expected<'f>(files: &'f ModelFiles, target: Target) -> Model<'f> {
     }
     // Llama 3 scaling travels as the frequency factors llama.cpp's converter computes.
     if let Some(s) = c.rope_scaling.take() {
-        w.rope_freq_factors = Some(llama3_factors(c.rope_theta, c.head_dim, s));
+        w.rope_freq_factors = Some(llama3_factors(c.rope_theta, c.head_dim, s).into());
     }
     Model::new(c, w).unwrap()
 }

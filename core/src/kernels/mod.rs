@@ -166,6 +166,9 @@ impl Kernels {
     }
 
     /// The dots of a quantized weight format.
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedFormat`] for a format that is not quantized.
     pub fn dots(&self, format: Format) -> Result<&QuantDots> {
         match format {
             Format::Q8_0 => Ok(&self.q8_0),
@@ -185,6 +188,10 @@ impl Kernels {
     }
 
     /// Quantizes `x` (a multiple of 32 long) to Q8_0 in `out`.
+    ///
+    /// # Errors
+    /// [`Error::NotBlockMultiple`] if `x` is not whole blocks, [`Error::Length`] if `out` is not
+    /// their size.
     pub fn quantize_q8_0(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
         expect_len("Q8_0 output", Format::Q8_0.row_bytes(x.len())?, out.len())?;
         (self.quantize_q8_0)(x, out);
@@ -192,6 +199,10 @@ impl Kernels {
     }
 
     /// Quantizes `x` (a multiple of 32 long) to Q16 in `out`.
+    ///
+    /// # Errors
+    /// [`Error::NotBlockMultiple`] if `x` is not whole blocks, [`Error::Length`] if `out` is not
+    /// their size.
     pub fn quantize_q16(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
         Format::Q8_0.row_bytes(x.len())?;
         expect_len("Q16 output", q16::row_bytes(x.len()), out.len())?;
@@ -201,6 +212,10 @@ impl Kernels {
 
     /// Dot product of one weight row stored in a quantized `format` with one row of
     /// Q16 activations of the same length.
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedFormat`] for a format that is not quantized; a length error if `w` is not
+    /// whole blocks or `x` is not the same number of Q16 blocks.
     pub fn dot_quantized(&self, format: Format, w: &[u8], x: &[u8]) -> Result<f32> {
         let dots = self.dots(format)?;
         let n = expect_quantized_row(format, w.len())?;
@@ -210,6 +225,10 @@ impl Kernels {
 
     /// `out[i] += Σ_k a[i·K + k] · rows[k]` for up to `AXPY_ROWS` Q8_0 rows of one length
     /// (`K = rows.len()`) and `out` made of `a.len() / K` runs as long as they are.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for no rows or more than `AXPY_ROWS`, or `a` and `out` that are
+    /// not whole runs; a length error for a row that is not `out`'s run length in Q8_0.
     pub fn axpy_q8_0(&self, out: &mut [f32], a: &[f32], rows: &[&[u8]]) -> Result<()> {
         let k = rows.len();
         if k == 0 || k > AXPY_ROWS || !a.len().is_multiple_of(k) {
@@ -234,18 +253,27 @@ impl Kernels {
     }
 
     /// Dot product of two f32 vectors, the first as little-endian bytes.
+    ///
+    /// # Errors
+    /// [`Error::Length`] if `w` is not `4 × x.len()` bytes.
     pub fn dot_f32_bytes(&self, w: &[u8], x: &[f32]) -> Result<f32> {
         expect_len("f32 weight bytes", x.len() * 4, w.len())?;
         Ok((self.dot_f32)(w, x))
     }
 
     /// Dot product of a bf16 vector (little-endian bytes) and an f32 one.
+    ///
+    /// # Errors
+    /// [`Error::Length`] if `w` is not `2 × x.len()` bytes.
     pub fn dot_bf16_bytes(&self, w: &[u8], x: &[f32]) -> Result<f32> {
         expect_len("bf16 weight bytes", x.len() * 2, w.len())?;
         Ok((self.dot_bf16)(w, x))
     }
 
     /// Dot product of an f16 vector (little-endian bytes) and an f32 one.
+    ///
+    /// # Errors
+    /// [`Error::Length`] if `w` is not `2 × x.len()` bytes.
     pub fn dot_f16_bytes(&self, w: &[u8], x: &[f32]) -> Result<f32> {
         expect_len("f16 weight bytes", x.len() * 2, w.len())?;
         Ok((self.dot_f16)(w, x))
@@ -255,6 +283,10 @@ impl Kernels {
     ///
     /// `out[(r - row0) * n_tok + t]` receives row `r` against token `t`: a run of rows is one
     /// contiguous piece of `out`, which is how decoding splits a mat-vec across threads.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `x` and `out` do not fit `w` and the rows asked for, and the
+    /// format errors of the dot products.
     pub fn matmul_rows(
         &self,
         w: &Matrix<'_>,
@@ -288,6 +320,10 @@ impl Kernels {
     ///
     /// `out[(t - tok0) * w.rows + r]` receives row `r` against token `t`: the layout the layer
     /// loop wants, so a prefill split across threads by tokens needs no reordering.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if `x` and `out` do not fit `w` and the tokens asked for, and
+    /// the format errors of the dot products.
     pub fn matmul_tokens(
         &self,
         w: &Matrix<'_>,

@@ -47,15 +47,23 @@ pub trait Block: Sized {
 
 /// Quantizes the whole blocks both `x` and `out` hold, with the reference quantizer.
 pub fn quantize_blocks<B: Block>(x: &[f32], out: &mut [u8]) {
-    for (xb, ob) in x.chunks_exact(QK).zip(out.chunks_exact_mut(B::BYTES)) {
-        B::quantize(xb.try_into().unwrap()).write(ob);
+    for (xb, ob) in x
+        .as_chunks::<QK>()
+        .0
+        .iter()
+        .zip(out.chunks_exact_mut(B::BYTES))
+    {
+        B::quantize(xb).write(ob);
     }
 }
 
 /// Widens the whole blocks both `bytes` and `out` hold.
 pub fn dequantize_blocks<B: Block>(bytes: &[u8], out: &mut [f32]) {
-    for (b, o) in bytes.chunks_exact(B::BYTES).zip(out.chunks_exact_mut(QK)) {
-        B::read(b).dequantize(o.try_into().unwrap());
+    for (b, o) in bytes
+        .chunks_exact(B::BYTES)
+        .zip(out.as_chunks_mut::<QK>().0)
+    {
+        B::read(b).dequantize(o);
     }
 }
 
@@ -138,8 +146,11 @@ impl Format {
         }
     }
 
-    /// Bytes of one row of `n` values, or an error if `n` is not a whole number of blocks.
-    pub fn row_bytes(self, n: usize) -> Result<usize> {
+    /// Bytes of one row of `n` values.
+    ///
+    /// # Errors
+    /// [`Error::NotBlockMultiple`] if `n` is not a whole number of blocks.
+    pub const fn row_bytes(self, n: usize) -> Result<usize> {
         let block = self.block_len();
         if !n.is_multiple_of(block) {
             return Err(Error::NotBlockMultiple {
@@ -191,6 +202,10 @@ pub(crate) const QUANTIZED: [Format; 9] = [
 
 /// Quantizes (or converts) `x` into `out` in `format`, with the reference quantizer. The
 /// k-quants are read, never written, here: their quantizers are an error.
+///
+/// # Errors
+/// [`Error::NotBlockMultiple`] if `x` is not whole blocks, [`Error::Length`] if `out` is not
+/// their size, [`Error::UnsupportedFormat`] for the k-quants.
 pub fn quantize_row(format: Format, x: &[f32], out: &mut [u8]) -> Result<()> {
     check_row(format, x.len(), out.len())?;
     match format {
@@ -225,6 +240,10 @@ pub fn quantize_row(format: Format, x: &[f32], out: &mut [u8]) -> Result<()> {
 }
 
 /// Converts a row stored in `format` back to f32.
+///
+/// # Errors
+/// [`Error::NotBlockMultiple`] if `out` is not whole blocks, [`Error::Length`] if `bytes` is
+/// not their size.
 pub fn dequantize_row(format: Format, bytes: &[u8], out: &mut [f32]) -> Result<()> {
     check_row(format, out.len(), bytes.len())?;
     match format {

@@ -175,8 +175,8 @@ impl GpuModel {
             })
         };
         let mut layers = Vec::with_capacity(c.n_layers);
-        for l in &w.layers {
-            let mut aux = l.attn_norm.clone();
+        for l in w.layers.iter() {
+            let mut aux = l.attn_norm.to_vec();
             for b in [&l.bq, &l.bk, &l.bv].into_iter().flatten() {
                 aux.extend_from_slice(b);
             }

@@ -334,12 +334,13 @@ impl ModelFiles {
     }
 
     /// A 1-D weight (a norm or a bias) as f32.
-    fn vector(&self, name: &str) -> Result<Vec<f32>> {
+    /// A norm or bias, as f32 values of its own (they are small; the file may hold f16).
+    fn vector(&self, name: &str) -> Result<Cow<'static, [f32]>> {
         let t = self.tensor(name)?;
         if t.shape.len() != 1 {
             bail!("tensor {name} has shape {:?}, expected a vector", t.shape);
         }
-        t.to_f32(name)
+        Ok(t.to_f32(name)?.into())
     }
 
     /// Builds the model; its matrices borrow from these files where they can.
@@ -358,7 +359,7 @@ impl ModelFiles {
         let mut layers = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
             let n = |s: &str| names.layer(i, s);
-            let bias = |s: &str| -> Result<Option<Vec<f32>>> {
+            let bias = |s: &str| -> Result<Option<Cow<'static, [f32]>>> {
                 if c.qkv_bias {
                     self.vector(&n(s)).map(Some)
                 } else {
@@ -388,7 +389,7 @@ impl ModelFiles {
         };
         let weights = Weights {
             embed: self.matrix(&names.embed, quantize)?,
-            layers,
+            layers: layers.into(),
             norm: self.vector(&names.norm)?,
             lm_head,
             rope_freq_factors: match names.gguf && self.has(ROPE_FREQS) {
@@ -520,7 +521,7 @@ pub fn summary(model: &Model<'_>, arch: &str) -> String {
     let w = &model.weights;
     let mut mats: Vec<&Matrix<'_>> = vec![&w.embed];
     mats.extend(w.lm_head.iter());
-    for l in &w.layers {
+    for l in w.layers.iter() {
         mats.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
     }
     let mut by_format: Vec<(Format, usize)> = Vec::new();

@@ -93,7 +93,7 @@ pub fn model(spec: &RandomSpec, progress: &(dyn Fn(usize) + Sync)) -> Result<Mod
     for i in 0..c.n_layers {
         let s = 16 * (i as u64 + 1);
         layers.push(LayerWeights {
-            attn_norm: vec![1.0; h],
+            attn_norm: vec![1.0; h].into(),
             wq: matrix(s, q, h)?,
             wk: matrix(s + 1, kv, h)?,
             wv: matrix(s + 2, kv, h)?,
@@ -101,7 +101,7 @@ pub fn model(spec: &RandomSpec, progress: &(dyn Fn(usize) + Sync)) -> Result<Mod
             bq: None,
             bk: None,
             bv: None,
-            ffn_norm: vec![1.0; h],
+            ffn_norm: vec![1.0; h].into(),
             w_gate: matrix(s + 4, ff, h)?,
             w_up: matrix(s + 5, ff, h)?,
             w_down: matrix(s + 6, h, ff)?,
@@ -110,8 +110,8 @@ pub fn model(spec: &RandomSpec, progress: &(dyn Fn(usize) + Sync)) -> Result<Mod
     }
     let weights = Weights {
         embed: matrix(1, c.vocab_size, h)?,
-        layers,
-        norm: vec![1.0; h],
+        layers: layers.into(),
+        norm: vec![1.0; h].into(),
         lm_head: if c.tie_word_embeddings {
             None
         } else {

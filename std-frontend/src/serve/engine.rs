@@ -79,7 +79,7 @@ pub struct EngineConfig {
 /// A request holding a slot.
 struct Running {
     job: Job,
-    sampler: Sampler,
+    sampler: Sampler<'static>,
     /// The prompt and every token generated so far.
     tokens: Vec<u32>,
     /// How many of `tokens` are in the slot's cache.
@@ -314,7 +314,13 @@ fn next_token(r: &mut Running, cfg: &EngineConfig, metrics: &Metrics) -> Outcome
     if r.job.events.is_closed() {
         return Outcome::Gone;
     }
-    let token = r.sampler.sample(&mut r.logits, &r.tokens);
+    let token = match r.sampler.sample(&mut r.logits, &r.tokens) {
+        Ok(t) => t,
+        Err(e) => {
+            let _ = r.job.events.send(Event::Failed(e.to_string()));
+            return Outcome::Gone;
+        }
+    };
     if r.job.stop.contains(&token) {
         return Outcome::Finished(Finish::Stop);
     }
