@@ -17,7 +17,7 @@ use sapient::speculative::{generate_speculative, Draft, DraftStats, ModelDraft};
 use sapient::tokenizer::{TextStream, Tokenizer};
 use sapient::Rayon;
 use sapient_core::sample::{Sampler, SamplerConfig};
-use sapient_core::{Config, KvCache, KvFormat, Model};
+use sapient_core::{Config, KvCache, KvFormat, Model, Scratch};
 use serde_json::json;
 
 #[derive(Parser)]
@@ -1328,6 +1328,17 @@ fn cmd_inspect(spec: &str, ctx: usize) -> Result<()> {
                 b as f64 / (1 << 20) as f64
             ),
             Err(e) => println!("KV cache in {kv:?}: {e}"),
+        }
+    }
+    // The activations' arena: decoding one token at a time, and prefilling in `generate`'s
+    // batches.
+    for batch in [1, DEFAULT_BATCH] {
+        match Scratch::bytes_needed(c, batch) {
+            Ok(b) => println!(
+                "scratch for batches of {batch} tokens: {:.1} KiB",
+                b as f64 / 1024.0
+            ),
+            Err(e) => println!("scratch for batches of {batch} tokens: {e}"),
         }
     }
     Ok(())
