@@ -172,10 +172,11 @@ struct ModelArgs {
     /// Read the config from this file instead of config.json beside the weights.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// What to do with float matrices at load: q8_0 quantizes them, none keeps them as f32; f32
-    /// also widens the quantized ones (slow; for checking). Quantized matrices (Q8_0, Q4_x, Q5_x,
-    /// the k-quants) are otherwise used as the file has them.
-    #[arg(long, value_enum, default_value_t = QuantizeArg::Q8_0)]
+    /// Matrix formats at load: auto quantizes float matrices to Q8_0 and keeps quantized ones
+    /// (Q8_0, Q4_x, Q5_x, the k-quants) as the file has them; q8_0 converts every matrix to Q8_0,
+    /// quantized ones too; none keeps float matrices as f32; f32 widens every matrix (slow; for
+    /// checking).
+    #[arg(long, value_enum, default_value_t = QuantizeArg::Auto)]
     quantize: QuantizeArg,
     /// KV cache format (default: q8_0 when head_dim is a multiple of 32, f32 otherwise).
     #[arg(long, value_enum)]
@@ -365,6 +366,7 @@ enum RecipeArg {
 
 #[derive(Clone, Copy, ValueEnum)]
 enum QuantizeArg {
+    Auto,
     None,
     F32,
     #[value(name = "q8_0")]
@@ -445,6 +447,7 @@ impl Loaded {
         let quantize = match a.quantize {
             QuantizeArg::None => Quantize::None,
             QuantizeArg::F32 => Quantize::F32,
+            QuantizeArg::Auto => Quantize::Auto,
             QuantizeArg::Q8_0 => Quantize::Q8_0,
         };
         let opts = LoadOptions {
@@ -1314,7 +1317,7 @@ fn cmd_inspect(spec: &str, ctx: usize) -> Result<()> {
         );
     }
     // As `generate` loads it by default: quantized matrices in place, float ones as Q8_0.
-    let m = files.model(Quantize::Q8_0)?;
+    let m = files.model(Quantize::Auto)?;
     println!("{}", load::summary(&m, &files.arch));
     println!(
         "weights read per decoded token: {:.1} MiB",

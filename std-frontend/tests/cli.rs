@@ -158,6 +158,49 @@ fn inspect_reports_the_kv_cache_size() {
     );
 }
 
+/// `--quantize q8_0` converts a quantized file's matrices to Q8_0; the default keeps them.
+#[test]
+fn quantize_q8_0_converts_quantized_matrices() {
+    let dir = std::env::temp_dir().join(format!("sapient-cli-requantize-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let q4 = dir.join("llama_hd32.q4_0.gguf");
+    let out = sapient(&[
+        "quantize",
+        &fixture("llama_hd32"),
+        q4.to_str().unwrap(),
+        "--type",
+        "q4_0",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary = |quantize: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "-m",
+            q4.to_str().unwrap(),
+            "--prompt-ids",
+            "1,2,3",
+        ];
+        args.extend_from_slice(&["-n", "1", "--backend", "cpu"]);
+        args.extend_from_slice(quantize);
+        let out = sapient(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let kept = summary(&[]);
+    assert!(kept.contains("matrices: 1 q8_0, 14 q4_0"), "{kept}");
+    let converted = summary(&["--quantize", "q8_0"]);
+    assert!(converted.contains("matrices: 15 q8_0"), "{converted}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A two-turn chat on the real model: the second turn feeds only its own new tokens, since the
 /// first turn stays in the KV cache; end of input ends the program cleanly.
 #[test]

@@ -115,7 +115,7 @@ fn shared_batches_give_each_sequence_its_own_bits() {
     let asks = [Ask::All, Ask::Hidden, Ask::Last, Ask::Argmax, Ask::Nothing];
     for name in ["llama", "qwen2", "mistral"] {
         let files = fixture(name);
-        for quantize in [Quantize::None, Quantize::Q8_0] {
+        for quantize in [Quantize::None, Quantize::Auto] {
             let model = files.model(quantize).unwrap();
             for kv in [KvFormat::F32, KvFormat::default_for(&model.config)] {
                 let seqs: Vec<Seq> = [(0, 1), (3, 7), (0, 40), (17, 3), (5, 1), (0, 23)]
@@ -229,7 +229,7 @@ fn embeddings_of_many_texts_match_transformers() {
 fn smollm2_embedding_matches_reference() {
     let r = smollm2_reference();
     let files = ModelFiles::open(&smollm2_gguf(), &LoadOptions::default()).unwrap();
-    let model = files.model(Quantize::Q8_0).unwrap();
+    let model = files.model(Quantize::Auto).unwrap();
     let tok = sapient::tokenizer::Tokenizer::load(&files).unwrap();
     let e = &r["embedding"];
     let prompt = tok.encode(e["prompt"].as_str().unwrap()).unwrap();

@@ -133,8 +133,8 @@ fn q8_0_weights_stay_close_and_greedy_agrees_where_it_must() {
     let mut total_checked = 0;
     for_each_fixture(|name, config| {
         let r = reference(name);
-        let files = open(name, config, Quantize::Q8_0);
-        let q8 = files.model(Quantize::Q8_0).unwrap();
+        let files = open(name, config, Quantize::Auto);
+        let q8 = files.model(Quantize::Auto).unwrap();
         let kv = KvFormat::default_for(&q8.config);
         let f32_files = open(name, config, Quantize::None);
         let exact = f32_files.model(Quantize::None).unwrap();
@@ -210,7 +210,7 @@ fn incremental_decoding_equals_full_forward() {
     for name in tiny_names() {
         for (quantize, kv) in [
             (Quantize::None, KvFormat::F32),
-            (Quantize::Q8_0, KvFormat::F16),
+            (Quantize::Auto, KvFormat::F16),
         ] {
             let files = open(&name, "config.json", quantize);
             let model = files.model(quantize).unwrap();
@@ -266,7 +266,7 @@ fn threads_and_simd_agree_with_serial_scalar() {
     let pool = sapient::Rayon::new(Some(3)).unwrap();
     let scalar = sapient_core::kernels::Kernels::scalar();
     for (quantize, kv) in [
-        (Quantize::Q8_0, KvFormat::Q8_0),
+        (Quantize::Auto, KvFormat::Q8_0),
         (Quantize::None, KvFormat::F32),
     ] {
         let files = open("qwen2", "config.json", quantize);
@@ -315,10 +315,10 @@ fn sharded_checkpoint_loads_like_the_single_file() {
 
     let seq = ids(&reference("qwen2")["inputs"]["seq7"]);
     let sharded = ModelFiles::open(&dir, &LoadOptions::default()).unwrap();
-    let single = open("qwen2", "config.json", Quantize::Q8_0);
+    let single = open("qwen2", "config.json", Quantize::Auto);
     let a = run::logits(
         &CpuRunner::new(
-            &sharded.model(Quantize::Q8_0).unwrap(),
+            &sharded.model(Quantize::Auto).unwrap(),
             KvFormat::F32,
             &Serial,
         ),
@@ -328,7 +328,7 @@ fn sharded_checkpoint_loads_like_the_single_file() {
     .unwrap();
     let b = run::logits(
         &CpuRunner::new(
-            &single.model(Quantize::Q8_0).unwrap(),
+            &single.model(Quantize::Auto).unwrap(),
             KvFormat::F32,
             &Serial,
         ),

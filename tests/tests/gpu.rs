@@ -158,7 +158,7 @@ fn every_fixture_in_every_format_matches_the_cpu() {
 #[test]
 fn matrices_split_across_bindings_give_the_same_logits() {
     let files = load("llama_hd32");
-    let model = files.model(Quantize::Q8_0).unwrap();
+    let model = files.model(Quantize::Auto).unwrap();
     let Some(whole) = gpu(&model, None) else {
         return;
     };
@@ -195,7 +195,7 @@ fn long_context_decoding_matches_the_cpu() {
 #[test]
 fn smollm2_greedy_matches_the_cpu() {
     let files = ModelFiles::open(&smollm2_gguf(), &LoadOptions::default()).unwrap();
-    let model = files.model(Quantize::Q8_0).unwrap();
+    let model = files.model(Quantize::Auto).unwrap();
     let Some(g) = gpu(&model, None) else { return };
     let cpu = CpuRunner::new(&model, KvFormat::F32, &Serial);
     let r = smollm2_reference();

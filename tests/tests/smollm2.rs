@@ -76,7 +76,7 @@ fn f32_weights_match_reference_logits() {
 #[test]
 fn quantized_weights_track_reference_logits() {
     let files = open();
-    let model = files.model(Quantize::Q8_0).unwrap();
+    let model = files.model(Quantize::Auto).unwrap();
     for kv in [KvFormat::F16, KvFormat::F32] {
         assert_top10_within(&model, kv, 0.02);
     }
@@ -89,7 +89,7 @@ fn quantized_weights_track_reference_logits() {
 #[test]
 fn greedy_starts_like_the_reference() {
     let files = open();
-    let model = files.model(Quantize::Q8_0).unwrap();
+    let model = files.model(Quantize::Auto).unwrap();
     let pool = sapient::Rayon::new(None).unwrap();
     let r = smollm2_reference();
     for p in r["prompts"].as_array().unwrap() {
@@ -105,7 +105,7 @@ fn greedy_starts_like_the_reference() {
 #[test]
 fn perplexity_within_two_percent_of_reference() {
     let files = open();
-    let model = files.model(Quantize::Q8_0).unwrap();
+    let model = files.model(Quantize::Auto).unwrap();
     let r = smollm2_reference();
     let pf = &r["perplexity_faithful"];
     let ids = ids(&pf["token_ids"]);
@@ -123,4 +123,49 @@ fn perplexity_within_two_percent_of_reference() {
         (ppl / want - 1.0).abs() < 0.02,
         "perplexity {ppl}, reference {want}"
     );
+}
+
+/// `Quantize::Q8_0` (`--quantize q8_0`) converts every matrix of the Q4_1 file to Q8_0, each
+/// block within one Q8_0 step (its largest magnitude / 127) of the values the file holds; the
+/// default keeps the file's Q4_1 (and its Q8_0 embedding).
+#[test]
+fn q8_0_requantizes_every_quantized_matrix() {
+    let files = open();
+    let stored = files.model(Quantize::Auto).unwrap();
+    let q8 = files.model(Quantize::Q8_0).unwrap();
+    let (before, after) = (matrices(&stored), matrices(&q8));
+    assert_eq!(before.len(), after.len());
+    let q4_1 = before
+        .iter()
+        .filter(|m| m.format == sapient_core::Format::Q4_1);
+    assert!(q4_1.count() > 0, "the file's matrices are Q4_1");
+    let mut compared = 0;
+    for (a, b) in before.iter().zip(&after) {
+        assert_eq!(b.format, sapient_core::Format::Q8_0);
+        assert_eq!((a.rows, a.cols), (b.rows, b.cols));
+        let (mut x, mut y) = (vec![0f32; a.cols], vec![0f32; a.cols]);
+        for r in [0, a.rows / 2, a.rows - 1] {
+            a.dequantize_row(r, &mut x).unwrap();
+            b.dequantize_row(r, &mut y).unwrap();
+            for (xb, yb) in x.chunks(32).zip(y.chunks(32)) {
+                let step = xb.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+                for (u, v) in xb.iter().zip(yb) {
+                    assert!((u - v).abs() <= step, "row {r}: {u} became {v}");
+                }
+            }
+            compared += 1;
+        }
+    }
+    assert_eq!(compared, 3 * before.len());
+}
+
+/// Every matrix of `m`: the embedding, each layer's seven, the output projection if untied.
+fn matrices<'m>(m: &'m Model<'_>) -> Vec<&'m sapient_core::Matrix<'m>> {
+    let w = &m.weights;
+    let mut all = vec![&w.embed];
+    for l in w.layers.iter() {
+        all.extend([&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+    }
+    all.extend(w.lm_head.as_ref());
+    all
 }

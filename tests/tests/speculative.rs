@@ -148,7 +148,7 @@ fn fixture_drafts_give_the_target_output() {
         };
         assert_same(name, &target, Some(&draft), &case);
         // The target's own weights quantized: a draft that is mostly right.
-        let q8 = files.model(Quantize::Q8_0).unwrap();
+        let q8 = files.model(Quantize::Auto).unwrap();
         let close = CpuRunner::new(&q8, KvFormat::F32, &Serial);
         let stats = assert_same(name, &target, Some(&close), &case);
         assert!(stats.accepted > 0, "{name}: {stats:?}");
@@ -226,7 +226,7 @@ fn smollm2_drafts_give_the_target_output() {
     let r = smollm2_reference();
     let files = ModelFiles::open(&smollm2_gguf(), &LoadOptions::default()).unwrap();
     let exact: Model<'_> = files.model(Quantize::F32).unwrap();
-    let native = files.model(Quantize::Q8_0).unwrap();
+    let native = files.model(Quantize::Auto).unwrap();
     let exec = Rayon::new(None).unwrap();
     let target = CpuRunner::new(&exact, KvFormat::F32, &exec);
     let draft = CpuRunner::new(&native, KvFormat::Q8_0, &exec);

@@ -30,8 +30,14 @@ use sapient_core::Config;
 pub enum Quantize {
     /// Keep them as f32 (f16/bf16 are widened; f32 is used in place).
     None,
-    /// Quantize them to Q8_0 (matrices whose rows are not a whole number of blocks stay f32).
+    /// Quantize them to Q8_0 (matrices whose rows are not a whole number of blocks stay f32);
+    /// quantized matrices stay as the file has them.
     #[default]
+    Auto,
+    /// Every matrix to Q8_0, quantized ones too (re-quantized from their values, as
+    /// `llama-quantize --allow-requantize` does): more memory than a 4- or 6-bit file, but the
+    /// fastest kernels where the k-quants' are slower. Rows that are not whole blocks stay as
+    /// stored.
     Q8_0,
     /// Convert every matrix to f32, quantized ones too: slow, but computes with exactly the
     /// weights the file holds, for checking against a float reference.
@@ -303,6 +309,9 @@ impl ModelFiles {
                 cols,
                 Cow::Owned(f32_bytes(&t.to_f32(name)?)),
             ),
+            Some(f) if quantize == Quantize::Q8_0 && f != Format::Q8_0 && cols % 32 == 0 => {
+                q8_0_matrix(&t.to_f32(name)?, rows, cols)
+            }
             Some(f)
                 if f.is_quantized()
                     || quantize == Quantize::None
@@ -312,16 +321,8 @@ impl ModelFiles {
             {
                 Matrix::new(f, rows, cols, Cow::Borrowed(t.bytes))
             }
-            _ if quantize == Quantize::Q8_0 && cols % 32 == 0 => {
-                let values = t.to_f32(name)?;
-                let row_bytes = Format::Q8_0.row_bytes(cols)?;
-                let mut q = vec![0u8; rows * row_bytes];
-                q.par_chunks_mut(row_bytes)
-                    .zip(values.par_chunks(cols))
-                    .try_for_each(|(out, x)| {
-                        sapient_core::quant::quantize_row(Format::Q8_0, x, out)
-                    })?;
-                Matrix::new(Format::Q8_0, rows, cols, Cow::Owned(q))
+            _ if matches!(quantize, Quantize::Auto | Quantize::Q8_0) && cols % 32 == 0 => {
+                q8_0_matrix(&t.to_f32(name)?, rows, cols)
             }
             _ => Matrix::new(
                 Format::F32,
@@ -333,8 +334,8 @@ impl ModelFiles {
         matrix.with_context(|| format!("tensor {name}"))
     }
 
-    /// A 1-D weight (a norm or a bias) as f32.
-    /// A norm or bias, as f32 values of its own (they are small; the file may hold f16).
+    /// A 1-D weight (a norm or a bias) as f32 values of its own (they are small; the file may
+    /// hold f16).
     fn vector(&self, name: &str) -> Result<Cow<'static, [f32]>> {
         let t = self.tensor(name)?;
         if t.shape.len() != 1 {
@@ -495,6 +496,16 @@ fn shard_files(dir: &Path, index: &Path) -> Result<Vec<PathBuf>> {
             Ok(dir.join(p))
         })
         .collect()
+}
+
+/// A row-major f32 matrix quantized to Q8_0, rows in parallel.
+fn q8_0_matrix(values: &[f32], rows: usize, cols: usize) -> sapient_core::Result<Matrix<'static>> {
+    let row_bytes = Format::Q8_0.row_bytes(cols)?;
+    let mut q = vec![0u8; rows * row_bytes];
+    q.par_chunks_mut(row_bytes)
+        .zip(values.par_chunks(cols))
+        .try_for_each(|(out, x)| sapient_core::quant::quantize_row(Format::Q8_0, x, out))?;
+    Matrix::new(Format::Q8_0, rows, cols, Cow::Owned(q))
 }
 
 /// f32 values as little-endian bytes.
