@@ -18,7 +18,7 @@ pub enum KvFormat {
 
 impl KvFormat {
     /// Q8_0 (4x smaller than f32) when a head is a whole number of blocks, f32 otherwise.
-    pub fn default_for(config: &Config) -> Self {
+    pub const fn default_for(config: &Config) -> Self {
         if config.head_dim.is_multiple_of(quant::QK) {
             KvFormat::Q8_0
         } else {
