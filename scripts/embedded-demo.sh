@@ -23,20 +23,8 @@ if ! command -v qemu-system-arm >/dev/null; then
     exit 1
 fi
 rustup target add thumbv7em-none-eabihf >/dev/null 2>&1 || true
-target_dir="$(bash scripts/target-dir.sh)"
-
-sapient="${SAPIENT_BIN:-}"
-if [ -z "$sapient" ]; then
-    cargo build --release -q -p sapient
-    sapient="$target_dir/release/sapient"
-fi
-model_dir=embedded/firmware/model
-mkdir -p "$model_dir"
-"$sapient" quantize "$fixture" "$model_dir/model.gguf" --type q8_0 2>/dev/null
-# The module that places the GGUF's tensors, written with llama.cpp's own GGUF reader.
-python3 -c 'import numpy' 2>/dev/null || python3 -m pip install --quiet numpy
-PYTHONPATH="$(bash scripts/fetch-llama-cpp.sh)/gguf-py" \
-    python3 scripts/gguf-to-rust.py "$model_dir/model.gguf" "$model_dir/model.rs"
+source scripts/embedded-model.sh
+embedded_model "$fixture"
 
 firmware_target="$target_dir/firmware"
 (cd embedded/firmware && CARGO_TARGET_DIR="$firmware_target" cargo build --release -q)
@@ -49,10 +37,8 @@ firmware_tokens=$(printf '%s\n' "$firmware_out" | grep '^tokens:')
 echo "firmware (qemu mps2-an386): $firmware_tokens"
 printf '%s\n' "$firmware_out" | grep -v '^tokens:'
 
-host=$("$sapient" generate --model "$model_dir/model.gguf" --prompt-ids "$prompt" \
-    --max-tokens 16 --temperature 0 --format json --backend cpu 2>/dev/null |
-    python3 -c 'import json, sys; print(" ".join(map(str, json.load(sys.stdin)["generated_ids"])))')
-echo "host:                       tokens: $host"
+host=$(host_tokens "$prompt" 16)
+echo "host:                       $host"
 
 # Flash holds the vector table, code and read-only data (the model); RAM the arenas (.bss and
 # .data) and the stack.
@@ -61,7 +47,7 @@ size -A "$elf" | awk '
     $1 == ".data" || $1 == ".bss" || $1 == ".uninit" { ram += $2 }
     END { printf "flash: %d bytes, RAM (static): %d bytes\n", flash, ram }'
 
-if [ "$firmware_tokens" != "tokens: $host" ]; then
+if [ "$firmware_tokens" != "$host" ]; then
     echo "the firmware's tokens differ from the host's" >&2
     exit 1
 fi

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Writes the Rust module a firmware compiles a GGUF model into: its `Config` as a `const`, each
-matrix as a (format, byte range, rows, cols) of the GGUF bytes the firmware `include_bytes!`s, and
-the norms as f32 arrays (exact, as bit patterns). The firmware builds borrowed `Matrix`es over
-those ranges at start; nothing is copied or allocated.
+"""Writes the Rust module embedded/model-image compiles a GGUF model into (for the firmware and
+the WebAssembly module): its `Config` as a `const`, each matrix as a (format, byte range, rows,
+cols) of the GGUF bytes it `include_bytes!`s, and the norms as f32 arrays (exact, as bit
+patterns). It builds borrowed `Matrix`es over those ranges at start; nothing is copied or
+allocated.
 
 Usage: PYTHONPATH=<llama.cpp>/gguf-py scripts/gguf-to-rust.py MODEL.gguf OUT.rs
 

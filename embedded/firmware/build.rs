@@ -1,7 +1,6 @@
 //! Puts `memory.x` where cortex-m-rt's `link.x` looks for it, with `stack.x` giving the stack's
 //! size (`SAPIENT_FIRMWARE_STACK` bytes, 128 KiB by default: the core documents about 100 KiB
-//! for a forward pass), and rebuilds when the model that `scripts/embedded-demo.sh` writes into
-//! `model/` changes.
+//! for a forward pass).
 use std::path::PathBuf;
 
 const DEFAULT_STACK: u32 = 128 * 1024;
@@ -18,6 +17,5 @@ fn main() {
     std::fs::write(out.join("stack.x"), format!("STACK_SIZE = {stack};\n")).unwrap();
     println!("cargo:rustc-link-search={}", out.display());
     println!("cargo:rerun-if-changed=memory.x");
-    println!("cargo:rerun-if-changed=model");
     println!("cargo:rerun-if-env-changed=SAPIENT_FIRMWARE_STACK");
 }

@@ -1,14 +1,11 @@
 //! sapient-core on a Cortex-M4F: the GGUF `scripts/embedded-demo.sh` wrote (Q8_0 matrices) in
-//! flash, borrowed in place; the KV cache and the scratch in `static` arenas sized by the core's
+//! flash, borrowed in place (`sapient-model-image`); the KV cache and the scratch in `static` arenas sized by the core's
 //! `const fn`s; the `Serial` executor; a global allocator that fails every request. It runs a
 //! prompt, greedily decodes `NEW_TOKENS` tokens and prints `tokens: <ids>` over semihosting, then
 //! the SysTick ticks the prompt and each decoded token took.
 #![no_std]
 #![no_main]
 
-extern crate alloc;
-
-use alloc::borrow::Cow;
 use core::alloc::{GlobalAlloc, Layout};
 use core::panic::PanicInfo;
 
@@ -17,57 +14,13 @@ use cortex_m::peripheral::SYST;
 use cortex_m_rt::entry;
 use cortex_m_semihosting::{debug, hprint, hprintln};
 use sapient_core::sample::{Sampler, SamplerConfig};
-use sapient_core::{
-    Config, Error, Format, KvCache, KvFormat, LayerWeights, Layers, Matrix, Model, RopeStyle,
-    Scratch, Serial, Want, Weights,
-};
-
-/// The model file, in flash.
-static GGUF: &[u8] = include_bytes!("../model/model.gguf");
-
-/// What `scripts/gguf-to-rust.py` wrote from that file: `CONFIG`, the matrices' byte ranges,
-/// the norms.
-mod model {
-    use super::{Config, Format, LayerTensors, RopeStyle, Tensor};
-    include!("../model/model.rs");
-}
-
-/// A matrix's place in `GGUF`.
-struct Tensor {
-    format: Format,
-    start: usize,
-    end: usize,
-    rows: usize,
-    cols: usize,
-}
-
-impl Tensor {
-    fn matrix(&self) -> Result<Matrix<'static>, Error> {
-        let bytes = GGUF
-            .get(self.start..self.end)
-            .ok_or(Error::InvalidArgument {
-                what: "model tensor",
-                reason: "its byte range is not inside the GGUF",
-            })?;
-        Matrix::new(self.format, self.rows, self.cols, Cow::Borrowed(bytes))
-    }
-}
-
-struct LayerTensors {
-    wq: Tensor,
-    wk: Tensor,
-    wv: Tensor,
-    wo: Tensor,
-    w_gate: Tensor,
-    w_up: Tensor,
-    w_down: Tensor,
-}
+use sapient_core::{Error, KvCache, KvFormat, Model, Scratch, Serial, Want};
+use sapient_model_image as model;
 
 const PROMPT: [u32; 7] = [1, 5, 9, 13, 17, 21, 25];
 const NEW_TOKENS: usize = 16;
 const MAX_SEQ: usize = PROMPT.len() + NEW_TOKENS;
 const MAX_BATCH: usize = PROMPT.len();
-const N_LAYERS: usize = model::LAYERS.len();
 const VOCAB: usize = model::CONFIG.vocab_size;
 /// As the host chooses: Q8_0 when a head is whole blocks, f32 otherwise.
 const KV_FORMAT: KvFormat = KvFormat::default_for(&model::CONFIG);
@@ -136,35 +89,8 @@ fn run() -> Result<(), Error> {
     let scratch =
         cortex_m::singleton!(: Arena<SCRATCH_BYTES> = Arena([0; SCRATCH_BYTES])).ok_or(taken)?;
 
-    let mut layers: heapless::Vec<LayerWeights<'static>, N_LAYERS> = heapless::Vec::new();
-    for (t, [attn_norm, ffn_norm]) in model::LAYERS.iter().zip(&model::LAYER_NORMS) {
-        let layer = LayerWeights {
-            attn_norm: Cow::Borrowed(attn_norm),
-            wq: t.wq.matrix()?,
-            wk: t.wk.matrix()?,
-            wv: t.wv.matrix()?,
-            wo: t.wo.matrix()?,
-            bq: None,
-            bk: None,
-            bv: None,
-            ffn_norm: Cow::Borrowed(ffn_norm),
-            w_gate: t.w_gate.matrix()?,
-            w_up: t.w_up.matrix()?,
-            w_down: t.w_down.matrix()?,
-        };
-        // Cannot fail: the vector holds exactly the model's layers.
-        let _ = layers.push(layer);
-    }
-    let weights = Weights {
-        embed: model::EMBED.matrix()?,
-        layers: Layers::Borrowed(&layers),
-        norm: Cow::Borrowed(&model::NORM),
-        lm_head: match &model::OUTPUT {
-            Some(t) => Some(t.matrix()?),
-            None => None,
-        },
-        rope_freq_factors: None,
-    };
+    let layers = model::layers()?;
+    let weights = model::weights(&layers)?;
     let model = Model::new(model::CONFIG, weights)?;
     let mut cache = KvCache::new(&model::CONFIG, MAX_SEQ, KV_FORMAT, &mut kv.0)?;
     let mut scratch = Scratch::new(&model::CONFIG, MAX_BATCH, &mut scratch.0)?;
