@@ -21,8 +21,34 @@ pub struct RopeScaling {
     pub original_max_position_embeddings: usize,
 }
 
-/// Upper bound on `head_dim`: attention keeps one head's row on the stack.
-pub const MAX_HEAD_DIM: usize = 512;
+/// Upper bound on `head_dim`. Attention keeps blocks of query rows on the stack, about 170 bytes
+/// per unit of `MAX_HEAD_DIM` per thread (88 KiB at 512), so firmware for models with small heads
+/// shrinks its stack by setting `SAPIENT_MAX_HEAD_DIM` (a multiple of 32) when it builds the core,
+/// as embassy's crates take their sizes; 512 otherwise. A model with larger heads is then refused
+/// by `Config::validate`, not run.
+pub const MAX_HEAD_DIM: usize = match option_env!("SAPIENT_MAX_HEAD_DIM") {
+    Some(s) => parse_max_head_dim(s),
+    None => 512,
+};
+
+/// `SAPIENT_MAX_HEAD_DIM`'s value; a build with a bad one fails to compile, naming it.
+const fn parse_max_head_dim(s: &str) -> usize {
+    let digits = s.as_bytes();
+    let mut n = 0usize;
+    let mut i = 0;
+    while i < digits.len() {
+        let d = digits[i];
+        if !d.is_ascii_digit() || n > 4096 {
+            panic!("SAPIENT_MAX_HEAD_DIM must be a number from 32 to 4096");
+        }
+        n = n * 10 + (d - b'0') as usize;
+        i += 1;
+    }
+    if n < 32 || n > 4096 || !n.is_multiple_of(32) {
+        panic!("SAPIENT_MAX_HEAD_DIM must be a multiple of 32 from 32 to 4096");
+    }
+    n
+}
 /// Upper bound on any single dimension, far above any real model, so that products of dimensions
 /// cannot overflow `usize` on a 64-bit target.
 pub const MAX_DIM: usize = 1 << 24;
@@ -91,7 +117,10 @@ impl Config {
             ));
         }
         if !self.head_dim.is_multiple_of(2) || self.head_dim > MAX_HEAD_DIM {
-            return Err(invalid("head_dim", "must be even and at most 512"));
+            return Err(invalid(
+                "head_dim",
+                "must be even and at most MAX_HEAD_DIM (512 unless SAPIENT_MAX_HEAD_DIM is set)",
+            ));
         }
         if self.q_dim() > MAX_DIM {
             return Err(invalid(
