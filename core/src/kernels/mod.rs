@@ -1,5 +1,6 @@
 //! Dot products and mat-muls for every weight format, with a scalar reference (`scalar`) and SIMD
-//! twins (`x86`: AVX2+FMA+F16C, with AVX-VNNI and AVX-512 variants; `aarch64`: NEON), collected
+//! twins (`x86`: AVX2+FMA+F16C, with AVX-VNNI and AVX-512 variants; `aarch64`: NEON; `wasm32`:
+//! SIMD128 for Q8_0, in modules built with it), collected
 //! in a table of function pointers that is picked once from the CPU's features (`Kernels::best`).
 //!
 //! Quantized weights are multiplied with activations quantized to Q16 per 32-block (see
@@ -14,6 +15,8 @@ use crate::quant::{self, q16, Format, QK};
 pub mod aarch64;
 pub mod panel;
 pub mod scalar;
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+pub mod wasm32;
 #[cfg(target_arch = "x86_64")]
 pub mod x86;
 
@@ -30,7 +33,15 @@ static SIMD_TABLES: [SimdTable; 3] = [
 #[cfg(target_arch = "aarch64")]
 static SIMD_TABLES: [SimdTable; 1] = [(&aarch64::KERNELS, || true)];
 
-#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+// WebAssembly decides at build time: a module built with SIMD128 runs it everywhere it loads.
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+static SIMD_TABLES: [SimdTable; 1] = [(&wasm32::KERNELS, || true)];
+
+#[cfg(not(any(
+    target_arch = "x86_64",
+    target_arch = "aarch64",
+    all(target_arch = "wasm32", target_feature = "simd128")
+)))]
 static SIMD_TABLES: [SimdTable; 0] = [];
 
 /// How many activation rows a tiled kernel takes at once.
@@ -147,6 +158,8 @@ impl Kernels {
         }
         #[cfg(target_arch = "aarch64")]
         return &aarch64::KERNELS;
+        #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+        return &wasm32::KERNELS;
         #[allow(unreachable_code)]
         &scalar::KERNELS
     }

@@ -9,7 +9,10 @@ use crate::quant::{
     BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, KBlock, QK,
 };
 
-pub static KERNELS: Kernels = Kernels {
+pub static KERNELS: Kernels = TABLE;
+
+/// The table by value, for SIMD tables that keep some scalar entries (`..scalar::TABLE`).
+pub(super) const TABLE: Kernels = Kernels {
     name: "scalar",
     quantize_q8_0: quantize_blocks::<BlockQ8_0>,
     quantize_q16: quantize_blocks::<BlockQ16>,
@@ -33,7 +36,7 @@ pub static KERNELS: Kernels = Kernels {
     exp_sub: crate::ops::exp_sub,
 };
 
-const fn dots<W: Unpack>() -> QuantDots {
+pub(super) const fn dots<W: Unpack>() -> QuantDots {
     QuantDots {
         one: |w, x| dot::<W, 1>(w, [x])[0],
         x4: dot::<W, 4>,

@@ -670,6 +670,15 @@ fn best_kernels_follow_the_cpu() {
             "scalar"
         }
     );
+    #[cfg(target_arch = "wasm32")]
+    assert_eq!(
+        name,
+        if cfg!(target_feature = "simd128") {
+            "simd128"
+        } else {
+            "scalar"
+        }
+    );
 }
 
 /// Every tile shape gives a (row, token) pair the very same bits, so batching, threads and row
@@ -861,5 +870,22 @@ fn x86_tables_agree_bit_for_bit() {
         for r in &results {
             assert_eq!(*r, results[0], "{format} panel");
         }
+    }
+}
+
+#[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
+proptest! {
+    /// The SIMD128 Q8_0 dots give the scalar kernels' bits: the same exact block sums, scaled in
+    /// the same order.
+    #[test]
+    fn simd128_q8_0_dots_are_the_scalar_bits(blocks in 1usize..20, w in values(20 * 32), xs in proptest::collection::vec(values(20 * 32), TILE)) {
+        let n = blocks * 32;
+        let wq = quantized(Format::Q8_0, &w[..n]);
+        let xq: Vec<Vec<u8>> = xs.iter().map(|x| q16_row(&x[..n])).collect();
+        let x4: [&[u8]; TILE] = core::array::from_fn(|i| xq[i].as_slice());
+        let (simd, scalar) = (&super::wasm32::KERNELS.q8_0, &Kernels::scalar().q8_0);
+        let bits = |v: [f32; TILE]| v.map(f32::to_bits);
+        prop_assert_eq!(bits((simd.x4)(&wq, x4)), bits((scalar.x4)(&wq, x4)));
+        prop_assert_eq!((simd.one)(&wq, x4[0]).to_bits(), (scalar.one)(&wq, x4[0]).to_bits());
     }
 }
