@@ -15,8 +15,11 @@ use crate::quant::{self, q16, BlockQ16, Format, QK};
 /// The shape of one attention call.
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionShape {
+    /// Query heads.
     pub n_heads: usize,
+    /// Key/value heads (each shared by `n_heads / n_kv_heads` query heads).
     pub n_kv_heads: usize,
+    /// Values per head.
     pub head_dim: usize,
     /// Each query sees itself and the `w - 1` positions before it.
     pub window: Option<usize>,

@@ -33,6 +33,8 @@ pub struct Segment {
     pub pos0: usize,
 }
 
+/// Where the layer loop's steps run: the CPU (`Model`, over the caller's arenas) or a GPU (the
+/// std frontend's). A backend holds one batch's activations, named as the module says.
 pub trait Backend {
     /// The most tokens one batch may hold.
     fn max_batch(&self) -> usize;

@@ -15,9 +15,13 @@ pub enum RopeStyle {
 /// Llama-3 frequency scaling (`rope_type = "llama3"`).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RopeScaling {
+    /// How much longer the context is than the one the model was trained on.
     pub factor: f32,
+    /// Wavelengths above `original_max_position_embeddings / low_freq_factor` are scaled fully.
     pub low_freq_factor: f32,
+    /// Wavelengths below `original_max_position_embeddings / high_freq_factor` are kept.
     pub high_freq_factor: f32,
+    /// The context the model was trained on.
     pub original_max_position_embeddings: usize,
 }
 
@@ -53,32 +57,48 @@ const fn parse_max_head_dim(s: &str) -> usize {
 /// cannot overflow `usize` on a 64-bit target.
 pub const MAX_DIM: usize = 1 << 24;
 
+/// A model's shape and constants, named as in Hugging Face's `config.json` where they come from it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Config {
+    /// Tokens in the vocabulary (rows of the embedding).
     pub vocab_size: usize,
+    /// Width of the residual stream.
     pub hidden_size: usize,
+    /// Width of the feed-forward's hidden layer.
     pub intermediate_size: usize,
+    /// Transformer blocks (`num_hidden_layers`).
     pub n_layers: usize,
+    /// Query heads (`num_attention_heads`).
     pub n_heads: usize,
+    /// Key/value heads (`num_key_value_heads`); fewer than `n_heads` is grouped-query attention.
     pub n_kv_heads: usize,
+    /// Values per head (at most `MAX_HEAD_DIM`).
     pub head_dim: usize,
+    /// Added to the mean square in RMSNorm.
     pub rms_norm_eps: f32,
+    /// RoPE's base frequency.
     pub rope_theta: f32,
+    /// Which elements RoPE rotates together.
     pub rope_style: RopeStyle,
+    /// Llama-3 frequency scaling, if the model has it.
     pub rope_scaling: Option<RopeScaling>,
+    /// Whether the output projection is the embedding.
     pub tie_word_embeddings: bool,
     /// Qwen2: Q, K and V projections carry biases.
     pub qkv_bias: bool,
     /// Mistral: a query sees itself and the `w - 1` positions before it.
     pub sliding_window: Option<usize>,
+    /// The context the model supports.
     pub max_position_embeddings: usize,
 }
 
 impl Config {
+    /// Width of all query heads together: `n_heads × head_dim`.
     pub const fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim
     }
 
+    /// Width of all key (or value) heads together: `n_kv_heads × head_dim`.
     pub const fn kv_dim(&self) -> usize {
         self.n_kv_heads * self.head_dim
     }

@@ -2,6 +2,7 @@
 //! strings, so reporting an error costs nothing on the hot path.
 use core::fmt;
 
+/// The core's `Result`: `Error` unless said otherwise.
 pub type Result<T, E = Error> = core::result::Result<T, E>;
 
 /// Everything that can go wrong in the core, each naming what was wrong.
@@ -10,80 +11,128 @@ pub type Result<T, E = Error> = core::result::Result<T, E>;
 pub enum Error {
     /// A slice had the wrong length.
     Length {
+        /// The slice.
         what: &'static str,
+        /// The length it needed.
         expected: usize,
+        /// Its length.
         got: usize,
     },
     /// Two things that must agree in length or count do not (in the style of candle's
     /// `ShapeMismatchBinaryOp`): `op` names the operation, each side what it counts.
     Mismatch {
+        /// The operation.
         op: &'static str,
+        /// The left side: what it is, and its length or count.
         lhs: (&'static str, usize),
+        /// The right side, likewise.
         rhs: (&'static str, usize),
     },
     /// An index (a row, a layer, a position) past the end of what it indexes.
     OutOfRange {
+        /// What was indexed.
         what: &'static str,
+        /// The index.
         index: usize,
+        /// How many there are.
         len: usize,
     },
     /// A size whose computation overflows `usize`.
-    Overflow { what: &'static str },
+    Overflow {
+        /// The size.
+        what: &'static str,
+    },
     /// An argument that breaks a rule of the call other than a length.
     InvalidArgument {
+        /// The argument or call.
         what: &'static str,
+        /// The rule it breaks.
         reason: &'static str,
     },
     /// A length that must be a multiple of a format's block size was not.
     NotBlockMultiple {
+        /// What has the length.
         what: &'static str,
+        /// The length.
         len: usize,
+        /// The block size it must be a multiple of.
         block: usize,
     },
     /// A backend could not run a step (a GPU's device error, say); the backend reports details.
     Backend(&'static str),
     /// A caller-provided arena is smaller than `bytes_needed` said.
     ArenaTooSmall {
+        /// The arena.
         what: &'static str,
+        /// Bytes it needs.
         needed: usize,
+        /// Bytes it was given.
         got: usize,
     },
     /// A caller-provided arena does not start at the alignment its contents need.
-    Misaligned { what: &'static str, align: usize },
+    Misaligned {
+        /// The arena.
+        what: &'static str,
+        /// The alignment it needs, in bytes.
+        align: usize,
+    },
     /// Writing past the end of the KV cache.
     ContextFull {
+        /// Positions the cache held.
         pos: usize,
+        /// Tokens that were to be added.
         tokens: usize,
+        /// Positions the cache can hold.
         max_seq: usize,
     },
     /// A token id outside the vocabulary.
-    TokenOutOfRange { token: u32, vocab: usize },
+    TokenOutOfRange {
+        /// The id.
+        token: u32,
+        /// The vocabulary's size.
+        vocab: usize,
+    },
     /// A configuration value that cannot describe a working model.
     InvalidConfig {
+        /// The field, by its Hugging Face `config.json` name.
         field: &'static str,
+        /// What is wrong with it.
         reason: &'static str,
     },
     /// A weight whose shape disagrees with the configuration.
     Shape {
+        /// The tensor, by its Hugging Face name.
         tensor: &'static str,
+        /// Its layer, for a layer's tensors.
         layer: Option<usize>,
+        /// `[rows, cols]` the configuration implies (`[n, 1]` for a vector).
         expected: [usize; 2],
+        /// Its shape.
         got: [usize; 2],
     },
     /// A weight format that an operation does not support.
     UnsupportedFormat {
+        /// The operation.
         what: &'static str,
+        /// The format.
         format: crate::quant::Format,
     },
     /// The architecture named by a model is not one sapient implements.
     UnknownArchitecture(ArchName),
     /// A sampling parameter out of its range.
     InvalidSampling {
+        /// The parameter.
         field: &'static str,
+        /// Its range.
         reason: &'static str,
     },
     /// A result that came out NaN or infinite: weights (or scales) that are not finite numbers.
-    NotFinite { what: &'static str, row: usize },
+    NotFinite {
+        /// What came out so.
+        what: &'static str,
+        /// Its row.
+        row: usize,
+    },
 }
 
 impl Error {
@@ -115,6 +164,7 @@ pub struct ArchName {
 impl ArchName {
     const CAPACITY: usize = 48;
 
+    /// The name (its first 48 bytes, in whole characters).
     pub fn as_str(&self) -> &str {
         // Only whole characters are stored, so the prefix is UTF-8.
         core::str::from_utf8(&self.bytes[..self.len as usize]).unwrap_or_default()

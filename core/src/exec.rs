@@ -6,6 +6,9 @@ use crate::error::Result;
 /// The work of one chunk: its index and its part of the output.
 pub type ChunkFn<'f> = dyn Fn(usize, &mut [f32]) -> Result<()> + Sync + 'f;
 
+/// How the core runs work on several threads: the one hook between it and a thread pool.
+/// `Serial` runs everything on the calling thread; the std frontend implements it with rayon, a
+/// firmware with its RTOS's threads.
 pub trait Exec: Sync {
     /// How many chunks can usefully run at once.
     fn threads(&self) -> usize;

@@ -11,8 +11,11 @@ use crate::quant::{self, Format};
 /// How K and V rows are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum KvFormat {
+    /// 4 bytes a value.
     F32,
+    /// 2 bytes a value.
     F16,
+    /// 34 bytes per 32 values (needs `head_dim` a multiple of 32).
     Q8_0,
 }
 
@@ -26,6 +29,7 @@ impl KvFormat {
         }
     }
 
+    /// The rows' block format.
     pub const fn format(self) -> Format {
         match self {
             KvFormat::F32 => Format::F32,
@@ -116,14 +120,17 @@ impl<'a> KvCache<'a> {
         self.len
     }
 
+    /// Whether no position is filled.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// Positions the cache can hold.
     pub fn max_seq(&self) -> usize {
         self.max_seq
     }
 
+    /// How the rows are stored.
     pub fn format(&self) -> KvFormat {
         self.format
     }
@@ -133,6 +140,7 @@ impl<'a> KvCache<'a> {
         self.len = self.len.min(len);
     }
 
+    /// Forgets every position (a new sequence starts).
     pub fn clear(&mut self) {
         self.len = 0;
     }
@@ -236,10 +244,15 @@ impl<'a> KvCache<'a> {
 /// One layer's cached K and V.
 #[derive(Clone, Copy)]
 pub struct LayerKv<'c> {
+    /// Every key row of the layer (`max_seq × n_kv_heads` rows).
     pub k: &'c [u8],
+    /// Every value row of the layer, likewise.
     pub v: &'c [u8],
+    /// The rows' format.
     pub format: Format,
+    /// Bytes of one row (`head_dim` values).
     pub row_bytes: usize,
+    /// Rows per position.
     pub n_kv_heads: usize,
 }
 
@@ -248,11 +261,19 @@ impl LayerKv<'_> {
         (pos * self.n_kv_heads + kv_head) * self.row_bytes
     }
 
+    /// The key of `kv_head` at `pos`.
+    ///
+    /// # Panics
+    /// If `pos` or `kv_head` is past the layer's rows.
     pub fn k_row(&self, pos: usize, kv_head: usize) -> &[u8] {
         let o = self.offset(pos, kv_head);
         &self.k[o..o + self.row_bytes]
     }
 
+    /// The value of `kv_head` at `pos`.
+    ///
+    /// # Panics
+    /// If `pos` or `kv_head` is past the layer's rows.
     pub fn v_row(&self, pos: usize, kv_head: usize) -> &[u8] {
         let o = self.offset(pos, kv_head);
         &self.v[o..o + self.row_bytes]

@@ -9,7 +9,7 @@
 //! and lends them.
 #![no_std]
 #![forbid(unsafe_op_in_unsafe_fn)]
-#![warn(clippy::missing_errors_doc, clippy::missing_panics_doc)]
+#![warn(missing_docs, clippy::missing_errors_doc, clippy::missing_panics_doc)]
 
 #[cfg(test)]
 extern crate std;

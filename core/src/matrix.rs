@@ -8,8 +8,11 @@ use crate::quant::{self, Format};
 /// A row-major matrix of `rows` rows of `cols` values stored in `format`.
 #[derive(Debug, Clone)]
 pub struct Matrix<'w> {
+    /// How the values are stored.
     pub format: Format,
+    /// Rows (outputs).
     pub rows: usize,
+    /// Values per row (inputs).
     pub cols: usize,
     bytes: Cow<'w, [u8]>,
     row_bytes: usize,
@@ -71,10 +74,12 @@ impl<'w> Matrix<'w> {
         &self.bytes[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
 
+    /// The stored rows, row after row.
     pub fn bytes(&self) -> &[u8] {
         &self.bytes
     }
 
+    /// Whether the bytes are borrowed (a memory map, a `static`) rather than owned.
     pub fn is_borrowed(&self) -> bool {
         matches!(self.bytes, Cow::Borrowed(_))
     }

@@ -25,8 +25,12 @@ pub enum Want<'o> {
     Hidden(&'o mut [f32]),
 }
 
+/// A model ready to run on the CPU: its configuration, its weights (borrowed for `'w`), RoPE's
+/// frequencies and the kernels picked for this CPU.
 pub struct Model<'w> {
+    /// The model's shape.
     pub config: Config,
+    /// The model's weights.
     pub weights: Weights<'w>,
     inv_freq: InvFreq,
     kernels: &'static Kernels,
@@ -59,6 +63,7 @@ impl<'w> Model<'w> {
         self
     }
 
+    /// The kernels it runs.
     pub fn kernels(&self) -> &'static Kernels {
         self.kernels
     }

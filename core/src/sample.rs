@@ -5,6 +5,7 @@ use alloc::vec::Vec;
 
 use crate::error::{Error, Result};
 
+/// How tokens are chosen from the logits.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SamplerConfig {
     /// 0 means greedy.
@@ -19,6 +20,7 @@ pub struct SamplerConfig {
     pub repeat_penalty: f32,
     /// How many of the latest tokens the penalty looks at.
     pub repeat_last_n: usize,
+    /// Seeds the random draws: the same seed and logits give the same tokens.
     pub seed: u64,
 }
 
@@ -37,6 +39,7 @@ impl Default for SamplerConfig {
 }
 
 impl SamplerConfig {
+    /// Always the most likely token.
     pub fn greedy() -> Self {
         SamplerConfig {
             temperature: 0.0,
@@ -73,6 +76,7 @@ pub struct Rng {
 }
 
 impl Rng {
+    /// A generator seeded with `seed`.
     pub fn new(seed: u64) -> Self {
         let mut x = seed;
         let mut next = || {
@@ -87,6 +91,7 @@ impl Rng {
         }
     }
 
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         let r = self.s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
         let t = self.s[1] << 17;
@@ -191,6 +196,7 @@ impl<'c> Sampler<'c> {
         })
     }
 
+    /// Its configuration.
     pub fn config(&self) -> &SamplerConfig {
         &self.config
     }

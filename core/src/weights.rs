@@ -12,25 +12,40 @@ pub use crate::matrix::Matrix;
 /// One transformer block.
 #[derive(Debug, Clone)]
 pub struct LayerWeights<'w> {
+    /// RMSNorm weights before attention (`hidden_size`).
     pub attn_norm: Cow<'w, [f32]>,
+    /// Query projection (`q_dim × hidden_size`).
     pub wq: Matrix<'w>,
+    /// Key projection (`kv_dim × hidden_size`).
     pub wk: Matrix<'w>,
+    /// Value projection (`kv_dim × hidden_size`).
     pub wv: Matrix<'w>,
+    /// Attention's output projection (`hidden_size × q_dim`).
     pub wo: Matrix<'w>,
     /// Qwen2's projection biases.
     pub bq: Option<Cow<'w, [f32]>>,
+    /// Qwen2's key bias (`kv_dim`).
     pub bk: Option<Cow<'w, [f32]>>,
+    /// Qwen2's value bias (`kv_dim`).
     pub bv: Option<Cow<'w, [f32]>>,
+    /// RMSNorm weights before the feed-forward (`hidden_size`).
     pub ffn_norm: Cow<'w, [f32]>,
+    /// Feed-forward gate projection (`intermediate_size × hidden_size`).
     pub w_gate: Matrix<'w>,
+    /// Feed-forward up projection (`intermediate_size × hidden_size`).
     pub w_up: Matrix<'w>,
+    /// Feed-forward down projection (`hidden_size × intermediate_size`).
     pub w_down: Matrix<'w>,
 }
 
+/// Every weight of a model, borrowed for `'w` or owned.
 #[derive(Debug, Clone)]
 pub struct Weights<'w> {
+    /// Token embeddings (`vocab_size × hidden_size`).
     pub embed: Matrix<'w>,
+    /// The transformer blocks, in order.
     pub layers: Layers<'w>,
+    /// The final RMSNorm's weights (`hidden_size`).
     pub norm: Cow<'w, [f32]>,
     /// `None` when the output projection is tied to the embedding.
     pub lm_head: Option<Matrix<'w>>,
@@ -43,7 +58,9 @@ pub struct Weights<'w> {
 /// `Weights` invariant in `'w`, so a `Weights<'static>` could not stand in for a shorter one.
 #[derive(Debug, Clone)]
 pub enum Layers<'w> {
+    /// Owned (the std frontend's loaders).
     Owned(Vec<LayerWeights<'w>>),
+    /// Borrowed (firmware: an array built at start).
     Borrowed(&'w [LayerWeights<'w>]),
 }
 

@@ -103,27 +103,41 @@ pub struct QuantDots {
 /// One instruction set's kernels. Each entry is memory-safe for any input (it works on the whole
 /// blocks that all arguments hold); the checked functions of this module validate lengths first.
 pub struct Kernels {
+    /// The table's name (`scalar`, `avx2`, `neon+dotprod`, `simd128`, ...).
     pub name: &'static str,
     /// Quantizes a row to Q8_0 (the KV cache's K and V rows), bit-exact with the reference.
     pub quantize_q8_0: fn(&[f32], &mut [u8]),
     /// Quantizes a row of activations to Q16, bit-exact with the reference quantizer.
     pub quantize_q16: fn(&[f32], &mut [u8]),
+    /// Q8_0 weights · Q16 activations.
     pub q8_0: QuantDots,
+    /// Q4_0 weights · Q16 activations.
     pub q4_0: QuantDots,
+    /// Q4_1 weights · Q16 activations.
     pub q4_1: QuantDots,
+    /// Q5_0 weights · Q16 activations.
     pub q5_0: QuantDots,
+    /// Q5_1 weights · Q16 activations.
     pub q5_1: QuantDots,
+    /// Q3_K weights · Q16 activations.
     pub q3_k: QuantDots,
+    /// Q4_K weights · Q16 activations.
     pub q4_k: QuantDots,
+    /// Q5_K weights · Q16 activations.
     pub q5_k: QuantDots,
+    /// Q6_K weights · Q16 activations.
     pub q6_k: QuantDots,
+    /// f32 weights (little-endian bytes) · f32 activations.
     pub dot_f32: fn(&[u8], &[f32]) -> f32,
+    /// `dot_f32` for `TILE` activation rows.
     pub dot_f32_x4: fn(&[u8], [&[f32]; TILE]) -> [f32; TILE],
     /// f16 weights (little-endian bytes: GGUF F16 matrices, an F16 KV cache) · f32 activations.
     pub dot_f16: fn(&[u8], &[f32]) -> f32,
+    /// `dot_f16` for `TILE` activation rows.
     pub dot_f16_x4: fn(&[u8], [&[f32]; TILE]) -> [f32; TILE],
     /// bf16 weights (GGUF BF16 matrices) · f32 activations, widened exactly.
     pub dot_bf16: fn(&[u8], &[f32]) -> f32,
+    /// `dot_bf16` for `TILE` activation rows.
     pub dot_bf16_x4: fn(&[u8], [&[f32]; TILE]) -> [f32; TILE],
     /// `out[i] += Σ_k a[i·K + k] · rows[k]` for each run `out[i]` (as long as the Q8_0 rows) of
     /// `out`, over the first `K = min(rows.len(), AXPY_ROWS)` rows: attention's weighted sum
@@ -133,6 +147,7 @@ pub struct Kernels {
     /// `ops::silu_mul` and `ops::exp_sub`, compiled for this instruction set: the same
     /// bits as the scalar table's.
     pub silu_mul: fn(&mut [f32], &[f32]),
+    /// `x ← exp(x − max)` over a row, returning the sum (softmax's middle step).
     pub exp_sub: fn(&mut [f32], f32) -> f32,
 }
 
@@ -164,6 +179,7 @@ impl Kernels {
         &scalar::KERNELS
     }
 
+    /// The scalar reference kernels, on every CPU.
     pub fn scalar() -> &'static Kernels {
         &scalar::KERNELS
     }
@@ -513,9 +529,13 @@ fn tile(
 /// weight will consume them.
 #[derive(Clone, Copy)]
 pub struct Activations<'a> {
+    /// The rows as f32 (`n_tok × cols`).
     pub f32: &'a [f32],
+    /// The same rows as Q16 blocks, for quantized weights (`None` if the caller has none).
     pub q16: Option<&'a [u8]>,
+    /// Rows (tokens).
     pub n_tok: usize,
+    /// Values per row.
     pub cols: usize,
 }
 

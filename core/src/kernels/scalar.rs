@@ -9,6 +9,7 @@ use crate::quant::{
     BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, KBlock, QK,
 };
 
+/// The scalar table.
 pub static KERNELS: Kernels = TABLE;
 
 /// The table by value, for SIMD tables that keep some scalar entries (`..scalar::TABLE`).

@@ -14,6 +14,7 @@ use core::arch::wasm32::{
 use super::{scalar, Kernels, QuantDots};
 use crate::quant::{f16_at, BlockQ16, BlockQ8_0, QK};
 
+/// The SIMD128 table: Q8_0 dots in SIMD128, every other entry the scalar one.
 pub static KERNELS: Kernels = Kernels {
     name: "simd128",
     q8_0: QuantDots {

@@ -70,18 +70,29 @@ pub fn dequantize_blocks<B: Block>(bytes: &[u8], out: &mut [f32]) {
 /// How the values of a row are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Format {
+    /// 4-byte floats.
     F32,
+    /// IEEE half floats.
     F16,
+    /// bfloat16.
     BF16,
+    /// ggml's Q8_0: 32 signed 8-bit quants and an f16 scale (34 bytes).
     Q8_0,
+    /// ggml's Q4_0: 32 4-bit quants offset by 8 and an f16 scale (18 bytes).
     Q4_0,
+    /// ggml's Q4_1: 32 4-bit quants, an f16 scale and an f16 minimum (20 bytes).
     Q4_1,
+    /// ggml's Q5_0: 32 5-bit quants offset by 16 and an f16 scale (22 bytes).
     Q5_0,
+    /// ggml's Q5_1: 32 5-bit quants, an f16 scale and an f16 minimum (24 bytes).
     Q5_1,
     /// ggml's k-quants (256-value super-blocks; see `k_quants`).
     Q3K,
+    /// ggml's Q4_K: 256 values in 8 blocks with 6-bit scales and minimums (144 bytes).
     Q4K,
+    /// ggml's Q5_K: Q4_K with a fifth bit (176 bytes).
     Q5K,
+    /// ggml's Q6_K: 256 6-bit values in 16 blocks with 8-bit scales (210 bytes).
     Q6K,
 }
 
@@ -112,6 +123,7 @@ impl Format {
         }
     }
 
+    /// Whether values come in blocks with scales (not a float format).
     pub const fn is_quantized(self) -> bool {
         self.block_len() > 1
     }
@@ -162,6 +174,7 @@ impl Format {
         Ok(n / block * self.block_bytes())
     }
 
+    /// ggml's name of the format (`q8_0`, `q4_K`, `f16`, ...).
     pub const fn name(self) -> &'static str {
         match self {
             Format::F32 => "f32",

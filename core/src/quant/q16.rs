@@ -14,14 +14,18 @@ use super::{Block, QK};
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BlockQ16 {
+    /// The scale: value ≈ `d · q`.
     pub d: f32,
+    /// `d · Σ q`: what a weight block's minimum multiplies.
     pub s: f32,
+    /// The quants.
     pub qs: [i16; QK],
 }
 
 const _: () = assert!(core::mem::size_of::<BlockQ16>() == BlockQ16::BYTES);
 
 impl BlockQ16 {
+    /// Bytes of a stored block.
     pub const BYTES: usize = 8 + 2 * QK;
     /// The largest quant: `127 · 256 + 127`.
     pub const MAX: f32 = 32639.0;

@@ -8,13 +8,16 @@ use super::{Block, QK};
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BlockQ4_0 {
+    /// The scale: value = `d · (q − 8)`.
     pub d: f16,
+    /// Value j's quant in the low nibble of byte j, value j + 16's in its high nibble.
     pub qs: [u8; QK / 2],
 }
 
 const _: () = assert!(core::mem::size_of::<BlockQ4_0>() == BlockQ4_0::BYTES);
 
 impl BlockQ4_0 {
+    /// Bytes of a stored block.
     pub const BYTES: usize = 2 + QK / 2;
 }
 

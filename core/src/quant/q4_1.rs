@@ -7,14 +7,18 @@ use super::{Block, QK};
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BlockQ4_1 {
+    /// The scale: value = `d · q + m`.
     pub d: f16,
+    /// The minimum.
     pub m: f16,
+    /// Value j's quant in the low nibble of byte j, value j + 16's in its high nibble.
     pub qs: [u8; QK / 2],
 }
 
 const _: () = assert!(core::mem::size_of::<BlockQ4_1>() == BlockQ4_1::BYTES);
 
 impl BlockQ4_1 {
+    /// Bytes of a stored block.
     pub const BYTES: usize = 4 + QK / 2;
 }
 

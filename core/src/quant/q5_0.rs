@@ -8,14 +8,18 @@ use super::{Block, QK};
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BlockQ5_0 {
+    /// The scale: value = `d · (q − 16)`.
     pub d: f16,
+    /// The fifth bit of each quant, bit j for value j.
     pub qh: [u8; 4],
+    /// The low four bits, as Q4_0 packs them.
     pub qs: [u8; QK / 2],
 }
 
 const _: () = assert!(core::mem::size_of::<BlockQ5_0>() == BlockQ5_0::BYTES);
 
 impl BlockQ5_0 {
+    /// Bytes of a stored block.
     pub const BYTES: usize = 2 + 4 + QK / 2;
 }
 

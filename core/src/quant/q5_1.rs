@@ -9,15 +9,20 @@ use super::{Block, QK};
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BlockQ5_1 {
+    /// The scale: value = `d · q + m`.
     pub d: f16,
+    /// The minimum.
     pub m: f16,
+    /// The fifth bit of each quant, bit j for value j.
     pub qh: [u8; 4],
+    /// The low four bits, as Q4_0 packs them.
     pub qs: [u8; QK / 2],
 }
 
 const _: () = assert!(core::mem::size_of::<BlockQ5_1>() == BlockQ5_1::BYTES);
 
 impl BlockQ5_1 {
+    /// Bytes of a stored block.
     pub const BYTES: usize = 4 + 4 + QK / 2;
 }
 

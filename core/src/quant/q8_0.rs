@@ -7,13 +7,16 @@ use super::{Block, QK};
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct BlockQ8_0 {
+    /// The scale: value = `d · q`.
     pub d: f16,
+    /// The quants.
     pub qs: [i8; QK],
 }
 
 const _: () = assert!(core::mem::size_of::<BlockQ8_0>() == BlockQ8_0::BYTES);
 
 impl BlockQ8_0 {
+    /// Bytes of a stored block.
     pub const BYTES: usize = 2 + QK;
 }
 
