@@ -39,6 +39,9 @@ printf '%s\n' "$firmware_out" | grep -v '^tokens:'
 
 host=$(host_tokens "$prompt" 16)
 echo "host:                       $host"
+# The fixture itself, quantized to Q8_0 at load: the same weights, so the same tokens.
+host_fixture=$(host_tokens "$prompt" 16 "$fixture")
+echo "host, from the fixture:     $host_fixture"
 
 # Flash holds the vector table, code and read-only data (the model); RAM the arenas (.bss and
 # .data) and the stack.
@@ -47,7 +50,7 @@ size -A "$elf" | awk '
     $1 == ".data" || $1 == ".bss" || $1 == ".uninit" { ram += $2 }
     END { printf "flash: %d bytes, RAM (static): %d bytes\n", flash, ram }'
 
-if [ "$firmware_tokens" != "$host" ]; then
+if [ "$firmware_tokens" != "$host" ] || [ "$host_fixture" != "$host" ]; then
     echo "the firmware's tokens differ from the host's" >&2
     exit 1
 fi

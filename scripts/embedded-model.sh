@@ -3,8 +3,8 @@
 #   embedded_model FIXTURE  writes embedded/model/model.gguf (Q8_0, by sapient quantize) and the
 #                           module scripts/gguf-to-rust.py writes from it; sets $sapient (the
 #                           SAPIENT_BIN binary, or a release build) and $target_dir.
-#   host_tokens PROMPT N    prints "tokens: <ids>": sapient generate's greedy ids for the same
-#                           file on the host.
+#   host_tokens PROMPT N [MODEL]  prints "tokens: <ids>": sapient generate's greedy ids on the
+#                           host for MODEL (default: the same GGUF).
 
 embedded_model() {
     target_dir="$(bash scripts/target-dir.sh)"
@@ -23,7 +23,7 @@ embedded_model() {
 
 host_tokens() {
     printf 'tokens: '
-    "$sapient" generate --model embedded/model/model.gguf --prompt-ids "$1" --max-tokens "$2" \
+    "$sapient" generate --model "${3:-embedded/model/model.gguf}" --prompt-ids "$1" --max-tokens "$2" \
         --temperature 0 --format json --backend cpu 2>/dev/null |
         python3 -c 'import json, sys; print(" ".join(map(str, json.load(sys.stdin)["generated_ids"])))'
 }

@@ -26,8 +26,10 @@ wasm=$(node embedded/wasm/run.mjs "$module" "$prompt" 16)
 echo "WebAssembly (Node $(node --version)): $wasm"
 host=$(host_tokens "$prompt" 16)
 echo "host:                      $host"
+host_fixture=$(host_tokens "$prompt" 16 "$fixture")
+echo "host, from the fixture:    $host_fixture"
 echo "module: $(stat -c %s "$module") bytes"
-if [ "$wasm" != "$host" ]; then
+if [ "$wasm" != "$host" ] || [ "$host_fixture" != "$host" ]; then
     echo "the WebAssembly module's tokens differ from the host's" >&2
     exit 1
 fi
