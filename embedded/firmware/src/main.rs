@@ -6,7 +6,6 @@
 #![no_std]
 #![no_main]
 
-use core::alloc::{GlobalAlloc, Layout};
 use core::panic::PanicInfo;
 
 use cortex_m::peripheral::syst::SystClkSource;
@@ -14,41 +13,18 @@ use cortex_m::peripheral::SYST;
 use cortex_m_rt::entry;
 use cortex_m_semihosting::{debug, hprint, hprintln};
 use sapient_core::sample::{Sampler, SamplerConfig};
-use sapient_core::{Error, KvCache, KvFormat, Model, Scratch, Serial, Want};
-use sapient_model_image as model;
+use sapient_core::{Error, KvCache, Model, Scratch, Serial, Want};
+use sapient_model_image::{self as model, Arena, NoHeap};
 
 const PROMPT: [u32; 7] = [1, 5, 9, 13, 17, 21, 25];
 const NEW_TOKENS: usize = 16;
 const MAX_SEQ: usize = PROMPT.len() + NEW_TOKENS;
 const MAX_BATCH: usize = PROMPT.len();
 const VOCAB: usize = model::CONFIG.vocab_size;
-/// As the host chooses: Q8_0 when a head is whole blocks, f32 otherwise.
-const KV_FORMAT: KvFormat = KvFormat::default_for(&model::CONFIG);
-const KV_BYTES: usize = match KvCache::bytes_needed(&model::CONFIG, MAX_SEQ, KV_FORMAT) {
-    Ok(n) => n,
-    Err(_) => panic!("the model's config does not fit a KV cache"),
-};
-const SCRATCH_BYTES: usize = match Scratch::bytes_needed(&model::CONFIG, MAX_BATCH) {
-    Ok(n) => n,
-    Err(_) => panic!("the model's config does not fit a scratch"),
-};
-
-/// An arena with the alignment the scratch needs.
-#[repr(C, align(4))]
-struct Arena<const N: usize>([u8; N]);
+const KV_BYTES: usize = model::kv_bytes(MAX_SEQ);
+const SCRATCH_BYTES: usize = model::scratch_bytes(MAX_BATCH);
 
 /// No heap: every allocation fails. Nothing from `Model::new` to sampling asks for one.
-struct NoHeap;
-
-// SAFETY: `alloc` always reports failure (null), which GlobalAlloc allows; `dealloc` is never
-// reached because nothing was ever allocated.
-unsafe impl GlobalAlloc for NoHeap {
-    unsafe fn alloc(&self, _: Layout) -> *mut u8 {
-        core::ptr::null_mut()
-    }
-    unsafe fn dealloc(&self, _: *mut u8, _: Layout) {}
-}
-
 #[global_allocator]
 static ALLOCATOR: NoHeap = NoHeap;
 
@@ -92,7 +68,7 @@ fn run() -> Result<(), Error> {
     let layers = model::layers()?;
     let weights = model::weights(&layers)?;
     let model = Model::new(model::CONFIG, weights)?;
-    let mut cache = KvCache::new(&model::CONFIG, MAX_SEQ, KV_FORMAT, &mut kv.0)?;
+    let mut cache = KvCache::new(&model::CONFIG, MAX_SEQ, model::KV_FORMAT, &mut kv.0)?;
     let mut scratch = Scratch::new(&model::CONFIG, MAX_BATCH, &mut scratch.0)?;
     let mut sampler = Sampler::in_memory(SamplerConfig::greedy(), &mut [])?;
 

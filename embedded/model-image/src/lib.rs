@@ -2,14 +2,19 @@
 //! `scripts/embedded-demo.sh` (or `scripts/wasm-demo.sh`) wrote into `embedded/model/`,
 //! `include_bytes!`'d, and the module `scripts/gguf-to-rust.py` wrote beside it (the `Config` as
 //! a `const`, each matrix's byte range, the norms). `layers` and `weights` borrow the bytes in
-//! place: nothing is copied or allocated. Shared by the firmware and the WebAssembly module.
+//! place: nothing is copied or allocated. With the arenas' sizes for it and the allocator that
+//! proves it needs none, shared by the firmware and the WebAssembly module.
 #![no_std]
 
 extern crate alloc;
 
 use alloc::borrow::Cow;
+use core::alloc::{GlobalAlloc, Layout};
 
-use sapient_core::{Config, Error, Format, LayerWeights, Layers, Matrix, RopeStyle, Weights};
+use sapient_core::{
+    Config, Error, Format, KvCache, KvFormat, LayerWeights, Layers, Matrix, RopeStyle, Scratch,
+    Weights,
+};
 
 /// The model file, in flash (or in the WebAssembly module's data).
 static GGUF: &[u8] = include_bytes!("../../model/model.gguf");
@@ -25,6 +30,48 @@ pub use generated::CONFIG;
 /// Layers of the model.
 pub const N_LAYERS: usize = generated::LAYERS.len();
 
+/// The KV cache's format, as the host chooses it: Q8_0 when a head is whole blocks, f32
+/// otherwise.
+pub const KV_FORMAT: KvFormat = KvFormat::default_for(&CONFIG);
+
+/// Bytes of a KV cache of `max_seq` positions in `KV_FORMAT`, for a `static` arena.
+///
+/// # Panics
+/// If the model's configuration is invalid: at compile time, in a `const`.
+pub const fn kv_bytes(max_seq: usize) -> usize {
+    match KvCache::bytes_needed(&CONFIG, max_seq, KV_FORMAT) {
+        Ok(n) => n,
+        Err(_) => panic!("the model's config does not fit a KV cache"),
+    }
+}
+
+/// Bytes of a scratch for batches of up to `max_batch` tokens, for a `static` arena.
+///
+/// # Panics
+/// As `kv_bytes`.
+pub const fn scratch_bytes(max_batch: usize) -> usize {
+    match Scratch::bytes_needed(&CONFIG, max_batch) {
+        Ok(n) => n,
+        Err(_) => panic!("the model's config does not fit a scratch"),
+    }
+}
+
+/// An arena with the alignment the scratch needs (4 bytes).
+#[repr(C, align(4))]
+pub struct Arena<const N: usize>(pub [u8; N]);
+
+/// An allocator without memory: every allocation fails. A program that registers it
+/// (`#[global_allocator]`) proves that nothing from `Model::new` to sampling allocates.
+pub struct NoHeap;
+
+// SAFETY: `alloc` always reports failure (null), which GlobalAlloc allows; `dealloc` is never
+// reached because nothing was ever allocated.
+unsafe impl GlobalAlloc for NoHeap {
+    unsafe fn alloc(&self, _: Layout) -> *mut u8 {
+        core::ptr::null_mut()
+    }
+    unsafe fn dealloc(&self, _: *mut u8, _: Layout) {}
+}
 /// A matrix's place in the GGUF.
 struct Tensor {
     format: Format,

@@ -4,13 +4,12 @@
 //! module's memory, calls `generate`, and reads the ids from `generated_ids()`'s.
 #![no_std]
 
-use core::alloc::{GlobalAlloc, Layout};
 use core::panic::PanicInfo;
 use core::sync::atomic::{AtomicU32, Ordering};
 
 use sapient_core::sample::{Sampler, SamplerConfig};
-use sapient_core::{Error, KvCache, KvFormat, Model, Scratch, Serial, Want};
-use sapient_model_image as model;
+use sapient_core::{Error, KvCache, Model, Scratch, Serial, Want};
+use sapient_model_image::{self as model, Arena, NoHeap};
 
 /// The longest prompt `generate` takes, and the most tokens it decodes.
 pub const MAX_PROMPT: usize = 64;
@@ -18,38 +17,15 @@ pub const MAX_NEW: usize = 256;
 const MAX_SEQ: usize = MAX_PROMPT + MAX_NEW;
 const MAX_BATCH: usize = 16;
 const VOCAB: usize = model::CONFIG.vocab_size;
-/// As the host chooses: Q8_0 when a head is whole blocks, f32 otherwise.
-const KV_FORMAT: KvFormat = KvFormat::default_for(&model::CONFIG);
-const KV_BYTES: usize = match KvCache::bytes_needed(&model::CONFIG, MAX_SEQ, KV_FORMAT) {
-    Ok(n) => n,
-    Err(_) => panic!("the model's config does not fit a KV cache"),
-};
-const SCRATCH_BYTES: usize = match Scratch::bytes_needed(&model::CONFIG, MAX_BATCH) {
-    Ok(n) => n,
-    Err(_) => panic!("the model's config does not fit a scratch"),
-};
+const KV_BYTES: usize = model::kv_bytes(MAX_SEQ);
+const SCRATCH_BYTES: usize = model::scratch_bytes(MAX_BATCH);
 
 /// Shared with JavaScript through the module's memory (atomics: safe to read and write here
 /// whatever JavaScript wrote; the module is single-threaded).
 static PROMPT: [AtomicU32; MAX_PROMPT] = [const { AtomicU32::new(0) }; MAX_PROMPT];
 static GENERATED: [AtomicU32; MAX_NEW] = [const { AtomicU32::new(0) }; MAX_NEW];
 
-/// An arena with the alignment the scratch needs.
-#[repr(C, align(4))]
-struct Arena<const N: usize>([u8; N]);
-
 /// No heap: every allocation fails. Nothing from `Model::new` to sampling asks for one.
-struct NoHeap;
-
-// SAFETY: `alloc` always reports failure (null), which GlobalAlloc allows; `dealloc` is never
-// reached because nothing was ever allocated.
-unsafe impl GlobalAlloc for NoHeap {
-    unsafe fn alloc(&self, _: Layout) -> *mut u8 {
-        core::ptr::null_mut()
-    }
-    unsafe fn dealloc(&self, _: *mut u8, _: Layout) {}
-}
-
 #[global_allocator]
 static ALLOCATOR: NoHeap = NoHeap;
 
@@ -94,7 +70,7 @@ fn run(prompt_len: usize, new_tokens: usize) -> Result<(), Error> {
     let model = Model::new(model::CONFIG, model::weights(&layers)?)?;
     let mut kv = Arena([0; KV_BYTES]);
     let mut scratch = Arena([0; SCRATCH_BYTES]);
-    let mut cache = KvCache::new(&model::CONFIG, MAX_SEQ, KV_FORMAT, &mut kv.0)?;
+    let mut cache = KvCache::new(&model::CONFIG, MAX_SEQ, model::KV_FORMAT, &mut kv.0)?;
     let mut scratch = Scratch::new(&model::CONFIG, MAX_BATCH, &mut scratch.0)?;
     let mut sampler = Sampler::in_memory(SamplerConfig::greedy(), &mut [])?;
     let mut logits = [0f32; VOCAB];
