@@ -54,10 +54,10 @@ fn matmul_prefill(c: &mut Criterion) {
     matmul_tokens(c, 64, &[Format::Q8_0, Format::Q4_1, Format::Q4_0]);
 }
 
-/// A server's decode steps: one token of each of 1, 4, 8 and 16 sequences against the same
+/// A server's decode steps: one token of each of 1, 4, 8, 16 and 32 sequences against the same
 /// matrix, where panel packing and the unpacked tiles meet.
 fn matmul_decode_steps(c: &mut Criterion) {
-    for n_tok in [1, 4, 8, 16] {
+    for n_tok in [1, 4, 8, 16, 32] {
         matmul_tokens(c, n_tok, &[Format::Q8_0, Format::Q4_1]);
     }
 }

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use sapient_core::sample::Rng;
-use sapient_core::Want;
+use sapient_core::{Exec, KvCache, KvFormat, Model, Scratch, Want};
 
 use crate::run::{Runner, Session, DEFAULT_BATCH};
 
@@ -112,6 +112,70 @@ pub fn bench(runner: &impl Runner, tests: Tests, reps: usize) -> Result<BenchRes
             },
         })
     })
+}
+
+/// Decoding `n_seq` sequences together, as a server's decode steps do (llama.cpp's
+/// `llama-batched-bench` measures the same): each step feeds one token of every sequence to one
+/// `Model::forward_many` and takes each one's logits. Every sequence starts from `depth` tokens
+/// (prefilled untimed); the rate is all sequences' tokens per second.
+pub fn decode_parallel<E: Exec>(
+    model: &Model<'_>,
+    exec: &E,
+    kv: KvFormat,
+    n_seq: usize,
+    tests: Tests,
+    reps: usize,
+) -> Result<Rate> {
+    let c = &model.config;
+    let Tests {
+        generate, depth, ..
+    } = tests;
+    anyhow::ensure!(
+        n_seq > 0 && generate > 0,
+        "parallel decoding needs sequences and tokens"
+    );
+    let ctx = depth + generate;
+    let mut rng = Rng::new(42);
+    let tokens: Vec<Vec<u32>> = (0..n_seq)
+        .map(|_| {
+            (0..ctx)
+                .map(|_| (rng.next_u64() % c.vocab_size as u64) as u32)
+                .collect()
+        })
+        .collect();
+    let slot = KvCache::bytes_needed(c, ctx, kv)?;
+    let mut arenas = vec![vec![0u8; slot]; n_seq];
+    let mut caches = arenas
+        .iter_mut()
+        .map(|m| KvCache::new(c, ctx, kv, m))
+        .collect::<sapient_core::Result<Vec<_>>>()?;
+    // A server's batch size (its logits for many sequences in one pass over the output matrix).
+    let mut scratch = vec![0f32; Scratch::bytes_needed(c, DEFAULT_BATCH)?.div_ceil(4)];
+    let mut scratch = Scratch::new(c, DEFAULT_BATCH, bytemuck::cast_slice_mut(&mut scratch))?;
+    let mut logits = vec![vec![0f32; c.vocab_size]; n_seq];
+    let mut rates = Vec::new();
+    for rep in 0..=reps {
+        for (cache, seq) in caches.iter_mut().zip(&tokens) {
+            cache.truncate(0);
+            if depth > 0 {
+                model.forward(&seq[..depth], cache, &mut scratch, exec, Want::Nothing)?;
+            }
+        }
+        let t = Instant::now();
+        for i in depth..ctx {
+            let step: Vec<&[u32]> = tokens.iter().map(|s| &s[i..i + 1]).collect();
+            let mut refs: Vec<&mut KvCache<'_>> = caches.iter_mut().collect();
+            let mut wants: Vec<Want<'_>> = logits
+                .iter_mut()
+                .map(|l| Want::LastLogits(l.as_mut_slice()))
+                .collect();
+            model.forward_many(&step, &mut refs, &mut scratch, exec, &mut wants)?;
+        }
+        if rep > 0 {
+            rates.push((n_seq * generate) as f64 / t.elapsed().as_secs_f64());
+        }
+    }
+    Ok(Rate::of(&rates))
 }
 
 /// The process's peak resident memory, from /proc (Linux); None elsewhere.

@@ -109,6 +109,11 @@ enum Command {
         /// llama-bench's -d: decoding speed at a long context.
         #[arg(short = 'd', long, default_value_t = 0)]
         depth: usize,
+        /// Sequences decoded together in the decode test (one token of each per forward pass, as
+        /// `serve` runs them; llama-batched-bench's -npl): its rate counts all their tokens.
+        /// CPU backend only.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
+        parallel: u16,
         /// Timed repetitions, after one warm-up.
         #[arg(short = 'r', long, default_value_t = 5)]
         reps: usize,
@@ -409,7 +414,16 @@ enum Engine<'m, 'w> {
     Gpu(Box<sapient::gpu::GpuModel>),
 }
 
-impl Engine<'_, '_> {
+impl<'m, 'w> Engine<'m, 'w> {
+    /// The CPU runner, when the model runs there.
+    fn cpu(&self) -> Option<&CpuRunner<'m, 'w, Rayon>> {
+        match self {
+            Engine::Cpu(r) => Some(r),
+            #[cfg(feature = "gpu")]
+            Engine::Gpu(_) => None,
+        }
+    }
+
     fn name(&self) -> &'static str {
         match self {
             Engine::Cpu(_) => "cpu",
@@ -865,19 +879,31 @@ fn run_command(command: Command) -> Result<()> {
             prompt,
             generate,
             depth,
+            parallel,
             reps,
             format,
         } => {
             let l = Loaded::open(&model)?;
             let m = l.model()?;
             let threads = sapient_core::Exec::threads(&*l.exec);
+            let parallel = usize::from(parallel);
+            let engine = l.engine(&m)?;
+            let reps = reps.max(1);
             let tests = sapient::bench::Tests {
                 prompt,
-                generate,
+                generate: if parallel > 1 { 0 } else { generate },
                 depth,
             };
-            let engine = l.engine(&m)?;
-            let r = sapient::bench::bench(&engine, tests, reps.max(1))?;
+            let mut r = sapient::bench::bench(&engine, tests, reps)?;
+            if parallel > 1 && generate > 0 {
+                let Some(cpu) = engine.cpu() else {
+                    bail!("--parallel runs on the CPU backend; the GPU backend decodes one sequence at a time (use --backend cpu)");
+                };
+                let tests = sapient::bench::Tests { generate, ..tests };
+                r.decode = Some(sapient::bench::decode_parallel(
+                    cpu.model, cpu.exec, cpu.kv, parallel, tests, reps,
+                )?);
+            }
             let rss = sapient::bench::peak_rss_bytes();
             match format {
                 OutputFormat::Json => println!(
@@ -889,6 +915,7 @@ fn run_command(command: Command) -> Result<()> {
                         "prefill_tokens_per_s": r.prefill.map(|r| r.mean),
                         "prefill_stddev": r.prefill.map(|r| r.stddev),
                         "decode_tokens": generate,
+                        "parallel": parallel,
                         "decode_tokens_per_s": r.decode.map(|r| r.mean),
                         "decode_stddev": r.decode.map(|r| r.stddev),
                         "backend": engine.name(),
@@ -910,8 +937,13 @@ fn run_command(command: Command) -> Result<()> {
                         );
                     }
                     if let Some(d) = r.decode {
+                        let streams = if parallel > 1 {
+                            format!(" x{parallel} sequences")
+                        } else {
+                            String::new()
+                        };
                         println!(
-                            "tg{generate}{at}  t={threads}: {:.1} ± {:.1} tokens/s",
+                            "tg{generate}{at}{streams}  t={threads}: {:.1} ± {:.1} tokens/s",
                             d.mean, d.stddev
                         );
                     }

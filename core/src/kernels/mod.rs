@@ -48,9 +48,10 @@ static SIMD_TABLES: [SimdTable; 0] = [];
 pub const TILE: usize = 4;
 
 /// From this many activation rows on, quantized mat-muls use the panel kernel where the table
-/// has one. The choice depends on the activations alone, never on how rows or tokens are split
-/// across threads, so threads never change a result.
-pub const PANEL_MIN_TOKENS: usize = 2 * TILE;
+/// has one; below, transposed tiles of eight tokens and unpacked ones of four (a server's decode
+/// steps), which pack nothing. At 16 tokens both ways measured the same. Every way gives the
+/// same bits, so neither this choice nor how threads split rows or tokens changes a result.
+pub const PANEL_MIN_TOKENS: usize = 2 * panel::X8;
 
 /// The most rows one `axpy_q8_0` call adds.
 pub const AXPY_ROWS: usize = 4;
@@ -67,6 +68,10 @@ pub type PanelAcc = [[f32; panel::PANEL]; TILE];
 /// A panel's unpacked weight rows · `TILE` activation rows.
 pub type PanelRowsX4 = fn([&[u8]; panel::PANEL], [&[u8]; TILE]) -> PanelAcc;
 
+/// `X8_ROWS` weight rows from a block on · a transposed tile of `X8` activation rows.
+pub type PanelRowsX8 =
+    fn([&[u8]; panel::X8_ROWS], usize, &[u8], &mut [[f32; panel::X8]; panel::X8_ROWS]);
+
 /// The many-token kernel of one weight format (see `panel`).
 pub struct PanelDots {
     /// Packs blocks `b0 ..` of `PANEL` weight rows (`None`: a padding row of zeros) into as many
@@ -82,6 +87,13 @@ pub struct PanelDots {
     /// `rows` for `TILE` activation rows at once, each weight block unpacked once for all of
     /// them (a decode step of several sequences): `[token][row]`, the bits `rows` gives each.
     pub rows_x4: PanelRowsX4,
+    /// Transposes blocks `b0 ..` of `X8` Q16 activation rows into as many whole transposed
+    /// blocks as the output holds, as `panel::transpose_x8_ref` does.
+    pub transpose_x8: fn([&[u8]; panel::X8], usize, &mut [u8]),
+    /// `X8_ROWS` weight rows' blocks `b0 ..` · a transposed tile of `X8` tokens (whole
+    /// blocks): `acc[r][t] +=` each block's contribution, blocks in order, with `dot`'s
+    /// arithmetic (a decode step of eight sequences or more: the bits `rows` gives each token).
+    pub rows_x8: PanelRowsX8,
 }
 
 /// One weight format's dot products with Q16 activation rows. The multi-row shapes load each
@@ -421,7 +433,7 @@ impl Kernels {
                     if x.n_tok >= PANEL_MIN_TOKENS {
                         panel::matmul(kernels, n_rows, x.cols / QK, w_row, n_tok, x1, put);
                     } else {
-                        panel::matvec(kernels, n_rows, w_row, n_tok, x1, put);
+                        panel::matvec(kernels, n_rows, x.cols / QK, w_row, n_tok, x1, put);
                     }
                     return Ok(());
                 }

@@ -11,6 +11,12 @@
 //! Each (row, token) result is the same whatever other rows and tokens share its panel and tile
 //! (padding rows and tokens are computed and dropped), so threads and splits change nothing.
 //! It is not the bits of the one-row kernels: those sum each lane's part of a block in float.
+//!
+//! A decode step of eight to a few dozen sequences is too few tokens to repay packing every
+//! weight panel, so its tiles of eight tokens turn the other way round: the activations are
+//! transposed instead (`[pair][token]`, once per call, a few kilobytes), and each weight row,
+//! unpacked in place, broadcasts its pairs against them. A lane then holds one token's block sum
+//! of one row: the same integer sum and the same float scaling as the panel kernel's lane.
 #[cfg(test)]
 use super::scalar::{unpack_at, Unpack};
 use super::{PanelDots, PanelRows, TILE};
@@ -29,6 +35,29 @@ pub const PANEL_QUANTS: usize = 2 * PANEL * 4;
 
 /// Blocks packed at a time: 18 KiB on the stack, which stays in L1 while the tiles pass.
 const CHUNK_BLOCKS: usize = 16;
+
+/// Tokens of a transposed tile (`rows_x8`): one per 32-bit lane of a 256-bit vector.
+pub const X8: usize = 8;
+
+/// Weight rows that share each load of a transposed tile's pairs.
+pub const X8_ROWS: usize = 4;
+
+/// Bytes of one block of a transposed tile: the tokens' scales, their sums (both f32), then
+/// for each pair of quants the tokens' pairs (`[pair][token]`, two i16 each).
+pub const X8_BLOCK_BYTES: usize = 2 * X8 * 4 + QK / 2 * X8 * 4;
+
+/// Most blocks of a transposed tile held at once: 36 KiB on the stack, 2,048 columns (every
+/// projection of models up to that hidden size is transposed once per call). Smaller rows get
+/// a buffer of 16 or 32 blocks: zeroing it is paid once per call, and a call comes per thread's
+/// share of rows.
+const X8_CHUNK_BLOCKS: usize = 64;
+
+/// Weight rows whose results wait while a tile's chunks of blocks go by (more blocks than one
+/// chunk holds): a multiple of `X8_ROWS`.
+const X8_GROUP_ROWS: usize = 64;
+
+#[repr(align(64))]
+struct Transposed<const BLOCKS: usize>([[u8; X8_BLOCK_BYTES]; BLOCKS]);
 
 /// Tokens whose accumulators wait on the stack while the blocks go chunk by chunk: the packing
 /// of each chunk is shared by this many tokens.
@@ -54,6 +83,23 @@ pub fn pack_ref<W: Unpack>(rows: &PanelRows<'_>, b0: usize, out: &mut [u8]) {
                 let at = (p * PANEL + r) * 4;
                 quants[at..at + 2].copy_from_slice(&(pair[0] as i16).to_le_bytes());
                 quants[at + 2..at + 4].copy_from_slice(&(pair[1] as i16).to_le_bytes());
+            }
+        }
+    }
+}
+
+/// Transposes blocks `b0 ..` of eight Q16 activation rows into `out` (as many as it holds
+/// whole): the reference the SIMD transposers are tested against.
+#[cfg(test)]
+pub fn transpose_x8_ref(xs: [&[u8]; X8], b0: usize, out: &mut [u8]) {
+    for (b, o) in out.chunks_exact_mut(X8_BLOCK_BYTES).enumerate() {
+        for (t, x) in xs.iter().enumerate() {
+            let x = &x[(b0 + b) * BlockQ16::BYTES..][..BlockQ16::BYTES];
+            o[4 * t..4 * t + 4].copy_from_slice(&x[..4]);
+            o[4 * (X8 + t)..4 * (X8 + t) + 4].copy_from_slice(&x[4..8]);
+            for p in 0..QK / 2 {
+                let at = 4 * (2 * X8 + p * X8 + t);
+                o[at..at + 4].copy_from_slice(&x[8 + 4 * p..12 + 4 * p]);
             }
         }
     }
@@ -107,21 +153,35 @@ pub fn matmul<'a>(
 }
 
 /// `rows × n_tok` results as `matmul` gives them, without packing (few tokens: decoding one
-/// sequence or a step of several): tiles of `TILE` tokens, then one token at a time.
+/// sequence or a step of several): transposed tiles of `X8` tokens, then tiles of `TILE`, then
+/// one token at a time.
 pub fn matvec<'a>(
     kernels: &PanelDots,
     rows: usize,
+    nb: usize,
     row: impl Fn(usize) -> &'a [u8],
     n_tok: usize,
     x: impl Fn(usize) -> &'a [u8],
     mut put: impl FnMut(usize, usize, &[f32]),
 ) {
-    let tiles = n_tok / TILE * TILE;
+    let by_eight = n_tok / X8 * X8;
+    if by_eight > 0 {
+        let (row, x, put) = (&row, &x, &mut put);
+        match nb {
+            0..=16 => tiles_x8::<16>(kernels, rows, nb, row, by_eight, x, put),
+            17..=32 => tiles_x8::<32>(kernels, rows, nb, row, by_eight, x, put),
+            _ => tiles_x8::<X8_CHUNK_BLOCKS>(kernels, rows, nb, row, by_eight, x, put),
+        }
+    }
+    if by_eight == n_tok {
+        return;
+    }
+    let tiles = by_eight + (n_tok - by_eight) / TILE * TILE;
     for r0 in (0..rows).step_by(PANEL) {
         // Rows past the end repeat the last one; their results are dropped.
         let panel = core::array::from_fn(|i| row((r0 + i).min(rows - 1)));
         let run = (rows - r0).min(PANEL);
-        for t0 in (0..tiles).step_by(TILE) {
+        for t0 in (by_eight..tiles).step_by(TILE) {
             let out = (kernels.rows_x4)(panel, core::array::from_fn(|i| x(t0 + i)));
             for (i, out) in out.iter().enumerate() {
                 put(r0, t0 + i, &out[..run]);
@@ -130,6 +190,66 @@ pub fn matvec<'a>(
         for t in tiles..n_tok {
             let out = (kernels.rows)(panel, x(t));
             put(r0, t, &out[..run]);
+        }
+    }
+}
+
+/// Tokens `0 .. n_tok` (a multiple of `X8`) in transposed tiles, `BLOCKS` blocks at a time.
+fn tiles_x8<'a, const BLOCKS: usize>(
+    kernels: &PanelDots,
+    rows: usize,
+    nb: usize,
+    row: &impl Fn(usize) -> &'a [u8],
+    n_tok: usize,
+    x: &impl Fn(usize) -> &'a [u8],
+    put: &mut impl FnMut(usize, usize, &[f32]),
+) {
+    let mut transposed = Transposed([[0; X8_BLOCK_BYTES]; BLOCKS]);
+    for t0 in (0..n_tok).step_by(X8) {
+        let xs = core::array::from_fn(|i| x(t0 + i));
+        let transposed = transposed.0.as_flattened_mut();
+        rows_x8(kernels, rows, nb, row, xs, transposed, |r, t, v| {
+            put(r, t0 + t, v)
+        });
+    }
+}
+
+/// Every weight row against one transposed tile of `X8` activation rows `xs` (`nb` blocks),
+/// through `transposed` (whole transposed blocks).
+fn rows_x8<'a>(
+    kernels: &PanelDots,
+    rows: usize,
+    nb: usize,
+    row: &impl Fn(usize) -> &'a [u8],
+    xs: [&[u8]; X8],
+    transposed: &mut [u8],
+    mut put: impl FnMut(usize, usize, &[f32]),
+) {
+    let chunk_blocks = transposed.len() / X8_BLOCK_BYTES;
+    let one_chunk = nb <= chunk_blocks;
+    if one_chunk {
+        (kernels.transpose_x8)(xs, 0, &mut transposed[..nb * X8_BLOCK_BYTES]);
+    }
+    for g0 in (0..rows).step_by(X8_GROUP_ROWS) {
+        let group = (rows - g0).min(X8_GROUP_ROWS);
+        let mut acc = [[[0f32; X8]; X8_ROWS]; X8_GROUP_ROWS / X8_ROWS];
+        let quads = group.div_ceil(X8_ROWS);
+        for b0 in (0..nb).step_by(chunk_blocks) {
+            let chunk = &mut transposed[..(nb - b0).min(chunk_blocks) * X8_BLOCK_BYTES];
+            if !one_chunk {
+                (kernels.transpose_x8)(xs, b0, chunk);
+            }
+            for (q, acc) in acc[..quads].iter_mut().enumerate() {
+                // Rows past the end repeat the last one; their results are dropped.
+                let w = core::array::from_fn(|i| row((g0 + X8_ROWS * q + i).min(rows - 1)));
+                (kernels.rows_x8)(w, b0, chunk, acc);
+            }
+        }
+        let acc = acc.as_flattened();
+        for (r, acc) in acc[..group].iter().enumerate() {
+            for (t, v) in acc.iter().enumerate() {
+                put(g0 + r, t, core::slice::from_ref(v));
+            }
         }
     }
 }

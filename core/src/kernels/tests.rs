@@ -318,6 +318,58 @@ proptest! {
         }
     }
 
+    /// The transposed tiles of eight tokens: transposing is byte-exact with the reference, and
+    /// one weight row against a tile, in one chunk of blocks or two, gives for every token the
+    /// bits `rows` gives it alone.
+    #[test]
+    #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
+    fn transposed_tiles_match_the_rows_kernel(blocks in 1usize..20, split in 0usize..20, w in values(20 * 32), xs in proptest::collection::vec(values(20 * 32), panel::X8), rows in 1usize..=panel::PANEL) {
+        for k in simd_tables() {
+            for format in QUANTIZED {
+                let Some(kernels) = &k.dots(format).unwrap().panel else {
+                    continue;
+                };
+                let n = row_len(format, blocks);
+                let blocks = n / QK;
+                let split = split.min(blocks);
+                let xq: Vec<Vec<u8>> = xs.iter().map(|x| q16_row(&x[..n])).collect();
+                let xs: [&[u8]; panel::X8] = core::array::from_fn(|i| xq[i].as_slice());
+                let mut transposed = vec![0u8; blocks * panel::X8_BLOCK_BYTES];
+                (kernels.transpose_x8)(xs, 0, &mut transposed);
+                let mut reference = vec![0u8; transposed.len()];
+                panel::transpose_x8_ref(xs, 0, &mut reference);
+                prop_assert!(transposed == reference, "transposing differs");
+                let mut tail = vec![0u8; (blocks - split) * panel::X8_BLOCK_BYTES];
+                (kernels.transpose_x8)(xs, split, &mut tail);
+                prop_assert!(tail[..] == transposed[split * panel::X8_BLOCK_BYTES..], "transposing from block {} differs", split);
+
+                let wq: Vec<Vec<u8>> = (0..rows).map(|r| {
+                    let k = [1.0, -0.5, 2.0, 0.25][r % 4] * (1 + r / 4) as f32;
+                    let wr: Vec<f32> = (0..n).map(|i| w[(i + 7 * r) % n] * k).collect();
+                    quantized(format, &wr)
+                }).collect();
+                let padded: [&[u8]; panel::PANEL] = core::array::from_fn(|r| wq[r.min(rows - 1)].as_slice());
+                let alone: Vec<[f32; panel::PANEL]> = xq.iter().map(|x| (kernels.rows)(padded, x)).collect();
+                for r0 in (0..rows).step_by(panel::X8_ROWS) {
+                    // Rows past the end repeat the last one, as the mat-mul pads them.
+                    let quad: [&[u8]; panel::X8_ROWS] = core::array::from_fn(|i| wq[(r0 + i).min(rows - 1)].as_slice());
+                    let mut whole = [[0f32; panel::X8]; panel::X8_ROWS];
+                    (kernels.rows_x8)(quad, 0, &transposed, &mut whole);
+                    let mut chunked = [[0f32; panel::X8]; panel::X8_ROWS];
+                    let at = split * panel::X8_BLOCK_BYTES;
+                    (kernels.rows_x8)(quad, 0, &transposed[..at], &mut chunked);
+                    (kernels.rows_x8)(quad, split, &transposed[at..], &mut chunked);
+                    for (i, r) in (r0..(r0 + panel::X8_ROWS).min(rows)).enumerate() {
+                        for t in 0..panel::X8 {
+                            prop_assert_eq!(whole[i][t].to_bits(), alone[t][r].to_bits(), "{} r{} t{}", format, r, t);
+                            prop_assert_eq!(chunked[i][t].to_bits(), alone[t][r].to_bits(), "{} chunked r{} t{}", format, r, t);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// SiLU·mul and the softmax's exponentials give the scalar table's bits on any length,
     /// NaN, infinities and huge values included.
     #[test]
@@ -723,8 +775,9 @@ fn tile_shapes_agree_bit_for_bit() {
     }
 }
 
-/// A token's mat-mul result does not depend on how many tokens go with it, on either side of
-/// `PANEL_MIN_TOKENS`, nor on the rows computed with it.
+/// A token's mat-mul result does not depend on how many tokens go with it (one, a tile of four,
+/// transposed tiles of eight, panels from `PANEL_MIN_TOKENS` on), nor on the rows computed with
+/// it.
 #[test]
 #[cfg_attr(miri, ignore = "too slow under Miri; run natively")]
 fn batch_size_changes_no_result() {
@@ -754,6 +807,8 @@ fn batch_size_changes_no_result() {
             (0, 1),
             (5, 1),
             (3, 4),
+            (4, panel::X8 + 3),
+            (6, panel::X8 + TILE + 1),
             (1, PANEL_MIN_TOKENS),
             (2, PANEL_MIN_TOKENS + 5),
         ] {

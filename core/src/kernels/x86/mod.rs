@@ -23,7 +23,7 @@ use panel::*;
 use quants::*;
 use unpack::*;
 
-use super::panel::{PANEL, PANEL_BLOCK_BYTES, PANEL_QUANTS};
+use super::panel::{PANEL, PANEL_BLOCK_BYTES, PANEL_QUANTS, X8, X8_BLOCK_BYTES, X8_ROWS};
 use super::{Kernels, PanelAcc, PanelDots, PanelRows, QuantDots, TILE};
 use crate::quant::k_quants::BLOCKS_PER_SUPER;
 use crate::quant::{
@@ -107,6 +107,8 @@ const fn dots<W: Unpack, const ISA: u8>() -> QuantDots {
             dot: panel::<W, ISA>,
             rows: |w, x| panel_rows::<W, ISA, 1>(w, [x])[0],
             rows_x4: panel_rows::<W, ISA, TILE>,
+            transpose_x8,
+            rows_x8: rows_x8::<W, ISA>,
         }),
     }
 }

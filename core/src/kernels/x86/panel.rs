@@ -331,6 +331,213 @@ pub(super) unsafe fn rows_tile<W: Unpack, const ISA: u8, const T: usize>(
     }
 }
 
+/// Transposes blocks `b0 ..` of eight Q16 activation rows (see `super::panel`).
+pub(super) fn transpose_x8(xs: [&[u8]; X8], b0: usize, out: &mut [u8]) {
+    let nb = out.len() / X8_BLOCK_BYTES;
+    let nb = xs.iter().fold(nb, |n, x| {
+        n.min((x.len() / BlockQ16::BYTES).saturating_sub(b0))
+    });
+    // SAFETY: CPU features as above; blocks `b0 .. b0 + nb` lie inside every row, and `nb`
+    // transposed blocks inside `out`.
+    unsafe { transpose_x8_avx2(nb, xs.map(<[u8]>::as_ptr), b0, out.as_mut_ptr()) }
+}
+
+/// # Safety
+/// The CPU has AVX2; Q16 blocks `b0 .. b0 + nb` lie inside every row at `xs[t]`, and `nb`
+/// transposed blocks (`X8_BLOCK_BYTES` each) at `out`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn transpose_x8_avx2(nb: usize, xs: [*const u8; X8], b0: usize, out: *mut u8) {
+    for b in 0..nb {
+        // SAFETY: as the caller guarantees: block `b0 + b` inside every row, transposed block
+        // `b` inside `out`.
+        unsafe {
+            let o = out.add(b * X8_BLOCK_BYTES);
+            let mut lo = [_mm256_setzero_si256(); X8];
+            let mut hi = [_mm256_setzero_si256(); X8];
+            let mut d = [0f32; X8];
+            let mut s = [0f32; X8];
+            for t in 0..X8 {
+                let x = xs[t].add((b0 + b) * BlockQ16::BYTES);
+                d[t] = (x as *const f32).read_unaligned();
+                s[t] = (x.add(4) as *const f32).read_unaligned();
+                lo[t] = _mm256_loadu_si256(x.add(8) as *const __m256i);
+                hi[t] = _mm256_loadu_si256(x.add(40) as *const __m256i);
+            }
+            _mm256_storeu_ps(o as *mut f32, _mm256_loadu_ps(d.as_ptr()));
+            _mm256_storeu_ps(o.add(32) as *mut f32, _mm256_loadu_ps(s.as_ptr()));
+            let q = o.add(2 * X8 * 4) as *mut __m256i;
+            let (lo, hi) = (transpose8(lo), transpose8(hi));
+            for p in 0..8 {
+                _mm256_storeu_si256(q.add(p), lo[p]);
+                _mm256_storeu_si256(q.add(p + 8), hi[p]);
+            }
+        }
+    }
+}
+
+/// `X8_ROWS` weight rows' blocks `b0 ..` against a transposed tile of eight tokens (see
+/// `super::panel`).
+pub(super) fn rows_x8<W: Unpack, const ISA: u8>(
+    w: [&[u8]; X8_ROWS],
+    b0: usize,
+    xt: &[u8],
+    acc: &mut [[f32; X8]; X8_ROWS],
+) {
+    let nb = w.iter().fold(xt.len() / X8_BLOCK_BYTES, |n, w| {
+        n.min(blocks::<W>(w.len()).saturating_sub(b0))
+    });
+    let row_len = w[0].len();
+    let w = w.map(<[u8]>::as_ptr);
+    // SAFETY: as for `dot`; blocks `b0 .. b0 + nb` lie inside every row, `nb` transposed
+    // blocks inside `xt`.
+    unsafe {
+        match ISA {
+            AVX512_VNNI => rows_x8_avx512::<W>(nb, w, row_len, b0, xt.as_ptr(), acc),
+            AVX_VNNI => rows_x8_vnni::<W>(nb, w, row_len, b0, xt.as_ptr(), acc),
+            _ => rows_x8_avx2::<W>(nb, w, row_len, b0, xt.as_ptr(), acc),
+        }
+    }
+}
+
+/// Per block: each row's 32 quants widened to a buffer, then per pair the eight tokens' pairs
+/// loaded once and multiplied with each row's pair broadcast (one integer sum per (row, token)
+/// in a lane, the halves apart), then the panel kernel's scaling per lane.
+///
+/// # Safety
+/// The CPU has AVX2, FMA, F16C and the features of `ISA`; blocks `b0 .. b0 + nb` of format `W`
+/// lie inside every row at `w[r]`, and `nb` transposed blocks at `xt`. `row_len` (a row's
+/// bytes) only aims the prefetches.
+#[inline(always)]
+unsafe fn rows_x8_tile<W: Unpack, const ISA: u8>(
+    nb: usize,
+    w: [*const u8; X8_ROWS],
+    row_len: usize,
+    b0: usize,
+    xt: *const u8,
+    acc: &mut [[f32; X8]; X8_ROWS],
+) {
+    #[repr(align(32))]
+    struct Quants([[i32; QK / 2]; X8_ROWS]);
+    // SAFETY: the caller guarantees the blocks in every row and in `xt`, AVX2/FMA/F16C, and the
+    // features of `ISA`.
+    unsafe {
+        let mut facc = [_mm256_setzero_ps(); X8_ROWS];
+        for r in 0..X8_ROWS {
+            facc[r] = _mm256_loadu_ps(acc[r].as_ptr());
+        }
+        let mut quants = Quants([[0; QK / 2]; X8_ROWS]);
+        let mut unit_d = [[0f32; BLOCKS_PER_SUPER]; X8_ROWS];
+        let mut unit_m = [[0f32; BLOCKS_PER_SUPER]; X8_ROWS];
+        for b in 0..nb {
+            let mut j = 0;
+            let mut units = [w[0]; X8_ROWS];
+            for r in 0..X8_ROWS {
+                (units[r], j) = unit::<W>(w[r], b0 + b);
+                // The same block of the next rows' quad (usually the rows right after these,
+                // a fixed distance on), which the hardware prefetcher does not reach in time.
+                let ahead = X8_ROWS * row_len + line_in_unit::<W>(j);
+                _mm_prefetch::<_MM_HINT_T0>(units[r].wrapping_add(ahead) as *const i8);
+                if W::UNIT > 1 && (b == 0 || j == 0) {
+                    (unit_d[r], unit_m[r]) = W::unit_scales(units[r]);
+                }
+                let (lo, hi) = W::unpack(units[r], j);
+                let q = quants.0[r].as_mut_ptr() as *mut __m256i;
+                _mm256_store_si256(q, lo);
+                _mm256_store_si256(q.add(1), hi);
+            }
+            let x = xt.add(b * X8_BLOCK_BYTES);
+            let xq = x.add(2 * X8 * 4) as *const __m256i;
+            // One sum per row and half of the block.
+            let mut lo = [_mm256_setzero_si256(); X8_ROWS];
+            let mut hi = [_mm256_setzero_si256(); X8_ROWS];
+            for p in 0..QK / 4 {
+                let x_lo = _mm256_loadu_si256(xq.add(p));
+                let x_hi = _mm256_loadu_si256(xq.add(p + QK / 4));
+                for r in 0..X8_ROWS {
+                    let w_lo = _mm256_set1_epi32(quants.0[r][p]);
+                    let w_hi = _mm256_set1_epi32(quants.0[r][p + QK / 4]);
+                    (lo[r], hi[r]) = match ISA {
+                        AVX512_VNNI | AVX_VNNI => (
+                            dpwssd::<ISA>(lo[r], w_lo, x_lo),
+                            dpwssd::<ISA>(hi[r], w_hi, x_hi),
+                        ),
+                        _ => (
+                            _mm256_add_epi32(lo[r], _mm256_madd_epi16(w_lo, x_lo)),
+                            _mm256_add_epi32(hi[r], _mm256_madd_epi16(w_hi, x_hi)),
+                        ),
+                    };
+                }
+            }
+            let dx = _mm256_loadu_ps(x as *const f32);
+            let s = _mm256_loadu_ps(x.add(X8 * 4) as *const f32);
+            for r in 0..X8_ROWS {
+                let (d, m) = if W::UNIT > 1 {
+                    (_mm256_set1_ps(unit_d[r][j]), _mm256_set1_ps(unit_m[r][j]))
+                } else {
+                    W::scales(units[r], j)
+                };
+                if W::HALF_SCALES {
+                    facc[r] = half_sums(lo[r], hi[r], d, m, dx, facc[r]);
+                    continue;
+                }
+                let isum = _mm256_add_epi32(lo[r], hi[r]);
+                facc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, dx), facc[r]);
+                if W::HAS_MIN {
+                    facc[r] = _mm256_fmadd_ps(m, s, facc[r]);
+                }
+            }
+        }
+        for r in 0..X8_ROWS {
+            _mm256_storeu_ps(acc[r].as_mut_ptr(), facc[r]);
+        }
+    }
+}
+
+/// # Safety
+/// As for `rows_x8_tile`, with the features enabled here.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn rows_x8_avx2<W: Unpack>(
+    nb: usize,
+    w: [*const u8; X8_ROWS],
+    row_len: usize,
+    b0: usize,
+    xt: *const u8,
+    acc: &mut [[f32; X8]; X8_ROWS],
+) {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { rows_x8_tile::<W, AVX2>(nb, w, row_len, b0, xt, acc) }
+}
+
+/// # Safety
+/// As for `rows_x8_tile`, with the features enabled here.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn rows_x8_vnni<W: Unpack>(
+    nb: usize,
+    w: [*const u8; X8_ROWS],
+    row_len: usize,
+    b0: usize,
+    xt: *const u8,
+    acc: &mut [[f32; X8]; X8_ROWS],
+) {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { rows_x8_tile::<W, AVX_VNNI>(nb, w, row_len, b0, xt, acc) }
+}
+
+/// # Safety
+/// As for `rows_x8_tile`, with the features enabled here.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows_x8_avx512<W: Unpack>(
+    nb: usize,
+    w: [*const u8; X8_ROWS],
+    row_len: usize,
+    b0: usize,
+    xt: *const u8,
+    acc: &mut [[f32; X8]; X8_ROWS],
+) {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { rows_x8_tile::<W, AVX512_VNNI>(nb, w, row_len, b0, xt, acc) }
+}
+
 /// Lane `r` of the result: the sum of `v[r]`'s eight lanes.
 ///
 /// # Safety
