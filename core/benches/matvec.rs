@@ -5,7 +5,7 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use sapient_core::kernels::{Activations, Kernels};
+use sapient_core::kernels::{panel, Activations, Kernels};
 use sapient_core::quant::Format;
 use sapient_core::Matrix;
 
@@ -97,6 +97,62 @@ fn matmul_tokens(c: &mut Criterion, n_tok: usize, formats: &[Format]) {
     group.finish();
 }
 
+/// The two ways a step of 8 or 16 tokens can take (they give the same bits): packed panels
+/// (`panel::matmul`) against transposed tiles of eight tokens (`panel::matvec`), on SmolLM2's
+/// gate projection (in cache) and its output matrix (28 MB, streamed from memory).
+fn decode_step_paths(c: &mut Criterion) {
+    let k = Kernels::best();
+    let Some(dots) = k.dots(Format::Q8_0).unwrap().panel.as_ref() else {
+        return;
+    };
+    for (rows, cols) in [(1536, 576), (49152, 576)] {
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
+            .collect();
+        let m = Matrix::quantize(Format::Q8_0, rows, cols, &values).unwrap();
+        for n_tok in [8, 16] {
+            let x: Vec<f32> = (0..n_tok * cols).map(|i| (i as f32 * 0.37).sin()).collect();
+            let row = sapient_core::quant::q16::row_bytes(cols);
+            let mut xq = vec![0u8; n_tok * row];
+            for (xr, qr) in x.chunks(cols).zip(xq.chunks_mut(row)) {
+                k.quantize_q16(xr, qr).unwrap();
+            }
+            let x1 = |t: usize| &xq[t * row..(t + 1) * row];
+            let mut out = vec![0f32; rows * n_tok];
+            let mut group =
+                c.benchmark_group(format!("step_{n_tok}x{rows}x{cols}_q8_0_{}", k.name));
+            group.sample_size(if rows > 4096 { 10 } else { 20 });
+            group.bench_function("packed_panels", |b| {
+                b.iter(|| {
+                    panel::matmul(
+                        dots,
+                        rows,
+                        cols / 32,
+                        |r| m.row(r),
+                        n_tok,
+                        x1,
+                        |r, t, v| out[t * rows + r..][..v.len()].copy_from_slice(v),
+                    )
+                })
+            });
+            group.bench_function("transposed_tiles", |b| {
+                b.iter(|| {
+                    panel::matvec(
+                        dots,
+                        rows,
+                        cols / 32,
+                        |r| m.row(r),
+                        n_tok,
+                        x1,
+                        |r, t, v| out[t * rows + r..][..v.len()].copy_from_slice(v),
+                    )
+                })
+            });
+            group.finish();
+        }
+    }
+}
+
 /// Summing a buffer far larger than the caches: the memory bandwidth one core can stream.
 fn memory_bandwidth(c: &mut Criterion) {
     let buf: Vec<u64> = (0..(256 << 20) / 8).map(|i| i as u64).collect();
@@ -114,6 +170,7 @@ criterion_group!(
     matvec,
     matmul_prefill,
     matmul_decode_steps,
+    decode_step_paths,
     memory_bandwidth
 );
 criterion_main!(benches);

@@ -271,6 +271,39 @@ fn bench_json_reports_rates_at_a_depth() {
     assert_eq!(args("-1").status.code(), Some(2));
 }
 
+/// `bench --parallel N` decodes N sequences together and reports their tokens per second;
+/// zero sequences is a usage error.
+#[test]
+fn bench_parallel_decodes_several_sequences() {
+    let m = fixture("llama");
+    let args = |n: &str| {
+        sapient(&[
+            "bench",
+            "-m",
+            &m,
+            "-p",
+            "0",
+            "-n",
+            "4",
+            "--parallel",
+            n,
+            "-r",
+            "1",
+            "-t",
+            "2",
+            "--backend",
+            "cpu",
+            "--format",
+            "json",
+        ])
+    };
+    let r = json(&args("9"));
+    assert_eq!(r["parallel"], 9);
+    assert_eq!(r["prefill_tokens_per_s"], serde_json::Value::Null);
+    assert!(r["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+    assert_eq!(args("0").status.code(), Some(2));
+}
+
 /// `--backend gpu` (any adapter, lavapipe included) gives the CPU's greedy tokens, and `bench`
 /// reports its dispatches per decoded token: six per layer and three more.
 #[cfg(feature = "gpu")]
