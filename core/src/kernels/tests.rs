@@ -54,6 +54,18 @@ fn is_k(format: Format) -> bool {
 
 /// A row length for `format` from a block count: `blocks` blocks of 32, or for the k-quants one
 /// or two super-blocks.
+/// `rows` weight rows in `format` made from `w` by scaling and rotating it.
+fn scaled_rows(format: Format, w: &[f32], rows: usize) -> Vec<Vec<u8>> {
+    let n = w.len();
+    (0..rows)
+        .map(|r| {
+            let k = [1.0, -0.5, 2.0, 0.25][r % 4] * (1 + r / 4) as f32;
+            let wr: Vec<f32> = (0..n).map(|i| w[(i + 7 * r) % n] * k).collect();
+            quantized(format, &wr)
+        })
+        .collect()
+}
+
 fn row_len(format: Format, blocks: usize) -> usize {
     if is_k(format) {
         quant::k_quants::QK_K * (1 + blocks % 2)
@@ -267,12 +279,7 @@ proptest! {
                 let split = split.min(blocks);
                 let xq: Vec<Vec<u8>> = xs.iter().map(|x| q16_row(&x[..n])).collect();
                 let xs: [&[u8]; TILE] = core::array::from_fn(|i| xq[i].as_slice());
-                // Rows made from the weights by scaling and rotating them.
-                let wq: Vec<Vec<u8>> = (0..rows).map(|r| {
-                    let k = [1.0, -0.5, 2.0, 0.25][r % 4] * (1 + r / 4) as f32;
-                    let wr: Vec<f32> = (0..n).map(|i| w[(i + 7 * r) % n] * k).collect();
-                    quantized(format, &wr)
-                }).collect();
+                let wq = scaled_rows(format, &w[..n], rows);
                 let panel: [Option<&[u8]>; panel::PANEL] = core::array::from_fn(|r| wq.get(r).map(Vec::as_slice));
                 let mut packed = vec![0u8; blocks * panel::PANEL_BLOCK_BYTES];
                 (kernels.pack)(&panel, 0, &mut packed);
@@ -343,11 +350,7 @@ proptest! {
                 (kernels.transpose_x8)(xs, split, &mut tail);
                 prop_assert!(tail[..] == transposed[split * panel::X8_BLOCK_BYTES..], "transposing from block {} differs", split);
 
-                let wq: Vec<Vec<u8>> = (0..rows).map(|r| {
-                    let k = [1.0, -0.5, 2.0, 0.25][r % 4] * (1 + r / 4) as f32;
-                    let wr: Vec<f32> = (0..n).map(|i| w[(i + 7 * r) % n] * k).collect();
-                    quantized(format, &wr)
-                }).collect();
+                let wq = scaled_rows(format, &w[..n], rows);
                 let padded: [&[u8]; panel::PANEL] = core::array::from_fn(|r| wq[r.min(rows - 1)].as_slice());
                 let alone: Vec<[f32; panel::PANEL]> = xq.iter().map(|x| (kernels.rows)(padded, x)).collect();
                 for r0 in (0..rows).step_by(panel::X8_ROWS) {
