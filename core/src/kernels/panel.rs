@@ -12,7 +12,7 @@
 //! (padding rows and tokens are computed and dropped), so threads and splits change nothing.
 //! It is not the bits of the one-row kernels: those sum each lane's part of a block in float.
 //!
-//! A decode step of eight to a few dozen sequences is too few tokens to repay packing every
+//! A decode step of eight to fifteen sequences is too few tokens to repay packing every
 //! weight panel, so its tiles of eight tokens turn the other way round: the activations are
 //! transposed instead (`[pair][token]`, once per call, a few kilobytes), and each weight row,
 //! unpacked in place, broadcasts its pairs against them. A lane then holds one token's block sum
