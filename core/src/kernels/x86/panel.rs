@@ -416,8 +416,6 @@ unsafe fn rows_x8_tile<W: Unpack, const ISA: u8>(
     xt: *const u8,
     acc: &mut [[f32; X8]; X8_ROWS],
 ) {
-    #[repr(align(32))]
-    struct Quants([[i32; QK / 2]; X8_ROWS]);
     // SAFETY: the caller guarantees the blocks in every row and in `xt`, AVX2/FMA/F16C, and the
     // features of `ISA`.
     unsafe {
@@ -425,25 +423,26 @@ unsafe fn rows_x8_tile<W: Unpack, const ISA: u8>(
         for r in 0..X8_ROWS {
             facc[r] = _mm256_loadu_ps(acc[r].as_ptr());
         }
-        let mut quants = Quants([[0; QK / 2]; X8_ROWS]);
+        // Two blocks' widened quants: the next block is widened while this one is multiplied,
+        // so the broadcasts never wait on the stores they read.
+        let mut quants = WidenedQuants([[[0; QK / 2]; X8_ROWS]; 2]);
+        if nb > 0 {
+            widen_rows::<W>(w, row_len, b0, &mut quants.0[0]);
+        }
         let mut unit_d = [[0f32; BLOCKS_PER_SUPER]; X8_ROWS];
         let mut unit_m = [[0f32; BLOCKS_PER_SUPER]; X8_ROWS];
         for b in 0..nb {
+            if b + 1 < nb {
+                widen_rows::<W>(w, row_len, b0 + b + 1, &mut quants.0[(b + 1) % 2]);
+            }
+            let q = &quants.0[b % 2];
             let mut j = 0;
             let mut units = [w[0]; X8_ROWS];
             for r in 0..X8_ROWS {
                 (units[r], j) = unit::<W>(w[r], b0 + b);
-                // The same block of the next rows' quad (usually the rows right after these,
-                // a fixed distance on), which the hardware prefetcher does not reach in time.
-                let ahead = X8_ROWS * row_len + line_in_unit::<W>(j);
-                _mm_prefetch::<_MM_HINT_T0>(units[r].wrapping_add(ahead) as *const i8);
                 if W::UNIT > 1 && (b == 0 || j == 0) {
                     (unit_d[r], unit_m[r]) = W::unit_scales(units[r]);
                 }
-                let (lo, hi) = W::unpack(units[r], j);
-                let q = quants.0[r].as_mut_ptr() as *mut __m256i;
-                _mm256_store_si256(q, lo);
-                _mm256_store_si256(q.add(1), hi);
             }
             let x = xt.add(b * X8_BLOCK_BYTES);
             let xq = x.add(2 * X8 * 4) as *const __m256i;
@@ -454,8 +453,8 @@ unsafe fn rows_x8_tile<W: Unpack, const ISA: u8>(
                 let x_lo = _mm256_loadu_si256(xq.add(p));
                 let x_hi = _mm256_loadu_si256(xq.add(p + QK / 4));
                 for r in 0..X8_ROWS {
-                    let w_lo = _mm256_set1_epi32(quants.0[r][p]);
-                    let w_hi = _mm256_set1_epi32(quants.0[r][p + QK / 4]);
+                    let w_lo = _mm256_set1_epi32(q[r][p]);
+                    let w_hi = _mm256_set1_epi32(q[r][p + QK / 4]);
                     (lo[r], hi[r]) = match ISA {
                         AVX512_VNNI | AVX_VNNI => (
                             dpwssd::<ISA>(lo[r], w_lo, x_lo),
@@ -489,6 +488,36 @@ unsafe fn rows_x8_tile<W: Unpack, const ISA: u8>(
         }
         for r in 0..X8_ROWS {
             _mm256_storeu_ps(acc[r].as_mut_ptr(), facc[r]);
+        }
+    }
+}
+
+#[repr(align(32))]
+struct WidenedQuants([[[i32; QK / 2]; X8_ROWS]; 2]);
+
+/// Widens block `b` of each row into `out` (a row's 32 quants as 16 pairs of i16), and prefetches
+/// the same block of the next rows' quad (usually the rows right after these, a fixed distance
+/// on, which the hardware prefetcher does not reach in time).
+///
+/// # Safety
+/// The CPU has AVX2 and F16C; block `b` of format `W` lies inside every row at `w[r]`.
+#[inline(always)]
+unsafe fn widen_rows<W: Unpack>(
+    w: [*const u8; X8_ROWS],
+    row_len: usize,
+    b: usize,
+    out: &mut [[i32; QK / 2]; X8_ROWS],
+) {
+    // SAFETY: as the caller guarantees; `out[r]` is 64 bytes at a 32-byte boundary.
+    unsafe {
+        for r in 0..X8_ROWS {
+            let (p, j) = unit::<W>(w[r], b);
+            let ahead = X8_ROWS * row_len + line_in_unit::<W>(j);
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
+            let (lo, hi) = W::unpack(p, j);
+            let q = out[r].as_mut_ptr() as *mut __m256i;
+            _mm256_store_si256(q, lo);
+            _mm256_store_si256(q.add(1), hi);
         }
     }
 }
