@@ -60,14 +60,22 @@ pub fn bench(runner: &impl Runner, tests: Tests, reps: usize) -> Result<BenchRes
         generate,
         depth,
     } = tests;
-    let ctx = depth + prompt.max(generate).max(1);
+    if prompt == 0 && generate == 0 {
+        return Ok(BenchResult {
+            prefill: None,
+            decode: None,
+            dispatches_per_token: None,
+        });
+    }
+    let ctx = depth + prompt.max(generate);
     let batch = prompt.max(depth).clamp(1, DEFAULT_BATCH);
-    let mut rng = Rng::new(42);
-    let tokens: Vec<u32> = (0..ctx)
-        .map(|_| (rng.next_u64() % c.vocab_size as u64) as u32)
-        .collect();
     let vocab = c.vocab_size;
     runner.with_session(ctx, batch, |s| {
+        // Made once the cache is there: a depth it cannot hold is its error, not an abort here.
+        let mut rng = Rng::new(42);
+        let tokens: Vec<u32> = (0..ctx)
+            .map(|_| (rng.next_u64() % vocab as u64) as u32)
+            .collect();
         // The cache as each test starts: empty, then `depth` tokens prefilled.
         let mut depth_logits = vec![0f32; vocab];
         let mut fill = |s: &mut dyn Session| -> Result<()> {
@@ -135,6 +143,20 @@ pub fn decode_parallel<E: Exec>(
         "parallel decoding needs sequences and tokens"
     );
     let ctx = depth + generate;
+    let slot = KvCache::bytes_needed(c, ctx, kv)?;
+    let mut arenas = (0..n_seq)
+        .map(|_| crate::run::zeroed::<u8>(slot, "a sequence's KV cache"))
+        .collect::<Result<Vec<_>>>()?;
+    let mut caches = arenas
+        .iter_mut()
+        .map(|m| KvCache::new(c, ctx, kv, m))
+        .collect::<sapient_core::Result<Vec<_>>>()?;
+    // A server's batch size (its logits for many sequences in one pass over the output matrix).
+    let mut scratch = crate::run::zeroed::<f32>(
+        Scratch::bytes_needed(c, DEFAULT_BATCH)?.div_ceil(4),
+        "the scratch",
+    )?;
+    let mut scratch = Scratch::new(c, DEFAULT_BATCH, bytemuck::cast_slice_mut(&mut scratch))?;
     let mut rng = Rng::new(42);
     let tokens: Vec<Vec<u32>> = (0..n_seq)
         .map(|_| {
@@ -143,15 +165,6 @@ pub fn decode_parallel<E: Exec>(
                 .collect()
         })
         .collect();
-    let slot = KvCache::bytes_needed(c, ctx, kv)?;
-    let mut arenas = vec![vec![0u8; slot]; n_seq];
-    let mut caches = arenas
-        .iter_mut()
-        .map(|m| KvCache::new(c, ctx, kv, m))
-        .collect::<sapient_core::Result<Vec<_>>>()?;
-    // A server's batch size (its logits for many sequences in one pass over the output matrix).
-    let mut scratch = vec![0f32; Scratch::bytes_needed(c, DEFAULT_BATCH)?.div_ceil(4)];
-    let mut scratch = Scratch::new(c, DEFAULT_BATCH, bytemuck::cast_slice_mut(&mut scratch))?;
     let mut logits = vec![vec![0f32; c.vocab_size]; n_seq];
     let mut rates = Vec::new();
     for rep in 0..=reps {

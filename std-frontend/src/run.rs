@@ -115,7 +115,7 @@ impl<E: Exec> Runner for CpuRunner<'_, '_, E> {
             .iter()
             .map(|t| KvCache::bytes_needed(c, t.len(), self.kv))
             .collect::<sapient_core::Result<Vec<usize>>>()?;
-        let mut kv = vec![0u8; sizes.iter().sum()];
+        let mut kv = zeroed::<u8>(sizes.iter().sum(), "the KV caches")?;
         let mut caches = Vec::with_capacity(tokens.len());
         let mut rest = kv.as_mut_slice();
         for (t, size) in tokens.iter().zip(&sizes) {
@@ -125,7 +125,8 @@ impl<E: Exec> Runner for CpuRunner<'_, '_, E> {
         }
         let mut caches: Vec<&mut KvCache<'_>> = caches.iter_mut().collect();
         let batch = max_batch.max(1);
-        let mut scratch = vec![0f32; Scratch::bytes_needed(c, batch)?.div_ceil(4)];
+        let mut scratch =
+            zeroed::<f32>(Scratch::bytes_needed(c, batch)?.div_ceil(4), "the scratch")?;
         let mut scratch = Scratch::new(c, batch, bytemuck::cast_slice_mut(&mut scratch))?;
         Ok(self
             .model
@@ -167,6 +168,22 @@ impl<E: Exec> Session for CpuSession<'_, '_, E> {
 }
 
 /// Heap memory for a KV cache and a scratch, sized with the core's `bytes_needed`.
+/// `n` zeroed elements for `what`, or an error naming it when the allocator cannot give them (a
+/// `--ctx` or `--parallel` too large for this machine), where `vec!` would abort the process.
+/// The fallible reservation is a probe, dropped at once: `vec!` then gets zeroed pages from
+/// the OS, touched only as the cache fills, where writing the zeros would touch them all.
+pub fn zeroed<T: Clone + Default>(n: usize, what: &str) -> Result<Vec<T>> {
+    let mut probe: Vec<T> = Vec::new();
+    probe.try_reserve_exact(n).map_err(|_| {
+        anyhow::anyhow!(
+            "cannot allocate {} MiB for {what}: more than this machine gives (ask for a shorter context or fewer sequences)",
+            (n as u128 * core::mem::size_of::<T>() as u128) >> 20
+        )
+    })?;
+    drop(probe);
+    Ok(vec![T::default(); n])
+}
+
 pub struct Arenas {
     pub kv: Vec<u8>,
     scratch: Vec<f32>,
@@ -182,9 +199,15 @@ impl Arenas {
         kv_format: KvFormat,
         max_batch: usize,
     ) -> Result<Self> {
-        let kv = vec![0u8; KvCache::bytes_needed(config, max_seq, kv_format)?];
+        let kv = zeroed(
+            KvCache::bytes_needed(config, max_seq, kv_format)?,
+            "the KV cache",
+        )?;
         // A Vec<f32> gives the scratch the 4-byte alignment it needs.
-        let scratch = vec![0f32; Scratch::bytes_needed(config, max_batch)?.div_ceil(4)];
+        let scratch = zeroed(
+            Scratch::bytes_needed(config, max_batch)?.div_ceil(4),
+            "the scratch",
+        )?;
         Ok(Arenas {
             kv,
             scratch,

@@ -136,6 +136,51 @@ fn usage_errors_exit_2_and_runtime_errors_exit_1_with_one_line() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("99999"));
 }
 
+/// A context or a number of sequences whose KV cache the machine cannot hold is an error that
+/// says so, where the allocator would abort the process (half a petabyte: past any address
+/// space, whatever the OS's overcommit policy).
+#[test]
+fn a_kv_cache_too_large_for_the_machine_is_an_error() {
+    let m = fixture("llama");
+    for args in [
+        &[
+            "generate",
+            "-m",
+            &m,
+            "--prompt-ids",
+            "1,2",
+            "-n",
+            "2",
+            "--ctx",
+            "1000000000000",
+        ][..],
+        &[
+            "bench",
+            "-m",
+            &m,
+            "-p",
+            "0",
+            "-n",
+            "2",
+            "--parallel",
+            "2",
+            "-d",
+            "1000000000000",
+        ][..],
+    ] {
+        let out = sapient(args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.lines()
+                .last()
+                .unwrap_or("")
+                .starts_with("error: cannot allocate"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
 #[test]
 fn inspect_reports_the_kv_cache_size() {
     let out = sapient(&["inspect", &fixture("mistral"), "--ctx", "1024"]);

@@ -99,12 +99,17 @@ pub fn run(
 ) -> Result<()> {
     let c = &model.config;
     let slot_bytes = KvCache::bytes_needed(c, cfg.ctx, cfg.kv)?;
-    let mut arenas: Vec<Vec<u8>> = (0..cfg.parallel).map(|_| vec![0u8; slot_bytes]).collect();
+    let mut arenas = (0..cfg.parallel)
+        .map(|_| run::zeroed::<u8>(slot_bytes, "a KV slot"))
+        .collect::<Result<Vec<_>>>()?;
     let mut caches = arenas
         .iter_mut()
         .map(|m| KvCache::new(c, cfg.ctx, cfg.kv, m))
         .collect::<sapient_core::Result<Vec<_>>>()?;
-    let mut scratch_mem = vec![0f32; Scratch::bytes_needed(c, cfg.batch)?.div_ceil(4)];
+    let mut scratch_mem = run::zeroed::<f32>(
+        Scratch::bytes_needed(c, cfg.batch)?.div_ceil(4),
+        "the scratch",
+    )?;
     let mut scratch = Scratch::new(c, cfg.batch, bytemuck::cast_slice_mut(&mut scratch_mem))?;
     metrics
         .kv_total
