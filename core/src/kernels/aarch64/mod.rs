@@ -1,0 +1,67 @@
+//! NEON twins of `scalar`. NEON is part of the aarch64 baseline, so no run-time check is needed.
+//! The i8 dot products use the `sdot` instruction when the build targets CPUs that have it
+//! (`-C target-feature=+dotprod`, on by default for Apple silicon), and widening multiplies with
+//! pairwise adds otherwise. `no_std` has no portable run-time detection of `dotprod`, and its
+//! intrinsic is still unstable in Rust, hence compile-time selection and inline assembly.
+//!
+//! Split by concern, as the x86 kernels are: this file builds the table; `unpack` turns each
+//! format's blocks into signed bytes and scales; `quants` holds the quantizers and the quantized
+//! dots (with `sdot` or without); `axpy` attention's sum over V; `float` the f32 and bf16 dots.
+//! A new format is an `Unpack` impl and a table entry.
+use core::arch::aarch64::*;
+
+mod axpy;
+mod float;
+mod quants;
+mod unpack;
+
+use axpy::*;
+use float::*;
+use quants::*;
+use unpack::*;
+
+use super::{Kernels, QuantDots, AXPY_ROWS, TILE};
+use crate::quant::k_quants::BLOCKS_PER_SUPER;
+use crate::quant::{
+    f16_at, BlockQ16, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
+    BlockQ6K, BlockQ8_0, KBlock, QK,
+};
+
+pub(super) static KERNELS: Kernels = Kernels {
+    name: if cfg!(target_feature = "dotprod") {
+        "neon+dotprod"
+    } else {
+        "neon"
+    },
+    quantize_q8_0,
+    quantize_q16,
+    q8_0: dots::<BlockQ8_0>(),
+    q4_0: dots::<BlockQ4_0>(),
+    q4_1: dots::<BlockQ4_1>(),
+    q5_0: dots::<BlockQ5_0>(),
+    q5_1: dots::<BlockQ5_1>(),
+    q3_k: dots::<BlockQ3K>(),
+    q4_k: dots::<BlockQ4K>(),
+    q5_k: dots::<BlockQ5K>(),
+    q6_k: dots::<BlockQ6K>(),
+    dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
+    dot_f32_x4: dot_f32::<TILE>,
+    // NEON's f16 conversions need `float16x4_t`, still unstable in Rust: the scalar loop.
+    dot_f16: |w, x| super::scalar::dot_f16::<1>(w, [x])[0],
+    dot_f16_x4: super::scalar::dot_f16::<TILE>,
+    dot_bf16: |w, x| dot_bf16::<1>(w, [x])[0],
+    dot_bf16_x4: dot_bf16::<TILE>,
+    axpy_q8_0,
+    silu_mul: crate::ops::silu_mul,
+    exp_sub: crate::ops::exp_sub,
+};
+
+const fn dots<W: Unpack>() -> QuantDots {
+    QuantDots {
+        one: |w, x| dot::<W, 1>(w, [x])[0],
+        x4: dot::<W, TILE>,
+        rows4: |w, x| w.map(|w| dot::<W, 1>(w, [x])[0]),
+        rows2x4: |w, x| w.map(|w| dot::<W, TILE>(w, x)),
+        panel: None,
+    }
+}
