@@ -6,7 +6,7 @@ loads it (and llama-quantize turns it into Q4_K_M, Q6_K, ...), and so does sapie
     python3 scripts/random-gguf.py OUT.gguf [shape]
 
 shape: tinyllama-1.1b (default: hidden 2048, intermediate 5632, 22 layers, 32 heads, 4 KV heads,
-vocab 32000). Needs numpy and gguf-py on PYTHONPATH ($(scripts/fetch-llama-cpp.sh)/gguf-py).
+vocab 32000), or tiny-256 (hidden 256, intermediate 512, 2 layers, vocab 512: tests/data). Needs numpy and gguf-py on PYTHONPATH ($(scripts/fetch-llama-cpp.sh)/gguf-py).
 """
 import sys
 
@@ -15,6 +15,9 @@ import gguf
 
 SHAPES = {
     "tinyllama-1.1b": dict(hidden=2048, ff=5632, layers=22, heads=32, kv_heads=4, vocab=32000, ctx=2048),
+    # Rows of 256 and 512 values, so that llama-quantize makes real k-quants of every matrix: the
+    # llama.cpp-made files in tests/data.
+    "tiny-256": dict(hidden=256, ff=512, layers=2, heads=4, kv_heads=2, vocab=512, ctx=256),
 }
 
 

@@ -5,6 +5,7 @@
 //! from a seeded generator (any bit pattern a file may hold), with finite f16 scales.
 use std::borrow::Cow;
 
+use sapient::load::{LoadOptions, ModelFiles, Quantize};
 use sapient::run::{self, Arenas, CpuRunner};
 use sapient_core::{
     Config, Format, KvFormat, LayerWeights, Matrix, Model, RopeStyle, Serial, Want, Weights,
@@ -153,9 +154,50 @@ fn prompt() -> Vec<u32> {
 #[test]
 fn k_quant_model_runs_as_its_f32_weights() {
     let (k, wide) = models();
+    runs_as_its_f32_weights("random super-blocks", &k, &wide);
+}
+
+/// Files made by llama.cpp's own `llama-quantize` (`tests/data/tiny256.*.gguf`: a 2-layer Llama
+/// with rows of 256 and 512 values and random F16 weights from `scripts/random-gguf.py OUT
+/// tiny-256`, quantized to Q3_K_M (Q3_K, Q4_K, Q5_K, Q6_K) and Q5_K_M (Q5_K, Q6_K)): read in
+/// place, as llama.cpp laid them out, they run as their weights widened to f32.
+#[test]
+fn llama_cpp_quantized_files_run_as_their_f32_weights() {
+    for (name, formats) in [
+        (
+            "tiny256.Q3_K_M.gguf",
+            &[Format::Q3K, Format::Q4K, Format::Q5K, Format::Q6K][..],
+        ),
+        ("tiny256.Q5_K_M.gguf", &[Format::Q5K, Format::Q6K][..]),
+    ] {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("data")
+            .join(name);
+        let files = ModelFiles::open(&path, &LoadOptions::default()).unwrap();
+        let k = files.model(Quantize::Auto).unwrap();
+        let held: Vec<Format> = k
+            .weights
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down])
+            .chain(k.weights.lm_head.as_ref())
+            .map(|m| m.format)
+            .collect();
+        for f in formats {
+            assert!(held.contains(f), "{name}: no {f} matrix");
+        }
+        let wide = files.model(Quantize::F32).unwrap();
+        runs_as_its_f32_weights(name, &k, &wide);
+    }
+}
+
+/// Logits of every prefix of `prompt()` within Q16 activations' error of the f32 model's
+/// (normalized mean squared error under 1e-5), and the same greedy token wherever the f32
+/// model's top two are further apart than twice the largest logit error.
+fn runs_as_its_f32_weights(what: &str, k: &Model<'_>, wide: &Model<'_>) {
     let seq = prompt();
-    let a = run::logits(&CpuRunner::new(&k, KvFormat::F32, &Serial), &seq, true).unwrap();
-    let b = run::logits(&CpuRunner::new(&wide, KvFormat::F32, &Serial), &seq, true).unwrap();
+    let a = run::logits(&CpuRunner::new(k, KvFormat::F32, &Serial), &seq, true).unwrap();
+    let b = run::logits(&CpuRunner::new(wide, KvFormat::F32, &Serial), &seq, true).unwrap();
     let (mut err, mut power) = (0f64, 0f64);
     for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
         err += ((x - y) as f64).powi(2);
@@ -164,7 +206,7 @@ fn k_quant_model_runs_as_its_f32_weights() {
     let nmse = err / power;
     assert!(
         power > 0.0 && nmse < 1e-5,
-        "normalized mean squared error {nmse}"
+        "{what}: normalized mean squared error {nmse}"
     );
     let max_err = a
         .iter()
@@ -172,8 +214,6 @@ fn k_quant_model_runs_as_its_f32_weights() {
         .zip(b.iter().flatten())
         .map(|(x, y)| (x - y).abs())
         .fold(0f32, f32::max);
-    // Greedy from each prefix: the same token wherever the f32 model's top two are further
-    // apart than twice the largest logit error.
     let mut decided = 0;
     for (p, (x, y)) in a.iter().zip(&b).enumerate() {
         let mut sorted = y.clone();
@@ -183,11 +223,14 @@ fn k_quant_model_runs_as_its_f32_weights() {
             assert_eq!(
                 sapient_core::sample::argmax(x),
                 sapient_core::sample::argmax(y),
-                "position {p}"
+                "{what}: position {p}"
             );
         }
     }
-    assert!(decided >= 20, "only {decided} of 40 positions were clear");
+    assert!(
+        decided >= 20,
+        "{what}: only {decided} of 40 positions were clear"
+    );
 }
 
 #[test]
