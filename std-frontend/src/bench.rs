@@ -72,10 +72,7 @@ pub fn bench(runner: &impl Runner, tests: Tests, reps: usize) -> Result<BenchRes
     let vocab = c.vocab_size;
     runner.with_session(ctx, batch, |s| {
         // Made once the cache is there: a depth it cannot hold is its error, not an abort here.
-        let mut rng = Rng::new(42);
-        let tokens: Vec<u32> = (0..ctx)
-            .map(|_| (rng.next_u64() % vocab as u64) as u32)
-            .collect();
+        let tokens = random_tokens(&mut Rng::new(42), ctx, vocab);
         // The cache as each test starts: empty, then `depth` tokens prefilled.
         let mut depth_logits = vec![0f32; vocab];
         let mut fill = |s: &mut dyn Session| -> Result<()> {
@@ -159,11 +156,7 @@ pub fn decode_parallel<E: Exec>(
     let mut scratch = Scratch::new(c, DEFAULT_BATCH, bytemuck::cast_slice_mut(&mut scratch))?;
     let mut rng = Rng::new(42);
     let tokens: Vec<Vec<u32>> = (0..n_seq)
-        .map(|_| {
-            (0..ctx)
-                .map(|_| (rng.next_u64() % c.vocab_size as u64) as u32)
-                .collect()
-        })
+        .map(|_| random_tokens(&mut rng, ctx, c.vocab_size))
         .collect();
     let mut logits = vec![vec![0f32; c.vocab_size]; n_seq];
     let mut rates = Vec::new();
@@ -189,6 +182,13 @@ pub fn decode_parallel<E: Exec>(
         }
     }
     Ok(Rate::of(&rates))
+}
+
+/// `n` token ids drawn uniformly from the vocabulary.
+fn random_tokens(rng: &mut Rng, n: usize, vocab: usize) -> Vec<u32> {
+    (0..n)
+        .map(|_| (rng.next_u64() % vocab as u64) as u32)
+        .collect()
 }
 
 /// The process's peak resident memory, from /proc (Linux); None elsewhere.

@@ -894,11 +894,12 @@ fn run_command(command: Command) -> Result<()> {
                 generate: if parallel > 1 { 0 } else { generate },
                 depth,
             };
+            let cpu = engine.cpu();
+            if parallel > 1 && cpu.is_none() {
+                bail!("--parallel runs on the CPU backend; the GPU backend decodes one sequence at a time (use --backend cpu)");
+            }
             let mut r = sapient::bench::bench(&engine, tests, reps)?;
-            if parallel > 1 && generate > 0 {
-                let Some(cpu) = engine.cpu() else {
-                    bail!("--parallel runs on the CPU backend; the GPU backend decodes one sequence at a time (use --backend cpu)");
-                };
+            if let Some(cpu) = cpu.filter(|_| parallel > 1 && generate > 0) {
                 let tests = sapient::bench::Tests { generate, ..tests };
                 r.decode = Some(sapient::bench::decode_parallel(
                     cpu.model, cpu.exec, cpu.kv, parallel, tests, reps,
