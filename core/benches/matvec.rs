@@ -30,9 +30,14 @@ fn matvec(c: &mut Criterion) {
     for format in [
         Format::F32,
         Format::F16,
+        Format::BF16,
         Format::Q8_0,
         Format::Q4_1,
         Format::Q4_0,
+        Format::Q5_0,
+        Format::Q5_1,
+        Format::Q4K,
+        Format::Q6K,
     ] {
         let m = Matrix::quantize(format, N, N, &values).unwrap();
         let mut out = vec![0f32; N];
@@ -51,20 +56,42 @@ fn matvec(c: &mut Criterion) {
 /// stays in the caches, so this measures the kernels' arithmetic. Throughput is in
 /// multiply-adds (elements of 64 · 1536 · 576).
 fn matmul_prefill(c: &mut Criterion) {
-    matmul_tokens(c, 64, &[Format::Q8_0, Format::Q4_1, Format::Q4_0]);
+    matmul_tokens(
+        c,
+        64,
+        (1536, 576),
+        &[Format::Q8_0, Format::Q4_1, Format::Q4_0],
+    );
 }
 
 /// A server's decode steps: one token of each of 1, 4, 8, 16 and 32 sequences against the same
 /// matrix, where panel packing and the unpacked tiles meet.
 fn matmul_decode_steps(c: &mut Criterion) {
     for n_tok in [1, 4, 8, 16, 32] {
-        matmul_tokens(c, n_tok, &[Format::Q8_0, Format::Q4_1]);
+        matmul_tokens(c, n_tok, (1536, 576), &[Format::Q8_0, Format::Q4_1]);
     }
 }
 
-/// `n_tok` tokens against the 1536 x 576 matrix in each of `formats`.
-fn matmul_tokens(c: &mut Criterion, n_tok: usize, formats: &[Format]) {
-    let (rows, cols) = (1536, 576);
+/// One token against a 512 x 2048 matrix (under 1.2 MB in every quantized format, so it stays in
+/// the caches): each format's one-token arithmetic alone, k-quants included (rows of 256).
+fn matvec_cached(c: &mut Criterion) {
+    let formats = [
+        Format::Q8_0,
+        Format::Q4_1,
+        Format::Q5_0,
+        Format::Q4K,
+        Format::Q6K,
+    ];
+    matmul_tokens(c, 1, (512, 2048), &formats);
+}
+
+/// `n_tok` tokens against a `rows x cols` matrix in each of `formats`.
+fn matmul_tokens(
+    c: &mut Criterion,
+    n_tok: usize,
+    (rows, cols): (usize, usize),
+    formats: &[Format],
+) {
     let values: Vec<f32> = (0..rows * cols)
         .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
         .collect();
@@ -81,7 +108,7 @@ fn matmul_tokens(c: &mut Criterion, n_tok: usize, formats: &[Format]) {
         n_tok,
         cols,
     };
-    let mut group = c.benchmark_group(format!("matmul_{n_tok}x1536x576_{}", k.name));
+    let mut group = c.benchmark_group(format!("matmul_{n_tok}x{rows}x{cols}_{}", k.name));
     group.sample_size(20);
     group.throughput(Throughput::Elements((n_tok * rows * cols) as u64));
     for &format in formats {
@@ -168,6 +195,7 @@ fn memory_bandwidth(c: &mut Criterion) {
 criterion_group!(
     benches,
     matvec,
+    matvec_cached,
     matmul_prefill,
     matmul_decode_steps,
     decode_step_paths,

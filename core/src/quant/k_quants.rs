@@ -24,20 +24,29 @@ pub trait KBlock {
     const HALF_SCALES: bool;
     /// `(d, m)` of block `j` (0..8) of the super-block at the start of `sb`.
     fn scales(sb: &[u8], j: usize) -> (f32, f32);
-    /// Byte offsets of the super-block's f16 scale and f16 minimum scale (Q6_K has one f16,
-    /// given twice).
+    /// Byte offsets of the super-block's f16 scale and f16 minimum scale (Q3_K and Q6_K have one
+    /// f16, given twice).
     const F16_AT: (usize, usize);
-    /// `scales` of all eight blocks at once, what a kernel reads once per super-block, given the
-    /// f16s at `F16_AT` widened (by the kernel's own instructions where it has them).
-    fn unit_scales_from(
-        sb: &[u8],
-        d: f32,
-        dmin: f32,
-    ) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]);
-    /// `unit_scales_from` with the f16s widened here.
+    /// The integer factors of all eight blocks' `scales`, what a kernel reads once per
+    /// super-block: `d = f16(F16_AT.0) · ints.0[j]`, and `m = -f16(F16_AT.1) · ints.1[j]` with a
+    /// minimum or `f16(F16_AT.1) · ints.1[j]` for the second half's scale. Every format's 6- or
+    /// 8-bit factors fit an `i8`, so kernels widen them eight at a time.
+    fn unit_ints(sb: &[u8]) -> ([i8; BLOCKS_PER_SUPER], [i8; BLOCKS_PER_SUPER]);
+    /// `scales` of all eight blocks at once, from `unit_ints` and the f16s at `F16_AT`.
     fn unit_scales(sb: &[u8]) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
-        let (d, dmin) = Self::F16_AT;
-        Self::unit_scales_from(sb, f16_at(&sb[d..]), f16_at(&sb[dmin..]))
+        let (d_at, dmin_at) = Self::F16_AT;
+        let (d, dmin) = (f16_at(&sb[d_at..]), f16_at(&sb[dmin_at..]));
+        let (s, m) = Self::unit_ints(sb);
+        (
+            core::array::from_fn(|j| d * s[j] as f32),
+            core::array::from_fn(|j| {
+                if Self::HAS_MIN {
+                    -(dmin * m[j] as f32)
+                } else {
+                    dmin * m[j] as f32
+                }
+            }),
+        )
     }
     /// `(d, m, q)` of block `j`.
     fn block(sb: &[u8], j: usize) -> (f32, f32, [i32; QK]);
@@ -71,14 +80,10 @@ pub fn k4_scales(sb: &[u8], j: usize) -> (f32, f32) {
     (f16_at(sb) * sc as f32, -(f16_at(&sb[2..]) * m as f32))
 }
 
-/// `k4_scales` of the eight blocks, given the super-block's `d` and `dmin`: the twelve packed
-/// bytes unpacked as words at once (ggml's `kmask` shuffle), then eight scales and eight
-/// minimums converted together.
-fn k4_unit_scales(
-    sb: &[u8],
-    d: f32,
-    dmin: f32,
-) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
+/// Q4_K's and Q5_K's eight 6-bit scales and minimums: the twelve packed bytes unpacked as words
+/// at once (ggml's `kmask` shuffle).
+#[inline(always)]
+fn k4_unit_ints(sb: &[u8]) -> ([i8; BLOCKS_PER_SUPER], [i8; BLOCKS_PER_SUPER]) {
     const LOW6: u32 = 0x3f3f_3f3f;
     const LOW4: u32 = 0x0f0f_0f0f;
     const LOW2: u32 = 0x0303_0303;
@@ -88,19 +93,21 @@ fn k4_unit_scales(
     // their top two from the first two words' top bits.
     let scales = [u0 & LOW6, (u2 & LOW4) | (((u0 >> 6) & LOW2) << 4)];
     let mins = [u1 & LOW6, ((u2 >> 4) & LOW4) | (((u1 >> 6) & LOW2) << 4)];
-    let byte = |w: &[u32; 2], j: usize| (w[j / 4] >> (8 * (j % 4))) as u8 as f32;
-    (
-        core::array::from_fn(|j| d * byte(&scales, j)),
-        core::array::from_fn(|j| -(dmin * byte(&mins, j))),
-    )
+    let bytes = |w: [u32; 2]| {
+        (w[0] as u64 | (w[1] as u64) << 32)
+            .to_le_bytes()
+            .map(|b| b as i8)
+    };
+    (bytes(scales), bytes(mins))
 }
 
 /// Q3_K's 6-bit scale of 16-value sub-block `s` (0..16), less 32: four low bits from the first
 /// eight bytes, two high bits from the last four.
-fn q3_scale(scales: &[u8], s: usize) -> f32 {
+#[inline(always)]
+fn q3_scale(scales: &[u8], s: usize) -> i8 {
     let low = (scales[s % 8] >> (4 * (s / 8))) & 0x0f;
     let high = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
-    ((low | (high << 4)) as i32 - 32) as f32
+    (low | (high << 4)) as i8 - 32
 }
 
 impl KBlock for BlockQ3K {
@@ -112,17 +119,15 @@ impl KBlock for BlockQ3K {
     fn scales(sb: &[u8], j: usize) -> (f32, f32) {
         let d = f16_at(&sb[108..]);
         let scales = &sb[96..108];
-        (d * q3_scale(scales, 2 * j), d * q3_scale(scales, 2 * j + 1))
+        let scale = |s| d * q3_scale(scales, s) as f32;
+        (scale(2 * j), scale(2 * j + 1))
     }
-    fn unit_scales_from(
-        sb: &[u8],
-        d: f32,
-        _: f32,
-    ) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
+    #[inline(always)]
+    fn unit_ints(sb: &[u8]) -> ([i8; BLOCKS_PER_SUPER], [i8; BLOCKS_PER_SUPER]) {
         let scales = &sb[96..108];
         (
-            core::array::from_fn(|j| d * q3_scale(scales, 2 * j)),
-            core::array::from_fn(|j| d * q3_scale(scales, 2 * j + 1)),
+            core::array::from_fn(|j| q3_scale(scales, 2 * j)),
+            core::array::from_fn(|j| q3_scale(scales, 2 * j + 1)),
         )
     }
     /// Block `j` takes bits `2c, 2c + 1` (c = j % 4) of `qs[32(j / 4)..]` and bit `j` of `hmask`;
@@ -149,12 +154,9 @@ impl KBlock for BlockQ4K {
         k4_scales(sb, j)
     }
     const F16_AT: (usize, usize) = (0, 2);
-    fn unit_scales_from(
-        sb: &[u8],
-        d: f32,
-        dmin: f32,
-    ) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
-        k4_unit_scales(sb, d, dmin)
+    #[inline(always)]
+    fn unit_ints(sb: &[u8]) -> ([i8; BLOCKS_PER_SUPER], [i8; BLOCKS_PER_SUPER]) {
+        k4_unit_ints(sb)
     }
     fn block(sb: &[u8], j: usize) -> (f32, f32, [i32; QK]) {
         let (d, m) = k4_scales(sb, j);
@@ -176,12 +178,9 @@ impl KBlock for BlockQ5K {
         k4_scales(sb, j)
     }
     const F16_AT: (usize, usize) = (0, 2);
-    fn unit_scales_from(
-        sb: &[u8],
-        d: f32,
-        dmin: f32,
-    ) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
-        k4_unit_scales(sb, d, dmin)
+    #[inline(always)]
+    fn unit_ints(sb: &[u8]) -> ([i8; BLOCKS_PER_SUPER], [i8; BLOCKS_PER_SUPER]) {
+        k4_unit_ints(sb)
     }
     fn block(sb: &[u8], j: usize) -> (f32, f32, [i32; QK]) {
         let (d, m) = k4_scales(sb, j);
@@ -207,15 +206,12 @@ impl KBlock for BlockQ6K {
         (d * (sc[0] as i8) as f32, d * (sc[1] as i8) as f32)
     }
     const F16_AT: (usize, usize) = (208, 208);
-    fn unit_scales_from(
-        sb: &[u8],
-        d: f32,
-        _: f32,
-    ) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
+    #[inline(always)]
+    fn unit_ints(sb: &[u8]) -> ([i8; BLOCKS_PER_SUPER], [i8; BLOCKS_PER_SUPER]) {
         let sc = &sb[192..208];
         (
-            core::array::from_fn(|j| d * (sc[2 * j] as i8) as f32),
-            core::array::from_fn(|j| d * (sc[2 * j + 1] as i8) as f32),
+            core::array::from_fn(|j| sc[2 * j] as i8),
+            core::array::from_fn(|j| sc[2 * j + 1] as i8),
         )
     }
     /// Block `j` is quarter `c = j % 4` of half `n = j / 4`: low nibbles of `ql[32c..]` for

@@ -262,6 +262,11 @@ pub(super) unsafe fn rows_tile<W: Unpack, const ISA: u8, const T: usize>(
     unsafe {
         let mut facc = [[_mm256_setzero_ps(); PANEL / 8]; T];
         let mut unit_scales = UnitScales::new();
+        // Each row's k-quant super-block in use, found once per super-block.
+        let mut units = [w[0].as_ptr(); PANEL];
+        // The prefetches' distance: the same block of the next panel's row (the panel's rows are
+        // usually one run of memory, which a fixed distance would land inside).
+        let next_panel: [usize; PANEL] = core::array::from_fn(|r| PANEL * w[r].len());
         for b in 0..nb {
             let mut x0 = [_mm256_setzero_si256(); T];
             let mut x1 = [_mm256_setzero_si256(); T];
@@ -274,19 +279,23 @@ pub(super) unsafe fn rows_tile<W: Unpack, const ISA: u8, const T: usize>(
                 dx[t] = _mm256_set1_ps((xp as *const f32).read_unaligned());
                 s[t] = _mm256_set1_ps((xp.add(4) as *const f32).read_unaligned());
             }
-            if W::UNIT > 1 && b % W::UNIT == 0 {
-                unit_scales.read::<W>(core::array::from_fn(|r| unit::<W>(w[r].as_ptr(), b).0));
+            let j = b % W::UNIT;
+            if W::UNIT > 1 && j == 0 {
+                units = core::array::from_fn(|r| unit::<W>(w[r].as_ptr(), b).0);
+                unit_scales.read::<W>(units);
             }
             for h in 0..PANEL / 8 {
-                let mut wp = [w[0].as_ptr(); 8];
-                let mut j = 0;
+                let wp: [*const u8; 8] = core::array::from_fn(|r| {
+                    if W::UNIT > 1 {
+                        units[8 * h + r]
+                    } else {
+                        unit::<W>(w[8 * h + r].as_ptr(), b).0
+                    }
+                });
                 let mut v = [[_mm256_setzero_si256(); 8]; T];
                 let mut v_hi = [[_mm256_setzero_si256(); 8]; T];
                 for r in 0..8 {
-                    (wp[r], j) = unit::<W>(w[8 * h + r].as_ptr(), b);
-                    // The same block of the next panel's row (the panel's rows are usually one
-                    // run of memory, which a fixed distance would land inside).
-                    let ahead = PANEL * w[8 * h + r].len() + line_in_unit::<W>(j);
+                    let ahead = next_panel[8 * h + r] + line_in_unit::<W>(j);
                     _mm_prefetch::<_MM_HINT_T0>(wp[r].wrapping_add(ahead) as *const i8);
                     let (lo, hi) = W::unpack(wp[r], j);
                     for t in 0..T {
@@ -431,6 +440,7 @@ unsafe fn rows_x8_tile<W: Unpack, const ISA: u8>(
         }
         let mut unit_d = [[0f32; BLOCKS_PER_SUPER]; X8_ROWS];
         let mut unit_m = [[0f32; BLOCKS_PER_SUPER]; X8_ROWS];
+        // (Stored as arrays: a block's scale is then one broadcast load.)
         for b in 0..nb {
             if b + 1 < nb {
                 widen_rows::<W>(w, row_len, b0 + b + 1, &mut quants.0[(b + 1) % 2]);
@@ -441,7 +451,9 @@ unsafe fn rows_x8_tile<W: Unpack, const ISA: u8>(
             for r in 0..X8_ROWS {
                 (units[r], j) = unit::<W>(w[r], b0 + b);
                 if W::UNIT > 1 && (b == 0 || j == 0) {
-                    (unit_d[r], unit_m[r]) = W::unit_scales(units[r]);
+                    let (d, m) = W::unit_scales(units[r]);
+                    _mm256_storeu_ps(unit_d[r].as_mut_ptr(), d);
+                    _mm256_storeu_ps(unit_m[r].as_mut_ptr(), m);
                 }
             }
             let x = xt.add(b * X8_BLOCK_BYTES);

@@ -56,18 +56,19 @@ pub(super) trait Unpack {
         }
     }
 
-    /// The scales and minimums of the `UNIT` blocks of the k-quant super-block at `p`.
+    /// The scales and minimums of the `UNIT` blocks of the k-quant super-block at `p`, block `j`
+    /// in lane `j`.
     ///
     /// # Safety
-    /// `BYTES` readable bytes at `p`.
+    /// `BYTES` readable bytes at `p`; AVX2 and F16C.
     #[inline(always)]
-    unsafe fn unit_scales(_p: *const u8) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
+    unsafe fn unit_scales(_p: *const u8) -> (__m256, __m256) {
         unreachable!("single-block formats have no super-blocks")
     }
 }
 
 /// The scales of a k-quant super-block's eight blocks for each row of a panel, read once per
-/// super-block (`KBlock::unit_scales`) instead of once per block: `d[j][r]`, `m[j][r]`.
+/// super-block (`Unpack::unit_scales`) instead of once per block: `d[j][r]`, `m[j][r]`.
 pub(super) struct UnitScales {
     d: [[f32; PANEL]; BLOCKS_PER_SUPER],
     m: [[f32; PANEL]; BLOCKS_PER_SUPER],
@@ -82,22 +83,32 @@ impl UnitScales {
         }
     }
 
-    /// Reads the super-blocks at `units` (a null pointer: a padding row, scales zero).
+    /// Reads the super-blocks at `units` (a null pointer: a padding row, scales zero): each
+    /// row's eight blocks come as one vector, and eight rows' vectors are transposed into the
+    /// block-major table.
     ///
     /// # Safety
-    /// `W::BYTES` readable bytes at every non-null `units[r]`.
+    /// `W::BYTES` readable bytes at every non-null `units[r]`; AVX2 and F16C.
     #[inline(always)]
     pub(super) unsafe fn read<W: Unpack>(&mut self, units: [*const u8; PANEL]) {
-        for (r, p) in units.into_iter().enumerate() {
-            let (d, m) = if p.is_null() {
-                Default::default()
-            } else {
-                // SAFETY: as the caller guarantees.
-                unsafe { W::unit_scales(p) }
-            };
-            for j in 0..BLOCKS_PER_SUPER {
-                self.d[j][r] = d[j];
-                self.m[j][r] = m[j];
+        // SAFETY: reads of the super-blocks as the caller guarantees; register-only transposes;
+        // stores of eight floats inside the tables (h < PANEL / 8); the caller has AVX2.
+        unsafe {
+            for h in 0..PANEL / 8 {
+                let mut d = [_mm256_setzero_si256(); 8];
+                let mut m = [_mm256_setzero_si256(); 8];
+                for r in 0..8 {
+                    let p = units[8 * h + r];
+                    if !p.is_null() {
+                        let (dr, mr) = W::unit_scales(p);
+                        (d[r], m[r]) = (_mm256_castps_si256(dr), _mm256_castps_si256(mr));
+                    }
+                }
+                let (d, m) = (transpose8(d), transpose8(m));
+                for j in 0..BLOCKS_PER_SUPER {
+                    _mm256_storeu_si256(self.d[j][8 * h..].as_mut_ptr() as *mut __m256i, d[j]);
+                    _mm256_storeu_si256(self.m[j][8 * h..].as_mut_ptr() as *mut __m256i, m[j]);
+                }
             }
         }
     }
@@ -265,7 +276,7 @@ macro_rules! k_unit {
             unsafe { k_scales::<Self>(p, j) }
         }
         #[inline(always)]
-        unsafe fn unit_scales(p: *const u8) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
+        unsafe fn unit_scales(p: *const u8) -> (__m256, __m256) {
             // SAFETY: the caller guarantees a whole super-block at `p`.
             unsafe { k_unit_scales::<Self>(p) }
         }
@@ -327,20 +338,31 @@ impl Unpack for BlockQ6K {
     }
 }
 
-/// `KBlock::unit_scales` of the super-block at `p`, its f16s widened with F16C (the portable
-/// conversion costs more than the rest of the scales).
+/// `KBlock::unit_scales` of the super-block at `p`, block `j` in lane `j`: the integer factors
+/// widened eight at a time, and the f16s with F16C (the portable conversion costs more than the
+/// rest of the scales). The same products as the scalar code, so the same bits.
 ///
 /// # Safety
-/// `K::BYTES` readable bytes at `p`; F16C.
+/// `K::BYTES` readable bytes at `p`; AVX2 and F16C.
 #[inline(always)]
-pub(super) unsafe fn k_unit_scales<K: KBlock>(
-    p: *const u8,
-) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
-    let (d, dmin) = K::F16_AT;
+pub(super) unsafe fn k_unit_scales<K: KBlock>(p: *const u8) -> (__m256, __m256) {
+    let (d_at, dmin_at) = K::F16_AT;
     // SAFETY: as the caller guarantees; the f16s lie inside the super-block.
     unsafe {
-        let sb = core::slice::from_raw_parts(p, K::BYTES);
-        K::unit_scales_from(sb, f16_at(p.add(d)), f16_at(p.add(dmin)))
+        let (s, m) = K::unit_ints(core::slice::from_raw_parts(p, K::BYTES));
+        let widen = |b: [i8; BLOCKS_PER_SUPER]| {
+            let b = _mm_cvtsi64_si128(i64::from_le_bytes(b.map(|b| b as u8)));
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b))
+        };
+        let d = _mm256_set1_ps(f16_at(p.add(d_at)));
+        let dmin = _mm256_set1_ps(f16_at(p.add(dmin_at)));
+        let m = _mm256_mul_ps(dmin, widen(m));
+        let m = if K::HAS_MIN {
+            _mm256_xor_ps(m, _mm256_set1_ps(-0.0))
+        } else {
+            m
+        };
+        (_mm256_mul_ps(d, widen(s)), m)
     }
 }
 
