@@ -127,11 +127,20 @@ pub(super) fn dot<W: Unpack, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; 
         n.min(x.len() / BlockQ16::BYTES)
     });
     let mut acc = [0f32; N];
+    // A k-quant super-block's scales, read when the walk enters it (blocks start at 0).
+    let mut unit_scales = ([0f32; BLOCKS_PER_SUPER], [0f32; BLOCKS_PER_SUPER]);
     for b in 0..nb {
         let (unit, j) = (b / W::UNIT, b % W::UNIT);
         let wb = &w[unit * W::BYTES..(unit + 1) * W::BYTES];
         let (w0, w1) = W::unpack(wb, j);
-        let (dw, mw) = W::scales(wb, j);
+        let (dw, mw) = if W::UNIT > 1 {
+            if j == 0 {
+                unit_scales = W::unit_scales(wb);
+            }
+            (unit_scales.0[j], unit_scales.1[j])
+        } else {
+            W::scales(wb)
+        };
         for (a, x) in acc.iter_mut().zip(&xs) {
             let xb = &x[b * BlockQ16::BYTES..(b + 1) * BlockQ16::BYTES];
             let [(lo0, hi0), (lo1, hi1)] = split_q16(xb);

@@ -15,11 +15,17 @@ pub(super) trait Unpack {
     const HALF_SCALES: bool = false;
     /// The quants of block `j` of the unit at the start of `b` (`BYTES` long).
     fn unpack(b: &[u8], j: usize) -> (int8x16_t, int8x16_t);
-    /// The scale and the minimum (or second scale) of block `j`: by default an f16 scale first
-    /// and, with a minimum, an f16 minimum after it.
+    /// The scale and the minimum of a single-block unit: an f16 scale first and, with a
+    /// minimum, an f16 minimum after it. K-quants read theirs with `unit_scales`.
     #[inline(always)]
-    fn scales(b: &[u8], _j: usize) -> (f32, f32) {
+    fn scales(b: &[u8]) -> (f32, f32) {
+        debug_assert_eq!(Self::UNIT, 1);
         (f16_at(b), if Self::HAS_MIN { f16_at(&b[2..]) } else { 0.0 })
+    }
+    /// The scales and minimums (or second scales) of all `UNIT` blocks of a k-quant super-block,
+    /// which a kernel walking the blocks in order reads once per super-block.
+    fn unit_scales(_b: &[u8]) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
+        unreachable!("single-block formats have no super-blocks")
     }
 }
 
@@ -35,8 +41,8 @@ macro_rules! k_unpack {
                 $unpack(b, j)
             }
             #[inline(always)]
-            fn scales(b: &[u8], j: usize) -> (f32, f32) {
-                <$t as KBlock>::scales(b, j)
+            fn unit_scales(b: &[u8]) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
+                <$t as KBlock>::unit_scales(b)
             }
         }
     )*};
