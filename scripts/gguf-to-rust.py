@@ -18,7 +18,7 @@ from gguf import GGUFReader
 
 FORMATS = {
     "F32": "F32", "F16": "F16", "BF16": "BF16", "Q8_0": "Q8_0", "Q4_0": "Q4_0", "Q4_1": "Q4_1",
-    "Q5_0": "Q5_0", "Q5_1": "Q5_1", "Q3_K": "Q3K", "Q4_K": "Q4K", "Q5_K": "Q5K", "Q6_K": "Q6K",
+    "Q5_0": "Q5_0", "Q5_1": "Q5_1", "Q2_K": "Q2K", "Q3_K": "Q3K", "Q4_K": "Q4K", "Q5_K": "Q5K", "Q6_K": "Q6K",
 }
 LAYER_MATRICES = [("wq", "attn_q"), ("wk", "attn_k"), ("wv", "attn_v"), ("wo", "attn_output"),
                   ("w_gate", "ffn_gate"), ("w_up", "ffn_up"), ("w_down", "ffn_down")]

@@ -66,7 +66,7 @@ fn k_quant_dequantizers_match_gguf_py() {
     use sapient_core::quant::k_quants::QK_K;
     let text = include_str!("data/gguf_kquants.txt");
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 12);
+    assert_eq!(lines.len(), 15);
     for case in lines.chunks(3) {
         let head: Vec<&str> = case[0].split(' ').collect();
         let format = match head[0] {
@@ -74,6 +74,7 @@ fn k_quant_dequantizers_match_gguf_py() {
             "q5_k" => Format::Q5K,
             "q6_k" => Format::Q6K,
             "q3_k" => Format::Q3K,
+            "q2_k" => Format::Q2K,
             f => panic!("unknown format {f}"),
         };
         let n: usize = head[1].parse().unwrap();

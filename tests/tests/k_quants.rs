@@ -1,4 +1,4 @@
-//! A whole model on k-quant weights (Q3_K, Q4_K, Q5_K, Q6_K, mixed as Q*_K_M files mix them) runs
+//! A whole model on k-quant weights (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, mixed as Q*_K_M files mix them) runs
 //! as the same weights widened to f32 do: logits within what Q16 activations cost, the same
 //! greedy tokens wherever the top two logits are further apart than that, and prefill and
 //! one-token decoding give the same bits. The weights are super-blocks whose every byte comes
@@ -36,6 +36,11 @@ fn k_matrix(rng: &mut Rng, format: Format, rows: usize, cols: usize) -> Matrix<'
             Format::Q6K => sb[208..210].copy_from_slice(&f16(unit / 128.0)),
             // |d · (sc - 32) · q| up to 32 · 4 steps.
             Format::Q3K => sb[108..110].copy_from_slice(&f16(unit / 32.0)),
+            // d · sc · q up to 15 · 3 steps, minus dmin · m up to 15 steps of half the span.
+            Format::Q2K => {
+                sb[80..82].copy_from_slice(&f16(2.0 * unit / (15.0 * 3.0)));
+                sb[82..84].copy_from_slice(&f16(unit / 15.0));
+            }
             // d · sc · q up to 63 · 31 steps, minus dmin · m up to 63 steps of half the span.
             _ => {
                 sb[..2].copy_from_slice(&f16(2.0 * unit / (63.0 * 31.0)));
@@ -84,7 +89,7 @@ fn models() -> (Model<'static>, Model<'static>) {
     let mut layers = Vec::new();
     for i in 0..c.n_layers {
         // As llama-quantize's Q4_K_M: Q6_K for some V and down projections, Q4_K elsewhere,
-        // and Q5_K to cover the third format.
+        // and Q5_K, Q3_K and Q2_K to cover the other formats.
         let (v, down) = if i == 0 {
             (Format::Q6K, Format::Q6K)
         } else {
@@ -106,7 +111,12 @@ fn models() -> (Model<'static>, Model<'static>) {
             bv: None,
             ffn_norm: vec![1.0; h].into(),
             w_gate: k_matrix(&mut rng, Format::Q4K, ff, h),
-            w_up: k_matrix(&mut rng, Format::Q4K, ff, h),
+            w_up: k_matrix(
+                &mut rng,
+                if i == 0 { Format::Q4K } else { Format::Q2K },
+                ff,
+                h,
+            ),
             w_down: k_matrix(&mut rng, down, h, ff),
         });
     }
@@ -159,11 +169,16 @@ fn k_quant_model_runs_as_its_f32_weights() {
 
 /// Files made by llama.cpp's own `llama-quantize` (`tests/data/tiny256.*.gguf`: a 2-layer Llama
 /// with rows of 256 and 512 values and random F16 weights from `scripts/random-gguf.py OUT
-/// tiny-256`, quantized to Q3_K_M (Q3_K, Q4_K, Q5_K, Q6_K) and Q5_K_M (Q5_K, Q6_K)): read in
-/// place, as llama.cpp laid them out, they run as their weights widened to f32.
+/// tiny-256`, quantized to Q2_K (Q2_K, Q3_K, Q6_K), Q3_K_M (Q3_K, Q4_K, Q5_K, Q6_K) and Q5_K_M
+/// (Q5_K, Q6_K)): read in place, as llama.cpp laid them out, they run as their weights widened
+/// to f32.
 #[test]
 fn llama_cpp_quantized_files_run_as_their_f32_weights() {
     for (name, formats) in [
+        (
+            "tiny256.Q2_K.gguf",
+            &[Format::Q2K, Format::Q3K, Format::Q6K][..],
+        ),
         (
             "tiny256.Q3_K_M.gguf",
             &[Format::Q3K, Format::Q4K, Format::Q5K, Format::Q6K][..],

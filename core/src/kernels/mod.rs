@@ -131,6 +131,8 @@ pub struct Kernels {
     pub q5_0: QuantDots,
     /// Q5_1 weights · Q16 activations.
     pub q5_1: QuantDots,
+    /// Q2_K weights · Q16 activations.
+    pub q2_k: QuantDots,
     /// Q3_K weights · Q16 activations.
     pub q3_k: QuantDots,
     /// Q4_K weights · Q16 activations.
@@ -217,6 +219,7 @@ impl Kernels {
             Format::Q4_1 => Ok(&self.q4_1),
             Format::Q5_0 => Ok(&self.q5_0),
             Format::Q5_1 => Ok(&self.q5_1),
+            Format::Q2K => Ok(&self.q2_k),
             Format::Q3K => Ok(&self.q3_k),
             Format::Q4K => Ok(&self.q4_k),
             Format::Q5K => Ok(&self.q5_k),
@@ -417,6 +420,7 @@ impl Kernels {
             | Format::Q4_1
             | Format::Q5_0
             | Format::Q5_1
+            | Format::Q2K
             | Format::Q3K
             | Format::Q4K
             | Format::Q5K

@@ -18,7 +18,7 @@
 //! unpacked in place, broadcasts its pairs against them. A lane then holds one token's block sum
 //! of one row: the same integer sum and the same float scaling as the panel kernel's lane.
 #[cfg(test)]
-use super::scalar::{unpack_at, Unpack};
+use super::scalar::{mins_at, unpack_at, Unpack};
 use super::{PanelDots, PanelRows, TILE};
 use crate::quant::{BlockQ16, QK};
 
@@ -26,14 +26,15 @@ use crate::quant::{BlockQ16, QK};
 pub const PANEL: usize = 16;
 
 /// Bytes of one packed block: the rows' scales, the rows' minimums (zero for formats without; the
-/// second halves' scales for formats with half scales),
-/// both f32, then the quants as i16 `[pair][row][2]`.
-pub const PANEL_BLOCK_BYTES: usize = 2 * PANEL * 4 + PANEL * QK * 2;
+/// second halves' scales for formats with half scales), the rows' half minimums (low halves,
+/// then high halves: zero but for formats with them), all f32, then the quants as i16
+/// `[pair][row][2]`.
+pub const PANEL_BLOCK_BYTES: usize = PANEL_QUANTS + PANEL * QK * 2;
 
 /// Byte offset of the quants in a packed block.
-pub const PANEL_QUANTS: usize = 2 * PANEL * 4;
+pub const PANEL_QUANTS: usize = 4 * PANEL * 4;
 
-/// Blocks packed at a time: 18 KiB on the stack, which stays in L1 while the tiles pass.
+/// Blocks packed at a time: 20 KiB on the stack, which stays in L1 while the tiles pass.
 const CHUNK_BLOCKS: usize = 16;
 
 /// Tokens of a transposed tile (`rows_x8`): one per 32-bit lane of a 256-bit vector.
@@ -42,11 +43,15 @@ pub const X8: usize = 8;
 /// Weight rows that share each load of a transposed tile's pairs.
 pub const X8_ROWS: usize = 4;
 
-/// Bytes of one block of a transposed tile: the tokens' scales, their sums (both f32), then
-/// for each pair of quants the tokens' pairs (`[pair][token]`, two i16 each).
-pub const X8_BLOCK_BYTES: usize = 2 * X8 * 4 + QK / 2 * X8 * 4;
+/// Bytes of one block of a transposed tile: the tokens' scales, their sums, their sums over the
+/// low halves and over the high halves (all f32), then for each pair of quants the tokens' pairs
+/// (`[pair][token]`, two i16 each).
+pub const X8_BLOCK_BYTES: usize = X8_QUANTS + QK / 2 * X8 * 4;
 
-/// Most blocks of a transposed tile held at once: 36 KiB on the stack, 2,048 columns (every
+/// Byte offset of the pairs in a transposed block.
+pub const X8_QUANTS: usize = 4 * X8 * 4;
+
+/// Most blocks of a transposed tile held at once: 40 KiB on the stack, 2,048 columns (every
 /// projection of models up to that hidden size is transposed once per call). Smaller rows get
 /// a buffer of 16 or 32 blocks: zeroing it is paid once per call, and a call comes per thread's
 /// share of rows.
@@ -73,12 +78,14 @@ pub fn pack_ref<W: Unpack>(rows: &PanelRows<'_>, b0: usize, out: &mut [u8]) {
     for (b, o) in out.chunks_exact_mut(PANEL_BLOCK_BYTES).enumerate() {
         let (scales, quants) = o.split_at_mut(PANEL_QUANTS);
         for (r, row) in rows.iter().enumerate() {
-            let (d, m, q) = match row {
-                Some(w) => unpack_at::<W>(w, b0 + b),
-                None => (0.0, 0.0, [0; QK]),
+            let ((d, m, q), (min_lo, min_hi)) = match row {
+                Some(w) => (unpack_at::<W>(w, b0 + b), mins_at::<W>(w, b0 + b)),
+                None => ((0.0, 0.0, [0; QK]), (0.0, 0.0)),
             };
-            scales[r * 4..r * 4 + 4].copy_from_slice(&d.to_le_bytes());
-            scales[(PANEL + r) * 4..(PANEL + r) * 4 + 4].copy_from_slice(&m.to_le_bytes());
+            for (k, v) in [d, m, min_lo, min_hi].into_iter().enumerate() {
+                let at = (k * PANEL + r) * 4;
+                scales[at..at + 4].copy_from_slice(&v.to_le_bytes());
+            }
             for (p, pair) in q.chunks_exact(2).enumerate() {
                 let at = (p * PANEL + r) * 4;
                 quants[at..at + 2].copy_from_slice(&(pair[0] as i16).to_le_bytes());
@@ -95,11 +102,17 @@ pub fn transpose_x8_ref(xs: [&[u8]; X8], b0: usize, out: &mut [u8]) {
     for (b, o) in out.chunks_exact_mut(X8_BLOCK_BYTES).enumerate() {
         for (t, x) in xs.iter().enumerate() {
             let x = &x[(b0 + b) * BlockQ16::BYTES..][..BlockQ16::BYTES];
-            o[4 * t..4 * t + 4].copy_from_slice(&x[..4]);
-            o[4 * (X8 + t)..4 * (X8 + t) + 4].copy_from_slice(&x[4..8]);
+            let h = BlockQ16::HALVES;
+            for (k, v) in [&x[..4], &x[4..8], &x[h..h + 4], &x[h + 4..h + 8]]
+                .into_iter()
+                .enumerate()
+            {
+                o[4 * (k * X8 + t)..4 * (k * X8 + t) + 4].copy_from_slice(v);
+            }
             for p in 0..QK / 2 {
-                let at = 4 * (2 * X8 + p * X8 + t);
-                o[at..at + 4].copy_from_slice(&x[8 + 4 * p..12 + 4 * p]);
+                let at = X8_QUANTS + 4 * (p * X8 + t);
+                let q = BlockQ16::QUANTS + 4 * p;
+                o[at..at + 4].copy_from_slice(&x[q..q + 4]);
             }
         }
     }

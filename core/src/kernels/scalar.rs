@@ -5,8 +5,8 @@
 //! before calling into any table.
 use super::{Kernels, QuantDots, AXPY_ROWS};
 use crate::quant::{
-    f16_at, quantize_blocks, Block, BlockQ16, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K,
-    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, KBlock, QK,
+    f16_at, quantize_blocks, Block, BlockQ16, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1,
+    BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, KBlock, QK,
 };
 
 /// The scalar table.
@@ -22,6 +22,7 @@ pub(super) const TABLE: Kernels = Kernels {
     q4_1: dots::<BlockQ4_1>(),
     q5_0: dots::<BlockQ5_0>(),
     q5_1: dots::<BlockQ5_1>(),
+    q2_k: dots::<BlockQ2K>(),
     q3_k: dots::<BlockQ3K>(),
     q4_k: dots::<BlockQ4K>(),
     q5_k: dots::<BlockQ5K>(),
@@ -48,7 +49,7 @@ pub(super) const fn dots<W: Unpack>() -> QuantDots {
 }
 
 /// A weight block as integers: `value[j] = d · q[j] + m`, or with `HALF_SCALES`
-/// `d · q[j]` for j < 16 and `m · q[j]` after.
+/// `d · q[j]` for j < 16 and `m · q[j]` after, plus with `HALF_MINS` each half's minimum.
 pub trait Unpack {
     /// Bytes of one stored unit: a block, or a super-block of `UNIT` blocks.
     const BYTES: usize;
@@ -58,8 +59,14 @@ pub trait Unpack {
     const HAS_MIN: bool = false;
     /// Whether `m` is the scale of the block's second half instead (Q6_K).
     const HALF_SCALES: bool = false;
+    /// Whether each half also has a minimum (Q2_K, with `HALF_SCALES`): `mins`.
+    const HALF_MINS: bool = false;
     /// `(d, m, q)` of block `j` of the unit at the start of `b`.
     fn unpack(b: &[u8], j: usize) -> (f32, f32, [i32; QK]);
+    /// The minimums of block `j`'s halves (zeros without `HALF_MINS`).
+    fn mins(_b: &[u8], _j: usize) -> (f32, f32) {
+        (0.0, 0.0)
+    }
 }
 
 /// Whole blocks in `len` bytes of format `W`.
@@ -72,6 +79,11 @@ pub fn unpack_at<W: Unpack>(w: &[u8], b: usize) -> (f32, f32, [i32; QK]) {
     W::unpack(&w[b / W::UNIT * W::BYTES..], b % W::UNIT)
 }
 
+/// The half minimums of block `b` of the row `w`.
+pub fn mins_at<W: Unpack>(w: &[u8], b: usize) -> (f32, f32) {
+    W::mins(&w[b / W::UNIT * W::BYTES..], b % W::UNIT)
+}
+
 macro_rules! k_unpack {
     ($($t:ty),*) => {$(
         impl Unpack for $t {
@@ -79,14 +91,18 @@ macro_rules! k_unpack {
             const UNIT: usize = crate::quant::k_quants::BLOCKS_PER_SUPER;
             const HAS_MIN: bool = <$t as KBlock>::HAS_MIN;
             const HALF_SCALES: bool = <$t as KBlock>::HALF_SCALES;
+            const HALF_MINS: bool = <$t as KBlock>::HALF_MINS;
             fn unpack(b: &[u8], j: usize) -> (f32, f32, [i32; QK]) {
                 <$t as KBlock>::block(b, j)
+            }
+            fn mins(b: &[u8], j: usize) -> (f32, f32) {
+                <$t as KBlock>::mins(b, j)
             }
         }
     )*};
 }
 
-k_unpack!(BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K);
+k_unpack!(BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K);
 
 impl Unpack for BlockQ8_0 {
     const BYTES: usize = Self::BYTES;
@@ -169,7 +185,8 @@ pub fn axpy_q8_0(out: &mut [f32], a: &[f32], rows: &[&[u8]]) {
 }
 
 /// Weights in format `W` · N rows of Q16 activations: per block `dw·dx·Σ qw·qx + m·(dx·Σ qx)`,
-/// the last factor being the activation block's `s`; with half scales `dw·dx·Σ_lo + mw·dx·Σ_hi`.
+/// the last factor being the activation block's `s`; with half scales `dw·dx·Σ_lo + mw·dx·Σ_hi`,
+/// then with half minimums `min_lo·(dx·Σ_lo qx) + min_hi·(dx·Σ_hi qx)` (the block's `halves`).
 pub fn dot<W: Unpack, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
     let nb = xs.iter().fold(blocks::<W>(w.len()), |n, x| {
         n.min(x.len() / BlockQ16::BYTES)
@@ -177,6 +194,7 @@ pub fn dot<W: Unpack, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
     let mut acc = [0f32; N];
     for b in 0..nb {
         let (dw, mw, qw) = unpack_at::<W>(w, b);
+        let (min_lo, min_hi) = mins_at::<W>(w, b);
         for (a, x) in acc.iter_mut().zip(&xs) {
             let xb = BlockQ16::read(&x[b * BlockQ16::BYTES..]);
             let prod = |r: core::ops::Range<usize>| -> i32 {
@@ -189,6 +207,10 @@ pub fn dot<W: Unpack, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
             if W::HALF_SCALES {
                 *a += prod(0..QK / 2) as f32 * (dw * xb.d);
                 *a += prod(QK / 2..QK) as f32 * (mw * xb.d);
+                if W::HALF_MINS {
+                    *a += min_lo * xb.halves[0];
+                    *a += min_hi * xb.halves[1];
+                }
                 continue;
             }
             *a += prod(0..QK) as f32 * (dw * xb.d);

@@ -37,6 +37,10 @@ fn quantized(format: Format, x: &[f32]) -> Vec<u8> {
             .to_bits()
             .to_le_bytes();
         match format {
+            Format::Q2K => {
+                sb[80..82].copy_from_slice(&d);
+                sb[82..84].copy_from_slice(&dmin);
+            }
             Format::Q3K => sb[108..110].copy_from_slice(&d),
             Format::Q6K => sb[208..210].copy_from_slice(&d),
             _ => {
@@ -105,10 +109,11 @@ fn abs_dot(format: Format, w: &[u8], x: &[u8], n: usize) -> f32 {
             .enumerate()
         {
             let (d, m, q) = super::scalar::unpack_at::<W>(w, b);
+            let (min_lo, min_hi) = super::scalar::mins_at::<W>(w, b);
             for (l, (q, x)) in q.iter().zip(xb).enumerate() {
                 sum += match (W::HALF_SCALES, l < QK / 2) {
-                    (true, true) => (d * *q as f32).abs(),
-                    (true, false) => (m * *q as f32).abs(),
+                    (true, true) => (d * *q as f32).abs() + min_lo.abs(),
+                    (true, false) => (m * *q as f32).abs() + min_hi.abs(),
                     (false, _) => (d * *q as f32).abs() + m.abs(),
                 } * x.abs();
             }
@@ -123,6 +128,7 @@ fn abs_dot(format: Format, w: &[u8], x: &[u8], n: usize) -> f32 {
         Format::Q4_1 => terms::<quant::BlockQ4_1>(w, &xs),
         Format::Q5_0 => terms::<quant::BlockQ5_0>(w, &xs),
         Format::Q5_1 => terms::<quant::BlockQ5_1>(w, &xs),
+        Format::Q2K => terms::<quant::BlockQ2K>(w, &xs),
         Format::Q3K => terms::<quant::BlockQ3K>(w, &xs),
         Format::Q4K => terms::<quant::BlockQ4K>(w, &xs),
         Format::Q5K => terms::<quant::BlockQ5K>(w, &xs),
@@ -290,6 +296,7 @@ proptest! {
                     Format::Q4_1 => panel::pack_ref::<quant::BlockQ4_1>(&panel, 0, &mut reference),
                     Format::Q5_0 => panel::pack_ref::<quant::BlockQ5_0>(&panel, 0, &mut reference),
                     Format::Q5_1 => panel::pack_ref::<quant::BlockQ5_1>(&panel, 0, &mut reference),
+                    Format::Q2K => panel::pack_ref::<quant::BlockQ2K>(&panel, 0, &mut reference),
                     Format::Q3K => panel::pack_ref::<quant::BlockQ3K>(&panel, 0, &mut reference),
                     Format::Q4K => panel::pack_ref::<quant::BlockQ4K>(&panel, 0, &mut reference),
                     Format::Q5K => panel::pack_ref::<quant::BlockQ5K>(&panel, 0, &mut reference),
@@ -649,6 +656,7 @@ fn matmul_rows_equals_row_dots() {
         Format::Q4_1,
         Format::Q5_0,
         Format::Q5_1,
+        Format::Q2K,
         Format::Q3K,
         Format::Q4K,
         Format::Q5K,
@@ -775,6 +783,32 @@ fn tile_shapes_agree_bit_for_bit() {
                 );
             }
         }
+    }
+}
+
+/// The scalar reference, which every SIMD kernel is held to, is the dot of the dequantized rows:
+/// each format's scales, minimums and quants read as its dequantizer reads them.
+#[test]
+fn scalar_dots_are_the_dequantized_dots() {
+    let n = 512;
+    let w: Vec<f32> = (0..n).map(|i| libm::sinf(i as f32 * 0.37) * 2.0).collect();
+    let x: Vec<f32> = (0..n)
+        .map(|i| libm::cosf(i as f32 * 0.11) * 4.0 + 0.5)
+        .collect();
+    let xq = q16_row(&x);
+    let mut xd = vec![0f32; n];
+    dequantize_blocks::<BlockQ16>(&xq, &mut xd);
+    for format in QUANTIZED {
+        let wq = quantized(format, &w);
+        let mut wd = vec![0f32; n];
+        dequantize_row(format, &wq, &mut wd).unwrap();
+        let exact: f64 = wd.iter().zip(&xd).map(|(a, b)| *a as f64 * *b as f64).sum();
+        let dot = Kernels::scalar().dot_quantized(format, &wq, &xq).unwrap();
+        let bound = 1e-5 * abs_dot(format, &wq, &xq, n) as f64;
+        assert!(
+            (dot as f64 - exact).abs() <= bound,
+            "{format}: {dot} against {exact} (bound {bound})"
+        );
     }
 }
 

@@ -4,8 +4,9 @@
 //! `value = d · q + m` (`KBlock::block`): Q4_K and Q5_K fold their 6-bit sub-block scale and
 //! minimum into `d` and `m` (exact: an f16 times a 6-bit integer fits f32); Q3_K's and Q6_K's
 //! 16-value sub-blocks give each half of a block its own scale (`HALF_SCALES`: `d` for values
-//! 0..16, `m` for 16..32). Dequantizing in that form gives ggml's `dequantize_row_q{3,4,5,6}_K`
-//! bit for bit.
+//! 0..16, `m` for 16..32); Q2_K's 16-value sub-blocks carry a scale and a minimum each, so its
+//! halves have their own scales and, with `HALF_MINS`, their own minimums too (`KBlock::mins`).
+//! Dequantizing in that form gives ggml's `dequantize_row_q{2,3,4,5,6}_K` bit for bit.
 use super::{f16_at, QK};
 
 /// Values per super-block.
@@ -22,6 +23,11 @@ pub trait KBlock {
     const HAS_MIN: bool;
     /// Whether the halves of a block have their own scales, `d` and `m` (Q6_K).
     const HALF_SCALES: bool;
+    /// Whether the halves of a block also have their own minimums, `mins` (Q2_K, with
+    /// `HALF_SCALES`): a half's minimum multiplies the activations' sum over that half.
+    const HALF_MINS: bool = false;
+    /// Byte offset of the f16 that scales the half minimums (`HALF_MINS` only).
+    const MIN_F16_AT: usize = 0;
     /// `(d, m)` of block `j` (0..8) of the super-block at the start of `sb`.
     fn scales(sb: &[u8], j: usize) -> (f32, f32);
     /// Byte offsets of the super-block's f16 scale and f16 minimum scale (Q3_K and Q6_K have one
@@ -50,7 +56,30 @@ pub trait KBlock {
     }
     /// `(d, m, q)` of block `j`.
     fn block(sb: &[u8], j: usize) -> (f32, f32, [i32; QK]);
+    /// The minimums of block `j`'s two halves (`HALF_MINS`; zeros otherwise).
+    fn mins(_sb: &[u8], _j: usize) -> (f32, f32) {
+        (0.0, 0.0)
+    }
+    /// The integer factors of all eight blocks' `mins`, low halves and high halves:
+    /// `mins(j) = (-f16(MIN_F16_AT) · ints.0[j], -f16(MIN_F16_AT) · ints.1[j])`.
+    fn unit_min_ints(_sb: &[u8]) -> ([i8; BLOCKS_PER_SUPER], [i8; BLOCKS_PER_SUPER]) {
+        ([0; BLOCKS_PER_SUPER], [0; BLOCKS_PER_SUPER])
+    }
+    /// `mins` of all eight blocks at once, from `unit_min_ints` (`HALF_MINS` only).
+    fn unit_mins(sb: &[u8]) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
+        debug_assert!(Self::HALF_MINS);
+        let dmin = f16_at(&sb[Self::MIN_F16_AT..]);
+        let (lo, hi) = Self::unit_min_ints(sb);
+        (
+            core::array::from_fn(|j| -(dmin * lo[j] as f32)),
+            core::array::from_fn(|j| -(dmin * hi[j] as f32)),
+        )
+    }
 }
+
+/// Q2_K: `{ scales: [u8; 16], qs: [u8; 64], d: f16, dmin: f16 }`; each scale byte is a 16-value
+/// sub-block's 4-bit scale (low nibble) and 4-bit minimum (high nibble).
+pub struct BlockQ2K;
 
 /// Q3_K: `{ hmask: [u8; 32], qs: [u8; 64], scales: [u8; 12], d: f16 }`.
 pub struct BlockQ3K;
@@ -108,6 +137,56 @@ fn q3_scale(scales: &[u8], s: usize) -> i8 {
     let low = (scales[s % 8] >> (4 * (s / 8))) & 0x0f;
     let high = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
     (low | (high << 4)) as i8 - 32
+}
+
+impl KBlock for BlockQ2K {
+    const BYTES: usize = 84;
+    const HAS_MIN: bool = false;
+    const HALF_SCALES: bool = true;
+    const HALF_MINS: bool = true;
+    const F16_AT: (usize, usize) = (80, 80);
+    const MIN_F16_AT: usize = 82;
+    /// Block `j`'s halves are sub-blocks `2j` and `2j + 1`.
+    fn scales(sb: &[u8], j: usize) -> (f32, f32) {
+        let d = f16_at(&sb[80..]);
+        (
+            d * (sb[2 * j] & 0x0f) as f32,
+            d * (sb[2 * j + 1] & 0x0f) as f32,
+        )
+    }
+    #[inline(always)]
+    fn unit_ints(sb: &[u8]) -> ([i8; BLOCKS_PER_SUPER], [i8; BLOCKS_PER_SUPER]) {
+        (
+            core::array::from_fn(|j| (sb[2 * j] & 0x0f) as i8),
+            core::array::from_fn(|j| (sb[2 * j + 1] & 0x0f) as i8),
+        )
+    }
+    /// Block `j` takes bits `2c, 2c + 1` (c = j % 4) of `qs[32(j / 4)..]` (ggml's
+    /// `dequantize_row_q2_K`).
+    fn block(sb: &[u8], j: usize) -> (f32, f32, [i32; QK]) {
+        let qs = &sb[16 + 32 * (j / 4)..][..32];
+        let shift = 2 * (j % 4);
+        let (d_lo, d_hi) = Self::scales(sb, j);
+        (
+            d_lo,
+            d_hi,
+            core::array::from_fn(|l| ((qs[l] >> shift) & 3) as i32),
+        )
+    }
+    fn mins(sb: &[u8], j: usize) -> (f32, f32) {
+        let dmin = f16_at(&sb[82..]);
+        (
+            -(dmin * (sb[2 * j] >> 4) as f32),
+            -(dmin * (sb[2 * j + 1] >> 4) as f32),
+        )
+    }
+    #[inline(always)]
+    fn unit_min_ints(sb: &[u8]) -> ([i8; BLOCKS_PER_SUPER], [i8; BLOCKS_PER_SUPER]) {
+        (
+            core::array::from_fn(|j| (sb[2 * j] >> 4) as i8),
+            core::array::from_fn(|j| (sb[2 * j + 1] >> 4) as i8),
+        )
+    }
 }
 
 impl KBlock for BlockQ3K {
@@ -236,9 +315,13 @@ pub fn dequantize_blocks<K: KBlock>(bytes: &[u8], out: &mut [f32]) {
     for (sb, y) in bytes.chunks_exact(K::BYTES).zip(out.chunks_exact_mut(QK_K)) {
         for (j, y) in y.chunks_exact_mut(QK).enumerate() {
             let (d, m, q) = K::block(sb, j);
+            let (min_lo, min_hi) = K::mins(sb, j);
             for (l, (y, q)) in y.iter_mut().zip(q).enumerate() {
-                *y = if K::HALF_SCALES {
-                    (if l < QK / 2 { d } else { m }) * q as f32
+                let lo = l < QK / 2;
+                *y = if K::HALF_MINS {
+                    (if lo { d } else { m }) * q as f32 + if lo { min_lo } else { min_hi }
+                } else if K::HALF_SCALES {
+                    (if lo { d } else { m }) * q as f32
                 } else {
                     d * q as f32 + m
                 };
@@ -260,6 +343,11 @@ mod tests {
             // `f32::NAN`'s, which is `0.0 / 0.0`): every NaN reads as one fixed pattern.
             let bits = |v: f32| if v.is_nan() { 0x7fc0_0000 } else { v.to_bits() };
             prop_assert_eq!((bits(d[j]), bits(m[j])), (bits(dj), bits(mj)));
+            if K::HALF_MINS {
+                let (min_lo, min_hi) = K::unit_mins(sb);
+                let (lo, hi) = K::mins(sb, j);
+                prop_assert_eq!((bits(min_lo[j]), bits(min_hi[j])), (bits(lo), bits(hi)));
+            }
         }
         Ok(())
     }
@@ -268,6 +356,7 @@ mod tests {
         /// The once-per-super-block scales are the per-block ones, bit for bit.
         #[test]
         fn unit_scales_are_the_block_scales(sb in proptest::collection::vec(any::<u8>(), 210)) {
+            unit_scales_agree::<BlockQ2K>(&sb)?;
             unit_scales_agree::<BlockQ3K>(&sb)?;
             unit_scales_agree::<BlockQ4K>(&sb)?;
             unit_scales_agree::<BlockQ5K>(&sb)?;

@@ -18,7 +18,7 @@ pub mod q5_0;
 pub mod q5_1;
 pub mod q8_0;
 
-pub use k_quants::{BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, KBlock};
+pub use k_quants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, KBlock};
 pub use q16::BlockQ16;
 pub use q4_0::BlockQ4_0;
 pub use q4_1::BlockQ4_1;
@@ -86,7 +86,9 @@ pub enum Format {
     Q5_0,
     /// ggml's Q5_1: 32 5-bit quants, an f16 scale and an f16 minimum (24 bytes).
     Q5_1,
-    /// ggml's k-quants (256-value super-blocks; see `k_quants`).
+    /// ggml's Q2_K: 256 2-bit values in 16 blocks with 4-bit scales and minimums (84 bytes).
+    Q2K,
+    /// ggml's Q3_K: 256 3-bit values in 16 blocks with 6-bit scales (110 bytes).
     Q3K,
     /// ggml's Q4_K: 256 values in 8 blocks with 6-bit scales and minimums (144 bytes).
     Q4K,
@@ -102,7 +104,7 @@ impl Format {
         match self {
             Format::F32 | Format::F16 | Format::BF16 => 1,
             Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1 => QK,
-            Format::Q3K | Format::Q4K | Format::Q5K | Format::Q6K => k_quants::QK_K,
+            Format::Q2K | Format::Q3K | Format::Q4K | Format::Q5K | Format::Q6K => k_quants::QK_K,
         }
     }
 
@@ -116,6 +118,7 @@ impl Format {
             Format::Q4_1 => BlockQ4_1::BYTES,
             Format::Q5_0 => BlockQ5_0::BYTES,
             Format::Q5_1 => BlockQ5_1::BYTES,
+            Format::Q2K => <k_quants::BlockQ2K as KBlock>::BYTES,
             Format::Q3K => <k_quants::BlockQ3K as KBlock>::BYTES,
             Format::Q4K => <k_quants::BlockQ4K as KBlock>::BYTES,
             Format::Q5K => <k_quants::BlockQ5K as KBlock>::BYTES,
@@ -135,6 +138,7 @@ impl Format {
             Format::F32 | Format::F16 | Format::BF16 => &[],
             Format::Q8_0 | Format::Q4_0 | Format::Q5_0 => &[0],
             Format::Q4_1 | Format::Q5_1 | Format::Q4K | Format::Q5K => &[0, 2],
+            Format::Q2K => &[80, 82],
             Format::Q3K => &[108],
             Format::Q6K => &[208],
         }
@@ -185,6 +189,7 @@ impl Format {
             Format::Q4_1 => "q4_1",
             Format::Q5_0 => "q5_0",
             Format::Q5_1 => "q5_1",
+            Format::Q2K => "q2_K",
             Format::Q3K => "q3_K",
             Format::Q4K => "q4_K",
             Format::Q5K => "q5_K",
@@ -201,12 +206,13 @@ impl fmt::Display for Format {
 
 /// Every quantized weight format, for the tests that go through them all.
 #[cfg(test)]
-pub(crate) const QUANTIZED: [Format; 9] = [
+pub(crate) const QUANTIZED: [Format; 10] = [
     Format::Q8_0,
     Format::Q4_0,
     Format::Q4_1,
     Format::Q5_0,
     Format::Q5_1,
+    Format::Q2K,
     Format::Q3K,
     Format::Q4K,
     Format::Q5K,
@@ -234,7 +240,7 @@ pub fn quantize_row(format: Format, x: &[f32], out: &mut [u8]) -> Result<()> {
             <k_quants::BlockQ6K as k_quants::KBlock>::BYTES,
             k_quantize::quantize_q6k,
         ),
-        Format::Q3K | Format::Q5K => {
+        Format::Q2K | Format::Q3K | Format::Q5K => {
             return Err(Error::UnsupportedFormat {
                 what: "quantizing to",
                 format,
@@ -268,6 +274,7 @@ pub fn dequantize_row(format: Format, bytes: &[u8], out: &mut [f32]) -> Result<(
         Format::Q4_1 => dequantize_blocks::<BlockQ4_1>(bytes, out),
         Format::Q5_0 => dequantize_blocks::<BlockQ5_0>(bytes, out),
         Format::Q5_1 => dequantize_blocks::<BlockQ5_1>(bytes, out),
+        Format::Q2K => k_quants::dequantize_blocks::<k_quants::BlockQ2K>(bytes, out),
         Format::Q3K => k_quants::dequantize_blocks::<k_quants::BlockQ3K>(bytes, out),
         Format::Q4K => k_quants::dequantize_blocks::<k_quants::BlockQ4K>(bytes, out),
         Format::Q5K => k_quants::dequantize_blocks::<k_quants::BlockQ5K>(bytes, out),

@@ -31,6 +31,7 @@ impl GpuFormat {
             | Format::BF16
             | Format::Q5_0
             | Format::Q5_1
+            | Format::Q2K
             | Format::Q3K
             | Format::Q4K
             | Format::Q5K

@@ -23,8 +23,8 @@ use unpack::*;
 use super::{Kernels, QuantDots, AXPY_ROWS, TILE};
 use crate::quant::k_quants::BLOCKS_PER_SUPER;
 use crate::quant::{
-    f16_at, BlockQ16, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
-    BlockQ6K, BlockQ8_0, KBlock, QK,
+    f16_at, BlockQ16, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0,
+    BlockQ5_1, BlockQ6K, BlockQ8_0, KBlock, QK,
 };
 
 pub(super) static KERNELS: Kernels = Kernels {
@@ -40,6 +40,7 @@ pub(super) static KERNELS: Kernels = Kernels {
     q4_1: dots::<BlockQ4_1>(),
     q5_0: dots::<BlockQ5_0>(),
     q5_1: dots::<BlockQ5_1>(),
+    q2_k: dots::<BlockQ2K>(),
     q3_k: dots::<BlockQ3K>(),
     q4_k: dots::<BlockQ4K>(),
     q5_k: dots::<BlockQ5K>(),

@@ -13,6 +13,8 @@ pub(super) trait Unpack {
     const HAS_MIN: bool = false;
     /// Whether the "minimum" is the scale of the block's second half instead (Q6_K).
     const HALF_SCALES: bool = false;
+    /// Whether each half also has a minimum (Q2_K, with `HALF_SCALES`).
+    const HALF_MINS: bool = false;
     /// The quants of block `j` of the unit at the start of `b` (`BYTES` long).
     fn unpack(b: &[u8], j: usize) -> (int8x16_t, int8x16_t);
     /// The scale and the minimum of a single-block unit: an f16 scale first and, with a
@@ -27,6 +29,11 @@ pub(super) trait Unpack {
     fn unit_scales(_b: &[u8]) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
         unreachable!("single-block formats have no super-blocks")
     }
+    /// The half minimums of all `UNIT` blocks of a super-block (`HALF_MINS` only), read with
+    /// the scales.
+    fn unit_mins(_b: &[u8]) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
+        unreachable!("only formats with half minimums have them")
+    }
 }
 
 macro_rules! k_unpack {
@@ -36,6 +43,7 @@ macro_rules! k_unpack {
             const UNIT: usize = BLOCKS_PER_SUPER;
             const HAS_MIN: bool = <$t as KBlock>::HAS_MIN;
             const HALF_SCALES: bool = <$t as KBlock>::HALF_SCALES;
+            const HALF_MINS: bool = <$t as KBlock>::HALF_MINS;
             #[inline(always)]
             fn unpack(b: &[u8], j: usize) -> (int8x16_t, int8x16_t) {
                 $unpack(b, j)
@@ -44,11 +52,20 @@ macro_rules! k_unpack {
             fn unit_scales(b: &[u8]) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
                 <$t as KBlock>::unit_scales(b)
             }
+            #[inline(always)]
+            fn unit_mins(b: &[u8]) -> ([f32; BLOCKS_PER_SUPER], [f32; BLOCKS_PER_SUPER]) {
+                <$t as KBlock>::unit_mins(b)
+            }
         }
     )*};
 }
 
 k_unpack!(
+    BlockQ2K => |b: &[u8], j: usize| {
+        let (lo, hi) = bits32(&b[16 + 32 * (j / 4)..][..32], 2 * (j % 4), 3);
+        // SAFETY: register-only; the quants are 0..=3, so reinterpreting them as i8 keeps them.
+        unsafe { (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi)) }
+    },
     BlockQ3K => |b: &[u8], j: usize| {
         let (low_lo, low_hi) = bits32(&b[32 + 32 * (j / 4)..][..32], 2 * (j % 4), 3);
         let (high_lo, high_hi) = bits32(&b[..32], j, 1);

@@ -23,12 +23,14 @@ use panel::*;
 use quants::*;
 use unpack::*;
 
-use super::panel::{PANEL, PANEL_BLOCK_BYTES, PANEL_QUANTS, X8, X8_BLOCK_BYTES, X8_ROWS};
+use super::panel::{
+    PANEL, PANEL_BLOCK_BYTES, PANEL_QUANTS, X8, X8_BLOCK_BYTES, X8_QUANTS, X8_ROWS,
+};
 use super::{Kernels, PanelAcc, PanelDots, PanelRows, QuantDots, TILE};
 use crate::quant::k_quants::BLOCKS_PER_SUPER;
 use crate::quant::{
-    BlockQ16, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
-    BlockQ8_0, KBlock, QK,
+    BlockQ16, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
+    BlockQ6K, BlockQ8_0, KBlock, QK,
 };
 
 // cpufeatures also checks that the OS saves the AVX registers; it does not know F16C.
@@ -80,6 +82,7 @@ const fn table<const ISA: u8>(name: &'static str) -> Kernels {
         q4_1: dots::<BlockQ4_1, ISA>(),
         q5_0: dots::<BlockQ5_0, ISA>(),
         q5_1: dots::<BlockQ5_1, ISA>(),
+        q2_k: dots::<BlockQ2K, ISA>(),
         q3_k: dots::<BlockQ3K, ISA>(),
         q4_k: dots::<BlockQ4K, ISA>(),
         q5_k: dots::<BlockQ5K, ISA>(),

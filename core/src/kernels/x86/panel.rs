@@ -31,7 +31,7 @@ pub(super) unsafe fn pack_avx2<W: Unpack>(
         unsafe {
             let o = out.as_mut_ptr().add(b * PANEL_BLOCK_BYTES);
             let q = o.add(PANEL_QUANTS) as *mut __m256i;
-            let mut dm = [0f32; 2 * PANEL];
+            let mut dm = [0f32; PANEL_QUANTS / 4];
             let j0 = (b0 + b) % W::UNIT;
             if W::UNIT > 1 && (b == 0 || j0 == 0) {
                 let units = core::array::from_fn(|r| match rows[r] {
@@ -61,6 +61,9 @@ pub(super) unsafe fn pack_avx2<W: Unpack>(
                             let (d, m) = W::scales(p, j);
                             (_mm256_cvtss_f32(d), _mm256_cvtss_f32(m))
                         };
+                        if W::HALF_MINS {
+                            (dm[2 * PANEL + r], dm[3 * PANEL + r]) = unit_scales.mins_one(j, r);
+                        }
                     }
                 }
                 let (lo, hi) = (transpose8(lo), transpose8(hi));
@@ -71,6 +74,22 @@ pub(super) unsafe fn pack_avx2<W: Unpack>(
             }
             core::ptr::copy_nonoverlapping(dm.as_ptr() as *const u8, o, PANEL_QUANTS);
         }
+    }
+}
+
+/// The Q16 block at `xp`'s two half sums, broadcast.
+///
+/// # Safety
+/// A whole Q16 block at `xp`; AVX.
+#[inline(always)]
+unsafe fn q16_halves(xp: *const u8) -> (__m256, __m256) {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        let h = xp.add(BlockQ16::HALVES) as *const f32;
+        (
+            _mm256_set1_ps(h.read_unaligned()),
+            _mm256_set1_ps(h.add(1).read_unaligned()),
+        )
     }
 }
 
@@ -215,10 +234,16 @@ pub(super) unsafe fn panel_half<W: Unpack, const ISA: u8>(
             let dw = _mm256_loadu_ps(pb.add(h * 32) as *const f32);
             if W::HALF_SCALES {
                 let dw_hi = _mm256_loadu_ps(pb.add(PANEL * 4 + h * 32) as *const f32);
+                let min_lo = _mm256_loadu_ps(pb.add(2 * PANEL * 4 + h * 32) as *const f32);
+                let min_hi = _mm256_loadu_ps(pb.add(3 * PANEL * 4 + h * 32) as *const f32);
                 for t in 0..TILE {
                     let dx = _mm256_set1_ps((xp[t] as *const f32).read_unaligned());
                     let (lo, hi) = (split[0][t], split[1][t]);
                     facc[t] = half_sums(lo, hi, dw, dw_hi, dx, facc[t]);
+                    if W::HALF_MINS {
+                        let (s_lo, s_hi) = q16_halves(xp[t]);
+                        facc[t] = half_mins(min_lo, min_hi, s_lo, s_hi, facc[t]);
+                    }
                 }
                 continue;
             }
@@ -272,12 +297,16 @@ pub(super) unsafe fn rows_tile<W: Unpack, const ISA: u8, const T: usize>(
             let mut x1 = [_mm256_setzero_si256(); T];
             let mut dx = [_mm256_setzero_ps(); T];
             let mut s = [_mm256_setzero_ps(); T];
+            let mut halves = [(_mm256_setzero_ps(), _mm256_setzero_ps()); T];
             for t in 0..T {
                 let xp = xs[t].as_ptr().add(b * BlockQ16::BYTES);
                 x0[t] = _mm256_loadu_si256(xp.add(8) as *const __m256i);
                 x1[t] = _mm256_loadu_si256(xp.add(40) as *const __m256i);
                 dx[t] = _mm256_set1_ps((xp as *const f32).read_unaligned());
                 s[t] = _mm256_set1_ps((xp.add(4) as *const f32).read_unaligned());
+                if W::HALF_MINS {
+                    halves[t] = q16_halves(xp);
+                }
             }
             let j = b % W::UNIT;
             if W::UNIT > 1 && j == 0 {
@@ -316,11 +345,19 @@ pub(super) unsafe fn rows_tile<W: Unpack, const ISA: u8, const T: usize>(
                 } else {
                     W::scales8(wp, j)
                 };
+                let (min_lo, min_hi) = if W::HALF_MINS {
+                    unit_scales.mins_eight(j, h)
+                } else {
+                    (_mm256_setzero_ps(), _mm256_setzero_ps())
+                };
                 for t in 0..T {
                     let acc = &mut facc[t][h];
                     if W::HALF_SCALES {
                         let (lo, hi) = (sum_across8(v[t]), sum_across8(v_hi[t]));
                         *acc = half_sums(lo, hi, dw, mw, dx[t], *acc);
+                        if W::HALF_MINS {
+                            *acc = half_mins(min_lo, min_hi, halves[t].0, halves[t].1, *acc);
+                        }
                         continue;
                     }
                     let isum = sum_across8(v[t]);
@@ -363,18 +400,22 @@ unsafe fn transpose_x8_avx2(nb: usize, xs: [*const u8; X8], b0: usize, out: *mut
             let o = out.add(b * X8_BLOCK_BYTES);
             let mut lo = [_mm256_setzero_si256(); X8];
             let mut hi = [_mm256_setzero_si256(); X8];
-            let mut d = [0f32; X8];
-            let mut s = [0f32; X8];
+            // The tokens' d, s and two half sums, one row each.
+            let mut floats = [[0f32; X8]; 4];
             for t in 0..X8 {
                 let x = xs[t].add((b0 + b) * BlockQ16::BYTES);
-                d[t] = (x as *const f32).read_unaligned();
-                s[t] = (x.add(4) as *const f32).read_unaligned();
+                let f = |at: usize| (x.add(at) as *const f32).read_unaligned();
+                floats[0][t] = f(0);
+                floats[1][t] = f(4);
+                floats[2][t] = f(BlockQ16::HALVES);
+                floats[3][t] = f(BlockQ16::HALVES + 4);
                 lo[t] = _mm256_loadu_si256(x.add(8) as *const __m256i);
                 hi[t] = _mm256_loadu_si256(x.add(40) as *const __m256i);
             }
-            _mm256_storeu_ps(o as *mut f32, _mm256_loadu_ps(d.as_ptr()));
-            _mm256_storeu_ps(o.add(32) as *mut f32, _mm256_loadu_ps(s.as_ptr()));
-            let q = o.add(2 * X8 * 4) as *mut __m256i;
+            for (k, row) in floats.iter().enumerate() {
+                _mm256_storeu_ps(o.add(k * X8 * 4) as *mut f32, _mm256_loadu_ps(row.as_ptr()));
+            }
+            let q = o.add(X8_QUANTS) as *mut __m256i;
             let (lo, hi) = (transpose8(lo), transpose8(hi));
             for p in 0..8 {
                 _mm256_storeu_si256(q.add(p), lo[p]);
@@ -440,6 +481,8 @@ unsafe fn rows_x8_tile<W: Unpack, const ISA: u8>(
         }
         let mut unit_d = [[0f32; BLOCKS_PER_SUPER]; X8_ROWS];
         let mut unit_m = [[0f32; BLOCKS_PER_SUPER]; X8_ROWS];
+        let mut unit_min_lo = [[0f32; BLOCKS_PER_SUPER]; X8_ROWS];
+        let mut unit_min_hi = [[0f32; BLOCKS_PER_SUPER]; X8_ROWS];
         // (Stored as arrays: a block's scale is then one broadcast load.)
         for b in 0..nb {
             if b + 1 < nb {
@@ -454,10 +497,15 @@ unsafe fn rows_x8_tile<W: Unpack, const ISA: u8>(
                     let (d, m) = W::unit_scales(units[r]);
                     _mm256_storeu_ps(unit_d[r].as_mut_ptr(), d);
                     _mm256_storeu_ps(unit_m[r].as_mut_ptr(), m);
+                    if W::HALF_MINS {
+                        let (lo, hi) = W::unit_mins(units[r]);
+                        _mm256_storeu_ps(unit_min_lo[r].as_mut_ptr(), lo);
+                        _mm256_storeu_ps(unit_min_hi[r].as_mut_ptr(), hi);
+                    }
                 }
             }
             let x = xt.add(b * X8_BLOCK_BYTES);
-            let xq = x.add(2 * X8 * 4) as *const __m256i;
+            let xq = x.add(X8_QUANTS) as *const __m256i;
             // One sum per row and half of the block.
             let mut lo = [_mm256_setzero_si256(); X8_ROWS];
             let mut hi = [_mm256_setzero_si256(); X8_ROWS];
@@ -481,6 +529,8 @@ unsafe fn rows_x8_tile<W: Unpack, const ISA: u8>(
             }
             let dx = _mm256_loadu_ps(x as *const f32);
             let s = _mm256_loadu_ps(x.add(X8 * 4) as *const f32);
+            let s_lo = _mm256_loadu_ps(x.add(2 * X8 * 4) as *const f32);
+            let s_hi = _mm256_loadu_ps(x.add(3 * X8 * 4) as *const f32);
             for r in 0..X8_ROWS {
                 let (d, m) = if W::UNIT > 1 {
                     (_mm256_set1_ps(unit_d[r][j]), _mm256_set1_ps(unit_m[r][j]))
@@ -489,6 +539,11 @@ unsafe fn rows_x8_tile<W: Unpack, const ISA: u8>(
                 };
                 if W::HALF_SCALES {
                     facc[r] = half_sums(lo[r], hi[r], d, m, dx, facc[r]);
+                    if W::HALF_MINS {
+                        let min_lo = _mm256_set1_ps(unit_min_lo[r][j]);
+                        let min_hi = _mm256_set1_ps(unit_min_hi[r][j]);
+                        facc[r] = half_mins(min_lo, min_hi, s_lo, s_hi, facc[r]);
+                    }
                     continue;
                 }
                 let isum = _mm256_add_epi32(lo[r], hi[r]);
@@ -709,6 +764,8 @@ pub(super) unsafe fn panel_avx512<W: Unpack>(
             let dw = _mm512_loadu_ps(pb as *const f32);
             if W::HALF_SCALES {
                 let dw_hi = _mm512_loadu_ps(pb.add(PANEL * 4) as *const f32);
+                let min_lo = _mm512_loadu_ps(pb.add(2 * PANEL * 4) as *const f32);
+                let min_hi = _mm512_loadu_ps(pb.add(3 * PANEL * 4) as *const f32);
                 for t in 0..TILE {
                     let dx = _mm512_set1_ps((xp[t] as *const f32).read_unaligned());
                     let lo = _mm512_add_epi32(split[0][t], split[1][t]);
@@ -717,6 +774,13 @@ pub(super) unsafe fn panel_avx512<W: Unpack>(
                     let hi = _mm512_cvtepi32_ps(hi);
                     facc[t] = _mm512_fmadd_ps(lo, _mm512_mul_ps(dw, dx), facc[t]);
                     facc[t] = _mm512_fmadd_ps(hi, _mm512_mul_ps(dw_hi, dx), facc[t]);
+                    if W::HALF_MINS {
+                        let h = xp[t].add(BlockQ16::HALVES) as *const f32;
+                        let s_lo = _mm512_set1_ps(h.read_unaligned());
+                        let s_hi = _mm512_set1_ps(h.add(1).read_unaligned());
+                        facc[t] = _mm512_fmadd_ps(min_lo, s_lo, facc[t]);
+                        facc[t] = _mm512_fmadd_ps(min_hi, s_hi, facc[t]);
+                    }
                 }
                 continue;
             }

@@ -53,13 +53,28 @@ pub(super) unsafe fn block_amax(v: [__m256; 4]) -> f32 {
     }
 }
 
+/// The sum of the eight lanes.
+///
+/// # Safety
+/// register-only: the CPU has the features of the function that inlines it (AVX2).
+#[inline(always)]
+unsafe fn hsum_epi32(v: __m256i) -> i32 {
+    // SAFETY: register-only; the caller has AVX2.
+    unsafe {
+        let t4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        let t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0b01_00_11_10));
+        let t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0b10_11_00_01));
+        _mm_cvtsi128_si32(t4)
+    }
+}
+
 /// # Safety
 /// The CPU has AVX2, FMA and F16C. Any lengths: it quantizes the whole blocks both slices hold.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn quantize_q16_avx2(x: &[f32], out: &mut [u8]) {
     let nb = (x.len() / QK).min(out.len() / BlockQ16::BYTES);
     for b in 0..nb {
-        // SAFETY: block `b` < nb lies inside `x` (32 floats) and `out` (72 bytes).
+        // SAFETY: block `b` < nb lies inside `x` (32 floats) and `out` (80 bytes).
         unsafe {
             let p = x.as_ptr().add(b * QK);
             let v: [__m256; 4] = core::array::from_fn(|i| _mm256_loadu_ps(p.add(8 * i)));
@@ -76,25 +91,19 @@ pub(super) unsafe fn quantize_q16_avx2(x: &[f32], out: &mut [u8]) {
                 let s = _mm256_and_ps(s, _mm256_cmp_ps(s, s, _CMP_ORD_Q));
                 ints[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(s, lo), hi));
             }
-            let total = _mm256_add_epi32(
-                _mm256_add_epi32(ints[0], ints[1]),
-                _mm256_add_epi32(ints[2], ints[3]),
-            );
-            let t4 = _mm_add_epi32(
-                _mm256_castsi256_si128(total),
-                _mm256_extracti128_si256(total, 1),
-            );
-            let t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0b01_00_11_10));
-            let t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0b10_11_00_01));
-            let sum = _mm_cvtsi128_si32(t4);
+            let sum_lo = hsum_epi32(_mm256_add_epi32(ints[0], ints[1]));
+            let sum_hi = hsum_epi32(_mm256_add_epi32(ints[2], ints[3]));
             // packs interleaves the 128-bit lanes of its operands; the permute restores order.
             let q01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(ints[0], ints[1]), 0b11_01_10_00);
             let q23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(ints[2], ints[3]), 0b11_01_10_00);
             let o = out.as_mut_ptr().add(b * BlockQ16::BYTES);
             (o as *mut f32).write_unaligned(d);
-            (o.add(4) as *mut f32).write_unaligned(d * sum as f32);
+            (o.add(4) as *mut f32).write_unaligned(d * (sum_lo + sum_hi) as f32);
             _mm256_storeu_si256(o.add(8) as *mut __m256i, q01);
             _mm256_storeu_si256(o.add(40) as *mut __m256i, q23);
+            let halves = o.add(BlockQ16::HALVES) as *mut f32;
+            halves.write_unaligned(d * sum_lo as f32);
+            halves.add(1).write_unaligned(d * sum_hi as f32);
         }
     }
 }
@@ -180,11 +189,15 @@ pub(super) unsafe fn tile<W: Unpack, const R: usize, const N: usize, const ISA: 
             let mut dw = [_mm256_setzero_ps(); R];
             let mut mw = [_mm256_setzero_ps(); R];
             let mut qw = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
+            let mut mins = [(_mm256_setzero_ps(), _mm256_setzero_ps()); R];
             for r in 0..R {
                 let (wp, j) = unit::<W>(w[r].as_ptr(), b);
                 let ahead = PREFETCH + line_in_unit::<W>(j);
                 _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(ahead) as *const i8);
                 (dw[r], mw[r]) = W::scales(wp, j);
+                if W::HALF_MINS {
+                    mins[r] = W::mins(wp, j);
+                }
                 qw[r] = W::unpack(wp, j);
             }
             for t in 0..N {
@@ -202,6 +215,13 @@ pub(super) unsafe fn tile<W: Unpack, const R: usize, const N: usize, const ISA: 
                         let hi = _mm256_cvtepi32_ps(_mm256_madd_epi16(qw[r].1, x1));
                         acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(lo, dx), dw[r], acc[r][t]);
                         acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(hi, dx), mw[r], acc[r][t]);
+                        if W::HALF_MINS {
+                            // As `s` above: each half's sum spread over the lanes.
+                            let h = xp.add(BlockQ16::HALVES) as *const f32;
+                            let s_lo = _mm256_set1_ps(h.read_unaligned() * 0.125);
+                            let s_hi = _mm256_set1_ps(h.add(1).read_unaligned() * 0.125);
+                            acc[r][t] = half_mins(mins[r].0, mins[r].1, s_lo, s_hi, acc[r][t]);
+                        }
                         continue;
                     }
                     let dot = _mm256_madd_epi16(qw[r].0, x0);

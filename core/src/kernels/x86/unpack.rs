@@ -14,6 +14,9 @@ pub(super) trait Unpack {
     /// Whether the "minimum" is the scale of the block's second half instead (Q6_K), whose
     /// halves are summed and scaled apart.
     const HALF_SCALES: bool = false;
+    /// Whether each half also has a minimum (Q2_K, with `HALF_SCALES`), whose terms
+    /// `min·(dx·Σ_half q)` are added after the halves' sums.
+    const HALF_MINS: bool = false;
     /// The quants of block `j` of the unit at `p`.
     ///
     /// # Safety
@@ -65,13 +68,35 @@ pub(super) trait Unpack {
     unsafe fn unit_scales(_p: *const u8) -> (__m256, __m256) {
         unreachable!("single-block formats have no super-blocks")
     }
+
+    /// The half minimums of block `j` of the unit at `p`, broadcast (`HALF_MINS` only).
+    ///
+    /// # Safety
+    /// As for `scales`.
+    #[inline(always)]
+    unsafe fn mins(_p: *const u8, _j: usize) -> (__m256, __m256) {
+        unreachable!("only formats with half minimums have them")
+    }
+
+    /// The half minimums of the `UNIT` blocks of the super-block at `p`, block `j` in lane `j`:
+    /// low halves, high halves (`HALF_MINS` only).
+    ///
+    /// # Safety
+    /// As for `unit_scales`.
+    #[inline(always)]
+    unsafe fn unit_mins(_p: *const u8) -> (__m256, __m256) {
+        unreachable!("only formats with half minimums have them")
+    }
 }
 
 /// The scales of a k-quant super-block's eight blocks for each row of a panel, read once per
-/// super-block (`Unpack::unit_scales`) instead of once per block: `d[j][r]`, `m[j][r]`.
+/// super-block (`Unpack::unit_scales`) instead of once per block: `d[j][r]`, `m[j][r]`, and with
+/// half minimums `min_lo[j][r]`, `min_hi[j][r]`.
 pub(super) struct UnitScales {
     d: [[f32; PANEL]; BLOCKS_PER_SUPER],
     m: [[f32; PANEL]; BLOCKS_PER_SUPER],
+    min_lo: [[f32; PANEL]; BLOCKS_PER_SUPER],
+    min_hi: [[f32; PANEL]; BLOCKS_PER_SUPER],
 }
 
 impl UnitScales {
@@ -80,6 +105,8 @@ impl UnitScales {
         UnitScales {
             d: [[0.0; PANEL]; BLOCKS_PER_SUPER],
             m: [[0.0; PANEL]; BLOCKS_PER_SUPER],
+            min_lo: [[0.0; PANEL]; BLOCKS_PER_SUPER],
+            min_hi: [[0.0; PANEL]; BLOCKS_PER_SUPER],
         }
     }
 
@@ -97,17 +124,34 @@ impl UnitScales {
             for h in 0..PANEL / 8 {
                 let mut d = [_mm256_setzero_si256(); 8];
                 let mut m = [_mm256_setzero_si256(); 8];
+                let mut min_lo = [_mm256_setzero_si256(); 8];
+                let mut min_hi = [_mm256_setzero_si256(); 8];
                 for r in 0..8 {
                     let p = units[8 * h + r];
                     if !p.is_null() {
                         let (dr, mr) = W::unit_scales(p);
                         (d[r], m[r]) = (_mm256_castps_si256(dr), _mm256_castps_si256(mr));
+                        if W::HALF_MINS {
+                            let (lo, hi) = W::unit_mins(p);
+                            min_lo[r] = _mm256_castps_si256(lo);
+                            min_hi[r] = _mm256_castps_si256(hi);
+                        }
                     }
                 }
                 let (d, m) = (transpose8(d), transpose8(m));
                 for j in 0..BLOCKS_PER_SUPER {
                     _mm256_storeu_si256(self.d[j][8 * h..].as_mut_ptr() as *mut __m256i, d[j]);
                     _mm256_storeu_si256(self.m[j][8 * h..].as_mut_ptr() as *mut __m256i, m[j]);
+                }
+                if W::HALF_MINS {
+                    let (lo, hi) = (transpose8(min_lo), transpose8(min_hi));
+                    for j in 0..BLOCKS_PER_SUPER {
+                        let at = |t: &mut [[f32; PANEL]; BLOCKS_PER_SUPER]| {
+                            t[j][8 * h..].as_mut_ptr() as *mut __m256i
+                        };
+                        _mm256_storeu_si256(at(&mut self.min_lo), lo[j]);
+                        _mm256_storeu_si256(at(&mut self.min_hi), hi[j]);
+                    }
                 }
             }
         }
@@ -117,6 +161,27 @@ impl UnitScales {
     #[inline(always)]
     pub(super) fn one(&self, j: usize, r: usize) -> (f32, f32) {
         (self.d[j][r], self.m[j][r])
+    }
+
+    /// Block `j`'s half minimums of row `r`.
+    #[inline(always)]
+    pub(super) fn mins_one(&self, j: usize, r: usize) -> (f32, f32) {
+        (self.min_lo[j][r], self.min_hi[j][r])
+    }
+
+    /// Block `j`'s half minimums of rows `8h .. 8h + 8`, one per lane.
+    ///
+    /// # Safety
+    /// As for `eight`.
+    #[inline(always)]
+    pub(super) unsafe fn mins_eight(&self, j: usize, h: usize) -> (__m256, __m256) {
+        // SAFETY: loads of eight floats inside the arrays (h < PANEL / 8); the caller has AVX.
+        unsafe {
+            (
+                _mm256_loadu_ps(self.min_lo[j][8 * h..].as_ptr()),
+                _mm256_loadu_ps(self.min_hi[j][8 * h..].as_ptr()),
+            )
+        }
     }
 
     /// Block `j`'s scales and minimums of rows `8h .. 8h + 8`, one per lane.
@@ -178,6 +243,23 @@ pub(super) unsafe fn half_sums(
         let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lo), _mm256_mul_ps(d_lo, dx), acc);
         _mm256_fmadd_ps(_mm256_cvtepi32_ps(hi), _mm256_mul_ps(d_hi, dx), acc)
     }
+}
+
+/// `acc + min_lo·s_lo + min_hi·s_hi`: a block's half minimums times the activations' half sums,
+/// low half first, after the halves' scaled sums (every kernel adds them in this order).
+///
+/// # Safety
+/// register-only: the CPU has the features of the function that inlines it (AVX2 and FMA).
+#[inline(always)]
+pub(super) unsafe fn half_mins(
+    min_lo: __m256,
+    min_hi: __m256,
+    s_lo: __m256,
+    s_hi: __m256,
+    acc: __m256,
+) -> __m256 {
+    // SAFETY: register-only; the caller has FMA.
+    unsafe { _mm256_fmadd_ps(min_hi, s_hi, _mm256_fmadd_ps(min_lo, s_lo, acc)) }
 }
 
 /// The f16s at byte `offset` of `p[0..8]`, widened, one per lane.
@@ -270,6 +352,7 @@ macro_rules! k_unit {
         const UNIT: usize = BLOCKS_PER_SUPER;
         const HAS_MIN: bool = <Self as KBlock>::HAS_MIN;
         const HALF_SCALES: bool = <Self as KBlock>::HALF_SCALES;
+        const HALF_MINS: bool = <Self as KBlock>::HALF_MINS;
         #[inline(always)]
         unsafe fn scales(p: *const u8, j: usize) -> (__m256, __m256) {
             // SAFETY: the caller guarantees a whole super-block at `p`.
@@ -280,7 +363,27 @@ macro_rules! k_unit {
             // SAFETY: the caller guarantees a whole super-block at `p`.
             unsafe { k_unit_scales::<Self>(p) }
         }
+        #[inline(always)]
+        unsafe fn mins(p: *const u8, j: usize) -> (__m256, __m256) {
+            // SAFETY: the caller guarantees a whole super-block at `p`.
+            unsafe { k_mins::<Self>(p, j) }
+        }
+        #[inline(always)]
+        unsafe fn unit_mins(p: *const u8) -> (__m256, __m256) {
+            // SAFETY: the caller guarantees a whole super-block at `p`.
+            unsafe { k_unit_mins::<Self>(p) }
+        }
     };
+}
+
+impl Unpack for BlockQ2K {
+    k_unit!();
+    /// Bits `2c, 2c + 1` (c = j % 4) of `qs[32(j / 4)..]`.
+    #[inline(always)]
+    unsafe fn unpack(p: *const u8, j: usize) -> (__m256i, __m256i) {
+        // SAFETY: block j's 32 bytes of quants (at 16 + 32(j / 4)) lie in the super-block.
+        unsafe { bits32(p.add(16 + 32 * (j / 4)), 2 * (j % 4), 3) }
+    }
 }
 
 impl Unpack for BlockQ3K {
@@ -366,6 +469,29 @@ pub(super) unsafe fn k_unit_scales<K: KBlock>(p: *const u8) -> (__m256, __m256) 
     }
 }
 
+/// `KBlock::unit_mins` of the super-block at `p`, block `j` in lane `j`, as `k_unit_scales`
+/// reads the scales: the same products as the scalar code, so the same bits.
+///
+/// # Safety
+/// `K::BYTES` readable bytes at `p`; AVX2 and F16C.
+#[inline(always)]
+pub(super) unsafe fn k_unit_mins<K: KBlock>(p: *const u8) -> (__m256, __m256) {
+    // SAFETY: as the caller guarantees; the f16 lies inside the super-block.
+    unsafe {
+        let (lo, hi) = K::unit_min_ints(core::slice::from_raw_parts(p, K::BYTES));
+        let widen = |b: [i8; BLOCKS_PER_SUPER]| {
+            let b = _mm_cvtsi64_si128(i64::from_le_bytes(b.map(|b| b as u8)));
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b))
+        };
+        let dmin = _mm256_set1_ps(f16_at(p.add(K::MIN_F16_AT)));
+        let negate = |v: __m256| _mm256_xor_ps(v, _mm256_set1_ps(-0.0));
+        (
+            negate(_mm256_mul_ps(dmin, widen(lo))),
+            negate(_mm256_mul_ps(dmin, widen(hi))),
+        )
+    }
+}
+
 /// Block `j`'s two scales from the super-block at `p` (`KBlock::scales`), broadcast.
 ///
 /// # Safety
@@ -376,6 +502,18 @@ pub(super) unsafe fn k_scales<K: KBlock>(p: *const u8, j: usize) -> (__m256, __m
     let (d, m) = K::scales(unsafe { core::slice::from_raw_parts(p, K::BYTES) }, j);
     // SAFETY: register-only; the caller has AVX.
     unsafe { (_mm256_set1_ps(d), _mm256_set1_ps(m)) }
+}
+
+/// Block `j`'s two half minimums from the super-block at `p` (`KBlock::mins`), broadcast.
+///
+/// # Safety
+/// `K::BYTES` readable bytes at `p`.
+#[inline(always)]
+pub(super) unsafe fn k_mins<K: KBlock>(p: *const u8, j: usize) -> (__m256, __m256) {
+    // SAFETY: as the caller guarantees.
+    let (lo, hi) = K::mins(unsafe { core::slice::from_raw_parts(p, K::BYTES) }, j);
+    // SAFETY: register-only; the caller has AVX.
+    unsafe { (_mm256_set1_ps(lo), _mm256_set1_ps(hi)) }
 }
 
 /// `(byte >> shift) & mask` of each of the 32 bytes at `p`, kept as bytes. The shift runs on
