@@ -5,7 +5,8 @@
 #
 # models: `base` (default) is SmolLM2-135M in Q8_0 and Q4_1; `kquants` is SmolLM2-135M Q4_K_M
 # (mostly Q5_0: its 576-wide rows are no multiple of 256) and, so that the k-quant kernels carry
-# the load, TinyLlama-1.1B's shape with random weights (scripts/random-gguf.py) in Q4_K_M and Q6_K.
+# the load, TinyLlama-1.1B's shape with random weights (scripts/random-gguf.py) in Q4_K_M, Q6_K and
+# Q2_K (mostly Q2_K, with Q3_K, Q4_K and Q6_K where llama-quantize gives those more bits).
 #
 # Builds llama.cpp's llama-bench and llama-quantize (CPU only) from the source vendored in the
 # PyPI sdist of llama-cpp-python, cached in ~/.cache/sapient/llama.cpp; makes a Q8_0 GGUF from
@@ -64,7 +65,8 @@ kquants)
     fi
     quantize "$f16" models/random-tinyllama-1.1b.Q4_K_M.gguf Q4_K_M
     quantize "$f16" models/random-tinyllama-1.1b.Q6_K.gguf Q6_K
-    models="models/SmolLM2-135M-Instruct.Q4_K_M.gguf models/random-tinyllama-1.1b.Q4_K_M.gguf models/random-tinyllama-1.1b.Q6_K.gguf"
+    quantize "$f16" models/random-tinyllama-1.1b.Q2_K.gguf Q2_K
+    models="models/SmolLM2-135M-Instruct.Q4_K_M.gguf models/random-tinyllama-1.1b.Q4_K_M.gguf models/random-tinyllama-1.1b.Q6_K.gguf models/random-tinyllama-1.1b.Q2_K.gguf"
     ;;
 *)
     echo "unknown model set $set (base, kquants)" >&2

@@ -453,19 +453,28 @@ pub(super) unsafe fn k_unit_scales<K: KBlock>(p: *const u8) -> (__m256, __m256) 
     // SAFETY: as the caller guarantees; the f16s lie inside the super-block.
     unsafe {
         let (s, m) = K::unit_ints(core::slice::from_raw_parts(p, K::BYTES));
-        let widen = |b: [i8; BLOCKS_PER_SUPER]| {
-            let b = _mm_cvtsi64_si128(i64::from_le_bytes(b.map(|b| b as u8)));
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b))
-        };
         let d = _mm256_set1_ps(f16_at(p.add(d_at)));
         let dmin = _mm256_set1_ps(f16_at(p.add(dmin_at)));
-        let m = _mm256_mul_ps(dmin, widen(m));
+        let m = _mm256_mul_ps(dmin, widen8(m));
         let m = if K::HAS_MIN {
             _mm256_xor_ps(m, _mm256_set1_ps(-0.0))
         } else {
             m
         };
-        (_mm256_mul_ps(d, widen(s)), m)
+        (_mm256_mul_ps(d, widen8(s)), m)
+    }
+}
+
+/// Eight integer factors as floats, one per lane.
+///
+/// # Safety
+/// register-only: the CPU has the features of the function that inlines it (AVX2).
+#[inline(always)]
+unsafe fn widen8(b: [i8; BLOCKS_PER_SUPER]) -> __m256 {
+    // SAFETY: register-only; the caller has AVX2.
+    unsafe {
+        let b = _mm_cvtsi64_si128(i64::from_le_bytes(b.map(|b| b as u8)));
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b))
     }
 }
 
@@ -479,15 +488,11 @@ pub(super) unsafe fn k_unit_mins<K: KBlock>(p: *const u8) -> (__m256, __m256) {
     // SAFETY: as the caller guarantees; the f16 lies inside the super-block.
     unsafe {
         let (lo, hi) = K::unit_min_ints(core::slice::from_raw_parts(p, K::BYTES));
-        let widen = |b: [i8; BLOCKS_PER_SUPER]| {
-            let b = _mm_cvtsi64_si128(i64::from_le_bytes(b.map(|b| b as u8)));
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b))
-        };
         let dmin = _mm256_set1_ps(f16_at(p.add(K::MIN_F16_AT)));
         let negate = |v: __m256| _mm256_xor_ps(v, _mm256_set1_ps(-0.0));
         (
-            negate(_mm256_mul_ps(dmin, widen(lo))),
-            negate(_mm256_mul_ps(dmin, widen(hi))),
+            negate(_mm256_mul_ps(dmin, widen8(lo))),
+            negate(_mm256_mul_ps(dmin, widen8(hi))),
         )
     }
 }
