@@ -5,7 +5,7 @@ use crate::attention::{self, AttentionShape};
 use crate::backend::{Backend, Segment};
 use crate::config::RopeStyle;
 use crate::error::{Error, Result};
-use crate::exec::Exec;
+use crate::exec::{Exec, Serial};
 use crate::kernels::panel::PANEL;
 use crate::kernels::{Activations, Kernels, TILE};
 use crate::kv_cache::KvCache;
@@ -139,11 +139,32 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, '_, '_, '_, E> {
             window: c.sliding_window,
         };
         let qd = c.q_dim();
+        let kernels = self.mm.kernels;
+        // A decode step of several sequences (one token each, in consecutive rows): a chunk per
+        // sequence, each attending on one thread, instead of a fork and join per sequence for a
+        // few heads each. The same arithmetic per head either way, so the same bits.
+        let first = segments.first().map_or(0, |s| s.row);
+        let one_token_each = segments.len() > 1
+            && segments
+                .iter()
+                .enumerate()
+                .all(|(i, s)| s.len == 1 && s.row == first + i);
+        if one_token_each {
+            let caches = &*self.caches;
+            let q = &self.b.q;
+            let att = &mut self.b.att[first * qd..(first + segments.len()) * qd];
+            return self.mm.exec.for_each_chunk(att, qd, &|i, out| {
+                let seg = &segments[i];
+                let q = &q[seg.row * qd..(seg.row + 1) * qd];
+                let kv = caches[seg.seq].layer(layer);
+                attention::attend(kernels, &Serial, q, kv, seg.pos0, shape, out)
+            });
+        }
         for seg in segments {
             let rows = seg.row * qd..(seg.row + seg.len) * qd;
             let (q, att) = (&self.b.q[rows.clone()], &mut self.b.att[rows]);
             let kv = self.caches[seg.seq].layer(layer);
-            attention::attend(self.mm.kernels, self.mm.exec, q, kv, seg.pos0, shape, att)?;
+            attention::attend(kernels, self.mm.exec, q, kv, seg.pos0, shape, att)?;
         }
         Ok(())
     }
