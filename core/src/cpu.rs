@@ -405,8 +405,9 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
             }
             return Ok(());
         }
-        // Otherwise by rows (a decoded token's mat-vec): each chunk is a run of rows, written
-        // [row][token] to the scratch and reordered after.
+        // Otherwise by rows (a decoded token's mat-vec): each chunk is a run of rows of the
+        // matrices laid end to end, written to the scratch piece by piece (one per matrix it
+        // covers, [token][row] within it) and copied to the outputs after, one run per token.
         let total: usize = mats.iter().map(|m| m.rows).sum();
         let have = self.tmp.len();
         let tmp = self
@@ -421,43 +422,51 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
         let rows_per_chunk = total.div_ceil(threads * 4).next_multiple_of(PANEL);
         self.exec
             .for_each_chunk(tmp, rows_per_chunk * n_tok, &|i, out| {
-                let mut row = i * rows_per_chunk;
                 let mut out = out;
-                let mut first = 0;
-                for m in mats {
-                    if out.is_empty() {
-                        break;
-                    }
-                    if row >= first + m.rows {
-                        first += m.rows;
-                        continue;
-                    }
-                    let n = (first + m.rows - row).min(out.len() / n_tok);
-                    let (here, rest) = out.split_at_mut(n * n_tok);
-                    kernels.matmul_rows(m, &acts, row - first, here)?;
+                row_pieces(mats, i * rows_per_chunk, out.len() / n_tok, |k, row0, n| {
+                    let (here, rest) = core::mem::take(&mut out).split_at_mut(n * n_tok);
                     out = rest;
-                    row += n;
-                    first += m.rows;
-                }
-                Ok(())
+                    kernels.matmul_rows(mats[k], &acts, row0, here)
+                })
             })?;
-        // Reorder from [row][token] to [token][row], matrix by matrix, in blocks of rows: each
-        // token then gets a contiguous run written, instead of one float per cache line.
-        const ROWS: usize = 16;
-        let mut first = 0;
-        for (m, o) in mats.iter().zip(outs.iter_mut()) {
-            let src = &tmp[first * n_tok..(first + m.rows) * n_tok];
-            for (b, block) in src.chunks(ROWS * n_tok).enumerate() {
-                let r0 = b * ROWS;
-                let rows = block.len() / n_tok;
-                for (t, dst) in o.chunks_exact_mut(m.rows).enumerate() {
-                    for (r, d) in dst[r0..r0 + rows].iter_mut().enumerate() {
-                        *d = block[r * n_tok + t];
+        for (i, chunk) in tmp.chunks(rows_per_chunk * n_tok).enumerate() {
+            let mut chunk = &*chunk;
+            row_pieces(
+                mats,
+                i * rows_per_chunk,
+                chunk.len() / n_tok,
+                |k, row0, n| {
+                    let (piece, rest) = chunk.split_at(n * n_tok);
+                    chunk = rest;
+                    let rows = mats[k].rows;
+                    for (t, run) in piece.chunks_exact(n).enumerate() {
+                        outs[k][t * rows + row0..][..n].copy_from_slice(run);
                     }
-                }
-            }
-            first += m.rows;
+                    Ok(())
+                },
+            )?;
         }
         Ok(())
     }
+}
+
+/// Calls `f(matrix, first row in it, rows)` for each piece of the rows `start .. start + len`
+/// of `mats` laid end to end, in order.
+fn row_pieces(
+    mats: &[&Matrix<'_>],
+    start: usize,
+    len: usize,
+    mut f: impl FnMut(usize, usize, usize) -> Result<()>,
+) -> Result<()> {
+    let (mut row, end, mut first) = (start, start + len, 0);
+    for (k, m) in mats.iter().enumerate() {
+        let last = first + m.rows;
+        if row < last && row < end {
+            let n = last.min(end) - row;
+            f(k, row - first, n)?;
+            row += n;
+        }
+        first = last;
+    }
+    Ok(())
 }

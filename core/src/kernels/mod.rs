@@ -323,10 +323,12 @@ impl Kernels {
         Ok((self.dot_f16)(w, x))
     }
 
-    /// Rows `row0 .. row0 + out.len() / n_tok` of `W · Xᵀ`, for the `n_tok` activation rows in `x`.
+    /// Rows `row0 .. row0 + n` of `W · Xᵀ` (`n = out.len() / n_tok`), for the `n_tok` activation
+    /// rows in `x`.
     ///
-    /// `out[(r - row0) * n_tok + t]` receives row `r` against token `t`: a run of rows is one
-    /// contiguous piece of `out`, which is how decoding splits a mat-vec across threads.
+    /// `out[t * n + (r - row0)]` receives row `r` against token `t`: a run of rows is one
+    /// contiguous piece of `out`, which is how decoding splits a mat-vec across threads, and
+    /// each token's results in it are one run, which goes to its place with one copy.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `x` and `out` do not fit `w` and the rows asked for, and the
@@ -354,9 +356,7 @@ impl Kernels {
         }
         let rows = out.len() / n_tok;
         self.matmul(w, x, row0..row0 + rows, 0..n_tok, |r, t, run| {
-            for (i, v) in run.iter().enumerate() {
-                out[(r + i) * n_tok + t] = *v;
-            }
+            out[t * rows + r..][..run.len()].copy_from_slice(run)
         })
     }
 

@@ -680,7 +680,7 @@ fn matmul_rows_equals_row_dots() {
                         .map(|(a, b)| a * b)
                         .sum()
                 };
-                let got = out[(r - 1) * n_tok + t];
+                let got = out[t * (rows - 1) + r - 1];
                 assert!(
                     (got - expected).abs() < 1e-4,
                     "{format} r{r} t{t}: {got} vs {expected}"
@@ -700,7 +700,7 @@ fn matmul_rows_equals_row_dots() {
             for t in 3..n_tok {
                 assert_eq!(
                     by_tok[(t - 3) * rows + r].to_bits(),
-                    out[(r - 1) * n_tok + t].to_bits(),
+                    out[t * (rows - 1) + r - 1].to_bits(),
                     "{format} r{r} t{t}"
                 );
             }
@@ -856,8 +856,8 @@ fn batch_size_changes_no_result() {
             for r in 3..rows {
                 for t in 0..n {
                     assert_eq!(
-                        part[(r - 3) * n + t].to_bits(),
-                        all[r * n_tok + t0 + t].to_bits(),
+                        part[t * (rows - 3) + r - 3].to_bits(),
+                        all[(t0 + t) * rows + r].to_bits(),
                         "{format} {n} tokens from {t0}: r{r} t{t}"
                     );
                 }
