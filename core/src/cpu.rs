@@ -430,7 +430,7 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
                 })
             })?;
         for (i, chunk) in tmp.chunks(rows_per_chunk * n_tok).enumerate() {
-            let mut chunk = &*chunk;
+            let mut chunk = chunk;
             row_pieces(
                 mats,
                 i * rows_per_chunk,
