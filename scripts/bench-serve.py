@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Load test of an OpenAI-compatible server (sapient serve, llama.cpp's llama-server): for each
 concurrency N, N streaming completions at once (distinct prompts, greedy, a fixed max_tokens);
-prints the aggregate decode throughput (completion tokens / wall time), the median time to
-first token, and tokens/s per stream. Standard library only.
+prints the aggregate throughput (completion tokens / wall time, the prompts' prefill included),
+the aggregate decode throughput (tokens received while every stream is past its first token and
+none has finished, per second of that window: the rate of the decode steps alone, as
+llama-batched-bench's S_TG counts it), the median time to first token, and tokens/s per stream.
+Standard library only.
 
 Usage: scripts/bench-serve.py URL MODEL_NAME [--concurrency 1,4,8,16] [--max-tokens 64]
 """
@@ -24,10 +27,11 @@ args = p.parse_args()
 u = urllib.parse.urlparse(args.url)
 
 
-def one(i, results):
+def one(i, tag, results):
     body = {
         "model": args.model,
-        "prompt": f"Story number {i}. Once upon a time, in a village by the sea, there lived",
+        # Distinct in every run, so that no server answers a prompt from its prompt cache.
+        "prompt": f"Story number {tag}-{i}. Once upon a time, in a village by the sea, there lived",
         "max_tokens": args.max_tokens,
         "temperature": 0,
         "stream": True,
@@ -41,7 +45,7 @@ def one(i, results):
     conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
     r = conn.getresponse()
     assert r.status == 200, r.read()
-    first, tokens, chunks = None, 0, 0
+    first, tokens, stamps = None, 0, []
     for line in r:
         line = line.strip()
         if not line.startswith(b"data: "):
@@ -54,17 +58,28 @@ def one(i, results):
             tokens = obj["usage"]["completion_tokens"]
         for c in obj.get("choices", []):
             if c.get("text"):
-                chunks += 1
+                stamps.append(time.time())
                 if first is None:
-                    first = time.time() - t0
-    results[i] = (first, tokens or chunks, time.time() - t0)
+                    first = stamps[-1] - t0
+    results[i] = (first, tokens or len(stamps), time.time() - t0, stamps)
 
 
-for n in [int(x) for x in args.concurrency.split(",")]:
-    for _ in range(args.rounds):
+def decode_rate(results):
+    """Tokens per second inside the window where all streams decode (see the top)."""
+    start = max(r[3][0] for r in results)
+    end = min(r[3][-1] for r in results)
+    if end <= start:
+        return None
+    inside = sum(1 for r in results for s in r[3] if start < s <= end)
+    return round(inside / (end - start), 1)
+
+
+for run, n in enumerate(int(x) for x in args.concurrency.split(",")):
+    for rnd in range(args.rounds):
         results = [None] * n
         t0 = time.time()
-        threads = [threading.Thread(target=one, args=(i, results)) for i in range(n)]
+        tag = f"{int(t0) % 10000}{run}{rnd}"
+        threads = [threading.Thread(target=one, args=(i, tag, results)) for i in range(n)]
         for t in threads:
             t.start()
         for t in threads:
@@ -74,5 +89,6 @@ for n in [int(x) for x in args.concurrency.split(",")]:
         ttft = statistics.median(r[0] for r in results if r[0] is not None)
         per_stream = statistics.median(r[1] / r[2] for r in results)
         print(json.dumps({"concurrency": n, "completion_tokens": total, "wall_s": round(wall, 2),
-                          "tokens_per_s": round(total / wall, 1), "median_ttft_s": round(ttft, 3),
+                          "tokens_per_s": round(total / wall, 1),
+                          "decode_tokens_per_s": decode_rate(results), "median_ttft_s": round(ttft, 3),
                           "median_stream_tokens_per_s": round(per_stream, 1)}), flush=True)

@@ -5,8 +5,10 @@ Usage: tests/server/openai_client.py SAPIENT_BINARY MODEL.gguf
 
 Checks chat and completions (streamed and not), embeddings and models; greedy results equal to
 `sapient generate` / `sapient embed`; every error case with its status and OpenAI error object;
-32 concurrent streams with --parallel 8 each equal to the same request alone; cancelled streams
-freeing their slots (/metrics); a graceful exit on SIGTERM. Every wait is bounded.
+32 concurrent streams with --parallel 8 each equal to the same request alone (slots reused, their
+cached prompt starts too); a prompt extending an earlier one prefilled from the cached start;
+cancelled streams freeing their slots (/metrics); a graceful exit on SIGTERM. Every wait is
+bounded.
 """
 import concurrent.futures
 import json
@@ -102,6 +104,14 @@ try:
         c.choices[0].text for c in client.completions.create(
             model=NAME, prompt=prompt, max_tokens=16, temperature=0, stream=True) if c.choices)
     check(streamed == want, "streamed completion equals the whole one")
+    # The next turn resends the text so far: a slot still holds its start, only the rest is run.
+    cached_before = metrics(port)["sapient:prompt_tokens_cached_total"]
+    longer = prompt + want
+    want_longer = cli("generate", "-p", longer, "-n", "8", "--temperature", "0")["text"]
+    got_longer = client.completions.create(model=NAME, prompt=longer, max_tokens=8, temperature=0)
+    check(got_longer.choices[0].text == want_longer, "a prompt extending an earlier one equals sapient generate")
+    check(metrics(port)["sapient:prompt_tokens_cached_total"] >= cached_before + 6,
+          "its start came from the earlier request's KV slot (/metrics)")
 
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     whole = client.chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=24)

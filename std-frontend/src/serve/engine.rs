@@ -7,6 +7,12 @@
 //! The KV cache is a pool of `parallel` slots of `ctx` positions; a request waits in the queue
 //! until a slot is free and is never dropped for lack of one. A request whose client went away
 //! (its event receiver dropped) frees its slot at the next step.
+//!
+//! A slot keeps its keys and values after its request ends. A new request takes the free slot
+//! whose tokens share the longest start with its prompt (the next turn of a chat resends the
+//! whole conversation; many requests share a system prompt), and only the rest of its prompt is
+//! prefilled. The result is the same bits as a prefill from the start: prefill and decoding
+//! agree exactly however the tokens are split into steps.
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -115,6 +121,11 @@ pub fn run(
         .kv_total
         .store(cfg.parallel * cfg.ctx, Ordering::Relaxed);
     let mut slots: Vec<Option<Running>> = (0..cfg.parallel).map(|_| None).collect();
+    // A free slot's tokens in its cache, and when it was freed (in steps): the longest shared
+    // start wins, then the slot freed longest ago, so the freshest caches last.
+    let mut held: Vec<Vec<u32>> = vec![Vec::new(); cfg.parallel];
+    let mut freed_at = vec![0u64; cfg.parallel];
+    let mut steps = 0u64;
     let mut waiting: VecDeque<Job> = VecDeque::new();
     let mut open = true;
     loop {
@@ -153,10 +164,16 @@ pub fn run(
             next = requests.try_recv();
         }
         // Admit waiting requests into free slots, oldest first.
-        for (slot, cache) in slots.iter_mut().zip(caches.iter_mut()) {
-            if slot.is_some() {
-                continue;
-            }
+        while let Some(job) = waiting.front() {
+            let free = (0..slots.len()).filter(|&i| slots[i].is_none());
+            let Some(i) = free.max_by_key(|&i| {
+                (
+                    shared_start(&held[i], &job.prompt),
+                    std::cmp::Reverse(freed_at[i]),
+                )
+            }) else {
+                break;
+            };
             let Some(job) = waiting.pop_front() else {
                 break;
             };
@@ -169,18 +186,24 @@ pub fn run(
                 }
             };
             metrics.running.fetch_add(1, Ordering::Relaxed);
-            cache.clear();
-            *slot = Some(Running {
+            // The last prompt token is always run: its logits give the first new token.
+            let kept = shared_start(&held[i], &job.prompt).min(job.prompt.len().saturating_sub(1));
+            caches[i].truncate(kept);
+            held[i].clear();
+            metrics
+                .prompt_tokens_cached
+                .fetch_add(kept as u64, Ordering::Relaxed);
+            slots[i] = Some(Running {
                 sampler,
                 tokens: job.prompt.clone(),
-                fed: 0,
+                fed: kept,
                 generated: 0,
                 logits: vec![0.0; c.vocab_size],
                 last_token: None,
                 job,
             });
         }
-        step(
+        let ended = step(
             model,
             exec,
             cfg,
@@ -189,6 +212,12 @@ pub fn run(
             &mut scratch,
             metrics,
         )?;
+        steps += 1;
+        for (i, mut tokens) in ended {
+            tokens.truncate(caches[i].len());
+            held[i] = tokens;
+            freed_at[i] = steps;
+        }
         let used: usize = caches
             .iter()
             .zip(&slots)
@@ -199,7 +228,13 @@ pub fn run(
     }
 }
 
+/// How many tokens `a` and `b` start with in common.
+fn shared_start(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
 /// One forward pass over every running request's next tokens, then sampling and reporting.
+/// Returns the slots whose requests ended, each with the request's tokens.
 fn step(
     model: &Model<'_>,
     exec: &Rayon,
@@ -208,7 +243,7 @@ fn step(
     caches: &mut [KvCache<'_>],
     scratch: &mut Scratch<'_>,
     metrics: &Metrics,
-) -> Result<()> {
+) -> Result<Vec<(usize, Vec<u32>)>> {
     // Decode tokens first (one each), then prefill chunks in the budget that is left.
     let mut budget = cfg.batch;
     let mut take = vec![0usize; slots.len()];
@@ -229,6 +264,15 @@ fn step(
             }
         }
     }
+    // Prompt tokens in this step (the rest of `take` are generated tokens fed back).
+    let prefill: usize = slots
+        .iter()
+        .zip(&take)
+        .filter_map(|(s, &n)| {
+            s.as_ref()
+                .map(|r| n.min(r.job.prompt.len().saturating_sub(r.fed)))
+        })
+        .sum();
     let mut inputs: Vec<&[u32]> = Vec::new();
     let mut wants: Vec<Want<'_>> = Vec::new();
     let mut refs: Vec<&mut KvCache<'_>> = Vec::new();
@@ -255,16 +299,16 @@ fn step(
         refs.push(cache);
     }
     if inputs.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
-    let prefill: usize = inputs.iter().filter(|i| i.len() > 1).map(|i| i.len()).sum();
     model.forward_many(&inputs, &mut refs, scratch, exec, &mut wants)?;
     metrics
         .prompt_tokens
         .fetch_add(prefill as u64, Ordering::Relaxed);
     drop((inputs, wants, refs));
 
-    for (s, &n) in slots.iter_mut().zip(&take) {
+    let mut ended = Vec::new();
+    for (i, (s, &n)) in slots.iter_mut().zip(&take).enumerate() {
         let Some(r) = s.as_mut() else { continue };
         if n == 0 {
             continue;
@@ -301,10 +345,12 @@ fn step(
                 }
             }
             metrics.running.fetch_sub(1, Ordering::Relaxed);
-            *s = None;
+            if let Some(r) = s.take() {
+                ended.push((i, r.tokens));
+            }
         }
     }
-    Ok(())
+    Ok(ended)
 }
 
 enum Outcome {

@@ -51,6 +51,8 @@ pub struct Metrics {
     pub kv_used: AtomicUsize,
     pub kv_total: AtomicUsize,
     pub prompt_tokens: AtomicU64,
+    /// Prompt tokens whose keys and values a slot still held from an earlier request.
+    pub prompt_tokens_cached: AtomicU64,
     pub generation_tokens: AtomicU64,
     /// Requests that ended, by how: a stop (token or string), the length limit, the client
     /// leaving.
@@ -100,6 +102,12 @@ impl Metrics {
             "sapient:prompt_tokens_total",
             "Prompt tokens processed.",
             get(&self.prompt_tokens),
+        );
+        counter(
+            &mut out,
+            "sapient:prompt_tokens_cached_total",
+            "Prompt tokens not prefilled: a KV slot held them from an earlier request.",
+            get(&self.prompt_tokens_cached),
         );
         counter(
             &mut out,
