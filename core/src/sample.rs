@@ -18,7 +18,13 @@ pub struct SamplerConfig {
     pub min_p: f32,
     /// Divide positive logits (multiply negative ones) of recently seen tokens; 1 is off.
     pub repeat_penalty: f32,
-    /// How many of the latest tokens the penalty looks at.
+    /// Subtract this times a token's count among the recent tokens from its logit (OpenAI's
+    /// `frequency_penalty`); 0 is off.
+    pub frequency_penalty: f32,
+    /// Subtract this from the logit of every token among the recent ones (OpenAI's
+    /// `presence_penalty`); 0 is off.
+    pub presence_penalty: f32,
+    /// How many of the latest tokens the penalties look at.
     pub repeat_last_n: usize,
     /// Seeds the random draws: the same seed and logits give the same tokens.
     pub seed: u64,
@@ -32,6 +38,8 @@ impl Default for SamplerConfig {
             top_p: 0.95,
             min_p: 0.05,
             repeat_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
             repeat_last_n: 64,
             seed: 0,
         }
@@ -65,7 +73,18 @@ impl SamplerConfig {
         if !(self.repeat_penalty.is_finite() && self.repeat_penalty > 0.0) {
             return bad("repeat_penalty", "must be finite and > 0");
         }
+        if !self.frequency_penalty.is_finite() {
+            return bad("frequency_penalty", "must be finite");
+        }
+        if !self.presence_penalty.is_finite() {
+            return bad("presence_penalty", "must be finite");
+        }
         Ok(())
+    }
+
+    /// Whether any penalty changes the logits.
+    fn penalizes(&self) -> bool {
+        self.repeat_penalty != 1.0 || self.frequency_penalty != 0.0 || self.presence_penalty != 0.0
     }
 }
 
@@ -205,7 +224,7 @@ impl<'c> Sampler<'c> {
     /// then pick the token itself (`Want::LastArgmax`) without handing over the logits.
     pub fn is_argmax(&self) -> bool {
         let c = &self.config;
-        (c.temperature == 0.0 || c.top_k == 1) && c.repeat_penalty == 1.0
+        (c.temperature == 0.0 || c.top_k == 1) && !c.penalizes()
     }
 
     /// Whether every choice is a function of the logits alone (greedy or top-k 1): no random
@@ -311,8 +330,8 @@ impl<'c> Sampler<'c> {
     /// first.
     fn filter(&mut self, logits: &mut [f32], history: &[u32]) -> Result<Choice> {
         let c = &self.config;
-        if c.repeat_penalty != 1.0 {
-            apply_repeat_penalty(c, logits, history);
+        if c.penalizes() {
+            apply_penalties(c, logits, history);
         }
         if c.temperature == 0.0 || c.top_k == 1 {
             return Ok(Choice::Token(argmax(logits)));
@@ -383,13 +402,15 @@ enum Choice {
     Candidates,
 }
 
-/// Divides positive logits (multiplies negative ones) of the distinct tokens among the last
-/// `repeat_last_n` of `history`.
-fn apply_repeat_penalty(c: &SamplerConfig, logits: &mut [f32], history: &[u32]) {
+/// For each distinct token among the last `repeat_last_n` of `history`, as llama.cpp orders
+/// them: divides its logit by `repeat_penalty` if positive (multiplies if not), then subtracts
+/// `frequency_penalty` times its count and `presence_penalty`. Quadratic in the window (no
+/// memory to count in); the window is short.
+fn apply_penalties(c: &SamplerConfig, logits: &mut [f32], history: &[u32]) {
     let start = history.len().saturating_sub(c.repeat_last_n);
     let recent = &history[start..];
     for (i, &t) in recent.iter().enumerate() {
-        // Penalize each distinct token once.
+        // Each distinct token once, at its first place in the window.
         if recent[..i].contains(&t) {
             continue;
         }
@@ -399,6 +420,8 @@ fn apply_repeat_penalty(c: &SamplerConfig, logits: &mut [f32], history: &[u32]) 
             } else {
                 *l * c.repeat_penalty
             };
+            let count = recent[i..].iter().filter(|&&u| u == t).count();
+            *l -= count as f32 * c.frequency_penalty + c.presence_penalty;
         }
     }
 }
@@ -619,6 +642,30 @@ mod tests {
             s.verify(&mut l.to_vec(), &[1], 2, &[]).unwrap(),
             Verdict::Accepted
         );
+    }
+
+    /// OpenAI's penalties: the count times `frequency_penalty` plus `presence_penalty`, only
+    /// within the window, after the repetition penalty.
+    #[test]
+    fn frequency_and_presence_penalties() {
+        let mut s = Sampler::new(SamplerConfig {
+            frequency_penalty: 0.5,
+            presence_penalty: 0.25,
+            repeat_penalty: 2.0,
+            repeat_last_n: 4,
+            ..SamplerConfig::greedy()
+        })
+        .unwrap();
+        assert!(!s.is_argmax());
+        let mut l = vec![3.0, 2.0, -1.0, 1.0];
+        // Token 3 is outside the window; 0 is in it three times, 2 once.
+        assert_eq!(s.sample(&mut l, &[3, 0, 2, 0, 0]).unwrap(), 1);
+        assert_eq!(l, vec![3.0 / 2.0 - 1.5 - 0.25, 2.0, -2.0 - 0.5 - 0.25, 1.0]);
+        let bad = SamplerConfig {
+            presence_penalty: f32::NAN,
+            ..SamplerConfig::greedy()
+        };
+        assert!(Sampler::new(bad).is_err());
     }
 
     #[test]

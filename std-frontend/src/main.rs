@@ -237,6 +237,13 @@ struct SamplingArgs {
     /// 1 disables.
     #[arg(long, default_value_t = 1.0)]
     repeat_penalty: f32,
+    /// Lower each recent token's logit by this times its count (OpenAI's); 0 disables.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    frequency_penalty: f32,
+    /// Lower each recent token's logit by this (OpenAI's); 0 disables.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    presence_penalty: f32,
+    /// How many of the latest tokens the penalties look at.
     #[arg(long, default_value_t = 64)]
     repeat_last_n: usize,
     /// Seed of the sampler (default: from the clock, printed on stderr).
@@ -694,6 +701,8 @@ impl SamplingArgs {
             top_p: self.top_p,
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
             repeat_last_n: self.repeat_last_n,
             seed,
         }

@@ -4,7 +4,7 @@
 Usage: tests/server/openai_client.py SAPIENT_BINARY MODEL.gguf
 
 Checks chat and completions (streamed and not), embeddings and models; greedy results equal to
-`sapient generate` / `sapient embed`; every error case with its status and OpenAI error object;
+`sapient generate` / `sapient embed` (with penalties too; logit_bias); every error case with its status and OpenAI error object;
 32 concurrent streams with --parallel 8 each equal to the same request alone (slots reused, their
 cached prompt starts too); a prompt extending an earlier one prefilled from the cached start;
 cancelled streams freeing their slots (/metrics); a graceful exit on SIGTERM. Every wait is
@@ -113,6 +113,19 @@ try:
     check(metrics(port)["sapient:prompt_tokens_cached_total"] >= cached_before + 6,
           "its start came from the earlier request's KV slot (/metrics)")
 
+    # Sampling controls beyond temperature: greedy with penalties is deterministic, so the server
+    # and the CLI must agree, and differ from the plain answer.
+    penalized = cli("generate", "-p", prompt, "-n", "16", "--temperature", "0",
+                    "--presence-penalty", "1.5", "--frequency-penalty", "0.5")["text"]
+    got = client.completions.create(model=NAME, prompt=prompt, max_tokens=16, temperature=0,
+                                    presence_penalty=1.5, frequency_penalty=0.5)
+    check(got.choices[0].text == penalized != want,
+          f"presence and frequency penalties equal sapient generate's ({penalized!r})")
+    comma = cli("tokenize", "-p", ",", "--no-bos")["ids"]
+    biased = client.completions.create(model=NAME, prompt=prompt, max_tokens=4, temperature=0,
+                                       logit_bias={str(comma[0]): 100})
+    check(comma == [comma[0]] and biased.choices[0].text == ",,,,", "logit_bias +100 forces its token")
+
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     whole = client.chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=24)
     text = whole.choices[0].message.content
@@ -145,8 +158,24 @@ try:
     check(status == 400 and "messages" in body["error"]["message"], "missing messages: 400")
     status, body, _ = raw(port, "/v1/completions", json.dumps({"model": NAME, "prompt": "x", "temperature": 9}).encode())
     check(status == 400 and "temperature" in body["error"]["message"], "bad temperature: 400")
-    status, body, _ = raw(port, "/v1/models", b"", key="wrong")
-    check(status == 401 and body["error"]["code"] == "invalid_api_key", "wrong API key: 401")
+    for field, value in [("logprobs", True), ("tools", [{"type": "function", "function": {"name": "f"}}]),
+                         ("response_format", {"type": "json_object"}), ("logit_bias", {"99999999": 1})]:
+        status, body, _ = raw(port, "/v1/completions", json.dumps({"model": NAME, "prompt": "x", field: value}).encode())
+        check(status == 400 and field in body["error"]["message"], f"{field} it cannot honour: 400 naming it")
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", headers={"Authorization": f"Bearer {KEY}"})
+    try:
+        urllib.request.urlopen(req, timeout=10)
+        check(False, "GET on a POST route: 405")
+    except urllib.error.HTTPError as e:
+        check(e.code == 405 and json.load(e)["error"]["code"] == "method_not_allowed", "GET on a POST route: 405")
+    try:
+        urllib.request.urlopen(urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": "Bearer wrong"}), timeout=10)
+        check(False, "wrong API key: 401")
+    except urllib.error.HTTPError as e:
+        check(e.code == 401 and json.load(e)["error"]["code"] == "invalid_api_key", "wrong API key: 401")
+    status, body, _ = raw(port, "/v1/completions", json.dumps({"model": NAME, "prompt": "x"}).encode(), key="wrong")
+    check(status == 401 and body["error"]["code"] == "invalid_api_key", "wrong API key on a POST: 401")
     try:
         client.chat.completions.create(model="gpt-4", messages=messages)
         check(False, "unknown model: 404")

@@ -157,16 +157,103 @@ fn number(
     }
 }
 
+/// The fields sapient does not implement: a request that asks for one gets a 400 naming it,
+/// not an answer without it.
+fn refuse_unsupported(body: &Value) -> ApiResult<()> {
+    let asked = |key: &str| match body.get(key) {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Number(n)) => n.as_f64() != Some(0.0),
+        Some(_) => true,
+    };
+    for (key, what) in [
+        ("logprobs", ""),
+        ("top_logprobs", ""),
+        ("tools", " (function calling)"),
+        ("functions", " (function calling)"),
+        ("echo", ""),
+        ("suffix", " (insertion)"),
+    ] {
+        if asked(key) {
+            return Err(ApiError::bad_request(format!(
+                "{key}{what} is not supported by this server"
+            )));
+        }
+    }
+    if number(body, "best_of", 1.0, 1.0..=1.0).is_err() {
+        return Err(ApiError::bad_request("best_of must be 1"));
+    }
+    match body.pointer("/response_format/type") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(t)) if t == "text" => Ok(()),
+        Some(t) => Err(ApiError::bad_request(format!(
+            "response_format {t} is not supported by this server (only text)"
+        ))),
+    }
+}
+
+/// `logit_bias`: token ids (as strings) to a bias in [-100, 100] added to their logits.
+fn logit_bias(body: &Value, vocab_size: usize) -> ApiResult<Vec<(u32, f32)>> {
+    let map = match body.get("logit_bias") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Object(m)) => m,
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "logit_bias must be an object of token ids to numbers",
+            ))
+        }
+    };
+    map.iter()
+        .map(|(k, v)| {
+            let id = k
+                .parse::<u32>()
+                .ok()
+                .filter(|t| (*t as usize) < vocab_size)
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "logit_bias: {k:?} is not a token id of this model (0 to {})",
+                        vocab_size - 1
+                    ))
+                })?;
+            match v.as_f64() {
+                Some(b) if (-100.0..=100.0).contains(&b) => Ok((id, b as f32)),
+                _ => Err(ApiError::bad_request(format!(
+                    "logit_bias: the bias of token {k} must be a number in [-100, 100]"
+                ))),
+            }
+        })
+        .collect()
+}
+
+/// A whole number at `key` that is at least 0, or `default`.
+fn count(body: &Value, key: &str, default: usize) -> ApiResult<usize> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => match v.as_u64() {
+            Some(n) => Ok(n as usize),
+            None => Err(ApiError::bad_request(format!(
+                "{key} must be a whole number >= 0"
+            ))),
+        },
+    }
+}
+
+/// The most recent tokens a request's penalties may look at: each sampled token scans the
+/// window once per distinct token in it.
+const MAX_PENALTY_WINDOW: usize = 1024;
+
 /// What every generating route reads from its body.
 struct Generation {
     sampling: SamplerConfig,
+    logit_bias: Vec<(u32, f32)>,
     max_tokens: Option<usize>,
     stop: Vec<String>,
     stream: bool,
     include_usage: bool,
 }
 
-fn generation(body: &Value) -> ApiResult<Generation> {
+fn generation(body: &Value, vocab_size: usize) -> ApiResult<Generation> {
+    refuse_unsupported(body)?;
     let seed = match body.get("seed") {
         None | Some(Value::Null) => SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -205,13 +292,21 @@ fn generation(body: &Value) -> ApiResult<Generation> {
     if stop.iter().any(String::is_empty) {
         return Err(ApiError::bad_request("a stop string is empty"));
     }
+    let top_p = number(body, "top_p", 1.0, 0.0..=1.0)?;
+    if top_p == 0.0 {
+        return Err(ApiError::bad_request("top_p must be a number in (0, 1]"));
+    }
+    // OpenAI's fields, then llama-server's extensions (top_k, min_p, repeat_penalty,
+    // repeat_last_n), all off by default.
     let sampling = SamplerConfig {
         temperature: number(body, "temperature", 1.0, 0.0..=2.0)? as f32,
-        top_p: number(body, "top_p", 1.0, f64::MIN_POSITIVE..=1.0)? as f32,
-        top_k: 0,
-        min_p: 0.0,
-        repeat_penalty: 1.0,
-        repeat_last_n: 64,
+        top_p: top_p as f32,
+        top_k: count(body, "top_k", 0)?,
+        min_p: number(body, "min_p", 0.0, 0.0..=1.0)? as f32,
+        repeat_penalty: number(body, "repeat_penalty", 1.0, 0.01..=10.0)? as f32,
+        frequency_penalty: number(body, "frequency_penalty", 0.0, -2.0..=2.0)? as f32,
+        presence_penalty: number(body, "presence_penalty", 0.0, -2.0..=2.0)? as f32,
+        repeat_last_n: count(body, "repeat_last_n", 64)?.min(MAX_PENALTY_WINDOW),
         seed,
     };
     let stream = match body.get("stream") {
@@ -225,6 +320,7 @@ fn generation(body: &Value) -> ApiResult<Generation> {
         .unwrap_or(false);
     Ok(Generation {
         sampling,
+        logit_bias: logit_bias(body, vocab_size)?,
         max_tokens,
         stop,
         stream,
@@ -313,6 +409,7 @@ fn start(
         Request::Generate(Job {
             prompt,
             sampling: g.sampling,
+            logit_bias: g.logit_bias.clone(),
             max_tokens,
             stop: stop_tokens.to_vec(),
             events,
@@ -536,7 +633,7 @@ fn content_text(content: &Value) -> ApiResult<String> {
 fn generating_request(state: &AppState, body: &[u8]) -> ApiResult<(Value, Generation)> {
     let body = parse_body(body)?;
     check_model(state, &body)?;
-    let g = generation(&body)?;
+    let g = generation(&body, state.vocab_size)?;
     Ok((body, g))
 }
 
@@ -754,6 +851,16 @@ pub async fn metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
 }
 
 /// Any other path.
+pub async fn method_not_allowed() -> ApiError {
+    ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        kind: "invalid_request_error",
+        code: Some("method_not_allowed"),
+        message: "this route does not take that method (the /v1 generating routes take POST)"
+            .into(),
+    }
+}
+
 pub async fn not_found() -> ApiError {
     ApiError {
         status: StatusCode::NOT_FOUND,

@@ -53,6 +53,8 @@ pub enum Event {
 pub struct Job {
     pub prompt: Vec<u32>,
     pub sampling: SamplerConfig,
+    /// Added to these tokens' logits before sampling (token ids checked against the vocabulary).
+    pub logit_bias: Vec<(u32, f32)>,
     pub max_tokens: usize,
     /// Tokens that end generation (not reported).
     pub stop: Vec<u32>,
@@ -364,6 +366,11 @@ enum Outcome {
 fn next_token(r: &mut Running, cfg: &EngineConfig, metrics: &Metrics) -> Outcome {
     if r.job.events.is_closed() {
         return Outcome::Gone;
+    }
+    for &(t, bias) in &r.job.logit_bias {
+        if let Some(l) = r.logits.get_mut(t as usize) {
+            *l += bias;
+        }
     }
     let token = match r.sampler.sample(&mut r.logits, &r.tokens) {
         Ok(t) => t,

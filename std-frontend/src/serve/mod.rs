@@ -108,6 +108,7 @@ async fn http(state: Arc<api::AppState>, opts: &ServeOptions) -> Result<()> {
         .merge(v1)
         .route("/health", get(api::health))
         .route("/metrics", get(api::metrics))
+        .method_not_allowed_fallback(api::method_not_allowed)
         .fallback(api::not_found)
         .layer(DefaultBodyLimit::max(opts.body_limit))
         .with_state(state);
