@@ -1204,12 +1204,10 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
 }
 
 fn cmd_serve(a: ServeArgs) -> Result<()> {
-    if a.model.backend == BackendArg::Gpu {
-        bail!("serve runs its batches on the CPU; --backend gpu is not supported here yet");
-    }
     let l = Loaded::open(&a.model)?;
     let files = l.files()?;
     let m = l.model()?;
+    let engine = l.engine(&m)?;
     let ctx = a.ctx.min(m.config.max_position_embeddings.max(1));
     let model_id = a.alias.clone().unwrap_or_else(|| {
         let p = &files.path;
@@ -1234,7 +1232,12 @@ fn cmd_serve(a: ServeArgs) -> Result<()> {
         shutdown_grace: std::time::Duration::from_secs(a.shutdown_timeout),
         model_id,
     };
-    sapient::serve::serve(files, &m, &l.exec, opts)
+    let backend = match &engine {
+        Engine::Cpu(_) => sapient::serve::ServeBackend::Cpu(&m, &l.exec),
+        #[cfg(feature = "gpu")]
+        Engine::Gpu(g) => sapient::serve::ServeBackend::Gpu(g),
+    };
+    sapient::serve::serve(files, backend, opts)
 }
 
 fn cmd_quantize(

@@ -645,3 +645,101 @@ fn closed_pipe_and_ctrl_c_end_generation_cleanly() {
     assert_eq!(out.status.code(), Some(130), "{err}");
     assert!(err.contains("interrupted"), "{err}");
 }
+
+/// `sapient serve --backend gpu`: two greedy completions at once (their tokens share the GPU
+/// session's forward passes, each in its own KV slot) give `sapient generate`'s CPU text.
+#[cfg(feature = "gpu")]
+#[test]
+fn serve_on_the_gpu() {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::time::{Duration, Instant};
+
+    if sapient::gpu::adapters().is_empty() {
+        assert!(
+            std::env::var_os("SAPIENT_REQUIRE_GPU").is_none(),
+            "SAPIENT_REQUIRE_GPU is set but wgpu finds no adapter"
+        );
+        eprintln!("SKIPPED: no GPU adapter");
+        return;
+    }
+    let m = smollm2();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    // Killed when the test ends, passed or not.
+    struct Server(std::process::Child);
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let server = Server(
+        Command::new(env!("CARGO_BIN_EXE_sapient"))
+            .args(["serve", "-m", &m, "--backend", "gpu", "--parallel", "2"])
+            .args(["--ctx", "64", "--port", &port.to_string()])
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let request = |method: &str, path: &str, body: &str| -> Option<String> {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(300))).ok()?;
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        Some(out)
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while request("GET", "/health", "").is_none_or(|r| !r.starts_with("HTTP/1.1 200")) {
+        assert!(Instant::now() < deadline, "the server never came up");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let prompts = ["The capital of France is", "Once upon a time"];
+    let texts: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                s.spawn(move || {
+                    let body = serde_json::json!({
+                        "model": "SmolLM2-135M-Instruct.Q4_1", "prompt": p,
+                        "max_tokens": 3, "temperature": 0,
+                    });
+                    let reply = request("POST", "/v1/completions", &body.to_string()).unwrap();
+                    let (_, body) = reply.split_once("\r\n\r\n").unwrap();
+                    let v: serde_json::Value = serde_json::from_str(body).unwrap();
+                    v["choices"][0]["text"].as_str().unwrap().to_string()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    drop(server);
+    for (p, text) in prompts.iter().zip(&texts) {
+        let want = json(&sapient(&[
+            "generate",
+            "-m",
+            &m,
+            "-p",
+            p,
+            "-n",
+            "3",
+            "--temperature",
+            "0",
+            "--backend",
+            "cpu",
+            "--format",
+            "json",
+        ]))["text"]
+            .clone();
+        assert_eq!(text, want.as_str().unwrap(), "{p}");
+    }
+}

@@ -211,3 +211,101 @@ fn smollm2_greedy_matches_the_cpu() {
         );
     }
 }
+
+/// A GPU session of several KV slots, driven as `sapient serve` drives it: sequences join at
+/// different steps, prefill chunks and single decode tokens share forward passes, slots are used
+/// out of order, and a slot cut back (a cached prompt start) continues. Every sequence gets the
+/// logits (within the float tolerance) and the greedy tokens it gets alone.
+#[test]
+fn slots_share_forward_passes_as_each_sequence_alone() {
+    use sapient::gpu::GpuSession;
+    use sapient::run::Runner;
+    use sapient_core::sample::argmax;
+    use sapient_core::Want;
+
+    let files = load("qwen2");
+    let model = files.model(Quantize::Auto).unwrap();
+    let Some(g) = gpu(&model, None) else { return };
+    let vocab = model.config.vocab_size;
+    let seqs = fixture_seqs("qwen2");
+    let prompts = [&seqs[0][..5], &seqs[1][..9], &seqs[0][2..5]];
+    let decoded = 6;
+    // Alone: each prompt, then greedy tokens, one session each.
+    let alone: Vec<(Vec<u32>, Vec<Vec<f32>>)> = prompts
+        .iter()
+        .map(|p| {
+            g.with_session(32, 16, |s| {
+                let (mut tokens, mut all) = (Vec::new(), Vec::new());
+                let mut logits = vec![0f32; vocab];
+                s.forward(p, Want::LastLogits(&mut logits))?;
+                for _ in 0..decoded {
+                    all.push(logits.clone());
+                    let t = argmax(&logits);
+                    tokens.push(t);
+                    s.forward(&[t], Want::LastLogits(&mut logits))?;
+                }
+                Ok((tokens, all))
+            })
+            .unwrap()
+        })
+        .collect();
+
+    let mut session = GpuSession::with_slots(&g, 3, 32, 16).unwrap();
+    let slot_of = [2, 0, 1];
+    let start = [0, 1, 3];
+    let mut fed: Vec<Vec<u32>> = vec![Vec::new(); 3];
+    let mut got: Vec<Vec<u32>> = vec![Vec::new(); 3];
+    let mut logits = vec![vec![0f32; vocab]; 3];
+    for step in 0..start[2] + decoded {
+        let live: Vec<usize> = (0..3)
+            .filter(|&s| step >= start[s] && got[s].len() < decoded)
+            .collect();
+        let inputs: Vec<Vec<u32>> = live
+            .iter()
+            .map(|&s| match got[s].last() {
+                None => prompts[s].to_vec(),
+                Some(&t) => vec![t],
+            })
+            .collect();
+        let refs: Vec<&[u32]> = inputs.iter().map(Vec::as_slice).collect();
+        let slots: Vec<usize> = live.iter().map(|&s| slot_of[s]).collect();
+        let mut outs: Vec<&mut [f32]> = Vec::new();
+        for (s, l) in logits.iter_mut().enumerate() {
+            if live.contains(&s) {
+                outs.push(l);
+            }
+        }
+        let mut wants: Vec<Want<'_>> = outs.into_iter().map(Want::LastLogits).collect();
+        session.forward_slots(&slots, &refs, &mut wants).unwrap();
+        for (&s, input) in live.iter().zip(&inputs) {
+            fed[s].extend_from_slice(input);
+            let k = got[s].len();
+            let e = nmse(&logits[s], &alone[s].1[k]);
+            assert!(e < MAX_NMSE_FLOAT, "sequence {s} token {k}: NMSE {e:.2e}");
+            got[s].push(argmax(&logits[s]));
+        }
+    }
+    for s in 0..3 {
+        assert_eq!(got[s], alone[s].0, "sequence {s}: greedy tokens");
+        assert_eq!(session.slot_len(slot_of[s]), fed[s].len());
+    }
+    // A prompt that starts as sequence 0 did: its slot cut back, only the rest run.
+    let kept = prompts[0].len() - 2;
+    session.truncate_slot(slot_of[0], kept);
+    let mut again = vec![0f32; vocab];
+    session
+        .forward_slots(
+            &[slot_of[0]],
+            &[&prompts[0][kept..]],
+            &mut [Want::LastLogits(&mut again)],
+        )
+        .unwrap();
+    let e = nmse(&again, &alone[0].1[0]);
+    assert!(e < MAX_NMSE_FLOAT, "a cut-back slot: NMSE {e:.2e}");
+    assert!(session
+        .forward_slots(&[0, 0], &[&[1], &[1]], &mut [Want::Nothing, Want::Nothing])
+        .is_err());
+    assert!(session
+        .forward_slots(&[3], &[&[1]], &mut [Want::Nothing])
+        .is_err());
+}

@@ -167,6 +167,7 @@ impl Kernels {
                 (3, Read),
                 (4, ReadWrite),
                 (5, ReadWrite),
+                (6, Read),
             ],
         );
         let attention_layout = layout(
@@ -179,6 +180,7 @@ impl Kernels {
                 (4, Read),
                 (5, ReadWrite),
                 (6, ReadWrite),
+                (7, Read),
             ],
         );
         let norm_layout = layout(

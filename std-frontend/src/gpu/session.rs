@@ -1,7 +1,11 @@
-//! A KV cache and activations on the device, and the core's `Backend` over them: each step of the
+//! KV caches and activations on the device, and the core's `Backend` over them: each step of the
 //! layer loop records its dispatches into one command encoder, submitted when a result is read
 //! back or the batch ends. Every buffer and bind group is made when the session starts; a forward
-//! pass writes only the token ids and the batch's numbers.
+//! pass writes only the token ids, where each row sits, and the batch's numbers.
+//!
+//! A session holds one KV cache or several (slots, for a server's sequences): each layer's keys
+//! and values are one buffer of `slots × max_seq` rows, and every row of a batch names its slot
+//! and position, so one forward pass runs the next tokens of several sequences together.
 use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Result};
@@ -22,14 +26,25 @@ const MAX_SPLITS: usize = 32;
 const SPLIT_KEYS: usize = 256;
 const MAX_WORKGROUPS: usize = 65535;
 
-/// `Rows` in the shaders: the tokens a dispatch covers and where they sit.
+/// `Rows` in the shaders: the tokens a dispatch covers, and the pieces of a decoded token's
+/// attention.
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 pub(super) struct Rows {
     pub(super) first: u32,
     pub(super) count: u32,
-    pub(super) pos0: u32,
     pub(super) splits: u32,
+    pub(super) pad: u32,
+}
+
+/// `Place` in layer.wgsl: where a row of the batch sits.
+#[repr(C)]
+#[derive(Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub(super) struct Place {
+    /// The first cache row of its sequence's slot.
+    pub(super) kv_row0: u32,
+    /// Its position in its sequence.
+    pub(super) pos: u32,
 }
 
 /// `Mat` in matmul.wgsl.
@@ -297,8 +312,15 @@ pub struct GpuSession<'m> {
     model: &'m GpuModel,
     max_seq: usize,
     max_batch: usize,
-    kv_len: usize,
+    /// Positions held in each slot's cache.
+    kv_lens: Vec<usize>,
+    /// The slots of the forward pass's sequences, in its order.
+    active: Vec<usize>,
     batch: wgpu::Buffer,
+    places: wgpu::Buffer,
+    /// The batch's token ids and places, gathered before they are written.
+    batch_tokens: Vec<u32>,
+    batch_places: Vec<Place>,
     logit_rows: wgpu::Buffer,
     tokens: wgpu::Buffer,
     out: wgpu::Buffer,
@@ -322,12 +344,29 @@ pub struct GpuSession<'m> {
 }
 
 impl<'m> GpuSession<'m> {
+    /// One KV cache of `max_seq` positions, batches of up to `max_batch` tokens.
     pub fn new(model: &'m GpuModel, max_seq: usize, max_batch: usize) -> Result<Self> {
+        Self::with_slots(model, 1, max_seq, max_batch)
+    }
+
+    /// `slots` KV caches of `max_seq` positions each (see `forward_slots`).
+    pub fn with_slots(
+        model: &'m GpuModel,
+        slots: usize,
+        max_seq: usize,
+        max_batch: usize,
+    ) -> Result<Self> {
         let c = &model.config;
         let device = &model.device;
-        if max_seq == 0 || max_batch == 0 {
-            bail!("a GPU session needs room for at least one position and one token per batch");
+        if slots == 0 || max_seq == 0 || max_batch == 0 {
+            bail!(
+                "a GPU session needs at least one KV slot, room for one position and one token \
+                 per batch"
+            );
         }
+        let cache_rows = slots.checked_mul(max_seq).ok_or_else(|| {
+            anyhow::anyhow!("GPU: {slots} KV slots of {max_seq} positions overflow")
+        })?;
         let (h, qd, kvd, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         let qkv_stride = qd + 2 * kvd;
         let limit = model
@@ -340,7 +379,7 @@ impl<'m> GpuSession<'m> {
                 if bytes > limit {
                     bail!(
                     "GPU {}: the {name} buffer needs {bytes} bytes, more than one binding may hold \
-                     ({limit}); use a shorter --ctx or smaller batches",
+                     ({limit}); use a shorter --ctx, fewer --parallel slots or smaller batches",
                     model.info.name
                 );
                 }
@@ -367,6 +406,7 @@ impl<'m> GpuSession<'m> {
             none,
         )?;
         let tokens = storage("tokens", max_batch, copy_dst)?;
+        let places = storage("places", 2 * max_batch, copy_dst)?;
         let dummy = storage("unused", 1, none)?;
         let mut angles = vec![0f32; max_seq * c.head_dim];
         for (pos, a) in angles.chunks_exact_mut(c.head_dim).enumerate() {
@@ -388,8 +428,8 @@ impl<'m> GpuSession<'m> {
         let zero = Rows {
             first: 0,
             count: 0,
-            pos0: 0,
             splits: 1,
+            pad: 0,
         };
         let batch = uniform(device, "batch", bytemuck::bytes_of(&zero));
         let logit_rows = uniform(device, "logit rows", bytemuck::bytes_of(&zero));
@@ -408,8 +448,8 @@ impl<'m> GpuSession<'m> {
             |m, fused, rows, x, y, aux| matmul_groups(device, k, m, fused, rows, x, y, aux, eps);
         let mut layers = Vec::with_capacity(c.n_layers);
         for l in &model.layers {
-            let k_cache = storage("k cache", max_seq * kvd, none)?;
-            let v_cache = storage("v cache", max_seq * kvd, none)?;
+            let k_cache = storage("k cache", cache_rows * kvd, none)?;
+            let v_cache = storage("v cache", cache_rows * kvd, none)?;
             layers.push(LayerGroups {
                 qkv: matmul(
                     &l.qkv,
@@ -428,6 +468,7 @@ impl<'m> GpuSession<'m> {
                         (3, &angles),
                         (4, &k_cache),
                         (5, &v_cache),
+                        (6, &places),
                     ],
                 ),
                 attention: group(
@@ -440,6 +481,7 @@ impl<'m> GpuSession<'m> {
                         (4, &v_cache),
                         (5, &att),
                         (6, &partial),
+                        (7, &places),
                     ],
                 ),
                 wo: matmul(&l.wo, Fused::Add, &batch, (&att, qd), (&x, h), &dummy),
@@ -482,8 +524,12 @@ impl<'m> GpuSession<'m> {
             model,
             max_seq,
             max_batch,
-            kv_len: 0,
+            kv_lens: vec![0; slots],
+            active: vec![0],
             batch,
+            places,
+            batch_tokens: Vec::with_capacity(max_batch),
+            batch_places: Vec::with_capacity(max_batch),
             logit_rows,
             tokens,
             out,
@@ -568,13 +614,12 @@ impl Backend for GpuSession<'_> {
         self.max_batch
     }
 
-    /// One: a GPU session holds one KV cache.
     fn sequences(&self) -> usize {
-        1
+        self.active.len()
     }
 
-    fn kv_len(&self, _seq: usize) -> usize {
-        self.kv_len
+    fn kv_len(&self, seq: usize) -> usize {
+        self.kv_lens[self.active[seq]]
     }
 
     fn kv_capacity(&self, _seq: usize) -> usize {
@@ -582,31 +627,43 @@ impl Backend for GpuSession<'_> {
     }
 
     fn embed(&mut self, tokens: &[&[u32]], segments: &[Segment]) -> sapient_core::Result<()> {
-        // With one sequence, the layer loop makes one segment per batch.
-        let [seg] = segments else {
-            return Err(sapient_core::Error::Backend(
-                "a GPU session runs one sequence per batch",
-            ));
-        };
-        let (tokens, pos0) = (&tokens[0][seg.offset..seg.offset + seg.len], seg.pos0);
-        let n = tokens.len();
+        // The batch's rows in order: each segment's tokens, at its slot's rows and positions.
+        self.batch_tokens.clear();
+        self.batch_places.clear();
+        for seg in segments {
+            if seg.row != self.batch_tokens.len() {
+                return Err(sapient_core::Error::Backend(
+                    "the batch's segments are not in row order",
+                ));
+            }
+            let kv_row0 = (self.active[seg.seq] * self.max_seq) as u32;
+            let ids = &tokens[seg.seq][seg.offset..seg.offset + seg.len];
+            self.batch_tokens.extend_from_slice(ids);
+            self.batch_places.extend((0..seg.len).map(|i| Place {
+                kv_row0,
+                pos: (seg.pos0 + i) as u32,
+            }));
+        }
+        let n = self.batch_tokens.len();
         self.n = n;
         self.rec.dispatches = 0;
-        self.splits = if n == 1 {
-            (pos0 + 1).div_ceil(SPLIT_KEYS).clamp(1, MAX_SPLITS)
-        } else {
-            1
+        // A decoded token alone splits its attention over a long context.
+        self.splits = match self.batch_places[..] {
+            [one] => (one.pos as usize + 1)
+                .div_ceil(SPLIT_KEYS)
+                .clamp(1, MAX_SPLITS),
+            _ => 1,
         };
         let rows = Rows {
             first: 0,
             count: n as u32,
-            pos0: pos0 as u32,
             splits: self.splits as u32,
+            pad: 0,
         };
         self.write_rows(&self.batch, rows);
-        self.model
-            .queue
-            .write_buffer(&self.tokens, 0, bytemuck::cast_slice(tokens));
+        let queue = &self.model.queue;
+        queue.write_buffer(&self.tokens, 0, bytemuck::cast_slice(&self.batch_tokens));
+        queue.write_buffer(&self.places, 0, bytemuck::cast_slice(&self.batch_places));
         let result = self.rec.embed(
             &self.model.device,
             &self.model.kernels,
@@ -707,8 +764,8 @@ impl Backend for GpuSession<'_> {
             let rows = Rows {
                 first: (first + i * LOGIT_ROWS) as u32,
                 count: count as u32,
-                pos0: 0,
                 splits: 1,
+                pad: 0,
             };
             self.write_rows(&self.logit_rows, rows);
             result = self
@@ -735,8 +792,8 @@ impl Backend for GpuSession<'_> {
         let rows = Rows {
             first: row as u32,
             count: 1,
-            pos0: 0,
             splits: 1,
+            pad: 0,
         };
         self.write_rows(&self.logit_rows, rows);
         let model = self.model;
@@ -762,7 +819,9 @@ impl Backend for GpuSession<'_> {
     fn commit(&mut self, segments: &[Segment]) -> sapient_core::Result<()> {
         let n: usize = segments.iter().map(|s| s.len).sum();
         self.submit().map_err(|e| self.fail(e))?;
-        self.kv_len += n;
+        for seg in segments {
+            self.kv_lens[self.active[seg.seq]] += seg.len;
+        }
         if n == 1 {
             self.last_dispatches = self.rec.dispatches;
         }
@@ -776,6 +835,53 @@ impl GpuSession<'_> {
         self.failure.get_or_insert(e);
         sapient_core::Error::Backend("the GPU failed")
     }
+
+    /// KV slots.
+    pub fn slots(&self) -> usize {
+        self.kv_lens.len()
+    }
+
+    /// Positions held in `slot`'s cache.
+    pub fn slot_len(&self, slot: usize) -> usize {
+        self.kv_lens[slot]
+    }
+
+    /// Drops `slot`'s positions from `len` on.
+    pub fn truncate_slot(&mut self, slot: usize, len: usize) {
+        self.kv_lens[slot] = self.kv_lens[slot].min(len);
+    }
+
+    /// One forward pass over the next tokens of several sequences: `tokens[i]` continues the
+    /// sequence in KV slot `slots[i]` (distinct slots) and fills `wants[i]`, as
+    /// `Model::forward_many` does with CPU caches.
+    pub fn forward_slots(
+        &mut self,
+        slots: &[usize],
+        tokens: &[&[u32]],
+        wants: &mut [Want<'_>],
+    ) -> Result<()> {
+        for (i, &slot) in slots.iter().enumerate() {
+            if slot >= self.slots() {
+                bail!("KV slot {slot} does not exist ({} slots)", self.slots());
+            }
+            if slots[..i].contains(&slot) {
+                bail!("KV slot {slot} is given twice in one forward pass");
+            }
+        }
+        self.active.clear();
+        self.active.extend_from_slice(slots);
+        self.run_layers(tokens, wants)
+    }
+
+    fn run_layers(&mut self, tokens: &[&[u32]], wants: &mut [Want<'_>]) -> Result<()> {
+        let config = &self.model.config;
+        let result = layer_loop(config, self, tokens, wants);
+        match (result, self.failure.take()) {
+            (Ok(()), _) => Ok(()),
+            (Err(_), Some(detail)) => Err(detail),
+            (Err(e), None) => Err(e.into()),
+        }
+    }
 }
 
 impl Session for GpuSession<'_> {
@@ -783,18 +889,15 @@ impl Session for GpuSession<'_> {
         &self.model.config
     }
 
+    /// Runs slot 0.
     fn forward(&mut self, tokens: &[u32], want: Want<'_>) -> Result<()> {
-        let config = &self.model.config;
-        let result = layer_loop(config, self, &[tokens], &mut [want]);
-        match (result, self.failure.take()) {
-            (Ok(()), _) => Ok(()),
-            (Err(_), Some(detail)) => Err(detail),
-            (Err(e), None) => Err(e.into()),
-        }
+        self.active.clear();
+        self.active.push(0);
+        self.run_layers(&[tokens], &mut [want])
     }
 
     fn kv_len(&self) -> usize {
-        self.kv_len
+        self.kv_lens[0]
     }
 
     fn max_seq(&self) -> usize {
@@ -802,7 +905,7 @@ impl Session for GpuSession<'_> {
     }
 
     fn truncate(&mut self, len: usize) {
-        self.kv_len = self.kv_len.min(len);
+        self.truncate_slot(0, len);
     }
 
     fn dispatches_per_token(&self) -> Option<usize> {

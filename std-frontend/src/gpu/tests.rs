@@ -10,7 +10,9 @@ use sapient_core::{ops, Matrix, RopeStyle, Serial};
 use wgpu::util::DeviceExt;
 
 use super::kernels::{Fused, Kernels};
-use super::session::{bind_group, embed_groups, matmul_groups, uniform, Recorder, Rows, Shape};
+use super::session::{
+    bind_group, embed_groups, matmul_groups, uniform, Place, Recorder, Rows, Shape,
+};
 use super::weights::GpuMatrix;
 use super::Device;
 
@@ -69,13 +71,29 @@ fn run_and_read(d: &Device, rec: &mut Recorder, src: &wgpu::Buffer, n: usize) ->
     out
 }
 
-fn rows(first: usize, count: usize, pos0: usize, splits: usize) -> Rows {
+fn rows(first: usize, count: usize, splits: usize) -> Rows {
     Rows {
         first: first as u32,
         count: count as u32,
-        pos0: pos0 as u32,
         splits: splits as u32,
+        pad: 0,
     }
+}
+
+/// The places of `n` rows of one sequence from position `pos0`, its slot's rows from `kv_row0`.
+fn places(d: &Device, kv_row0: usize, pos0: usize, n: usize) -> wgpu::Buffer {
+    let p: Vec<Place> = (0..n)
+        .map(|i| Place {
+            kv_row0: kv_row0 as u32,
+            pos: (pos0 + i) as u32,
+        })
+        .collect();
+    d.device
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("places"),
+            contents: bytemuck::cast_slice(&p),
+            usage: wgpu::BufferUsages::STORAGE,
+        })
 }
 
 /// `Σ_c w[r][c]·x[c]` in f64, and `Σ|w·x|` (the scale of its rounding error).
@@ -153,7 +171,7 @@ fn matmul_kernels_match_the_cpu() {
                         let rb = uniform(
                             &d.device,
                             "rows",
-                            bytemuck::bytes_of(&rows(first, count, 0, 1)),
+                            bytemuck::bytes_of(&rows(first, count, 1)),
                         );
                         let mm = matmul_groups(
                             &d.device,
@@ -247,7 +265,7 @@ fn embedding_kernel_matches_the_cpu() {
                 usage: wgpu::BufferUsages::STORAGE,
             });
         let y = buffer(&d, &vec![0f32; n * cols]);
-        let rb = uniform(&d.device, "rows", bytemuck::bytes_of(&rows(0, n, 0, 1)));
+        let rb = uniform(&d.device, "rows", bytemuck::bytes_of(&rows(0, n, 1)));
         let mm = embed_groups(&d.device, &k, &g, &rb, &tb, &y, cols);
         let mut rec = Recorder::default();
         rec.embed(&d.device, &k, &mm, n, cols).unwrap();
@@ -284,7 +302,7 @@ fn shape(n_heads: usize, n_kv_heads: usize, hd: usize, window: usize, style: Rop
 }
 
 /// RoPE (both pair styles) rotates Q in place and K into the cache, and V is copied, as the CPU's
-/// `ops::rope` does.
+/// `ops::rope` does; the rows land in their KV slot (the second of two here).
 #[test]
 fn rope_store_kernel_matches_the_cpu() {
     let Some(d) = device() else { return };
@@ -307,12 +325,21 @@ fn rope_store_kernel_matches_the_cpu() {
             }
             let (qb, ab) = (buffer(&d, &qkv), buffer(&d, &angles));
             let (kc, vc) = (
-                buffer(&d, &vec![0f32; max_seq * kvd]),
-                buffer(&d, &vec![0f32; max_seq * kvd]),
+                buffer(&d, &vec![0f32; 2 * max_seq * kvd]),
+                buffer(&d, &vec![0f32; 2 * max_seq * kvd]),
             );
-            let rb = uniform(&d.device, "rows", bytemuck::bytes_of(&rows(0, n, pos0, 1)));
+            let rb = uniform(&d.device, "rows", bytemuck::bytes_of(&rows(0, n, 1)));
             let sb = uniform(&d.device, "shape", bytemuck::bytes_of(&sh));
-            let entries = [(0, &rb), (1, &sb), (2, &qb), (3, &ab), (4, &kc), (5, &vc)];
+            let pb = places(&d, max_seq, pos0, n);
+            let entries = [
+                (0, &rb),
+                (1, &sb),
+                (2, &qb),
+                (3, &ab),
+                (4, &kc),
+                (5, &vc),
+                (6, &pb),
+            ];
             let group = bind_group(&d.device, &k.rope_layout, &entries);
             let threads = (n_heads + n_kv) * hd / 2 + kvd;
             let mut rec = Recorder::default();
@@ -323,8 +350,12 @@ fn rope_store_kernel_matches_the_cpu() {
                 [threads.div_ceil(64), n, 1],
             );
             let got_q = run_and_read(&d, &mut rec, &qb, n * stride);
-            let got_k = run_and_read(&d, &mut rec, &kc, max_seq * kvd);
-            let got_v = run_and_read(&d, &mut rec, &vc, max_seq * kvd);
+            let got_k = run_and_read(&d, &mut rec, &kc, 2 * max_seq * kvd);
+            let got_v = run_and_read(&d, &mut rec, &vc, 2 * max_seq * kvd);
+            assert!(
+                got_k[..max_seq * kvd].iter().all(|v| *v == 0.0),
+                "the first slot is untouched"
+            );
             for t in 0..n {
                 let a = &angles[(pos0 + t) * hd..][..hd];
                 let row = &qkv[t * stride..(t + 1) * stride];
@@ -338,7 +369,7 @@ fn rope_store_kernel_matches_the_cpu() {
                     close(&got_q[t * stride..][..qd], &q),
                     "{style:?} hd {hd} q t{t}"
                 );
-                let p = (pos0 + t) * kvd;
+                let p = (max_seq + pos0 + t) * kvd;
                 assert!(close(&got_k[p..p + kvd], &kk), "{style:?} hd {hd} k t{t}");
                 assert_eq!(&got_v[p..p + kvd], &row[qd + kvd..], "v t{t}");
             }
@@ -348,7 +379,7 @@ fn rope_store_kernel_matches_the_cpu() {
 
 /// Attention against the CPU's on f32 caches: head sizes 16 to 128, one to seven query heads per
 /// KV head, sliding windows, prefill blocks, and decoding split into 1, 2 and 5 pieces over up
-/// to 700 positions.
+/// to 700 positions; the sequence's KV slot starts after another's rows.
 #[test]
 fn attention_kernel_matches_the_cpu() {
     let Some(d) = device() else { return };
@@ -364,15 +395,20 @@ fn attention_kernel_matches_the_cpu() {
                 let ctx = pos0 + n;
                 let qkv = random(&mut rng, n * stride);
                 let (kv_k, kv_v) = (random(&mut rng, ctx * kvd), random(&mut rng, ctx * kvd));
-                let (qb, kb, vb) = (buffer(&d, &qkv), buffer(&d, &kv_k), buffer(&d, &kv_v));
+                // The sequence's slot starts after another's rows, which it must not see.
+                let other = 7;
+                let in_slot = |rows: &[f32], rng: &mut Rng| {
+                    let mut all = random(rng, other * kvd);
+                    all.extend_from_slice(rows);
+                    all
+                };
+                let (slot_k, slot_v) = (in_slot(&kv_k, &mut rng), in_slot(&kv_v, &mut rng));
+                let (qb, kb, vb) = (buffer(&d, &qkv), buffer(&d, &slot_k), buffer(&d, &slot_v));
                 let att = buffer(&d, &vec![0f32; n * qd]);
                 let partial = buffer(&d, &vec![0f32; n_heads * splits * (hd + 2)]);
-                let rb = uniform(
-                    &d.device,
-                    "rows",
-                    bytemuck::bytes_of(&rows(0, n, pos0, splits)),
-                );
+                let rb = uniform(&d.device, "rows", bytemuck::bytes_of(&rows(0, n, splits)));
                 let sb = uniform(&d.device, "shape", bytemuck::bytes_of(&sh));
+                let pb = places(&d, other, pos0, n);
                 let entries = [
                     (0, &rb),
                     (1, &sb),
@@ -381,6 +417,7 @@ fn attention_kernel_matches_the_cpu() {
                     (4, &vb),
                     (5, &att),
                     (6, &partial),
+                    (7, &pb),
                 ];
                 let group = bind_group(&d.device, &k.attention_layout, &entries);
                 let mut rec = Recorder::default();
@@ -444,7 +481,7 @@ fn norm_and_argmax_kernels_match_the_cpu() {
     let mut sh = shape(1, 1, 2, 0, RopeStyle::Halves);
     (sh.hidden, sh.eps, sh.vocab) = (hidden as u32, 1e-6, vocab as u32);
     let sb = uniform(&d.device, "shape", bytemuck::bytes_of(&sh));
-    let rb = uniform(&d.device, "rows", bytemuck::bytes_of(&rows(0, n, 0, 1)));
+    let rb = uniform(&d.device, "rows", bytemuck::bytes_of(&rows(0, n, 1)));
 
     let (x, gain) = (random(&mut rng, n * hidden), random(&mut rng, hidden));
     let (xb, gb, out) = (

@@ -21,12 +21,107 @@ use std::time::Instant;
 
 use anyhow::Result;
 use sapient_core::sample::{Sampler, SamplerConfig};
-use sapient_core::{KvCache, KvFormat, Model, Scratch, Want};
+use sapient_core::{Config, KvCache, KvFormat, Model, Scratch, Want};
 use tokio::sync::{mpsc, oneshot};
 
 use super::metrics::Metrics;
 use crate::run::{self, CpuRunner, Pooling};
 use crate::Rayon;
+
+/// Where the engine's KV slots live and its forward passes run: CPU memory and the rayon pool,
+/// or a GPU session.
+pub trait KvSlots {
+    fn config(&self) -> &Config;
+    /// Positions held in `slot`'s cache.
+    fn len(&self, slot: usize) -> usize;
+    /// Drops `slot`'s positions from `len` on.
+    fn truncate(&mut self, slot: usize, len: usize);
+    /// One forward pass: `tokens[i]` continues the sequence in slot `slots[i]` and fills
+    /// `wants[i]`.
+    fn forward(&mut self, slots: &[usize], tokens: &[&[u32]], wants: &mut [Want<'_>])
+        -> Result<()>;
+    /// Normalized mean-pooled embeddings of `texts` (run between two steps, apart from the
+    /// slots).
+    fn embeddings(&mut self, texts: &[&[u32]], max_batch: usize) -> Result<Vec<Vec<f32>>>;
+}
+
+/// KV slots in CPU memory (each an arena of its own), mat-muls on the rayon pool.
+struct CpuSlots<'a, 'm, 'w> {
+    model: &'m Model<'w>,
+    exec: &'m Rayon,
+    kv: KvFormat,
+    caches: Vec<KvCache<'a>>,
+    scratch: Scratch<'a>,
+}
+
+impl KvSlots for CpuSlots<'_, '_, '_> {
+    fn config(&self) -> &Config {
+        &self.model.config
+    }
+
+    fn len(&self, slot: usize) -> usize {
+        self.caches[slot].len()
+    }
+
+    fn truncate(&mut self, slot: usize, len: usize) {
+        self.caches[slot].truncate(len);
+    }
+
+    fn forward(
+        &mut self,
+        slots: &[usize],
+        tokens: &[&[u32]],
+        wants: &mut [Want<'_>],
+    ) -> Result<()> {
+        // The caches of `slots`, in their order (the engine gives each slot once, ascending).
+        let mut refs: Vec<&mut KvCache<'_>> = self
+            .caches
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| slots.contains(i))
+            .map(|(_, c)| c)
+            .collect();
+        if refs.len() != slots.len() || !slots.is_sorted() {
+            anyhow::bail!("a forward pass names each KV slot once, in order");
+        }
+        let (model, exec) = (self.model, self.exec);
+        model.forward_many(tokens, &mut refs, &mut self.scratch, exec, wants)?;
+        Ok(())
+    }
+
+    fn embeddings(&mut self, texts: &[&[u32]], max_batch: usize) -> Result<Vec<Vec<f32>>> {
+        let runner = CpuRunner::new(self.model, self.kv, self.exec);
+        run::embeddings(&runner, texts, Pooling::Mean, true, max_batch)
+    }
+}
+
+#[cfg(feature = "gpu")]
+impl KvSlots for (&crate::gpu::GpuModel, crate::gpu::GpuSession<'_>) {
+    fn config(&self) -> &Config {
+        run::Runner::config(self.0)
+    }
+
+    fn len(&self, slot: usize) -> usize {
+        self.1.slot_len(slot)
+    }
+
+    fn truncate(&mut self, slot: usize, len: usize) {
+        self.1.truncate_slot(slot, len);
+    }
+
+    fn forward(
+        &mut self,
+        slots: &[usize],
+        tokens: &[&[u32]],
+        wants: &mut [Want<'_>],
+    ) -> Result<()> {
+        self.1.forward_slots(slots, tokens, wants)
+    }
+
+    fn embeddings(&mut self, texts: &[&[u32]], max_batch: usize) -> Result<Vec<Vec<f32>>> {
+        run::embeddings(self.0, texts, Pooling::Mean, true, max_batch)
+    }
+}
 
 /// Why a request stopped generating.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,8 +192,8 @@ struct Running {
     last_token: Option<Instant>,
 }
 
-/// Runs requests from `requests` until every sender is gone and no work is left.
-pub fn run(
+/// Runs requests from `requests` on the CPU until every sender is gone and no work is left.
+pub fn run_cpu(
     model: &Model<'_>,
     exec: &Rayon,
     cfg: &EngineConfig,
@@ -110,7 +205,7 @@ pub fn run(
     let mut arenas = (0..cfg.parallel)
         .map(|_| run::zeroed::<u8>(slot_bytes, "a KV slot"))
         .collect::<Result<Vec<_>>>()?;
-    let mut caches = arenas
+    let caches = arenas
         .iter_mut()
         .map(|m| KvCache::new(c, cfg.ctx, cfg.kv, m))
         .collect::<sapient_core::Result<Vec<_>>>()?;
@@ -118,7 +213,37 @@ pub fn run(
         Scratch::bytes_needed(c, cfg.batch)?.div_ceil(4),
         "the scratch",
     )?;
-    let mut scratch = Scratch::new(c, cfg.batch, bytemuck::cast_slice_mut(&mut scratch_mem))?;
+    let scratch = Scratch::new(c, cfg.batch, bytemuck::cast_slice_mut(&mut scratch_mem))?;
+    let mut slots = CpuSlots {
+        model,
+        exec,
+        kv: cfg.kv,
+        caches,
+        scratch,
+    };
+    run(&mut slots, cfg, requests, metrics)
+}
+
+/// Runs requests from `requests` on a GPU session of `cfg.parallel` KV slots.
+#[cfg(feature = "gpu")]
+pub fn run_gpu(
+    model: &crate::gpu::GpuModel,
+    cfg: &EngineConfig,
+    requests: Receiver<Request>,
+    metrics: &Arc<Metrics>,
+) -> Result<()> {
+    let session = crate::gpu::GpuSession::with_slots(model, cfg.parallel, cfg.ctx, cfg.batch)?;
+    run(&mut (model, session), cfg, requests, metrics)
+}
+
+/// Runs requests from `requests` on `kv` until every sender is gone and no work is left.
+fn run(
+    kv: &mut impl KvSlots,
+    cfg: &EngineConfig,
+    requests: Receiver<Request>,
+    metrics: &Arc<Metrics>,
+) -> Result<()> {
+    let vocab_size = kv.config().vocab_size;
     metrics
         .kv_total
         .store(cfg.parallel * cfg.ctx, Ordering::Relaxed);
@@ -147,15 +272,8 @@ pub fn run(
                 // Embeddings run here, between two steps: a pass over their texts delays the
                 // running requests' next tokens by that much.
                 Ok(Request::Embed { texts, reply }) => {
-                    let runner = CpuRunner::new(model, cfg.kv, exec);
                     let refs: Vec<&[u32]> = texts.iter().map(Vec::as_slice).collect();
-                    let _ = reply.send(run::embeddings(
-                        &runner,
-                        &refs,
-                        Pooling::Mean,
-                        true,
-                        cfg.batch,
-                    ));
+                    let _ = reply.send(kv.embeddings(&refs, cfg.batch));
                 }
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {
@@ -190,7 +308,7 @@ pub fn run(
             metrics.running.fetch_add(1, Ordering::Relaxed);
             // The last prompt token is always run: its logits give the first new token.
             let kept = shared_start(&held[i], &job.prompt).min(job.prompt.len().saturating_sub(1));
-            caches[i].truncate(kept);
+            kv.truncate(i, kept);
             held[i].clear();
             metrics
                 .prompt_tokens_cached
@@ -200,31 +318,21 @@ pub fn run(
                 tokens: job.prompt.clone(),
                 fed: kept,
                 generated: 0,
-                logits: vec![0.0; c.vocab_size],
+                logits: vec![0.0; vocab_size],
                 last_token: None,
                 job,
             });
         }
-        let ended = step(
-            model,
-            exec,
-            cfg,
-            &mut slots,
-            &mut caches,
-            &mut scratch,
-            metrics,
-        )?;
+        let ended = step(kv, cfg, &mut slots, metrics)?;
         steps += 1;
         for (i, mut tokens) in ended {
-            tokens.truncate(caches[i].len());
+            tokens.truncate(kv.len(i));
             held[i] = tokens;
             freed_at[i] = steps;
         }
-        let used: usize = caches
-            .iter()
-            .zip(&slots)
-            .filter(|(_, s)| s.is_some())
-            .map(|(c, _)| c.len())
+        let used: usize = (0..slots.len())
+            .filter(|&i| slots[i].is_some())
+            .map(|i| kv.len(i))
             .sum();
         metrics.kv_used.store(used, Ordering::Relaxed);
     }
@@ -238,12 +346,9 @@ fn shared_start(a: &[u32], b: &[u32]) -> usize {
 /// One forward pass over every running request's next tokens, then sampling and reporting.
 /// Returns the slots whose requests ended, each with the request's tokens.
 fn step(
-    model: &Model<'_>,
-    exec: &Rayon,
+    kv: &mut impl KvSlots,
     cfg: &EngineConfig,
     slots: &mut [Option<Running>],
-    caches: &mut [KvCache<'_>],
-    scratch: &mut Scratch<'_>,
     metrics: &Metrics,
 ) -> Result<Vec<(usize, Vec<u32>)>> {
     // Decode tokens first (one each), then prefill chunks in the budget that is left.
@@ -277,8 +382,8 @@ fn step(
         .sum();
     let mut inputs: Vec<&[u32]> = Vec::new();
     let mut wants: Vec<Want<'_>> = Vec::new();
-    let mut refs: Vec<&mut KvCache<'_>> = Vec::new();
-    for ((s, cache), &n) in slots.iter_mut().zip(caches.iter_mut()).zip(&take) {
+    let mut running: Vec<usize> = Vec::new();
+    for (i, (s, &n)) in slots.iter_mut().zip(&take).enumerate() {
         let Some(Running {
             tokens,
             fed,
@@ -298,16 +403,16 @@ fn step(
         } else {
             Want::Nothing
         });
-        refs.push(cache);
+        running.push(i);
     }
     if inputs.is_empty() {
         return Ok(Vec::new());
     }
-    model.forward_many(&inputs, &mut refs, scratch, exec, &mut wants)?;
+    kv.forward(&running, &inputs, &mut wants)?;
     metrics
         .prompt_tokens
         .fetch_add(prefill as u64, Ordering::Relaxed);
-    drop((inputs, wants, refs));
+    drop((inputs, wants));
 
     let mut ended = Vec::new();
     for (i, (s, &n)) in slots.iter_mut().zip(&take).enumerate() {

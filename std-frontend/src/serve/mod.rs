@@ -44,13 +44,17 @@ pub struct ServeOptions {
     pub model_id: String,
 }
 
-/// Serves `model` until SIGTERM or Ctrl-C.
-pub fn serve(
-    files: &ModelFiles,
-    model: &Model<'_>,
-    exec: &Rayon,
-    opts: ServeOptions,
-) -> Result<()> {
+/// Where the engine's KV slots live and its forward passes run.
+pub enum ServeBackend<'a, 'w> {
+    /// The model's weights on the CPU, mat-muls on the rayon pool.
+    Cpu(&'a Model<'w>, &'a Rayon),
+    /// A GPU session of `--parallel` KV slots.
+    #[cfg(feature = "gpu")]
+    Gpu(&'a crate::gpu::GpuModel),
+}
+
+/// Serves the model of `files` on `backend` until SIGTERM or Ctrl-C.
+pub fn serve(files: &ModelFiles, backend: ServeBackend<'_, '_>, opts: ServeOptions) -> Result<()> {
     let tokenizer = Arc::new(Tokenizer::load(files)?);
     let template = ChatTemplate::load(files, &tokenizer)?;
     let eos = files.eos_token_ids.clone();
@@ -70,7 +74,7 @@ pub fn serve(
         end_of_turn,
         queue_limit: opts.queue_limit,
         max_tokens_limit: opts.max_tokens_limit,
-        vocab_size: model.config.vocab_size,
+        vocab_size: files.config.vocab_size,
     });
     let cfg = engine::EngineConfig {
         parallel: opts.parallel,
@@ -83,7 +87,13 @@ pub fn serve(
         .enable_all()
         .build()?;
     std::thread::scope(|s| {
-        let engine = s.spawn(|| engine::run(model, exec, &cfg, engine_rx, &metrics));
+        let engine = s.spawn(|| match backend {
+            ServeBackend::Cpu(model, exec) => {
+                engine::run_cpu(model, exec, &cfg, engine_rx, &metrics)
+            }
+            #[cfg(feature = "gpu")]
+            ServeBackend::Gpu(model) => engine::run_gpu(model, &cfg, engine_rx, &metrics),
+        });
         let served = runtime.block_on(http(state, &opts));
         // The router and its sender are gone: the engine ends once its requests are.
         runtime.shutdown_timeout(Duration::from_secs(1));

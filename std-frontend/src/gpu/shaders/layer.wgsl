@@ -3,7 +3,9 @@
 // context and combined by `attention_reduce`), the final RMSNorm, and greedy argmax. Each
 // `//#name` section is compiled with the lines above the first section, as its own module.
 
-struct Rows { first: u32, count: u32, pos0: u32, splits: u32 }
+struct Rows { first: u32, count: u32, splits: u32, pad: u32 }
+// Where a row of the batch sits: the first cache row of its sequence's KV slot, and its position.
+struct Place { kv_row0: u32, pos: u32 }
 struct Shape {
     n_heads: u32, n_kv_heads: u32, head_dim: u32, window: u32,
     qkv_stride: u32, q_dim: u32, kv_dim: u32, rope_adjacent: u32,
@@ -22,6 +24,7 @@ const NEG: f32 = -3.0e38;
 @group(0) @binding(3) var<storage, read> angles: array<f32>;
 @group(0) @binding(4) var<storage, read_write> k_cache: array<f32>;
 @group(0) @binding(5) var<storage, read_write> v_cache: array<f32>;
+@group(0) @binding(6) var<storage, read> places: array<Place>;
 
 @compute @workgroup_size(64)
 fn rope_store(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -33,7 +36,8 @@ fn rope_store(@builtin(global_invocation_id) gid: vec3<u32>) {
     let half = sh.head_dim / 2u;
     let q_pairs = sh.n_heads * half;
     let k_pairs = sh.n_kv_heads * half;
-    let pos = batch.pos0 + t;
+    let pos = places[t].pos;
+    let cached = (places[t].kv_row0 + pos) * sh.kv_dim;
     let row = t * sh.qkv_stride;
     if (i < q_pairs + k_pairs) {
         let head = i / half;
@@ -57,12 +61,12 @@ fn rope_store(@builtin(global_invocation_id) gid: vec3<u32>) {
             // K heads follow the Q heads in the row; in the cache they start at 0.
             let ka = a - sh.q_dim;
             let kb = b - sh.q_dim;
-            k_cache[pos * sh.kv_dim + ka] = r0;
-            k_cache[pos * sh.kv_dim + kb] = r1;
+            k_cache[cached + ka] = r0;
+            k_cache[cached + kb] = r1;
         }
     } else if (i < q_pairs + k_pairs + sh.kv_dim) {
         let e = i - q_pairs - k_pairs;
-        v_cache[pos * sh.kv_dim + e] = qkv[row + sh.q_dim + sh.kv_dim + e];
+        v_cache[cached + e] = qkv[row + sh.q_dim + sh.kv_dim + e];
     }
 }
 
@@ -74,6 +78,7 @@ fn rope_store(@builtin(global_invocation_id) gid: vec3<u32>) {
 @group(0) @binding(5) var<storage, read_write> att: array<f32>;
 // Per (head, split) of a decoded token: the weighted value sum, then its maximum and sum.
 @group(0) @binding(6) var<storage, read_write> partial: array<f32>;
+@group(0) @binding(7) var<storage, read> places: array<Place>;
 
 const KEYS: u32 = 64u;
 const MAX_DIMS: u32 = 8u; // head_dim / KEYS, at most 512 / 64
@@ -89,7 +94,8 @@ fn attention(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) w
     let split = wid.z;
     let hd = sh.head_dim;
     let kvh = h / (sh.n_heads / sh.n_kv_heads);
-    let pos = batch.pos0 + t;
+    let pos = places[t].pos;
+    let kv_row0 = places[t].kv_row0;
     var lo = 0u;
     if (sh.window > 0u && pos + 1u > sh.window) {
         lo = pos + 1u - sh.window;
@@ -111,7 +117,7 @@ fn attention(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) w
         let j = c0 + lid;
         var score = NEG;
         if (j < b) {
-            let k = j * sh.kv_dim + kvh * hd;
+            let k = (kv_row0 + j) * sh.kv_dim + kvh * hd;
             var s = 0.0;
             for (var d = 0u; d < hd; d++) {
                 s += q_s[d] * k_read[k + d];
@@ -138,7 +144,7 @@ fn attention(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) w
         for (var jj = 0u; jj < keys; jj++) {
             let pj = p_s[jj];
             sum += pj;
-            let v = (c0 + jj) * sh.kv_dim + kvh * hd;
+            let v = (kv_row0 + c0 + jj) * sh.kv_dim + kvh * hd;
             for (var i = 0u; i < MAX_DIMS; i++) {
                 let d = lid + i * KEYS;
                 if (d < hd) {

@@ -6,7 +6,7 @@
 // A workgroup computes ROWS rows for TOK tokens; LANES threads share a row, each striding over
 // its 32-value blocks, then the lanes' sums are added in a tree.
 
-struct Rows { first: u32, count: u32, pos0: u32, splits: u32 }
+struct Rows { first: u32, count: u32, splits: u32, pad: u32 }
 struct Mat {
     rows: u32, cols: u32, out_row0: u32, x_stride: u32,
     out_stride: u32, d_off: u32, m_off: u32, bias_off: u32,
