@@ -349,17 +349,27 @@ fn bench_parallel_decodes_several_sequences() {
     assert_eq!(args("0").status.code(), Some(2));
 }
 
+/// Whether wgpu finds no adapter: the GPU tests then skip, saying so (unless
+/// `SAPIENT_REQUIRE_GPU` is set, as CI sets it, where they fail).
+#[cfg(feature = "gpu")]
+fn no_gpu() -> bool {
+    if !sapient::gpu::adapters().is_empty() {
+        return false;
+    }
+    assert!(
+        std::env::var_os("SAPIENT_REQUIRE_GPU").is_none(),
+        "SAPIENT_REQUIRE_GPU is set but wgpu finds no adapter"
+    );
+    eprintln!("SKIPPED: no GPU adapter");
+    true
+}
+
 /// `--backend gpu` (any adapter, lavapipe included) gives the CPU's greedy tokens, and `bench`
 /// reports its dispatches per decoded token: six per layer and three more.
 #[cfg(feature = "gpu")]
 #[test]
 fn gpu_backend_from_the_cli() {
-    if sapient::gpu::adapters().is_empty() {
-        assert!(
-            std::env::var_os("SAPIENT_REQUIRE_GPU").is_none(),
-            "SAPIENT_REQUIRE_GPU is set but wgpu finds no adapter"
-        );
-        eprintln!("SKIPPED: no GPU adapter");
+    if no_gpu() {
         return;
     }
     let m = fixture("qwen2");
@@ -655,12 +665,7 @@ fn serve_on_the_gpu() {
     use std::net::{TcpListener, TcpStream};
     use std::time::{Duration, Instant};
 
-    if sapient::gpu::adapters().is_empty() {
-        assert!(
-            std::env::var_os("SAPIENT_REQUIRE_GPU").is_none(),
-            "SAPIENT_REQUIRE_GPU is set but wgpu finds no adapter"
-        );
-        eprintln!("SKIPPED: no GPU adapter");
+    if no_gpu() {
         return;
     }
     let m = smollm2();

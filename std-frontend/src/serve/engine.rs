@@ -95,18 +95,25 @@ impl KvSlots for CpuSlots<'_, '_, '_> {
     }
 }
 
+/// KV slots in one GPU session.
 #[cfg(feature = "gpu")]
-impl KvSlots for (&crate::gpu::GpuModel, crate::gpu::GpuSession<'_>) {
+struct GpuSlots<'m> {
+    model: &'m crate::gpu::GpuModel,
+    session: crate::gpu::GpuSession<'m>,
+}
+
+#[cfg(feature = "gpu")]
+impl KvSlots for GpuSlots<'_> {
     fn config(&self) -> &Config {
-        run::Runner::config(self.0)
+        run::Runner::config(self.model)
     }
 
     fn len(&self, slot: usize) -> usize {
-        self.1.slot_len(slot)
+        self.session.slot_len(slot)
     }
 
     fn truncate(&mut self, slot: usize, len: usize) {
-        self.1.truncate_slot(slot, len);
+        self.session.truncate_slot(slot, len);
     }
 
     fn forward(
@@ -115,11 +122,11 @@ impl KvSlots for (&crate::gpu::GpuModel, crate::gpu::GpuSession<'_>) {
         tokens: &[&[u32]],
         wants: &mut [Want<'_>],
     ) -> Result<()> {
-        self.1.forward_slots(slots, tokens, wants)
+        self.session.forward_slots(slots, tokens, wants)
     }
 
     fn embeddings(&mut self, texts: &[&[u32]], max_batch: usize) -> Result<Vec<Vec<f32>>> {
-        run::embeddings(self.0, texts, Pooling::Mean, true, max_batch)
+        run::embeddings(self.model, texts, Pooling::Mean, true, max_batch)
     }
 }
 
@@ -233,7 +240,7 @@ pub fn run_gpu(
     metrics: &Arc<Metrics>,
 ) -> Result<()> {
     let session = crate::gpu::GpuSession::with_slots(model, cfg.parallel, cfg.ctx, cfg.batch)?;
-    run(&mut (model, session), cfg, requests, metrics)
+    run(&mut GpuSlots { model, session }, cfg, requests, metrics)
 }
 
 /// Runs requests from `requests` on `kv` until every sender is gone and no work is left.
