@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU backend against the CPU backend on this machine: `sapient bench` on both, one JSON line
 # per run (tokens/s, dispatches per decoded token, peak memory), on models of real shapes with
-# random weights, so that it runs where no model file can be fetched.
+# random weights, so that it runs where no model file can be fetched; then eight sequences
+# decoding together (`--parallel 8`, as `sapient serve` runs them) on each backend.
 #
 #   scripts/gpu-bench.sh [sapient binary built with --features gpu] [reps]
 #
@@ -21,4 +22,10 @@ for model in random:smollm2-135m:q8_0 random:smollm2-135m:q4_1 random:llama-3.1-
             grep -E '^\{|^GPU|^error' | tr '\n' ' '
         echo
     done
+done
+for backend in gpu cpu; do
+    printf 'random:smollm2-135m:q8_0 %s --parallel 8: ' "$backend"
+    "$sapient" bench -m random:smollm2-135m:q8_0 --backend "$backend" -p 0 -n 64 --parallel 8 \
+        -r "$reps" --format json 2>&1 | grep -E '^\{|^error' | tr '\n' ' '
+    echo
 done

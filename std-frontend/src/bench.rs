@@ -6,9 +6,10 @@ use std::time::Instant;
 
 use anyhow::Result;
 use sapient_core::sample::Rng;
-use sapient_core::{Exec, KvCache, KvFormat, Model, Scratch, Want};
+use sapient_core::Want;
 
 use crate::run::{Runner, Session, DEFAULT_BATCH};
+use crate::slots::KvSlots;
 
 /// Mean and sample standard deviation.
 #[derive(Debug, Clone, Copy, Default)]
@@ -119,19 +120,18 @@ pub fn bench(runner: &impl Runner, tests: Tests, reps: usize) -> Result<BenchRes
     })
 }
 
-/// Decoding `n_seq` sequences together, as a server's decode steps do (llama.cpp's
-/// `llama-batched-bench` measures the same): each step feeds one token of every sequence to one
-/// `Model::forward_many` and takes each one's logits. Every sequence starts from `depth` tokens
-/// (prefilled untimed); the rate is all sequences' tokens per second.
-pub fn decode_parallel<E: Exec>(
-    model: &Model<'_>,
-    exec: &E,
-    kv: KvFormat,
+/// Decoding as many sequences as `slots` holds together, as a server's decode steps do
+/// (llama.cpp's `llama-batched-bench` measures the same): each step feeds one token of every
+/// sequence to one forward pass and takes each one's logits. Every sequence starts from `depth`
+/// tokens (prefilled untimed); the rate is all sequences' tokens per second. The slots hold
+/// `depth + generate` positions each (`slots::with_cpu_slots` or `with_gpu_slots`).
+pub fn decode_parallel(
+    slots: &mut dyn KvSlots,
     n_seq: usize,
     tests: Tests,
     reps: usize,
 ) -> Result<Rate> {
-    let c = &model.config;
+    let vocab = slots.config().vocab_size;
     let Tests {
         generate, depth, ..
     } = tests;
@@ -140,42 +140,28 @@ pub fn decode_parallel<E: Exec>(
         "parallel decoding needs sequences and tokens"
     );
     let ctx = depth + generate;
-    let slot = KvCache::bytes_needed(c, ctx, kv)?;
-    let mut arenas = (0..n_seq)
-        .map(|_| crate::run::zeroed::<u8>(slot, "a sequence's KV cache"))
-        .collect::<Result<Vec<_>>>()?;
-    let mut caches = arenas
-        .iter_mut()
-        .map(|m| KvCache::new(c, ctx, kv, m))
-        .collect::<sapient_core::Result<Vec<_>>>()?;
-    // A server's batch size (its logits for many sequences in one pass over the output matrix).
-    let mut scratch = crate::run::zeroed::<f32>(
-        Scratch::bytes_needed(c, DEFAULT_BATCH)?.div_ceil(4),
-        "the scratch",
-    )?;
-    let mut scratch = Scratch::new(c, DEFAULT_BATCH, bytemuck::cast_slice_mut(&mut scratch))?;
     let mut rng = Rng::new(42);
     let tokens: Vec<Vec<u32>> = (0..n_seq)
-        .map(|_| random_tokens(&mut rng, ctx, c.vocab_size))
+        .map(|_| random_tokens(&mut rng, ctx, vocab))
         .collect();
-    let mut logits = vec![vec![0f32; c.vocab_size]; n_seq];
+    let all: Vec<usize> = (0..n_seq).collect();
+    let mut logits = vec![vec![0f32; vocab]; n_seq];
     let mut rates = Vec::new();
     for rep in 0..=reps {
-        for (cache, seq) in caches.iter_mut().zip(&tokens) {
-            cache.truncate(0);
+        for (slot, seq) in tokens.iter().enumerate() {
+            slots.truncate(slot, 0);
             if depth > 0 {
-                model.forward(&seq[..depth], cache, &mut scratch, exec, Want::Nothing)?;
+                slots.forward(&[slot], &[&seq[..depth]], &mut [Want::Nothing])?;
             }
         }
         let t = Instant::now();
         for i in depth..ctx {
             let step: Vec<&[u32]> = tokens.iter().map(|s| &s[i..i + 1]).collect();
-            let mut refs: Vec<&mut KvCache<'_>> = caches.iter_mut().collect();
             let mut wants: Vec<Want<'_>> = logits
                 .iter_mut()
                 .map(|l| Want::LastLogits(l.as_mut_slice()))
                 .collect();
-            model.forward_many(&step, &mut refs, &mut scratch, exec, &mut wants)?;
+            slots.forward(&all, &step, &mut wants)?;
         }
         if rep > 0 {
             rates.push((n_seq * generate) as f64 / t.elapsed().as_secs_f64());

@@ -11,6 +11,7 @@ pub mod gpu;
 pub mod load;
 pub mod run;
 pub mod serve;
+pub mod slots;
 pub mod speculative;
 pub mod tokenizer;
 

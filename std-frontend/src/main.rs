@@ -111,7 +111,6 @@ enum Command {
         depth: usize,
         /// Sequences decoded together in the decode test (one token of each per forward pass, as
         /// `serve` runs them; llama-batched-bench's -npl): its rate counts all their tokens.
-        /// CPU backend only.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1024))]
         parallel: u16,
         /// Timed repetitions, after one warm-up.
@@ -421,16 +420,7 @@ enum Engine<'m, 'w> {
     Gpu(Box<sapient::gpu::GpuModel>),
 }
 
-impl<'m, 'w> Engine<'m, 'w> {
-    /// The CPU runner, when the model runs there.
-    fn cpu(&self) -> Option<&CpuRunner<'m, 'w, Rayon>> {
-        match self {
-            Engine::Cpu(r) => Some(r),
-            #[cfg(feature = "gpu")]
-            Engine::Gpu(_) => None,
-        }
-    }
-
+impl Engine<'_, '_> {
     fn name(&self) -> &'static str {
         match self {
             Engine::Cpu(_) => "cpu",
@@ -903,16 +893,20 @@ fn run_command(command: Command) -> Result<()> {
                 generate: if parallel > 1 { 0 } else { generate },
                 depth,
             };
-            let cpu = engine.cpu();
-            if parallel > 1 && cpu.is_none() {
-                bail!("--parallel runs on the CPU backend; the GPU backend decodes one sequence at a time (use --backend cpu)");
-            }
             let mut r = sapient::bench::bench(&engine, tests, reps)?;
-            if let Some(cpu) = cpu.filter(|_| parallel > 1 && generate > 0) {
+            if parallel > 1 && generate > 0 {
                 let tests = sapient::bench::Tests { generate, ..tests };
-                r.decode = Some(sapient::bench::decode_parallel(
-                    cpu.model, cpu.exec, cpu.kv, parallel, tests, reps,
-                )?);
+                let shape = (parallel, depth + generate, sapient::run::DEFAULT_BATCH);
+                let decode = |slots: &mut dyn sapient::slots::KvSlots| {
+                    sapient::bench::decode_parallel(slots, parallel, tests, reps)
+                };
+                r.decode = Some(match &engine {
+                    Engine::Cpu(c) => {
+                        sapient::slots::with_cpu_slots(c.model, c.exec, c.kv, shape, decode)?
+                    }
+                    #[cfg(feature = "gpu")]
+                    Engine::Gpu(g) => sapient::slots::with_gpu_slots(g, shape, decode)?,
+                });
             }
             let rss = sapient::bench::peak_rss_bytes();
             match format {

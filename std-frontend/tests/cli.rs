@@ -365,7 +365,8 @@ fn no_gpu() -> bool {
 }
 
 /// `--backend gpu` (any adapter, lavapipe included) gives the CPU's greedy tokens, and `bench`
-/// reports its dispatches per decoded token: six per layer and three more.
+/// reports its dispatches per decoded token (six per layer and three more) and decodes several
+/// sequences together.
 #[cfg(feature = "gpu")]
 #[test]
 fn gpu_backend_from_the_cli() {
@@ -424,6 +425,28 @@ fn gpu_backend_from_the_cli() {
     assert_eq!(bench["backend"], "gpu");
     let layers = 2; // the qwen2 fixture's
     assert_eq!(bench["dispatches_per_token"], 6 * layers + 3);
+    // Several sequences decoding together in one GPU session's KV slots.
+    let parallel = json(&sapient(&[
+        "bench",
+        "-m",
+        &m,
+        "-p",
+        "0",
+        "-n",
+        "4",
+        "-d",
+        "3",
+        "-r",
+        "1",
+        "--parallel",
+        "3",
+        "--backend",
+        "gpu",
+        "--format",
+        "json",
+    ]));
+    assert_eq!(parallel["parallel"], 3);
+    assert!(parallel["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
 }
 
 /// Without the GPU backend, asking for it is a clear error (exit 1), and `auto` runs on the CPU.

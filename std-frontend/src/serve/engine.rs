@@ -21,114 +21,12 @@ use std::time::Instant;
 
 use anyhow::Result;
 use sapient_core::sample::{Sampler, SamplerConfig};
-use sapient_core::{Config, KvCache, KvFormat, Model, Scratch, Want};
+use sapient_core::{KvFormat, Model, Want};
 use tokio::sync::{mpsc, oneshot};
 
 use super::metrics::Metrics;
-use crate::run::{self, CpuRunner, Pooling};
+use crate::slots::{self, KvSlots};
 use crate::Rayon;
-
-/// Where the engine's KV slots live and its forward passes run: CPU memory and the rayon pool,
-/// or a GPU session.
-pub trait KvSlots {
-    fn config(&self) -> &Config;
-    /// Positions held in `slot`'s cache.
-    fn len(&self, slot: usize) -> usize;
-    /// Drops `slot`'s positions from `len` on.
-    fn truncate(&mut self, slot: usize, len: usize);
-    /// One forward pass: `tokens[i]` continues the sequence in slot `slots[i]` and fills
-    /// `wants[i]`.
-    fn forward(&mut self, slots: &[usize], tokens: &[&[u32]], wants: &mut [Want<'_>])
-        -> Result<()>;
-    /// Normalized mean-pooled embeddings of `texts` (run between two steps, apart from the
-    /// slots).
-    fn embeddings(&mut self, texts: &[&[u32]], max_batch: usize) -> Result<Vec<Vec<f32>>>;
-}
-
-/// KV slots in CPU memory (each an arena of its own), mat-muls on the rayon pool.
-struct CpuSlots<'a, 'm, 'w> {
-    model: &'m Model<'w>,
-    exec: &'m Rayon,
-    kv: KvFormat,
-    caches: Vec<KvCache<'a>>,
-    scratch: Scratch<'a>,
-}
-
-impl KvSlots for CpuSlots<'_, '_, '_> {
-    fn config(&self) -> &Config {
-        &self.model.config
-    }
-
-    fn len(&self, slot: usize) -> usize {
-        self.caches[slot].len()
-    }
-
-    fn truncate(&mut self, slot: usize, len: usize) {
-        self.caches[slot].truncate(len);
-    }
-
-    fn forward(
-        &mut self,
-        slots: &[usize],
-        tokens: &[&[u32]],
-        wants: &mut [Want<'_>],
-    ) -> Result<()> {
-        // The caches of `slots`, in their order (the engine gives each slot once, ascending).
-        let mut refs: Vec<&mut KvCache<'_>> = self
-            .caches
-            .iter_mut()
-            .enumerate()
-            .filter(|(i, _)| slots.contains(i))
-            .map(|(_, c)| c)
-            .collect();
-        if refs.len() != slots.len() || !slots.is_sorted() {
-            anyhow::bail!("a forward pass names each KV slot once, in order");
-        }
-        let (model, exec) = (self.model, self.exec);
-        model.forward_many(tokens, &mut refs, &mut self.scratch, exec, wants)?;
-        Ok(())
-    }
-
-    fn embeddings(&mut self, texts: &[&[u32]], max_batch: usize) -> Result<Vec<Vec<f32>>> {
-        let runner = CpuRunner::new(self.model, self.kv, self.exec);
-        run::embeddings(&runner, texts, Pooling::Mean, true, max_batch)
-    }
-}
-
-/// KV slots in one GPU session.
-#[cfg(feature = "gpu")]
-struct GpuSlots<'m> {
-    model: &'m crate::gpu::GpuModel,
-    session: crate::gpu::GpuSession<'m>,
-}
-
-#[cfg(feature = "gpu")]
-impl KvSlots for GpuSlots<'_> {
-    fn config(&self) -> &Config {
-        run::Runner::config(self.model)
-    }
-
-    fn len(&self, slot: usize) -> usize {
-        self.session.slot_len(slot)
-    }
-
-    fn truncate(&mut self, slot: usize, len: usize) {
-        self.session.truncate_slot(slot, len);
-    }
-
-    fn forward(
-        &mut self,
-        slots: &[usize],
-        tokens: &[&[u32]],
-        wants: &mut [Want<'_>],
-    ) -> Result<()> {
-        self.session.forward_slots(slots, tokens, wants)
-    }
-
-    fn embeddings(&mut self, texts: &[&[u32]], max_batch: usize) -> Result<Vec<Vec<f32>>> {
-        run::embeddings(self.model, texts, Pooling::Mean, true, max_batch)
-    }
-}
 
 /// Why a request stopped generating.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,28 +105,10 @@ pub fn run_cpu(
     requests: Receiver<Request>,
     metrics: &Arc<Metrics>,
 ) -> Result<()> {
-    let c = &model.config;
-    let slot_bytes = KvCache::bytes_needed(c, cfg.ctx, cfg.kv)?;
-    let mut arenas = (0..cfg.parallel)
-        .map(|_| run::zeroed::<u8>(slot_bytes, "a KV slot"))
-        .collect::<Result<Vec<_>>>()?;
-    let caches = arenas
-        .iter_mut()
-        .map(|m| KvCache::new(c, cfg.ctx, cfg.kv, m))
-        .collect::<sapient_core::Result<Vec<_>>>()?;
-    let mut scratch_mem = run::zeroed::<f32>(
-        Scratch::bytes_needed(c, cfg.batch)?.div_ceil(4),
-        "the scratch",
-    )?;
-    let scratch = Scratch::new(c, cfg.batch, bytemuck::cast_slice_mut(&mut scratch_mem))?;
-    let mut slots = CpuSlots {
-        model,
-        exec,
-        kv: cfg.kv,
-        caches,
-        scratch,
-    };
-    run(&mut slots, cfg, requests, metrics)
+    let shape = (cfg.parallel, cfg.ctx, cfg.batch);
+    slots::with_cpu_slots(model, exec, cfg.kv, shape, |kv| {
+        run(kv, cfg, requests, metrics)
+    })
 }
 
 /// Runs requests from `requests` on a GPU session of `cfg.parallel` KV slots.
@@ -239,13 +119,13 @@ pub fn run_gpu(
     requests: Receiver<Request>,
     metrics: &Arc<Metrics>,
 ) -> Result<()> {
-    let session = crate::gpu::GpuSession::with_slots(model, cfg.parallel, cfg.ctx, cfg.batch)?;
-    run(&mut GpuSlots { model, session }, cfg, requests, metrics)
+    let shape = (cfg.parallel, cfg.ctx, cfg.batch);
+    slots::with_gpu_slots(model, shape, |kv| run(kv, cfg, requests, metrics))
 }
 
 /// Runs requests from `requests` on `kv` until every sender is gone and no work is left.
 fn run(
-    kv: &mut impl KvSlots,
+    kv: &mut dyn KvSlots,
     cfg: &EngineConfig,
     requests: Receiver<Request>,
     metrics: &Arc<Metrics>,
@@ -353,7 +233,7 @@ fn shared_start(a: &[u32], b: &[u32]) -> usize {
 /// One forward pass over every running request's next tokens, then sampling and reporting.
 /// Returns the slots whose requests ended, each with the request's tokens.
 fn step(
-    kv: &mut impl KvSlots,
+    kv: &mut dyn KvSlots,
     cfg: &EngineConfig,
     slots: &mut [Option<Running>],
     metrics: &Metrics,
