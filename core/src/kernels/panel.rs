@@ -258,11 +258,14 @@ fn rows_x8<'a>(
                 (kernels.rows_x8)(w, b0, chunk, acc);
             }
         }
+        // One run of the group's rows per token: a call per token, not per result.
         let acc = acc.as_flattened();
-        for (r, acc) in acc[..group].iter().enumerate() {
-            for (t, v) in acc.iter().enumerate() {
-                put(g0 + r, t, core::slice::from_ref(v));
+        let mut run = [0f32; X8_GROUP_ROWS];
+        for t in 0..X8 {
+            for (o, acc) in run.iter_mut().zip(&acc[..group]) {
+                *o = acc[t];
             }
+            put(g0, t, &run[..group]);
         }
     }
 }
