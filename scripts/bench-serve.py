@@ -7,7 +7,11 @@ none has finished, per second of that window: the rate of the decode steps alone
 llama-batched-bench's S_TG counts it), the median time to first token, and tokens/s per stream.
 Standard library only.
 
-Usage: scripts/bench-serve.py URL MODEL_NAME [--concurrency 1,4,8,16] [--max-tokens 64]
+With --rounds R the list of concurrencies runs R times in turn (1, 8, 1, 8, ...), so that a
+shared machine's drift falls on every concurrency alike, and a last line gives per concurrency
+the medians over the rounds and the median of each round's ratio to the first concurrency.
+
+Usage: scripts/bench-serve.py URL MODEL_NAME [--concurrency 1,4,8,16] [--max-tokens 64] [--rounds R]
 """
 import argparse
 import http.client
@@ -74,8 +78,10 @@ def decode_rate(results):
     return round(inside / (end - start), 1)
 
 
-for run, n in enumerate(int(x) for x in args.concurrency.split(",")):
-    for rnd in range(args.rounds):
+levels = [int(x) for x in args.concurrency.split(",")]
+rows = {n: [] for n in levels}
+for rnd in range(args.rounds):
+    for run, n in enumerate(levels):
         results = [None] * n
         t0 = time.time()
         tag = f"{int(t0) % 10000}{run}{rnd}"
@@ -88,7 +94,25 @@ for run, n in enumerate(int(x) for x in args.concurrency.split(",")):
         total = sum(r[1] for r in results)
         ttft = statistics.median(r[0] for r in results if r[0] is not None)
         per_stream = statistics.median(r[1] / r[2] for r in results)
-        print(json.dumps({"concurrency": n, "completion_tokens": total, "wall_s": round(wall, 2),
-                          "tokens_per_s": round(total / wall, 1),
-                          "decode_tokens_per_s": decode_rate(results), "median_ttft_s": round(ttft, 3),
-                          "median_stream_tokens_per_s": round(per_stream, 1)}), flush=True)
+        row = {"concurrency": n, "completion_tokens": total, "wall_s": round(wall, 2),
+               "tokens_per_s": round(total / wall, 1),
+               "decode_tokens_per_s": decode_rate(results), "median_ttft_s": round(ttft, 3),
+               "median_stream_tokens_per_s": round(per_stream, 1)}
+        rows[n].append(row)
+        print(json.dumps(row), flush=True)
+
+if args.rounds > 1:
+    def median(n, key, digits=1):
+        values = [r[key] for r in rows[n] if r[key] is not None]
+        return round(statistics.median(values), digits) if values else None
+
+    def ratio(n, key):
+        pairs = [(a[key], b[key]) for a, b in zip(rows[levels[0]], rows[n]) if a[key] and b[key]]
+        return round(statistics.median(b / a for a, b in pairs), 2) if pairs else None
+
+    print(json.dumps({"rounds": args.rounds, "medians": [
+        {"concurrency": n, "tokens_per_s": median(n, "tokens_per_s"),
+         "decode_tokens_per_s": median(n, "decode_tokens_per_s"),
+         "median_ttft_s": median(n, "median_ttft_s", 3),
+         "ratio_tokens_per_s": ratio(n, "tokens_per_s"),
+         "ratio_decode_tokens_per_s": ratio(n, "decode_tokens_per_s")} for n in levels]}), flush=True)
