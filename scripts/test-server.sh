@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# `sapient serve` against the official openai Python client (tests/server/openai_client.py), on
-# loopback, with SmolLM2 Q4_1. The client lives in a virtual environment under
+# `sapient serve` against the official openai Python client (tests/server/openai_client.py) and
+# under malformed and hostile request bodies (tests/server/hostile_requests.py), on loopback,
+# with SmolLM2 Q4_1. The client lives in a virtual environment under
 # ~/.cache/sapient (made once). Part of scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,5 +12,6 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import openai" 2>/dev
 fi
 bash scripts/fetch-model.sh >/dev/null
 cargo build --release -q -p sapient
-timeout 600 "$venv/bin/python" tests/server/openai_client.py \
-    "$(bash scripts/target-dir.sh)/release/sapient" models/SmolLM2-135M-Instruct.Q4_1.gguf
+bin="$(bash scripts/target-dir.sh)/release/sapient"
+timeout 600 "$venv/bin/python" tests/server/openai_client.py "$bin" models/SmolLM2-135M-Instruct.Q4_1.gguf
+timeout 300 python3 tests/server/hostile_requests.py "$bin" models/SmolLM2-135M-Instruct.Q4_1.gguf

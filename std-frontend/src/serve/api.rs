@@ -6,6 +6,8 @@ use std::sync::mpsc::Sender;
 use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{Request as HttpRequest, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::Next;
@@ -37,6 +39,8 @@ pub struct AppState {
     pub queue_limit: usize,
     pub max_tokens_limit: usize,
     pub vocab_size: usize,
+    /// Largest request body, in bytes.
+    pub body_limit: usize,
 }
 
 /// An error in OpenAI's shape, with its HTTP status.
@@ -107,6 +111,27 @@ pub async fn authorize(
         }
     }
     next.run(request).await
+}
+
+/// The body's bytes, or the reason they could not be read (over the size limit: 413) as an
+/// OpenAI error rather than axum's plain-text one.
+fn read_body(state: &AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<Bytes> {
+    body.map_err(|e| {
+        let status = e.status();
+        ApiError {
+            status,
+            kind: "invalid_request_error",
+            code: (status == StatusCode::PAYLOAD_TOO_LARGE).then_some("request_too_large"),
+            message: if status == StatusCode::PAYLOAD_TOO_LARGE {
+                format!(
+                    "the request body is larger than this server's limit of {} bytes",
+                    state.body_limit
+                )
+            } else {
+                format!("cannot read the request body: {}", e.body_text())
+            },
+        }
+    })
 }
 
 /// The body as JSON, or a 400 naming what is wrong with it.
@@ -639,8 +664,9 @@ fn generating_request(state: &AppState, body: &[u8]) -> ApiResult<(Value, Genera
 
 pub async fn chat_completions(
     State(state): State<Arc<AppState>>,
-    body: axum::body::Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
+    let body = read_body(&state, body)?;
     let (body, g) = generating_request(&state, &body)?;
     let messages = body
         .get("messages")
@@ -672,8 +698,9 @@ pub async fn chat_completions(
 
 pub async fn completions(
     State(state): State<Arc<AppState>>,
-    body: axum::body::Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
+    let body = read_body(&state, body)?;
     let (body, g) = generating_request(&state, &body)?;
     let prompt = match body.get("prompt") {
         Some(Value::String(s)) => s.clone(),
@@ -780,8 +807,9 @@ async fn answer(
 
 pub async fn embeddings(
     State(state): State<Arc<AppState>>,
-    body: axum::body::Bytes,
+    body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
+    let body = read_body(&state, body)?;
     let body = parse_body(&body)?;
     check_model(&state, &body)?;
     let inputs: Vec<String> = match body.get("input") {

@@ -75,6 +75,7 @@ pub fn serve(files: &ModelFiles, backend: ServeBackend<'_, '_>, opts: ServeOptio
         queue_limit: opts.queue_limit,
         max_tokens_limit: opts.max_tokens_limit,
         vocab_size: files.config.vocab_size,
+        body_limit: opts.body_limit,
     });
     let cfg = engine::EngineConfig {
         parallel: opts.parallel,

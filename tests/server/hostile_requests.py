@@ -1,0 +1,186 @@
+#!/usr/bin/env python3
+"""`sapient serve` under malformed and hostile request bodies, on loopback.
+
+Usage: tests/server/hostile_requests.py SAPIENT_BINARY MODEL.gguf [COUNT]
+
+Starts from a valid body for each POST route and breaks it at random (a field of another type,
+out of range, huge, empty, nested deep, missing, unknown fields, odd Unicode; or bytes that are
+no JSON at all: truncated, invalid UTF-8, nested past any parser's depth), COUNT times in all
+(300 by default) from a fixed seed, so a failure replays; then a body over the size limit.
+Every answer must be a 200 or a 4xx with OpenAI's error object (`{"error": {"message", "type", "code"}}`), never a 5xx, a dropped
+connection or a hang; the server must still answer a plain request at the end, with no request
+left running (/metrics). Standard library only.
+"""
+import json
+import random
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+BIN, MODEL = sys.argv[1], sys.argv[2]
+COUNT = int(sys.argv[3]) if len(sys.argv) > 3 else 300
+NAME = "smollm2"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start():
+    port = free_port()
+    # A small context and token limit keep each valid request short.
+    proc = subprocess.Popen(
+        [BIN, "serve", "-m", MODEL, "--port", str(port), "--alias", NAME, "-t", "2",
+         "--parallel", "4", "--ctx", "256", "--max-tokens-limit", "4"],
+        stderr=subprocess.PIPE, text=True,
+    )
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+                if json.load(r)["status"] == "ok":
+                    return proc, port
+        except OSError:
+            if proc.poll() is not None:
+                raise SystemExit(f"sapient serve exited: {proc.stderr.read()}")
+            time.sleep(0.1)
+    raise SystemExit("sapient serve did not come up in 60 s")
+
+
+def post(port, path, body):
+    """POSTs `body` (bytes); returns (status, response bytes). Raises on a dropped connection or
+    a hang (no answer in 60 s)."""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body, method="POST")
+    req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+BASES = {
+    "/v1/chat/completions": {
+        "model": NAME, "messages": [{"role": "system", "content": "Be brief."},
+                                    {"role": "user", "content": "Hi!"}],
+        "max_tokens": 2, "temperature": 0, "stream": False,
+    },
+    "/v1/completions": {
+        "model": NAME, "prompt": "The capital of France is", "max_tokens": 2, "temperature": 0.7,
+        "top_p": 0.9, "seed": 1, "stop": ["\n"], "stream": False,
+    },
+    "/v1/embeddings": {"model": NAME, "input": ["one", "two"]},
+}
+
+FIELDS = ["model", "messages", "prompt", "input", "max_tokens", "max_completion_tokens",
+          "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream", "stream_options",
+          "n", "best_of", "logit_bias", "presence_penalty", "frequency_penalty",
+          "repeat_penalty", "repeat_last_n", "logprobs", "response_format", "echo", "suffix",
+          "tools", "user", "encoding_format"]
+
+
+def weird(rng, depth=0):
+    """A value of any JSON type, often one that no field wants."""
+    pool = [
+        None, True, False, 0, -1, 1, 2, 3, 0.5, -0.0, 1e308, -1e308, 2**63, 2**64 + 1, -2**63,
+        "", "x", "0", "NaN", "Infinity", "\u0000", "\ud7ff\ue000", "é" * 50, "<|im_end|>",
+        "a" * rng.choice([1, 100, 5000]), [], {}, [[]], [None], [1, 2, 3], ["a", 1, None],
+        {"type": "text"}, {"type": "json_object"}, {"include_usage": "yes"},
+        [{"role": "user"}], [{"role": 1, "content": "x"}], [{"content": "x"}],
+        [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
+        [{"role": "user", "content": [{"type": "text", "text": 5}]}],
+        [{"role": "user", "content": None}], [{"role": "tool", "content": "x"}],
+        {"0": 100}, {"-1": 1}, {"99999999999": 1}, {"1": "a"}, {"1": 1e9},
+        list(range(rng.choice([10, 300]))), [rng.randrange(-5, 70000) for _ in range(8)],
+    ]
+    if depth < 3 and rng.random() < 0.2:
+        return rng.choice([[weird(rng, depth + 1)], {"k": weird(rng, depth + 1)}])
+    return rng.choice(pool)
+
+
+def nested(depth):
+    return "[" * depth + "]" * depth
+
+
+def mutate(rng, path):
+    base = json.loads(json.dumps(BASES[path]))
+    kind = rng.random()
+    if kind < 0.08:
+        # Not JSON, or JSON of the wrong shape.
+        text = json.dumps(base).encode()
+        return rng.choice([
+            text[: rng.randrange(len(text))],
+            b"\xff\xfe" + text,
+            text.replace(b'"Hi!"', b'"\xc3\x28"'),
+            nested(rng.choice([64, 200, 100000])).encode(),
+            b"[]", b"null", b"42", b'"text"', b"", b"{}" * 3,
+            b'{"model": "' + NAME.encode() + b'", "model": 1}',
+        ])
+    for _ in range(rng.randint(1, 3)):
+        op = rng.random()
+        if op < 0.6:
+            base[rng.choice(FIELDS)] = weird(rng)
+        elif op < 0.8 and base:
+            base.pop(rng.choice(list(base)))
+        else:
+            base["x-" + str(rng.randrange(1000))] = weird(rng)
+    # A stream stays a stream only when asked as a boolean: the answer is then SSE.
+    return json.dumps(base).encode()
+
+
+def check_answer(status, body, what):
+    if status == 200:
+        return
+    if not 400 <= status < 500:
+        raise SystemExit(f"FAILED: {what}: status {status}: {body[:300]!r}")
+    try:
+        err = json.loads(body)["error"]
+        ok = isinstance(err["message"], str) and err["message"] and isinstance(err["type"], str)
+        ok = ok and "code" in err
+    except (ValueError, KeyError, TypeError):
+        ok = False
+    if not ok:
+        raise SystemExit(f"FAILED: {what}: status {status} without an OpenAI error object: {body[:300]!r}")
+
+
+proc, port = start()
+try:
+    rng = random.Random(1234)
+    statuses = {}
+    for i in range(COUNT):
+        path = rng.choice(list(BASES))
+        body = mutate(rng, path)
+        try:
+            status, answer = post(port, path, body)
+        except Exception as e:  # a dropped connection, a reset or a timeout
+            raise SystemExit(f"FAILED: request {i} to {path} ({body[:300]!r}): {e!r}")
+        check_answer(status, answer, f"request {i} to {path} ({body[:200]!r})")
+        statuses[status] = statuses.get(status, 0) + 1
+    print(f"ok: {COUNT} malformed or hostile bodies answered 200 or 4xx with an error object: {statuses}")
+    big = json.dumps({"model": NAME, "prompt": "a" * (9 << 20), "max_tokens": 1}).encode()
+    for path in BASES:
+        status, answer = post(port, path, big)
+        check_answer(status, answer, f"a 9 MiB body to {path}")
+        if status != 413:
+            raise SystemExit(f"FAILED: a 9 MiB body to {path}: status {status}, not 413")
+    print("ok: a body over the 8 MiB limit is a 413 with an error object")
+    status, answer = post(port, "/v1/completions", json.dumps(BASES["/v1/completions"]).encode())
+    if status != 200 or not json.loads(answer)["choices"]:
+        raise SystemExit(f"FAILED: a plain request afterwards: {status} {answer[:300]!r}")
+    time.sleep(0.5)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        running = [l for l in r.read().decode().splitlines() if l.startswith("sapient:num_requests_running ")]
+    if running != ["sapient:num_requests_running 0"]:
+        raise SystemExit(f"FAILED: requests left running: {running}")
+    print("ok: the server still answers, with no request left running")
+finally:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
