@@ -13,43 +13,23 @@ left running (/metrics). Standard library only.
 """
 import json
 import random
-import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 
+import serve_process
+
 BIN, MODEL = sys.argv[1], sys.argv[2]
 COUNT = int(sys.argv[3]) if len(sys.argv) > 3 else 300
 NAME = "smollm2"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start():
-    port = free_port()
     # A small context and token limit keep each valid request short.
-    proc = subprocess.Popen(
-        [BIN, "serve", "-m", MODEL, "--port", str(port), "--alias", NAME, "-t", "2",
-         "--parallel", "4", "--ctx", "256", "--max-tokens-limit", "4"],
-        stderr=subprocess.PIPE, text=True,
-    )
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
-                if json.load(r)["status"] == "ok":
-                    return proc, port
-        except OSError:
-            if proc.poll() is not None:
-                raise SystemExit(f"sapient serve exited: {proc.stderr.read()}")
-            time.sleep(0.1)
-    raise SystemExit("sapient serve did not come up in 60 s")
+    return serve_process.start(BIN, MODEL, NAME, "--parallel", "4", "--ctx", "256",
+                               "--max-tokens-limit", "4")
 
 
 def post(port, path, body):

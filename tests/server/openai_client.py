@@ -13,7 +13,6 @@ bounded.
 import concurrent.futures
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,34 +22,15 @@ import urllib.request
 import openai
 from openai import OpenAI
 
+import serve_process
+
 BIN, MODEL = sys.argv[1], sys.argv[2]
 KEY = "test-key"
 NAME = "smollm2"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(*extra):
-    port = free_port()
-    proc = subprocess.Popen(
-        [BIN, "serve", "-m", MODEL, "--port", str(port), "--alias", NAME, "-t", "2", *extra],
-        stderr=subprocess.PIPE, text=True,
-    )
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
-                if json.load(r)["status"] == "ok":
-                    return proc, port
-        except OSError:
-            if proc.poll() is not None:
-                raise SystemExit(f"sapient serve exited: {proc.stderr.read()}")
-            time.sleep(0.1)
-    raise SystemExit("sapient serve did not come up in 60 s")
+    return serve_process.start(BIN, MODEL, NAME, *extra)
 
 
 def raw(port, path, body, key=KEY):
