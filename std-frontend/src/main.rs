@@ -344,6 +344,11 @@ struct ServeArgs {
     /// Seconds running requests get to finish after SIGTERM or Ctrl-C.
     #[arg(long, default_value_t = 10)]
     shutdown_timeout: u64,
+    /// Seconds a client gets to send a request's line and headers (and, on a kept-alive
+    /// connection, to start the next request); slower ones are disconnected, so that idle or
+    /// trickling connections cannot hold every place of --max-connections.
+    #[arg(long, default_value_t = 30)]
+    header_timeout: u64,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -1224,6 +1229,7 @@ fn cmd_serve(a: ServeArgs) -> Result<()> {
         body_limit: 8 << 20,
         max_connections: a.max_connections,
         shutdown_grace: std::time::Duration::from_secs(a.shutdown_timeout),
+        header_timeout: std::time::Duration::from_secs(a.header_timeout.max(1)),
         model_id,
     };
     let backend = match &engine {

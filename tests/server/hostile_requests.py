@@ -7,12 +7,15 @@ Starts from a valid body for each POST route and breaks it at random (a field of
 out of range, huge, empty, nested deep, missing, unknown fields, odd Unicode; or bytes that are
 no JSON at all: truncated, invalid UTF-8, nested past any parser's depth), COUNT times in all
 (300 by default) from a fixed seed, so a failure replays; then a body over the size limit.
-Every answer must be a 200 or a 4xx with OpenAI's error object (`{"error": {"message", "type", "code"}}`), never a 5xx, a dropped
-connection or a hang; the server must still answer a plain request at the end, with no request
-left running (/metrics). Standard library only.
+Every answer must be a 200 or a 4xx with OpenAI's error object (`{"error": {"message", "type",
+"code"}}`), never a 5xx, a dropped connection or a hang. Then clients that hold every connection
+place (--max-connections 2) without sending a whole request head, one silent and one trickling
+its headers, must be disconnected after --header-timeout, and a plain request served; at the end
+no request is left running (/metrics). Standard library only.
 """
 import json
 import random
+import socket
 import subprocess
 import sys
 import time
@@ -24,12 +27,14 @@ import serve_process
 BIN, MODEL = sys.argv[1], sys.argv[2]
 COUNT = int(sys.argv[3]) if len(sys.argv) > 3 else 300
 NAME = "smollm2"
+HEADER_TIMEOUT = 2
 
 
 def start():
     # A small context and token limit keep each valid request short.
     return serve_process.start(BIN, MODEL, NAME, "--parallel", "4", "--ctx", "256",
-                               "--max-tokens-limit", "4")
+                               "--max-tokens-limit", "4", "--max-connections", "2",
+                               "--header-timeout", str(HEADER_TIMEOUT))
 
 
 def post(port, path, body):
@@ -149,9 +154,28 @@ try:
         if status != 413:
             raise SystemExit(f"FAILED: a 9 MiB body to {path}: status {status}, not 413")
     print("ok: a body over the 8 MiB limit is a 413 with an error object")
+    # Both connection places taken by clients that never finish a request head.
+    trickling = socket.create_connection(("127.0.0.1", port))
+    trickling.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
+    silent = socket.create_connection(("127.0.0.1", port))
+    t0 = time.time()
     status, answer = post(port, "/v1/completions", json.dumps(BASES["/v1/completions"]).encode())
     if status != 200 or not json.loads(answer)["choices"]:
         raise SystemExit(f"FAILED: a plain request afterwards: {status} {answer[:300]!r}")
+    waited = time.time() - t0
+    for s, what in ((trickling, "trickling its headers"), (silent, "silent")):
+        s.settimeout(HEADER_TIMEOUT + 10)
+        try:
+            closed = s.recv(100) == b""
+        except OSError:
+            closed = False
+        if not closed:
+            raise SystemExit(f"FAILED: a client {what} was not disconnected after --header-timeout")
+        s.close()
+    if waited > HEADER_TIMEOUT + 10:
+        raise SystemExit(f"FAILED: a plain request waited {waited:.1f} s behind idle connections")
+    print(f"ok: idle and trickling clients holding every connection place are disconnected "
+          f"after --header-timeout; a plain request waited {waited:.1f} s")
     time.sleep(0.5)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         running = [l for l in r.read().decode().splitlines() if l.startswith("sapient:num_requests_running ")]

@@ -40,6 +40,9 @@ pub struct ServeOptions {
     pub max_connections: usize,
     /// How long running requests may take to finish after SIGTERM or Ctrl-C.
     pub shutdown_grace: Duration,
+    /// How long a client may take to send a request's head (and to start the next one on a
+    /// kept-alive connection) before it is disconnected.
+    pub header_timeout: Duration,
     /// The name `/v1/models` lists and requests must give.
     pub model_id: String,
 }
@@ -136,19 +139,66 @@ async fn http(state: Arc<api::AppState>, opts: &ServeOptions) -> Result<()> {
     );
     let stop = Arc::new(tokio::sync::Notify::new());
     let stopping = stop.clone();
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+    let server = serve_connections(listener, app, opts.header_timeout, async move {
         shutdown_signal().await;
         eprintln!("shutting down: finishing running requests");
         stopping.notify_one();
     });
     let grace = opts.shutdown_grace;
     tokio::select! {
-        served = server => served.context("the HTTP server failed"),
+        () = server => Ok(()),
         () = async { stop.notified().await; tokio::time::sleep(grace).await } => {
             eprintln!("shutdown: cancelled the requests still running after {grace:?}");
             Ok(())
         }
     }
+}
+
+/// Accepts connections and serves each with `app` until `shutdown` completes, then lets the
+/// open ones finish their requests (new requests on them are refused) and returns when all
+/// have closed. What `axum::serve` does, plus hyper's timeout on reading a request's head: a
+/// client that sends nothing, or its headers a byte at a time, is disconnected after
+/// `header_timeout` instead of holding its connection place for good.
+async fn serve_connections(
+    mut listener: listener::LimitedListener,
+    app: Router,
+    header_timeout: Duration,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    use axum::serve::Listener;
+    use tower::ServiceExt;
+
+    let (closing, closed) = tokio::sync::watch::channel(false);
+    let mut connections = tokio::task::JoinSet::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let io = tokio::select! {
+            (io, _) = listener.accept() => io,
+            () = &mut shutdown => break,
+        };
+        let app = app.clone();
+        let service = hyper::service::service_fn(move |request: hyper::Request<_>| {
+            app.clone().oneshot(request.map(axum::body::Body::new))
+        });
+        let mut closed = closed.clone();
+        connections.spawn(async move {
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(header_timeout);
+            let connection = builder.serve_connection(hyper_util::rt::TokioIo::new(io), service);
+            let mut connection = std::pin::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => return,
+                _ = closed.wait_for(|c| *c) => connection.as_mut().graceful_shutdown(),
+            }
+            let _ = connection.await;
+        });
+        // Finished connections' tasks, so that the set holds only open ones.
+        while connections.try_join_next().is_some() {}
+    }
+    let _ = closing.send(true);
+    while connections.join_next().await.is_some() {}
 }
 
 /// SIGTERM (what an orchestrator sends) or Ctrl-C.
