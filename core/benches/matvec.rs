@@ -6,7 +6,7 @@ use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use sapient_core::kernels::{panel, Activations, Kernels};
-use sapient_core::quant::Format;
+use sapient_core::quant::{ActivationFormat, Format};
 use sapient_core::Matrix;
 
 const N: usize = 4096;
@@ -17,11 +17,11 @@ fn matvec(c: &mut Criterion) {
         .collect();
     let x: Vec<f32> = (0..N).map(|i| (i as f32 * 0.37).sin()).collect();
     let k = Kernels::best();
-    let mut xq = vec![0u8; sapient_core::quant::q16::row_bytes(N)];
-    k.quantize_q16(&x, &mut xq).unwrap();
+    let (q16, q8k) = quantized(k, &x, N);
     let acts = Activations {
         f32: &x,
-        q16: Some(&xq),
+        q16: Some(&q16),
+        q8k: Some(&q8k),
         n_tok: 1,
         cols: N,
     };
@@ -86,6 +86,26 @@ fn matvec_cached(c: &mut Criterion) {
 }
 
 /// `n_tok` tokens against a `rows x cols` matrix in each of `formats`.
+/// Rows of `cols` values as Q16 and as Q8K (empty where `cols` is no multiple of 256).
+fn quantized(k: &Kernels, x: &[f32], cols: usize) -> (Vec<u8>, Vec<u8>) {
+    let mut out = [Vec::new(), Vec::new()];
+    for (to, out) in [ActivationFormat::Q16, ActivationFormat::Q8K]
+        .into_iter()
+        .zip(&mut out)
+    {
+        if !cols.is_multiple_of(to.block_len()) {
+            continue;
+        }
+        let row = to.row_bytes(cols);
+        out.resize(x.len() / cols * row, 0);
+        for (xr, qr) in x.chunks(cols).zip(out.chunks_mut(row)) {
+            k.quantize_activations(to, xr, qr).unwrap();
+        }
+    }
+    let [q16, q8k] = out;
+    (q16, q8k)
+}
+
 fn matmul_tokens(
     c: &mut Criterion,
     n_tok: usize,
@@ -97,14 +117,11 @@ fn matmul_tokens(
         .collect();
     let x: Vec<f32> = (0..n_tok * cols).map(|i| (i as f32 * 0.37).sin()).collect();
     let k = Kernels::best();
-    let row = sapient_core::quant::q16::row_bytes(cols);
-    let mut xq = vec![0u8; n_tok * row];
-    for (xr, qr) in x.chunks(cols).zip(xq.chunks_mut(row)) {
-        k.quantize_q16(xr, qr).unwrap();
-    }
+    let (q16, q8k) = quantized(k, &x, cols);
     let acts = Activations {
         f32: &x,
-        q16: Some(&xq),
+        q16: Some(&q16),
+        q8k: Some(&q8k),
         n_tok,
         cols,
     };

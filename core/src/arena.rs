@@ -26,17 +26,18 @@ const fn max(a: usize, b: usize) -> usize {
         b
     }
 }
-use crate::quant::{BlockQ16, QK};
+use crate::quant::k_quants::QK_K;
+use crate::quant::{q16, q8k, QK};
 
 /// Activation buffers for batches of up to `max_batch` tokens.
 pub struct Scratch<'a> {
     pub(crate) max_batch: usize,
     pub(crate) f: &'a mut [f32],
-    pub(crate) q16: &'a mut [u8],
+    pub(crate) quantized: &'a mut [u8],
     layout: Layout,
 }
 
-/// Lengths (in f32) of each buffer, and of the Q16 activation buffer (in bytes).
+/// Lengths (in f32) of each buffer, and of the quantized activations' buffer (in bytes).
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct Layout {
     x: usize,
@@ -50,7 +51,7 @@ struct Layout {
     rope: usize,
     tmp: usize,
     logits: usize,
-    q16: usize,
+    quantized: usize,
 }
 
 impl Layout {
@@ -72,17 +73,21 @@ impl Layout {
             logit_rows(b) * c.vocab_size,
         );
         // Q16 activations feed the quantized matrices, whose rows are whole blocks: the widest
-        // input among those that are (hidden 32 with intermediate 48 still quantizes Q, K, V).
+        // input among those that are (hidden 32 with intermediate 48 still quantizes Q, K, V);
+        // Q8K ones the k-quants, whose rows are whole super-blocks. A mat-mul whose matrices
+        // mix the two takes both, side by side.
         let inputs = [h, ff, q];
-        let mut widest = 0;
+        let (mut widest, mut widest_k) = (0, 0);
         let mut i = 0;
         while i < inputs.len() {
             if inputs[i].is_multiple_of(QK) {
                 widest = max(widest, inputs[i]);
             }
+            if inputs[i].is_multiple_of(QK_K) {
+                widest_k = max(widest_k, inputs[i]);
+            }
             i += 1;
         }
-        let blocks = b * widest / QK;
         Ok(Layout {
             x: b * h,
             xb: b * h,
@@ -96,7 +101,7 @@ impl Layout {
             tmp,
             // The last tokens of several sequences (one row when decoding alone).
             logits: logit_rows(b) * c.vocab_size,
-            q16: blocks * BlockQ16::BYTES,
+            quantized: b * (q16::row_bytes(widest) + q8k::row_bytes(widest_k)),
         })
     }
 
@@ -124,7 +129,7 @@ impl<'a> Scratch<'a> {
     /// [`Error::InvalidConfig`] if `config` is invalid or `max_batch` is zero.
     pub const fn bytes_needed(config: &Config, max_batch: usize) -> Result<usize> {
         match Layout::new(config, max_batch) {
-            Ok(l) => Ok(l.floats() * 4 + l.q16),
+            Ok(l) => Ok(l.floats() * 4 + l.quantized),
             Err(e) => Err(e),
         }
     }
@@ -137,7 +142,7 @@ impl<'a> Scratch<'a> {
     /// if `mem` is shorter than `bytes_needed`, [`Error::Misaligned`] if it is not 4-byte aligned.
     pub fn new(config: &Config, max_batch: usize, mem: &'a mut [u8]) -> Result<Self> {
         let layout = Layout::new(config, max_batch)?;
-        let needed = layout.floats() * 4 + layout.q16;
+        let needed = layout.floats() * 4 + layout.quantized;
         if mem.len() < needed {
             return Err(Error::ArenaTooSmall {
                 what: "scratch",
@@ -158,7 +163,7 @@ impl<'a> Scratch<'a> {
         Ok(Scratch {
             max_batch,
             f,
-            q16: &mut rest[..layout.q16],
+            quantized: &mut rest[..layout.quantized],
             layout,
         })
     }
@@ -201,7 +206,7 @@ impl<'a> Scratch<'a> {
             rope,
             tmp,
             logits,
-            q16: &mut *self.q16,
+            quantized: &mut *self.quantized,
         }
     }
 }
@@ -221,5 +226,6 @@ pub(crate) struct Buffers<'s> {
     /// Logits of the last tokens of up to `LOGIT_ROWS` sequences, and the row greedy decoding
     /// reads.
     pub logits: &'s mut [f32],
-    pub q16: &'s mut [u8],
+    /// The current mat-mul input as Q16 and as Q8K (`Layout::new` says how much of each).
+    pub quantized: &'s mut [u8],
 }

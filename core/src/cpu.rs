@@ -12,7 +12,7 @@ use crate::kv_cache::KvCache;
 use crate::matrix::Matrix;
 use crate::model::Model;
 use crate::ops;
-use crate::quant::q16;
+use crate::quant::ActivationFormat;
 use crate::sample;
 
 pub(crate) struct Cpu<'a, 'b, 'w, 'c, E: Exec + ?Sized> {
@@ -29,8 +29,8 @@ pub(crate) struct Cpu<'a, 'b, 'w, 'c, E: Exec + ?Sized> {
 struct MatMul<'a, E: Exec + ?Sized> {
     kernels: &'static Kernels,
     exec: &'a E,
-    /// Q16 copy of the current mat-mul input.
-    q16: &'a mut [u8],
+    /// Q16 and Q8K copies of the current mat-mul input.
+    quantized: &'a mut [u8],
     /// Mat-mul output before it is reordered per token.
     tmp: &'a mut [f32],
 }
@@ -45,7 +45,7 @@ impl<'a, 'b, 'w, 'c, E: Exec + ?Sized> Cpu<'a, 'b, 'w, 'c, E> {
         let mm = MatMul {
             kernels: model.kernels(),
             exec,
-            q16: core::mem::take(&mut b.q16),
+            quantized: core::mem::take(&mut b.quantized),
             tmp: core::mem::take(&mut b.tmp),
         };
         let logit_rows = b.logits.len() / model.config.vocab_size;
@@ -365,27 +365,39 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
                 });
             }
         }
-        let q16 = if mats.iter().any(|m| m.format.is_quantized()) {
-            let row = q16::row_bytes(cols);
-            let have = self.q16.len();
-            let q16 = self
-                .q16
-                .get_mut(..n_tok * row)
-                .ok_or(Error::ArenaTooSmall {
-                    what: "scratch (Q16 activations)",
-                    needed: n_tok * row,
-                    got: have,
-                })?;
-            for (xr, qr) in x.chunks_exact(cols).zip(q16.chunks_exact_mut(row)) {
-                self.kernels.quantize_q16(xr, qr)?;
-            }
-            Some(&*q16)
-        } else {
-            None
+        let takes = |to| {
+            mats.iter()
+                .any(|m| m.format.activation_format() == Some(to))
         };
+        let have = self.quantized.len();
+        let (mut q16, mut q8k) = (None, None);
+        let mut rest = &mut *self.quantized;
+        for (to, copy) in [
+            (ActivationFormat::Q16, &mut q16),
+            (ActivationFormat::Q8K, &mut q8k),
+        ] {
+            if !takes(to) {
+                continue;
+            }
+            let row = to.row_bytes(cols);
+            if rest.len() < n_tok * row {
+                return Err(Error::ArenaTooSmall {
+                    what: "scratch (quantized activations)",
+                    needed: have - rest.len() + n_tok * row,
+                    got: have,
+                });
+            }
+            let (buf, after) = core::mem::take(&mut rest).split_at_mut(n_tok * row);
+            rest = after;
+            for (xr, qr) in x.chunks_exact(cols).zip(buf.chunks_exact_mut(row)) {
+                self.kernels.quantize_activations(to, xr, qr)?;
+            }
+            *copy = Some(&*buf);
+        }
         let acts = Activations {
             f32: x,
             q16,
+            q8k,
             n_tok,
             cols,
         };

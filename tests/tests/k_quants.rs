@@ -206,9 +206,13 @@ fn llama_cpp_quantized_files_run_as_their_f32_weights() {
     }
 }
 
-/// Logits of every prefix of `prompt()` within Q16 activations' error of the f32 model's
-/// (normalized mean squared error under 1e-5), and the same greedy token wherever the f32
-/// model's top two are further apart than twice the largest logit error.
+/// Logits of every prefix of `prompt()` within the quantized activations' error of the f32
+/// model's, and the same greedy token wherever the f32 model's top two are further apart than
+/// twice the position's largest logit error. Q4_K, Q5_K and Q6_K take Q8K activations (`quant::q8k`:
+/// 8 bits per 256 values), which round each mat-mul input with a normalized squared error of
+/// about 4e-5 ((amax/127)²/12 over values whose largest is near 2.8 standard deviations); the
+/// logits' measured here: 1.0e-4 (random super-blocks) and 5e-5 (the Q2_K file). The bound,
+/// 1e-3, leaves ten times that; Q16 activations alone stay under 1e-5.
 fn runs_as_its_f32_weights(what: &str, k: &Model<'_>, wide: &Model<'_>) {
     let seq = prompt();
     let a = run::logits(&CpuRunner::new(k, KvFormat::F32, &Serial), &seq, true).unwrap();
@@ -220,20 +224,19 @@ fn runs_as_its_f32_weights(what: &str, k: &Model<'_>, wide: &Model<'_>) {
     }
     let nmse = err / power;
     assert!(
-        power > 0.0 && nmse < 1e-5,
+        power > 0.0 && nmse < 1e-3,
         "{what}: normalized mean squared error {nmse}"
     );
-    let max_err = a
-        .iter()
-        .flatten()
-        .zip(b.iter().flatten())
-        .map(|(x, y)| (x - y).abs())
-        .fold(0f32, f32::max);
     let mut decided = 0;
     for (p, (x, y)) in a.iter().zip(&b).enumerate() {
+        let err = x
+            .iter()
+            .zip(y)
+            .map(|(u, v)| (u - v).abs())
+            .fold(0f32, f32::max);
         let mut sorted = y.clone();
         sorted.sort_by(|u, v| v.total_cmp(u));
-        if sorted[0] - sorted[1] > 2.0 * max_err {
+        if sorted[0] - sorted[1] > 2.0 * err {
             decided += 1;
             assert_eq!(
                 sapient_core::sample::argmax(x),

@@ -4,12 +4,13 @@
 //! in a table of function pointers that is picked once from the CPU's features (`Kernels::best`).
 //!
 //! Quantized weights are multiplied with activations quantized to Q16 per 32-block (see
-//! `quant::q16` for why not ggml's Q8_0); f32, f16 and bf16 weights with f32 activations.
+//! `quant::q16` for why not ggml's Q8_0), the k-quants Q4_K, Q5_K and Q6_K with Q8K per 256
+//! (see `quant::q8k`); f32, f16 and bf16 weights with f32 activations.
 use core::ops::Range;
 
 use crate::error::{Error, Result};
 use crate::matrix::Matrix;
-use crate::quant::{self, q16, Format, QK};
+use crate::quant::{self, q16, ActivationFormat, Format, QK};
 
 #[cfg(target_arch = "aarch64")]
 pub mod aarch64;
@@ -96,8 +97,8 @@ pub struct PanelDots {
     pub rows_x8: PanelRowsX8,
 }
 
-/// One weight format's dot products with Q16 activation rows. The multi-row shapes load each
-/// activation block once for all their rows.
+/// One weight format's dot products with activation rows in its `Format::activation_format`.
+/// The multi-row shapes load each activation block once for all their rows.
 pub struct QuantDots {
     /// One weight row · one activation row.
     pub one: fn(&[u8], &[u8]) -> f32,
@@ -121,6 +122,8 @@ pub struct Kernels {
     pub quantize_q8_0: fn(&[f32], &mut [u8]),
     /// Quantizes a row of activations to Q16, bit-exact with the reference quantizer.
     pub quantize_q16: fn(&[f32], &mut [u8]),
+    /// Quantizes a row of activations to Q8K, bit-exact with the reference quantizer.
+    pub quantize_q8k: fn(&[f32], &mut [u8]),
     /// Q8_0 weights · Q16 activations.
     pub q8_0: QuantDots,
     /// Q4_0 weights · Q16 activations.
@@ -135,11 +138,14 @@ pub struct Kernels {
     pub q2_k: QuantDots,
     /// Q3_K weights · Q16 activations.
     pub q3_k: QuantDots,
-    /// Q4_K weights · Q16 activations.
+    /// Q4_K weights · Q8K activations (an exact integer sum per super-block: every table
+    /// gives the scalar one's bits).
     pub q4_k: QuantDots,
-    /// Q5_K weights · Q16 activations.
+    /// Q5_K weights · Q8K activations (an exact integer sum per super-block: every table
+    /// gives the scalar one's bits).
     pub q5_k: QuantDots,
-    /// Q6_K weights · Q16 activations.
+    /// Q6_K weights · Q8K activations (an exact integer sum per super-block: every table
+    /// gives the scalar one's bits).
     pub q6_k: QuantDots,
     /// f32 weights (little-endian bytes) · f32 activations.
     pub dot_f32: fn(&[u8], &[f32]) -> f32,
@@ -254,16 +260,45 @@ impl Kernels {
         Ok(())
     }
 
+    /// Quantizes `x` (a multiple of 256 long) to Q8K in `out`.
+    ///
+    /// # Errors
+    /// [`Error::NotBlockMultiple`] if `x` is not whole blocks, [`Error::Length`] if `out` is not
+    /// their size.
+    pub fn quantize_q8k(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
+        Format::Q4K.row_bytes(x.len())?;
+        expect_len("Q8K output", quant::q8k::row_bytes(x.len()), out.len())?;
+        (self.quantize_q8k)(x, out);
+        Ok(())
+    }
+
+    /// Quantizes `x` (whole blocks) to `to` in `out`.
+    ///
+    /// # Errors
+    /// As `quantize_q16` and `quantize_q8k`.
+    pub fn quantize_activations(
+        &self,
+        to: ActivationFormat,
+        x: &[f32],
+        out: &mut [u8],
+    ) -> Result<()> {
+        match to {
+            ActivationFormat::Q16 => self.quantize_q16(x, out),
+            ActivationFormat::Q8K => self.quantize_q8k(x, out),
+        }
+    }
+
     /// Dot product of one weight row stored in a quantized `format` with one row of
-    /// Q16 activations of the same length.
+    /// activations of the same length in the format's `activation_format`.
     ///
     /// # Errors
     /// [`Error::UnsupportedFormat`] for a format that is not quantized; a length error if `w` is not
-    /// whole blocks or `x` is not the same number of Q16 blocks.
+    /// whole blocks or `x` is not the same number of activation blocks.
     pub fn dot_quantized(&self, format: Format, w: &[u8], x: &[u8]) -> Result<f32> {
         let dots = self.dots(format)?;
         let n = expect_quantized_row(format, w.len())?;
-        expect_len("Q16 activations", q16::row_bytes(n), x.len())?;
+        let acts = activation_format(format)?;
+        expect_len(acts.name(), acts.row_bytes(n), x.len())?;
         Ok((dots.one)(w, x))
     }
 
@@ -426,12 +461,17 @@ impl Kernels {
             | Format::Q5K
             | Format::Q6K => {
                 let dots = self.dots(w.format)?;
-                let q = x.q16.ok_or(Error::UnsupportedFormat {
-                    what: "mat-mul without Q16 activations",
+                let acts = activation_format(w.format)?;
+                let q = match acts {
+                    ActivationFormat::Q16 => x.q16,
+                    ActivationFormat::Q8K => x.q8k,
+                }
+                .ok_or(Error::UnsupportedFormat {
+                    what: "mat-mul without its quantized activations",
                     format: w.format,
                 })?;
-                let xb = q16::row_bytes(x.cols);
-                expect_len("Q16 activations", xb * x.n_tok, q.len())?;
+                let xb = acts.row_bytes(x.cols);
+                expect_len(acts.name(), xb * x.n_tok, q.len())?;
                 let x1 = |t: usize| &q[(toks.start + t) * xb..(toks.start + t + 1) * xb];
                 if let Some(kernels) = &dots.panel {
                     if x.n_tok >= PANEL_MIN_TOKENS {
@@ -541,18 +581,29 @@ fn tile(
     }
 }
 
-/// `n_tok` rows of activations, each `cols` long: always as f32, and as Q16 when a quantized
-/// weight will consume them.
+/// `n_tok` rows of activations, each `cols` long: always as f32, and as Q16 or Q8K when a
+/// quantized weight will consume them.
 #[derive(Clone, Copy)]
 pub struct Activations<'a> {
     /// The rows as f32 (`n_tok × cols`).
     pub f32: &'a [f32],
-    /// The same rows as Q16 blocks, for quantized weights (`None` if the caller has none).
+    /// The same rows as Q16 blocks, for the formats that take them (`None` if the caller has
+    /// none).
     pub q16: Option<&'a [u8]>,
+    /// The same rows as Q8K blocks, for the k-quants (`None` if the caller has none).
+    pub q8k: Option<&'a [u8]>,
     /// Rows (tokens).
     pub n_tok: usize,
     /// Values per row.
     pub cols: usize,
+}
+
+/// The activation format of a quantized `format`.
+fn activation_format(format: Format) -> Result<ActivationFormat> {
+    format.activation_format().ok_or(Error::UnsupportedFormat {
+        what: "quantized dot product",
+        format,
+    })
 }
 
 /// Whole Q8_0 blocks in the shortest of `rows` (0 for none): what an axpy kernel may read.

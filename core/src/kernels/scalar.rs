@@ -4,9 +4,10 @@
 //! shortest argument holds. The checked entry points in `kernels` reject mismatched lengths
 //! before calling into any table.
 use super::{Kernels, QuantDots, AXPY_ROWS};
+use crate::quant::k_quants::BLOCKS_PER_SUPER;
 use crate::quant::{
-    f16_at, quantize_blocks, Block, BlockQ16, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1,
-    BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, KBlock, QK,
+    f16_at, q8k, quantize_blocks, Block, BlockQ16, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0,
+    BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, KBlock, QK,
 };
 
 /// The scalar table.
@@ -17,6 +18,7 @@ pub(super) const TABLE: Kernels = Kernels {
     name: "scalar",
     quantize_q8_0: quantize_blocks::<BlockQ8_0>,
     quantize_q16: quantize_blocks::<BlockQ16>,
+    quantize_q8k: q8k::quantize_row,
     q8_0: dots::<BlockQ8_0>(),
     q4_0: dots::<BlockQ4_0>(),
     q4_1: dots::<BlockQ4_1>(),
@@ -24,9 +26,9 @@ pub(super) const TABLE: Kernels = Kernels {
     q5_1: dots::<BlockQ5_1>(),
     q2_k: dots::<BlockQ2K>(),
     q3_k: dots::<BlockQ3K>(),
-    q4_k: dots::<BlockQ4K>(),
-    q5_k: dots::<BlockQ5K>(),
-    q6_k: dots::<BlockQ6K>(),
+    q4_k: q8k_dots::<BlockQ4K>(),
+    q5_k: q8k_dots::<BlockQ5K>(),
+    q6_k: q8k_dots::<BlockQ6K>(),
     dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
     dot_f32_x4: dot_f32::<4>,
     dot_f16: |w, x| dot_f16::<1>(w, [x])[0],
@@ -46,6 +48,60 @@ pub(super) const fn dots<W: Unpack>() -> QuantDots {
         rows2x4: |w, x| w.map(|w| dot::<W, 4>(w, x)),
         panel: None,
     }
+}
+
+/// The dots of a k-quant against Q8K activations.
+pub(super) const fn q8k_dots<K: KBlock>() -> QuantDots {
+    QuantDots {
+        one: |w, x| dot_q8k::<K, 1>(w, [x])[0],
+        x4: dot_q8k::<K, 4>,
+        rows4: |w, x| w.map(|w| dot_q8k::<K, 1>(w, [x])[0]),
+        rows2x4: |w, x| w.map(|w| dot_q8k::<K, 4>(w, x)),
+        panel: None,
+    }
+}
+
+/// K-quant weights (Q4_K, Q5_K, Q6_K) · N rows of Q8K activations. Per super-block, two exact
+/// integer sums: `isum = Σ_j Σ_half scale · Σ q·x` over its blocks' halves (the two halves
+/// share the block's scale but in Q6_K) and, with minimums, `msum = Σ_j min_j · Σ_block x`;
+/// then `q8k_step`.
+pub fn dot_q8k<K: KBlock, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+    debug_assert!(!K::HALF_MINS, "Q2_K takes Q16 activations");
+    let ns = xs
+        .iter()
+        .fold(w.len() / K::BYTES, |n, x| n.min(x.len() / BlockQ8K::BYTES));
+    let mut acc = [0f32; N];
+    for (s, sb) in w.chunks_exact(K::BYTES).take(ns).enumerate() {
+        let (d, dmin) = (f16_at(&sb[K::F16_AT.0..]), f16_at(&sb[K::F16_AT.1..]));
+        let (scales, m) = K::unit_ints(sb);
+        let half_scales = if K::HALF_SCALES { m } else { scales };
+        let quants: [[i32; QK]; BLOCKS_PER_SUPER] = core::array::from_fn(|j| K::block(sb, j).2);
+        for (a, x) in acc.iter_mut().zip(&xs) {
+            let xb = BlockQ8K::read(&x[s * BlockQ8K::BYTES..]);
+            let (mut isum, mut msum) = (0i32, 0i32);
+            for (j, q) in quants.iter().enumerate() {
+                let xq = &xb.qs[QK * j..][..QK];
+                let half = |h: usize| -> i32 {
+                    (h * QK / 2..(h + 1) * QK / 2)
+                        .map(|i| q[i] * xq[i] as i32)
+                        .sum()
+                };
+                isum += scales[j] as i32 * half(0) + half_scales[j] as i32 * half(1);
+                if K::HAS_MIN {
+                    msum += m[j] as i32 * (xb.sums[2 * j] as i32 + xb.sums[2 * j + 1] as i32);
+                }
+            }
+            *a += q8k_step(d, dmin, xb.d, isum, msum);
+        }
+    }
+    acc
+}
+
+/// One super-block's contribution from its integer sums (see `dot_q8k`): `(d·dx)·isum −
+/// (dmin·dx)·msum`, in this order, which every kernel follows for the same bits.
+#[inline(always)]
+pub fn q8k_step(d: f32, dmin: f32, dx: f32, isum: i32, msum: i32) -> f32 {
+    (d * dx) * isum as f32 - (dmin * dx) * msum as f32
 }
 
 /// A weight block as integers: `value[j] = d · q[j] + m`, or with `HALF_SCALES`

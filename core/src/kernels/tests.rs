@@ -8,7 +8,8 @@ use proptest::prelude::*;
 use super::*;
 use crate::quant::test_data::{array_rmse, ggml_signal};
 use crate::quant::{
-    dequantize_blocks, dequantize_row, q16, quantize_blocks, quantize_row, BlockQ16,
+    dequantize_blocks, dequantize_row, q16, q8k, quantize_blocks, quantize_row, ActivationFormat,
+    BlockQ16, BlockQ8K,
 };
 
 /// A row of `format` made from `x`: the reference quantizer's bytes, or for the k-quants (which
@@ -85,6 +86,45 @@ fn q16_row(x: &[f32]) -> Vec<u8> {
     q
 }
 
+/// Activations for weights in `format`, as the reference quantizer of its activation format
+/// gives them.
+fn acts_row(format: Format, x: &[f32]) -> Vec<u8> {
+    match format.activation_format() {
+        Some(ActivationFormat::Q8K) => {
+            let mut q = vec![0u8; q8k::row_bytes(x.len())];
+            q8k::quantize_row(x, &mut q);
+            q
+        }
+        _ => q16_row(x),
+    }
+}
+
+/// The values of `n` activations quantized for weights in `format`.
+fn acts_values(format: Format, x: &[u8], n: usize) -> Vec<f32> {
+    let mut v = vec![0f32; n];
+    match format.activation_format() {
+        Some(ActivationFormat::Q8K) => {
+            for (b, out) in x
+                .chunks_exact(BlockQ8K::BYTES)
+                .zip(v.chunks_exact_mut(quant::k_quants::QK_K))
+            {
+                let b = BlockQ8K::read(b);
+                for (o, q) in out.iter_mut().zip(b.qs) {
+                    *o = b.d * q as f32;
+                }
+            }
+        }
+        _ => dequantize_blocks::<BlockQ16>(x, &mut v),
+    }
+    v
+}
+
+/// Whether `format`'s dots are exact integer sums scaled in one order, so that every table and
+/// tile shape must give the scalar bits (the k-quants with Q8K activations).
+fn exact(format: Format) -> bool {
+    format.activation_format() == Some(ActivationFormat::Q8K)
+}
+
 /// Values spanning tiny, ordinary and huge magnitudes, and exact zeros.
 fn values(len: usize) -> impl Strategy<Value = Vec<f32>> {
     let v = prop_oneof![
@@ -120,8 +160,7 @@ fn abs_dot(format: Format, w: &[u8], x: &[u8], n: usize) -> f32 {
         }
         sum
     }
-    let mut xs = vec![0f32; n];
-    dequantize_blocks::<BlockQ16>(x, &mut xs);
+    let xs = acts_values(format, x, n);
     match format {
         Format::Q8_0 => terms::<quant::BlockQ8_0>(w, &xs),
         Format::Q4_0 => terms::<quant::BlockQ4_0>(w, &xs),
@@ -230,15 +269,31 @@ proptest! {
         }
     }
 
+    /// The SIMD Q8K quantizer is bit-exact with the reference, NaN and infinities included.
+    #[test]
+    #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
+    fn quantize_q8k_is_bit_exact(blocks in 1usize..4, x in values(4 * 256), specials in proptest::collection::vec((0usize..1024, prop_oneof![Just(f32::NAN), Just(f32::INFINITY), Just(f32::NEG_INFINITY), Just(-0.0f32), Just(f32::MIN_POSITIVE / 4.0)]), 0..4)) {
+        for k in simd_tables() {
+            let mut x = x[..blocks * 256].to_vec();
+            for &(i, v) in &specials {
+                if i < x.len() { x[i] = v; }
+            }
+            let reference = acts_row(Format::Q4K, &x);
+            let mut simd = vec![0u8; reference.len()];
+            k.quantize_q8k(&x, &mut simd).unwrap();
+            prop_assert_eq!(simd, reference);
+        }
+    }
+
     /// Each quantized dot shape agrees with the scalar reference within 1e-5 of Σ|w·x|: both add
-    /// the same per-block integer sums, only in another order.
+    /// the same per-block integer sums, only in another order; with Q8K activations, bit for bit.
     #[test]
     #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
     fn quantized_dots_match_scalar(blocks in 1usize..20, w in values(20 * 32), xs in proptest::collection::vec(values(20 * 32), TILE)) {
         for k in simd_tables() {
             for format in QUANTIZED {
                 let n = row_len(format, blocks);
-                let xq: Vec<Vec<u8>> = xs.iter().map(|x| q16_row(&x[..n])).collect();
+                let xq: Vec<Vec<u8>> = xs.iter().map(|x| acts_row(format, &x[..n])).collect();
                 let xs = core::array::from_fn(|i| xq[i].as_slice());
                 // Four rows: these weights and others made from them.
                 let wq: Vec<Vec<u8>> = [1.0, -0.5, 2.0, 0.25].iter().map(|k| {
@@ -253,8 +308,22 @@ proptest! {
                 for (t, x) in xq.iter().enumerate() {
                     for (r, wr) in wq.iter().enumerate() {
                         let s = Kernels::scalar().dot_quantized(format, wr, x).unwrap();
+                        let one = k.dot_quantized(format, wr, x).unwrap();
+                        if exact(format) {
+                            let mut got = vec![one, quads[t][r]];
+                            if r < 2 {
+                                got.push(pair[r][t]);
+                            }
+                            if r == 0 {
+                                got.push(x4[t]);
+                            }
+                            for v in got {
+                                prop_assert_eq!(v.to_bits(), s.to_bits(), "{} {} r{} t{}", k.name, format, r, t);
+                            }
+                            continue;
+                        }
                         let bound = 1e-5 * abs_dot(format, wr, x, n) + f32::MIN_POSITIVE;
-                        close(s, k.dot_quantized(format, wr, x).unwrap(), bound)?;
+                        close(s, one, bound)?;
                         close(s, quads[t][r], bound)?;
                         if r < 2 {
                             close(s, pair[r][t], bound)?;
@@ -298,10 +367,7 @@ proptest! {
                     Format::Q5_1 => panel::pack_ref::<quant::BlockQ5_1>(&panel, 0, &mut reference),
                     Format::Q2K => panel::pack_ref::<quant::BlockQ2K>(&panel, 0, &mut reference),
                     Format::Q3K => panel::pack_ref::<quant::BlockQ3K>(&panel, 0, &mut reference),
-                    Format::Q4K => panel::pack_ref::<quant::BlockQ4K>(&panel, 0, &mut reference),
-                    Format::Q5K => panel::pack_ref::<quant::BlockQ5K>(&panel, 0, &mut reference),
-                    Format::Q6K => panel::pack_ref::<quant::BlockQ6K>(&panel, 0, &mut reference),
-                    other => unreachable!("{other} is not quantized"),
+                    other => unreachable!("{other} has no panel kernels"),
                 }
                 prop_assert!(packed == reference, "{format}: packing differs");
 
@@ -401,22 +467,34 @@ proptest! {
         }
     }
 
-    /// Q16 activations cost next to nothing in accuracy: a quantized dot is within 1e-4 of
-    /// Σ|w·x| of the f32 dot of the (dequantized) weights with the unquantized activations.
+    /// Quantized activations cost what their rounding allows: with Q16 next to nothing (a
+    /// quantized dot within 1e-4 of Σ|w·x| of the f32 dot of the dequantized weights with the
+    /// unquantized activations); with Q8K at most half a step of each super-block's activations
+    /// times Σ|w| over it (plus 1e-5 of Σ|w·x| for the float sums).
     #[test]
     #[cfg_attr(miri, ignore = "too slow under Miri; run natively")]
-    fn q16_dots_track_f32_activations(blocks in 1usize..20, w in proptest::collection::vec(-4f32..4.0, 20 * 32), x in proptest::collection::vec(-30f32..30.0, 20 * 32)) {
+    fn quantized_dots_track_f32_activations(blocks in 1usize..20, w in proptest::collection::vec(-4f32..4.0, 20 * 32), x in proptest::collection::vec(-30f32..30.0, 20 * 32)) {
         for format in QUANTIZED {
             let n = row_len(format, blocks);
-            let xq = q16_row(&x[..n]);
+            let xq = acts_row(format, &x[..n]);
             let wq = quantized(format, &w[..n]);
             let mut wd = vec![0f32; n];
             dequantize_row(format, &wq, &mut wd).unwrap();
             let exact: f64 = wd.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
             let scale: f64 = wd.iter().zip(&x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+            let bound = match format.activation_format() {
+                Some(ActivationFormat::Q8K) => {
+                    let steps = xq.chunks_exact(BlockQ8K::BYTES).map(|b| BlockQ8K::read(b).d as f64);
+                    let rounding: f64 = wd.chunks(quant::k_quants::QK_K).zip(steps)
+                        .map(|(w, d)| d / 2.0 * w.iter().map(|v| v.abs() as f64).sum::<f64>())
+                        .sum();
+                    rounding + 1e-5 * scale + 1e-6
+                }
+                _ => 1e-4 * scale + 1e-6,
+            };
             for k in core::iter::once(Kernels::scalar()).chain(simd_tables()) {
                 let got = k.dot_quantized(format, &wq, &xq).unwrap() as f64;
-                prop_assert!((got - exact).abs() <= 1e-4 * scale + 1e-6, "{} {format}: {got} vs {exact}", k.name);
+                prop_assert!((got - exact).abs() <= bound, "{} {format}: {got} vs {exact}", k.name);
             }
         }
     }
@@ -563,6 +641,17 @@ fn mismatched_lengths_are_errors() {
     assert!(k.quantize_q8_0(&[0.0; 33], &mut [0u8; 34]).is_err());
     assert!(k.quantize_q16(&[0.0; 33], &mut [0u8; 72]).is_err());
     assert!(k.quantize_q16(&[0.0; 32], &mut [0u8; 71]).is_err());
+    assert!(k.quantize_q8k(&[0.0; 255], &mut [0u8; 292]).is_err());
+    assert!(k.quantize_q8k(&[0.0; 256], &mut [0u8; 291]).is_err());
+    // A k-quant row with Q16 activations of its length: the wrong format, so the wrong size.
+    let w = vec![0u8; Format::Q4K.block_bytes()];
+    assert!(matches!(
+        k.dot_quantized(Format::Q4K, &w, &q16_row(&[0.0; 256])),
+        Err(Error::Length {
+            what: "Q8K activations",
+            ..
+        })
+    ));
     assert!(k.dot_f32_bytes(&[0u8; 8], &[1.0]).is_err());
     assert!(k.dot_f16_bytes(&[0u8; 8], &[1.0]).is_err());
     let row: &[u8] = &[0u8; 34];
@@ -607,6 +696,7 @@ fn faults_name_what_is_wrong() {
     let acts = Activations {
         f32: &[0.5; 32],
         q16: Some(&xq),
+        q8k: None,
         n_tok: 1,
         cols: 32,
     };
@@ -639,11 +729,15 @@ fn matmul_rows_equals_row_dots() {
     let x: Vec<f32> = (0..n_tok * cols)
         .map(|i| libm::cosf(i as f32 * 0.11))
         .collect();
-    let xq: Vec<u8> = x.chunks(cols).flat_map(q16_row).collect();
-    let xb = q16::row_bytes(cols);
+    let q16: Vec<u8> = x.chunks(cols).flat_map(q16_row).collect();
+    let q8k: Vec<u8> = x
+        .chunks(cols)
+        .flat_map(|r| acts_row(Format::Q4K, r))
+        .collect();
     let acts = Activations {
         f32: &x,
-        q16: Some(&xq),
+        q16: Some(&q16),
+        q8k: Some(&q8k),
         n_tok,
         cols,
     };
@@ -668,7 +762,11 @@ fn matmul_rows_equals_row_dots() {
         Kernels::best().matmul_rows(&m, &acts, 1, &mut out).unwrap();
         for r in 1..rows {
             for t in 0..n_tok {
-                let expected = if format.is_quantized() {
+                let expected = if let Some(to) = format.activation_format() {
+                    let (xq, xb) = match to {
+                        ActivationFormat::Q16 => (&q16, q16::row_bytes(cols)),
+                        ActivationFormat::Q8K => (&q8k, q8k::row_bytes(cols)),
+                    };
                     Kernels::scalar()
                         .dot_quantized(format, m.row(r), &xq[t * xb..(t + 1) * xb])
                         .unwrap()
@@ -764,8 +862,8 @@ fn tile_shapes_agree_bit_for_bit() {
                 .collect()
         })
         .collect();
-    let xq: Vec<Vec<u8>> = toks.iter().map(|x| q16_row(x)).collect();
     for format in QUANTIZED {
+        let xq: Vec<Vec<u8>> = toks.iter().map(|x| acts_row(format, x)).collect();
         let dots = Kernels::best().dots(format).unwrap();
         let wq: Vec<Vec<u8>> = rows.iter().map(|w| quantized(format, w)).collect();
         let w4: [&[u8]; 4] = core::array::from_fn(|r| wq[r].as_slice());
@@ -795,10 +893,9 @@ fn scalar_dots_are_the_dequantized_dots() {
     let x: Vec<f32> = (0..n)
         .map(|i| libm::cosf(i as f32 * 0.11) * 4.0 + 0.5)
         .collect();
-    let xq = q16_row(&x);
-    let mut xd = vec![0f32; n];
-    dequantize_blocks::<BlockQ16>(&xq, &mut xd);
     for format in QUANTIZED {
+        let xq = acts_row(format, &x);
+        let xd = acts_values(format, &xq, n);
         let wq = quantized(format, &w);
         let mut wd = vec![0f32; n];
         dequantize_row(format, &wq, &mut wd).unwrap();
@@ -825,11 +922,16 @@ fn batch_size_changes_no_result() {
     let x: Vec<f32> = (0..n_tok * cols)
         .map(|i| libm::cosf(i as f32 * 0.11) * 4.0)
         .collect();
-    let xq: Vec<u8> = x.chunks(cols).flat_map(q16_row).collect();
-    let xb = q16::row_bytes(cols);
+    let q16: Vec<u8> = x.chunks(cols).flat_map(q16_row).collect();
+    let q8k: Vec<u8> = x
+        .chunks(cols)
+        .flat_map(|r| acts_row(Format::Q4K, r))
+        .collect();
+    let (b16, b8k) = (q16::row_bytes(cols), q8k::row_bytes(cols));
     let acts = |t0: usize, n: usize| Activations {
         f32: &x[t0 * cols..(t0 + n) * cols],
-        q16: Some(&xq[t0 * xb..(t0 + n) * xb]),
+        q16: Some(&q16[t0 * b16..(t0 + n) * b16]),
+        q8k: Some(&q8k[t0 * b8k..(t0 + n) * b8k]),
         n_tok: n,
         cols,
     };
@@ -909,15 +1011,13 @@ fn x86_axpy_tables_agree_bit_for_bit() {
 fn x86_tables_agree_bit_for_bit() {
     let n = 8 * 32;
     let w: Vec<f32> = (0..n).map(|i| libm::sinf(i as f32 * 0.37) * 5.0).collect();
-    let xq: Vec<Vec<u8>> = (0..TILE)
+    let toks: Vec<Vec<f32>> = (0..TILE)
         .map(|t| {
-            let x: Vec<f32> = (0..n)
+            (0..n)
                 .map(|i| libm::cosf((i + 7 * t) as f32 * 0.11) * 3.0)
-                .collect();
-            q16_row(&x)
+                .collect()
         })
         .collect();
-    let x4: [&[u8]; TILE] = core::array::from_fn(|t| xq[t].as_slice());
     let tables: Vec<(bool, &Kernels)> = Kernels::simd_tables()
         .iter()
         .map(|(k, runs)| (runs(), *k))
@@ -927,6 +1027,8 @@ fn x86_tables_agree_bit_for_bit() {
         not_tested("AVX-VNNI and AVX-512 (compared with AVX2)");
     }
     for format in QUANTIZED {
+        let xq: Vec<Vec<u8>> = toks.iter().map(|x| acts_row(format, x)).collect();
+        let x4: [&[u8]; TILE] = core::array::from_fn(|t| xq[t].as_slice());
         let wq = quantized(format, &w);
         let wq2: Vec<u8> = quantized(format, &w.iter().map(|v| -v).collect::<Vec<_>>());
         let results: Vec<[[u32; TILE]; 2]> = tables
@@ -939,6 +1041,9 @@ fn x86_tables_agree_bit_for_bit() {
             .collect();
         for r in &results {
             assert_eq!(*r, results[0], "{format}");
+        }
+        if Kernels::best().dots(format).unwrap().panel.is_none() {
+            continue;
         }
         let panel: [&[u8]; panel::PANEL] = core::array::from_fn(|r| [&wq, &wq2][r % 2].as_slice());
         let packed_rows = panel.map(Some);

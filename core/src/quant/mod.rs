@@ -17,6 +17,7 @@ pub mod q4_1;
 pub mod q5_0;
 pub mod q5_1;
 pub mod q8_0;
+pub mod q8k;
 
 pub use k_quants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, KBlock};
 pub use q16::BlockQ16;
@@ -25,6 +26,7 @@ pub use q4_1::BlockQ4_1;
 pub use q5_0::BlockQ5_0;
 pub use q5_1::BlockQ5_1;
 pub use q8_0::BlockQ8_0;
+pub use q8k::BlockQ8K;
 
 /// Values per block of every quantized format here.
 pub const QK: usize = 32;
@@ -98,6 +100,41 @@ pub enum Format {
     Q6K,
 }
 
+/// The quantized form of the activations a quantized weight multiplies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActivationFormat {
+    /// 16-bit quants per 32 values (`q16`).
+    Q16,
+    /// 8-bit quants per 256 values with sums per 16 (`q8k`).
+    Q8K,
+}
+
+impl ActivationFormat {
+    /// Values per block.
+    pub const fn block_len(self) -> usize {
+        match self {
+            ActivationFormat::Q16 => QK,
+            ActivationFormat::Q8K => k_quants::QK_K,
+        }
+    }
+
+    /// The format's name, as error messages give it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            ActivationFormat::Q16 => "Q16 activations",
+            ActivationFormat::Q8K => "Q8K activations",
+        }
+    }
+
+    /// Bytes of `n` values (whole blocks only).
+    pub const fn row_bytes(self, n: usize) -> usize {
+        match self {
+            ActivationFormat::Q16 => q16::row_bytes(n),
+            ActivationFormat::Q8K => q8k::row_bytes(n),
+        }
+    }
+}
+
 impl Format {
     /// Values per block (1 for the float formats).
     pub const fn block_len(self) -> usize {
@@ -129,6 +166,16 @@ impl Format {
     /// Whether values come in blocks with scales (not a float format).
     pub const fn is_quantized(self) -> bool {
         self.block_len() > 1
+    }
+
+    /// The format the activations of a quantized weight in this format take (see `q8k` for why
+    /// the k-quants differ); `None` for the float formats, which take f32.
+    pub const fn activation_format(self) -> Option<ActivationFormat> {
+        match self {
+            Format::F32 | Format::F16 | Format::BF16 => None,
+            Format::Q4K | Format::Q5K | Format::Q6K => Some(ActivationFormat::Q8K),
+            _ => Some(ActivationFormat::Q16),
+        }
     }
 
     /// Byte offsets of the f16 scales (and minimums) in each block of a quantized format; the

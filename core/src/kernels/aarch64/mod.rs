@@ -6,17 +6,20 @@
 //!
 //! Split by concern, as the x86 kernels are: this file builds the table; `unpack` turns each
 //! format's blocks into signed bytes and scales; `quants` holds the quantizers and the quantized
-//! dots (with `sdot` or without); `axpy` attention's sum over V; `float` the f32 and bf16 dots.
+//! dots (with `sdot` or without); `kquants` the k-quants' dots with Q8K activations; `axpy`
+//! attention's sum over V; `float` the f32 and bf16 dots.
 //! A new format is an `Unpack` impl and a table entry.
 use core::arch::aarch64::*;
 
 mod axpy;
 mod float;
+mod kquants;
 mod quants;
 mod unpack;
 
 use axpy::*;
 use float::*;
+use kquants::*;
 use quants::*;
 use unpack::*;
 
@@ -35,6 +38,7 @@ pub(super) static KERNELS: Kernels = Kernels {
     },
     quantize_q8_0,
     quantize_q16,
+    quantize_q8k: crate::quant::q8k::quantize_row,
     q8_0: dots::<BlockQ8_0>(),
     q4_0: dots::<BlockQ4_0>(),
     q4_1: dots::<BlockQ4_1>(),
@@ -42,9 +46,9 @@ pub(super) static KERNELS: Kernels = Kernels {
     q5_1: dots::<BlockQ5_1>(),
     q2_k: dots::<BlockQ2K>(),
     q3_k: dots::<BlockQ3K>(),
-    q4_k: dots::<BlockQ4K>(),
-    q5_k: dots::<BlockQ5K>(),
-    q6_k: dots::<BlockQ6K>(),
+    q4_k: q8k_dots::<BlockQ4K>(),
+    q5_k: q8k_dots::<BlockQ5K>(),
+    q6_k: q8k_dots::<BlockQ6K>(),
     dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
     dot_f32_x4: dot_f32::<TILE>,
     // NEON's f16 conversions need `float16x4_t`, still unstable in Rust: the scalar loop.
@@ -63,6 +67,16 @@ const fn dots<W: Unpack>() -> QuantDots {
         x4: dot::<W, TILE>,
         rows4: |w, x| w.map(|w| dot::<W, 1>(w, [x])[0]),
         rows2x4: |w, x| w.map(|w| dot::<W, TILE>(w, x)),
+        panel: None,
+    }
+}
+
+const fn q8k_dots<K: Unpack + KBlock>() -> QuantDots {
+    QuantDots {
+        one: |w, x| dot_q8k::<K, 1>(w, [x])[0],
+        x4: dot_q8k::<K, TILE>,
+        rows4: |w, x| w.map(|w| dot_q8k::<K, 1>(w, [x])[0]),
+        rows2x4: |w, x| w.map(|w| dot_q8k::<K, TILE>(w, x)),
         panel: None,
     }
 }

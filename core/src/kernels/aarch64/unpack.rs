@@ -11,7 +11,7 @@ pub(super) trait Unpack {
     const UNIT: usize = 1;
     /// Whether the block has a minimum whose term `m·(dx·Σq)` is added.
     const HAS_MIN: bool = false;
-    /// Whether the "minimum" is the scale of the block's second half instead (Q6_K).
+    /// Whether the "minimum" is the scale of the block's second half instead (Q6_K, Q3_K, Q2_K).
     const HALF_SCALES: bool = false;
     /// Whether each half also has a minimum (Q2_K, with `HALF_SCALES`).
     const HALF_MINS: bool = false;

@@ -5,7 +5,8 @@
 //!
 //! Split by concern, as ggml-cpu's `arch/x86`: this file detects the CPU's features and builds
 //! the tables (and holds the register helpers all share); `unpack` turns each format's blocks
-//! into `i16` quants and scales; `quants` holds the quantizers and the one-row dots; `panel` the
+//! into `i16` quants and scales; `quants` holds the quantizers and the one-row dots; `kquants`
+//! the k-quants' bytes and their dots with Q8K activations; `panel` the
 //! packing, the many-token panel kernels and their decoding twin; `axpy` attention's sum over V;
 //! `float` the f32/f16 dots and element-wise kernels. A new format is an `Unpack` impl and a
 //! table entry.
@@ -13,12 +14,14 @@ use core::arch::x86_64::*;
 
 mod axpy;
 mod float;
+mod kquants;
 mod panel;
 mod quants;
 mod unpack;
 
 use axpy::*;
 use float::*;
+use kquants::*;
 use panel::*;
 use quants::*;
 use unpack::*;
@@ -27,10 +30,10 @@ use super::panel::{
     PANEL, PANEL_BLOCK_BYTES, PANEL_QUANTS, X8, X8_BLOCK_BYTES, X8_QUANTS, X8_ROWS,
 };
 use super::{Kernels, PanelAcc, PanelDots, PanelRows, QuantDots, TILE};
-use crate::quant::k_quants::BLOCKS_PER_SUPER;
+use crate::quant::k_quants::{BLOCKS_PER_SUPER, QK_K};
 use crate::quant::{
     BlockQ16, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
-    BlockQ6K, BlockQ8_0, KBlock, QK,
+    BlockQ6K, BlockQ8K, BlockQ8_0, KBlock, QK,
 };
 
 // cpufeatures also checks that the OS saves the AVX registers; it does not know F16C.
@@ -77,6 +80,7 @@ const fn table<const ISA: u8>(name: &'static str) -> Kernels {
         name,
         quantize_q8_0,
         quantize_q16,
+        quantize_q8k,
         q8_0: dots::<BlockQ8_0, ISA>(),
         q4_0: dots::<BlockQ4_0, ISA>(),
         q4_1: dots::<BlockQ4_1, ISA>(),
@@ -84,9 +88,9 @@ const fn table<const ISA: u8>(name: &'static str) -> Kernels {
         q5_1: dots::<BlockQ5_1, ISA>(),
         q2_k: dots::<BlockQ2K, ISA>(),
         q3_k: dots::<BlockQ3K, ISA>(),
-        q4_k: dots::<BlockQ4K, ISA>(),
-        q5_k: dots::<BlockQ5K, ISA>(),
-        q6_k: dots::<BlockQ6K, ISA>(),
+        q4_k: q8k_dots::<BlockQ4K, ISA>(),
+        q5_k: q8k_dots::<BlockQ5K, ISA>(),
+        q6_k: q8k_dots::<BlockQ6K, ISA>(),
         dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
         dot_f32_x4: dot_f32::<TILE>,
         dot_f16: |w, x| dot_f16::<1>(w, [x])[0],
@@ -113,6 +117,18 @@ const fn dots<W: Unpack, const ISA: u8>() -> QuantDots {
             transpose_x8,
             rows_x8: rows_x8::<W, ISA>,
         }),
+    }
+}
+
+/// The dots of a k-quant against Q8K activations (no panel: every tile shape gives the same
+/// bits, and one super-block's integer work is small enough per token).
+const fn q8k_dots<K: KBytes, const ISA: u8>() -> QuantDots {
+    QuantDots {
+        one: |w, x| dot_q8k::<K, 1, 1, ISA>([w], [x])[0][0],
+        x4: |w, xs| dot_q8k::<K, 1, TILE, ISA>([w], xs)[0],
+        rows4: |w, x| dot_q8k::<K, 4, 1, ISA>(w, [x]).map(|r| r[0]),
+        rows2x4: dot_q8k::<K, 2, TILE, ISA>,
+        panel: None,
     }
 }
 

@@ -12,6 +12,11 @@ pub(super) fn quantize_q16(x: &[f32], out: &mut [u8]) {
     unsafe { quantize_q16_avx2(x, out) }
 }
 
+pub(super) fn quantize_q8k(x: &[f32], out: &mut [u8]) {
+    // SAFETY: as above.
+    unsafe { quantize_q8k_avx2(x, out) }
+}
+
 /// R weight rows in format `W` against N rows of Q16 activations.
 pub(super) fn dot<W: Unpack, const R: usize, const N: usize, const ISA: u8>(
     w: [&[u8]; R],
@@ -58,7 +63,7 @@ pub(super) unsafe fn block_amax(v: [__m256; 4]) -> f32 {
 /// # Safety
 /// register-only: the CPU has the features of the function that inlines it (AVX2).
 #[inline(always)]
-unsafe fn hsum_epi32(v: __m256i) -> i32 {
+pub(super) unsafe fn hsum_epi32(v: __m256i) -> i32 {
     // SAFETY: register-only; the caller has AVX2.
     unsafe {
         let t4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -135,6 +140,46 @@ pub(super) unsafe fn quantize_q8_0_avx2(x: &[f32], out: &mut [u8]) {
             let dh = _mm_cvtps_ph(_mm_set_ss(d), _MM_FROUND_TO_NEAREST_INT);
             (o as *mut u16).write_unaligned(_mm_extract_epi16(dh, 0) as u16);
             _mm256_storeu_si256(o.add(2) as *mut __m256i, q);
+        }
+    }
+}
+
+/// # Safety
+/// The CPU has AVX2, FMA and F16C. Any lengths: it quantizes the whole blocks both slices hold.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn quantize_q8k_avx2(x: &[f32], out: &mut [u8]) {
+    let nb = (x.len() / QK_K).min(out.len() / BlockQ8K::BYTES);
+    let perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for b in 0..nb {
+        // SAFETY: block `b` < nb lies inside `x` (256 floats) and `out` (292 bytes).
+        unsafe {
+            let p = x.as_ptr().add(b * QK_K);
+            let mut amax = 0f32;
+            for g in 0..QK_K / QK {
+                let v: [__m256; 4] =
+                    core::array::from_fn(|i| _mm256_loadu_ps(p.add(QK * g + 8 * i)));
+                amax = amax.max(block_amax(v));
+            }
+            let d = amax / 127.0;
+            let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+            let o = out.as_mut_ptr().add(b * BlockQ8K::BYTES);
+            (o as *mut f32).write_unaligned(d);
+            let sums = o.add(BlockQ8K::SUMS) as *mut i16;
+            for g in 0..QK_K / QK {
+                let mut ints = [_mm256_setzero_si256(); 4];
+                for (i, q) in ints.iter_mut().enumerate() {
+                    let v = _mm256_loadu_ps(p.add(QK * g + 8 * i));
+                    *q = _mm256_cvtps_epi32(round_q8(_mm256_mul_ps(v, id)));
+                }
+                let i01 = _mm256_packs_epi32(ints[0], ints[1]);
+                let i23 = _mm256_packs_epi32(ints[2], ints[3]);
+                let q = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(i01, i23), perm);
+                _mm256_storeu_si256(o.add(BlockQ8K::QUANTS + QK * g) as *mut __m256i, q);
+                let lo = hsum_epi32(_mm256_add_epi32(ints[0], ints[1]));
+                let hi = hsum_epi32(_mm256_add_epi32(ints[2], ints[3]));
+                sums.add(2 * g).write_unaligned(lo as i16);
+                sums.add(2 * g + 1).write_unaligned(hi as i16);
+            }
         }
     }
 }

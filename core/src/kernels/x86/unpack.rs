@@ -11,7 +11,7 @@ pub(super) trait Unpack {
     const UNIT: usize = 1;
     /// Whether the block has a minimum whose term `m·(dx·Σq)` is added.
     const HAS_MIN: bool = false;
-    /// Whether the "minimum" is the scale of the block's second half instead (Q6_K), whose
+    /// Whether the "minimum" is the scale of the block's second half instead (Q3_K, Q2_K), whose
     /// halves are summed and scaled apart.
     const HALF_SCALES: bool = false;
     /// Whether each half also has a minimum (Q2_K, with `HALF_SCALES`), whose terms
@@ -402,45 +402,6 @@ impl Unpack for BlockQ3K {
     }
 }
 
-impl Unpack for BlockQ4K {
-    k_unit!();
-    #[inline(always)]
-    unsafe fn unpack(p: *const u8, j: usize) -> (__m256i, __m256i) {
-        // SAFETY: block j's 32 bytes of nibbles lie in the super-block.
-        unsafe { bits32(p.add(16 + 32 * (j / 2)), 4 * (j % 2), 0x0f) }
-    }
-}
-
-impl Unpack for BlockQ5K {
-    k_unit!();
-    #[inline(always)]
-    unsafe fn unpack(p: *const u8, j: usize) -> (__m256i, __m256i) {
-        // SAFETY: the nibbles (at 48) and the fifth bits (32 bytes at 16) lie in the super-block.
-        unsafe {
-            let low = bytes32(p.add(48 + 32 * (j / 2)), 4 * (j % 2), 0x0f);
-            let high = bytes32(p.add(16), j, 1);
-            widen_u8(_mm256_or_si256(low, _mm256_slli_epi16(high, 4)))
-        }
-    }
-}
-
-impl Unpack for BlockQ6K {
-    k_unit!();
-    /// Block `j` is quarter `c` of half `n` (see `KBlock for BlockQ6K`).
-    #[inline(always)]
-    unsafe fn unpack(p: *const u8, j: usize) -> (__m256i, __m256i) {
-        let (n, c) = (j / 4, j % 4);
-        // SAFETY: the low bits (32 bytes at 64n + 32(c % 2)) and the high bits (32 bytes at
-        // 128 + 32n) lie in the super-block.
-        unsafe {
-            let low = bytes32(p.add(64 * n + 32 * (c % 2)), 4 * (c / 2), 0x0f);
-            let high = bytes32(p.add(128 + 32 * n), 2 * c, 3);
-            let q = _mm256_or_si256(low, _mm256_slli_epi16(high, 4));
-            widen_i8(_mm256_sub_epi8(q, _mm256_set1_epi8(32)))
-        }
-    }
-}
-
 /// `KBlock::unit_scales` of the super-block at `p`, block `j` in lane `j`: the integer factors
 /// widened eight at a time, and the f16s with F16C (the portable conversion costs more than the
 /// rest of the scales). The same products as the scalar code, so the same bits.
@@ -534,21 +495,6 @@ pub(super) unsafe fn bytes32(p: *const u8, shift: usize, mask: i8) -> __m256i {
         let v = _mm256_loadu_si256(p as *const __m256i);
         let v = _mm256_srl_epi16(v, _mm_cvtsi32_si128(shift as i32));
         _mm256_and_si256(v, _mm256_set1_epi8(mask))
-    }
-}
-
-/// 32 unsigned bytes as `i16` (values 0..16, 16..32).
-///
-/// # Safety
-/// register-only: the CPU has the features of the function that inlines it (AVX2).
-#[inline(always)]
-pub(super) unsafe fn widen_u8(v: __m256i) -> (__m256i, __m256i) {
-    // SAFETY: register-only; the caller has AVX2.
-    unsafe {
-        (
-            _mm256_cvtepu8_epi16(_mm256_castsi256_si128(v)),
-            _mm256_cvtepu8_epi16(_mm256_extracti128_si256(v, 1)),
-        )
     }
 }
 

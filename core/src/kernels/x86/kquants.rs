@@ -1,0 +1,319 @@
+//! The k-quants that take Q8K activations (Q4_K, Q5_K, Q6_K; see `quant::q8k`): each block's
+//! quants as 32 unsigned bytes, `vpmaddubsw` against the activations' bytes, `vpmaddwd` with the
+//! block's integer scales, one integer sum per (row, token) for the whole super-block, then the
+//! scalar `dot_q8k`'s float steps. The integer sums are exact, so every tile shape and every
+//! table gives the scalar kernel's bits.
+use super::*;
+use crate::quant::q8k::SUM_SPAN;
+
+/// A k-quant's blocks as unsigned bytes.
+pub(super) trait KBytes: KBlock {
+    /// What each byte holds above the signed quant (Q6_K stores `q + 32`); the kernels take
+    /// `OFFSET · Σ_half scale · Σ_half x` back out of the integer sum.
+    const OFFSET: i32 = 0;
+    /// Block `j`'s 32 quants (plus `OFFSET`) as unsigned bytes, values in order.
+    ///
+    /// # Safety
+    /// `BYTES` readable bytes at `p`, `j < 8`; AVX2.
+    unsafe fn bytes(p: *const u8, j: usize) -> __m256i;
+}
+
+impl KBytes for BlockQ4K {
+    #[inline(always)]
+    unsafe fn bytes(p: *const u8, j: usize) -> __m256i {
+        // SAFETY: block j's 32 bytes of nibbles lie in the super-block.
+        unsafe { bytes32(p.add(16 + 32 * (j / 2)), 4 * (j % 2), 0x0f) }
+    }
+}
+
+impl KBytes for BlockQ5K {
+    #[inline(always)]
+    unsafe fn bytes(p: *const u8, j: usize) -> __m256i {
+        // SAFETY: the nibbles (at 48) and the fifth bits (32 bytes at 16) lie in the super-block.
+        unsafe {
+            let low = bytes32(p.add(48 + 32 * (j / 2)), 4 * (j % 2), 0x0f);
+            let high = bytes32(p.add(16), j, 1);
+            _mm256_or_si256(low, _mm256_slli_epi16(high, 4))
+        }
+    }
+}
+
+impl KBytes for BlockQ6K {
+    const OFFSET: i32 = 32;
+    /// Block `j` is quarter `c` of half `n` (see `KBlock for BlockQ6K`).
+    #[inline(always)]
+    unsafe fn bytes(p: *const u8, j: usize) -> __m256i {
+        let (n, c) = (j / 4, j % 4);
+        // SAFETY: the low bits (32 bytes at 64n + 32(c % 2)) and the high bits (32 bytes at
+        // 128 + 32n) lie in the super-block.
+        unsafe {
+            let low = bytes32(p.add(64 * n + 32 * (c % 2)), 4 * (c / 2), 0x0f);
+            let high = bytes32(p.add(128 + 32 * n), 2 * c, 3);
+            _mm256_or_si256(low, _mm256_slli_epi16(high, 4))
+        }
+    }
+}
+
+/// One row's super-block, read once for all the tokens it meets: its f16 scales, and its
+/// integer factors as `i16` lanes.
+#[derive(Clone, Copy)]
+struct Factors {
+    /// The f16 scale (low half) and minimum scale (high half), as stored.
+    f16s: i32,
+    /// Low 128 bits: the eight blocks' first-half scales; high: their second-half scales (the
+    /// same for formats without half scales). Block `j`'s `vpmaddwd` operand is lane `j` of each
+    /// half, broadcast within it (`block_scales`).
+    by_block: __m256i,
+    /// Lane `k`: the scale of values `16k .. 16k + 16`, the order of the activations' sums.
+    by_half: __m256i,
+    /// Lane `k`: the minimum factor of values `16k .. 16k + 16` (zeros without minimums).
+    mins: __m256i,
+}
+
+impl Factors {
+    const ZERO: Factors = Factors {
+        f16s: 0,
+        // SAFETY: all-zero bits are a valid `__m256i` (plain integers).
+        by_block: unsafe { core::mem::zeroed() },
+        // SAFETY: as above.
+        by_half: unsafe { core::mem::zeroed() },
+        // SAFETY: as above.
+        mins: unsafe { core::mem::zeroed() },
+    };
+}
+
+/// # Safety
+/// `K::BYTES` readable bytes at `p`; AVX2 and F16C.
+#[inline(always)]
+unsafe fn factors<K: KBytes>(p: *const u8) -> Factors {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        let (s, m) = K::unit_ints(core::slice::from_raw_parts(p, K::BYTES));
+        let (s, m) = (
+            _mm_cvtsi64_si128(i64::from_le_bytes(s.map(|v| v as u8))),
+            _mm_cvtsi64_si128(i64::from_le_bytes(m.map(|v| v as u8))),
+        );
+        // The second halves' scales: `m` for Q6_K, the blocks' own scales otherwise.
+        let hi = if K::HALF_SCALES { m } else { s };
+        let (d_at, dmin_at) = K::F16_AT;
+        let bits = |at: usize| (p.add(at) as *const u16).read_unaligned() as i32;
+        Factors {
+            f16s: bits(d_at) | (bits(dmin_at) << 16),
+            by_block: _mm256_cvtepi8_epi16(_mm_unpacklo_epi64(s, hi)),
+            by_half: _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(s, hi)),
+            mins: if K::HAS_MIN {
+                _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(m, m))
+            } else {
+                _mm256_setzero_si256()
+            },
+        }
+    }
+}
+
+/// Block `j`'s scales for `vpmaddwd`: its first half's in the low 128 bits, its second half's in
+/// the high, eight times each.
+///
+/// # Safety
+/// register-only: the CPU has the features of the function that inlines it (AVX2).
+#[inline(always)]
+unsafe fn block_scales(by_block: __m256i, j: usize) -> __m256i {
+    // The bytes of i16 lane j, in every i16 lane of both halves.
+    let pair = (((2 * j + 1) << 8) | (2 * j)) as i16;
+    // SAFETY: register-only; the caller has AVX2.
+    unsafe {
+        let pick = _mm256_set1_epi16(pair);
+        _mm256_shuffle_epi8(by_block, pick)
+    }
+}
+
+/// R weight rows in format `K` against N rows of Q8K activations.
+pub(super) fn dot_q8k<K: KBytes, const R: usize, const N: usize, const ISA: u8>(
+    w: [&[u8]; R],
+    xs: [&[u8]; N],
+) -> [[f32; N]; R] {
+    let ns = w.iter().fold(usize::MAX, |n, w| n.min(w.len() / K::BYTES));
+    let ns = xs.iter().fold(ns, |n, x| n.min(x.len() / BlockQ8K::BYTES));
+    let w = w.map(<[u8]>::as_ptr);
+    let xs = xs.map(<[u8]>::as_ptr);
+    // SAFETY: `Kernels::best` hands out each table only when its `*_available()` said yes; `ns`
+    // whole super-blocks lie inside every slice.
+    unsafe {
+        match ISA {
+            AVX512_VNNI => q8k_avx512::<K, R, N>(ns, w, xs),
+            AVX_VNNI => q8k_vnni::<K, R, N>(ns, w, xs),
+            _ => q8k_avx2::<K, R, N>(ns, w, xs),
+        }
+    }
+}
+
+/// # Safety
+/// The CPU has AVX2, FMA and F16C; `ns` whole super-blocks of format `K` lie at every `w[r]` and
+/// `ns` Q8K blocks at every `xs[t]`.
+#[inline(always)]
+unsafe fn q8k_tile<K: KBytes, const R: usize, const N: usize>(
+    ns: usize,
+    w: [*const u8; R],
+    xs: [*const u8; N],
+) -> [[f32; N]; R] {
+    // Four rows' sums and their minimums' sums are added across in one vector, and scaled in
+    // one of four lanes.
+    const { assert!(R <= 4) };
+    let mut out = [[0f32; N]; R];
+    let row_len = ns * K::BYTES;
+    // SAFETY: the caller guarantees `ns` whole super-blocks in every row and activation row.
+    unsafe {
+        // Each token's results, one row per lane.
+        let mut total = [_mm_setzero_ps(); N];
+        for s in 0..ns {
+            // Plain loops: closures (`from_fn`) would not inherit this function's target
+            // features, and would call the intrinsics out of line.
+            let (mut wp, mut xp) = ([w[0]; R], [xs[0]; N]);
+            let mut f = [Factors::ZERO; R];
+            for r in 0..R {
+                wp[r] = w[r].add(s * K::BYTES);
+                f[r] = factors::<K>(wp[r]);
+            }
+            for t in 0..N {
+                xp[t] = xs[t].add(s * BlockQ8K::BYTES);
+            }
+            let mut acc = [[_mm256_setzero_si256(); N]; R];
+            let step = Step { wp, xp, row_len };
+            step.block::<K, 0>(&f, &mut acc);
+            step.block::<K, 1>(&f, &mut acc);
+            step.block::<K, 2>(&f, &mut acc);
+            step.block::<K, 3>(&f, &mut acc);
+            step.block::<K, 4>(&f, &mut acc);
+            step.block::<K, 5>(&f, &mut acc);
+            step.block::<K, 6>(&f, &mut acc);
+            step.block::<K, 7>(&f, &mut acc);
+            // Each row's scales as floats, four rows to a vector: `d` and `dmin`.
+            let mut f16s = [0i32; 4];
+            for r in 0..R {
+                f16s[r] = f[r].f16s;
+            }
+            let scales = _mm256_cvtph_ps(_mm_loadu_si128(f16s.as_ptr() as *const __m128i));
+            let by_kind = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+            let scales = _mm256_permutevar8x32_ps(scales, by_kind);
+            let (d, dmin) = (
+                _mm256_castps256_ps128(scales),
+                _mm256_extractf128_ps(scales, 1),
+            );
+            for t in 0..N {
+                let sums = _mm256_loadu_si256(xp[t].add(BlockQ8K::SUMS) as *const __m256i);
+                // Lanes 0..4: the rows' integer sums; 4..8: their minimums' sums.
+                let mut v = [_mm256_setzero_si256(); 8];
+                for r in 0..R {
+                    v[r] = acc[r][t];
+                    if K::OFFSET != 0 {
+                        let offsets = _mm256_madd_epi16(f[r].by_half, sums);
+                        let offsets = _mm256_mullo_epi32(offsets, _mm256_set1_epi32(K::OFFSET));
+                        v[r] = _mm256_sub_epi32(v[r], offsets);
+                    }
+                    if K::HAS_MIN {
+                        v[4 + r] = _mm256_madd_epi16(f[r].mins, sums);
+                    }
+                }
+                let isum_msum = _mm256_cvtepi32_ps(sum_across8(v));
+                // `q8k_step` in each lane, the same operations in the same order.
+                let dx = _mm_set1_ps((xp[t] as *const f32).read_unaligned());
+                let a = _mm_mul_ps(_mm_mul_ps(d, dx), _mm256_castps256_ps128(isum_msum));
+                let b = _mm_mul_ps(_mm_mul_ps(dmin, dx), _mm256_extractf128_ps(isum_msum, 1));
+                total[t] = _mm_add_ps(total[t], _mm_sub_ps(a, b));
+            }
+        }
+        for t in 0..N {
+            let mut lanes = [0f32; 4];
+            _mm_storeu_ps(lanes.as_mut_ptr(), total[t]);
+            for r in 0..R {
+                out[r][t] = lanes[r];
+            }
+        }
+    }
+    out
+}
+
+/// Where one super-block's blocks are read: the rows', the tokens', and a row's length (which
+/// aims the prefetches).
+struct Step<const R: usize, const N: usize> {
+    wp: [*const u8; R],
+    xp: [*const u8; N],
+    row_len: usize,
+}
+
+impl<const R: usize, const N: usize> Step<R, N> {
+    /// Block `J` (a constant, so that its shifts and offsets are) of every (row, token): the
+    /// quants' bytes times the activations', pairs added (`vpmaddubsw`: at most 2·63·127, no
+    /// saturation), times the halves' scales and added in pairs (`vpmaddwd`) into `acc`.
+    ///
+    /// # Safety
+    /// As for `q8k_tile`; `J < 8`.
+    #[inline(always)]
+    unsafe fn block<K: KBytes, const J: usize>(
+        &self,
+        f: &[Factors; R],
+        acc: &mut [[__m256i; N]; R],
+    ) {
+        // SAFETY: as the caller guarantees.
+        unsafe {
+            let mut q = [_mm256_setzero_si256(); R];
+            let mut sc = [_mm256_setzero_si256(); R];
+            for r in 0..R {
+                // One cache line per block (a super-block is at most four) of the same
+                // super-block R rows on: the row that takes this one's place in the next tile,
+                // usually right after these (a fixed distance would land inside them).
+                if 64 * J < K::BYTES {
+                    let ahead = self.wp[r].wrapping_add(R * self.row_len + 64 * J);
+                    _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+                }
+                q[r] = K::bytes(self.wp[r], J);
+                sc[r] = block_scales(f[r].by_block, J);
+            }
+            for (t, xp) in self.xp.iter().enumerate() {
+                let x = _mm256_loadu_si256(xp.add(BlockQ8K::QUANTS + 32 * J) as *const __m256i);
+                for r in 0..R {
+                    let pairs = _mm256_maddubs_epi16(q[r], x);
+                    acc[r][t] = _mm256_add_epi32(acc[r][t], _mm256_madd_epi16(pairs, sc[r]));
+                }
+            }
+        }
+    }
+}
+
+// The activations' sums are one vector of 16 `i16`.
+const _: () = assert!(SUM_SPAN * 16 == crate::quant::k_quants::QK_K);
+
+/// # Safety
+/// As for `q8k_tile`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8k_avx2<K: KBytes, const R: usize, const N: usize>(
+    ns: usize,
+    w: [*const u8; R],
+    xs: [*const u8; N],
+) -> [[f32; N]; R] {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { q8k_tile::<K, R, N>(ns, w, xs) }
+}
+
+/// # Safety
+/// As for `q8k_tile`, and AVX-VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn q8k_vnni<K: KBytes, const R: usize, const N: usize>(
+    ns: usize,
+    w: [*const u8; R],
+    xs: [*const u8; N],
+) -> [[f32; N]; R] {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { q8k_tile::<K, R, N>(ns, w, xs) }
+}
+
+/// # Safety
+/// As for `q8k_tile`, and AVX-512 F/BW/VL with VNNI (32 vector registers: no spills).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q8k_avx512<K: KBytes, const R: usize, const N: usize>(
+    ns: usize,
+    w: [*const u8; R],
+    xs: [*const u8; N],
+) -> [[f32; N]; R] {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { q8k_tile::<K, R, N>(ns, w, xs) }
+}
