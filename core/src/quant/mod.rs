@@ -169,7 +169,7 @@ impl Format {
     }
 
     /// The format the activations of a quantized weight in this format take (see `q8k` for why
-    /// the k-quants differ); `None` for the float formats, which take f32.
+    /// Q4_K, Q5_K and Q6_K differ); `None` for the float formats, which take f32.
     pub const fn activation_format(self) -> Option<ActivationFormat> {
         match self {
             Format::F32 | Format::F16 | Format::BF16 => None,
