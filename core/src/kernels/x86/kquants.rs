@@ -150,7 +150,7 @@ pub(super) fn dot_q8k<K: KBytes, const R: usize, const N: usize, const ISA: u8>(
 /// The CPU has AVX2, FMA and F16C; `ns` whole super-blocks of format `K` lie at every `w[r]` and
 /// `ns` Q8K blocks at every `xs[t]`.
 #[inline(always)]
-unsafe fn q8k_tile<K: KBytes, const R: usize, const N: usize>(
+unsafe fn q8k_tile<K: KBytes, const R: usize, const N: usize, const ISA: u8>(
     ns: usize,
     w: [*const u8; R],
     xs: [*const u8; N],
@@ -178,14 +178,14 @@ unsafe fn q8k_tile<K: KBytes, const R: usize, const N: usize>(
             }
             let mut acc = [[_mm256_setzero_si256(); N]; R];
             let step = Step { wp, xp, row_len };
-            step.block::<K, 0>(&f, &mut acc);
-            step.block::<K, 1>(&f, &mut acc);
-            step.block::<K, 2>(&f, &mut acc);
-            step.block::<K, 3>(&f, &mut acc);
-            step.block::<K, 4>(&f, &mut acc);
-            step.block::<K, 5>(&f, &mut acc);
-            step.block::<K, 6>(&f, &mut acc);
-            step.block::<K, 7>(&f, &mut acc);
+            step.block::<K, 0, ISA>(&f, &mut acc);
+            step.block::<K, 1, ISA>(&f, &mut acc);
+            step.block::<K, 2, ISA>(&f, &mut acc);
+            step.block::<K, 3, ISA>(&f, &mut acc);
+            step.block::<K, 4, ISA>(&f, &mut acc);
+            step.block::<K, 5, ISA>(&f, &mut acc);
+            step.block::<K, 6, ISA>(&f, &mut acc);
+            step.block::<K, 7, ISA>(&f, &mut acc);
             // Each row's scales as floats, four rows to a vector: `d` and `dmin`.
             let mut f16s = [0i32; 4];
             for r in 0..R {
@@ -243,12 +243,13 @@ struct Step<const R: usize, const N: usize> {
 impl<const R: usize, const N: usize> Step<R, N> {
     /// Block `J` (a constant, so that its shifts and offsets are) of every (row, token): the
     /// quants' bytes times the activations', pairs added (`vpmaddubsw`: at most 2·63·127, no
-    /// saturation), times the halves' scales and added in pairs (`vpmaddwd`) into `acc`.
+    /// saturation), times the halves' scales and added in pairs (`vpmaddwd`) into `acc`; with
+    /// either VNNI, one `vpdpwssd` for the last two steps.
     ///
     /// # Safety
-    /// As for `q8k_tile`; `J < 8`.
+    /// As for `q8k_tile`, with the features of `ISA`; `J < 8`.
     #[inline(always)]
-    unsafe fn block<K: KBytes, const J: usize>(
+    unsafe fn block<K: KBytes, const J: usize, const ISA: u8>(
         &self,
         f: &[Factors; R],
         acc: &mut [[__m256i; N]; R],
@@ -272,7 +273,10 @@ impl<const R: usize, const N: usize> Step<R, N> {
                 let x = _mm256_loadu_si256(xp.add(BlockQ8K::QUANTS + 32 * J) as *const __m256i);
                 for r in 0..R {
                     let pairs = _mm256_maddubs_epi16(q[r], x);
-                    acc[r][t] = _mm256_add_epi32(acc[r][t], _mm256_madd_epi16(pairs, sc[r]));
+                    acc[r][t] = match ISA {
+                        AVX512_VNNI | AVX_VNNI => dpwssd::<ISA>(acc[r][t], pairs, sc[r]),
+                        _ => _mm256_add_epi32(acc[r][t], _mm256_madd_epi16(pairs, sc[r])),
+                    };
                 }
             }
         }
@@ -291,7 +295,7 @@ unsafe fn q8k_avx2<K: KBytes, const R: usize, const N: usize>(
     xs: [*const u8; N],
 ) -> [[f32; N]; R] {
     // SAFETY: as the caller guarantees for this function.
-    unsafe { q8k_tile::<K, R, N>(ns, w, xs) }
+    unsafe { q8k_tile::<K, R, N, AVX2>(ns, w, xs) }
 }
 
 /// # Safety
@@ -303,7 +307,7 @@ unsafe fn q8k_vnni<K: KBytes, const R: usize, const N: usize>(
     xs: [*const u8; N],
 ) -> [[f32; N]; R] {
     // SAFETY: as the caller guarantees for this function.
-    unsafe { q8k_tile::<K, R, N>(ns, w, xs) }
+    unsafe { q8k_tile::<K, R, N, AVX_VNNI>(ns, w, xs) }
 }
 
 /// # Safety
@@ -315,5 +319,5 @@ unsafe fn q8k_avx512<K: KBytes, const R: usize, const N: usize>(
     xs: [*const u8; N],
 ) -> [[f32; N]; R] {
     // SAFETY: as the caller guarantees for this function.
-    unsafe { q8k_tile::<K, R, N>(ns, w, xs) }
+    unsafe { q8k_tile::<K, R, N, AVX512_VNNI>(ns, w, xs) }
 }
