@@ -4,8 +4,8 @@
 //! in a table of function pointers that is picked once from the CPU's features (`Kernels::best`).
 //!
 //! Quantized weights are multiplied with activations quantized to Q16 per 32-block (see
-//! `quant::q16` for why not ggml's Q8_0), the k-quants Q4_K, Q5_K and Q6_K with Q8K per 256
-//! (see `quant::q8k`); f32, f16 and bf16 weights with f32 activations.
+//! `quant::q16` for why not ggml's Q8_0), the k-quants (Q2_K to Q6_K) with Q8K per 256 (see
+//! `quant::q8k`); f32, f16 and bf16 weights with f32 activations.
 use core::ops::Range;
 
 use crate::error::{Error, Result};
@@ -134,9 +134,9 @@ pub struct Kernels {
     pub q5_0: QuantDots,
     /// Q5_1 weights · Q16 activations.
     pub q5_1: QuantDots,
-    /// Q2_K weights · Q16 activations.
+    /// Q2_K weights · Q8K activations.
     pub q2_k: QuantDots,
-    /// Q3_K weights · Q16 activations.
+    /// Q3_K weights · Q8K activations.
     pub q3_k: QuantDots,
     /// Q4_K weights · Q8K activations (an exact integer sum per super-block: every table
     /// gives the scalar one's bits).

@@ -18,23 +18,21 @@
 //! unpacked in place, broadcasts its pairs against them. A lane then holds one token's block sum
 //! of one row: the same integer sum and the same float scaling as the panel kernel's lane.
 #[cfg(test)]
-use super::scalar::{mins_at, unpack_at, Unpack};
+use super::scalar::{unpack_at, Unpack};
 use super::{PanelDots, PanelRows, TILE};
 use crate::quant::{BlockQ16, QK};
 
 /// Weight rows per panel: one 512-bit vector of i32 sums (two 256-bit ones).
 pub const PANEL: usize = 16;
 
-/// Bytes of one packed block: the rows' scales, the rows' minimums (zero for formats without; the
-/// second halves' scales for formats with half scales), the rows' half minimums (low halves,
-/// then high halves: zero but for formats with them), all f32, then the quants as i16
-/// `[pair][row][2]`.
+/// Bytes of one packed block: the rows' scales, the rows' minimums (zero for formats without),
+/// both f32, then the quants as i16 `[pair][row][2]`.
 pub const PANEL_BLOCK_BYTES: usize = PANEL_QUANTS + PANEL * QK * 2;
 
 /// Byte offset of the quants in a packed block.
-pub const PANEL_QUANTS: usize = 4 * PANEL * 4;
+pub const PANEL_QUANTS: usize = 2 * PANEL * 4;
 
-/// Blocks packed at a time: 20 KiB on the stack, which stays in L1 while the tiles pass.
+/// Blocks packed at a time: 18 KiB on the stack, which stays in L1 while the tiles pass.
 const CHUNK_BLOCKS: usize = 16;
 
 /// Tokens of a transposed tile (`rows_x8`): one per 32-bit lane of a 256-bit vector.
@@ -43,15 +41,14 @@ pub const X8: usize = 8;
 /// Weight rows that share each load of a transposed tile's pairs.
 pub const X8_ROWS: usize = 4;
 
-/// Bytes of one block of a transposed tile: the tokens' scales, their sums, their sums over the
-/// low halves and over the high halves (all f32), then for each pair of quants the tokens' pairs
-/// (`[pair][token]`, two i16 each).
+/// Bytes of one block of a transposed tile: the tokens' scales and their sums (both f32), then
+/// for each pair of quants the tokens' pairs (`[pair][token]`, two i16 each).
 pub const X8_BLOCK_BYTES: usize = X8_QUANTS + QK / 2 * X8 * 4;
 
 /// Byte offset of the pairs in a transposed block.
-pub const X8_QUANTS: usize = 4 * X8 * 4;
+pub const X8_QUANTS: usize = 2 * X8 * 4;
 
-/// Most blocks of a transposed tile held at once: 40 KiB on the stack, 2,048 columns (every
+/// Most blocks of a transposed tile held at once: 36 KiB on the stack, 2,048 columns (every
 /// projection of models up to that hidden size is transposed once per call). Smaller rows get
 /// a buffer of 16 or 32 blocks: zeroing it is paid once per call, and a call comes per thread's
 /// share of rows.
@@ -78,11 +75,11 @@ pub fn pack_ref<W: Unpack>(rows: &PanelRows<'_>, b0: usize, out: &mut [u8]) {
     for (b, o) in out.chunks_exact_mut(PANEL_BLOCK_BYTES).enumerate() {
         let (scales, quants) = o.split_at_mut(PANEL_QUANTS);
         for (r, row) in rows.iter().enumerate() {
-            let ((d, m, q), (min_lo, min_hi)) = match row {
-                Some(w) => (unpack_at::<W>(w, b0 + b), mins_at::<W>(w, b0 + b)),
-                None => ((0.0, 0.0, [0; QK]), (0.0, 0.0)),
+            let (d, m, q) = match row {
+                Some(w) => unpack_at::<W>(w, b0 + b),
+                None => (0.0, 0.0, [0; QK]),
             };
-            for (k, v) in [d, m, min_lo, min_hi].into_iter().enumerate() {
+            for (k, v) in [d, m].into_iter().enumerate() {
                 let at = (k * PANEL + r) * 4;
                 scales[at..at + 4].copy_from_slice(&v.to_le_bytes());
             }
@@ -102,11 +99,7 @@ pub fn transpose_x8_ref(xs: [&[u8]; X8], b0: usize, out: &mut [u8]) {
     for (b, o) in out.chunks_exact_mut(X8_BLOCK_BYTES).enumerate() {
         for (t, x) in xs.iter().enumerate() {
             let x = &x[(b0 + b) * BlockQ16::BYTES..][..BlockQ16::BYTES];
-            let h = BlockQ16::HALVES;
-            for (k, v) in [&x[..4], &x[4..8], &x[h..h + 4], &x[h + 4..h + 8]]
-                .into_iter()
-                .enumerate()
-            {
+            for (k, v) in [&x[..4], &x[4..8]].into_iter().enumerate() {
                 o[4 * (k * X8 + t)..4 * (k * X8 + t) + 4].copy_from_slice(v);
             }
             for p in 0..QK / 2 {

@@ -5,6 +5,7 @@
 //! before calling into any table.
 use super::{Kernels, QuantDots, AXPY_ROWS};
 use crate::quant::k_quants::BLOCKS_PER_SUPER;
+use crate::quant::q8k::SUM_SPAN;
 use crate::quant::{
     f16_at, q8k, quantize_blocks, Block, BlockQ16, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0,
     BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, KBlock, QK,
@@ -24,8 +25,8 @@ pub(super) const TABLE: Kernels = Kernels {
     q4_1: dots::<BlockQ4_1>(),
     q5_0: dots::<BlockQ5_0>(),
     q5_1: dots::<BlockQ5_1>(),
-    q2_k: dots::<BlockQ2K>(),
-    q3_k: dots::<BlockQ3K>(),
+    q2_k: q8k_dots::<BlockQ2K>(),
+    q3_k: q8k_dots::<BlockQ3K>(),
     q4_k: q8k_dots::<BlockQ4K>(),
     q5_k: q8k_dots::<BlockQ5K>(),
     q6_k: q8k_dots::<BlockQ6K>(),
@@ -61,34 +62,32 @@ pub(super) const fn q8k_dots<K: KBlock>() -> QuantDots {
     }
 }
 
-/// K-quant weights (Q4_K, Q5_K, Q6_K) · N rows of Q8K activations. Per super-block, two exact
-/// integer sums: `isum = Σ_j Σ_half scale · Σ q·x` over its blocks' halves (the two halves
-/// share the block's scale but in Q6_K) and, with minimums, `msum = Σ_j min_j · Σ_block x`;
-/// then `q8k_step`.
+/// K-quant weights · N rows of Q8K activations. Per super-block, two exact integer sums over
+/// its blocks' halves (`k` = 2j + h the half's index, `u` the stored quants): `isum = Σ scale ·
+/// (Σ u·x − OFFSET · sums[k])` and `msum = Σ min · sums[k]`; then `q8k_step`.
 pub fn dot_q8k<K: KBlock, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
-    debug_assert!(!K::HALF_MINS, "Q2_K takes Q16 activations");
     let ns = xs
         .iter()
         .fold(w.len() / K::BYTES, |n, x| n.min(x.len() / BlockQ8K::BYTES));
     let mut acc = [0f32; N];
     for (s, sb) in w.chunks_exact(K::BYTES).take(ns).enumerate() {
         let (d, dmin) = (f16_at(&sb[K::F16_AT.0..]), f16_at(&sb[K::F16_AT.1..]));
-        let (scales, m) = K::unit_ints(sb);
-        let half_scales = if K::HALF_SCALES { m } else { scales };
-        let quants: [[i32; QK]; BLOCKS_PER_SUPER] = core::array::from_fn(|j| K::block(sb, j).2);
+        let ints = K::ints(sb);
+        let quants: [[u8; QK]; BLOCKS_PER_SUPER] = core::array::from_fn(|j| K::quants(sb, j));
         for (a, x) in acc.iter_mut().zip(&xs) {
             let xb = BlockQ8K::read(&x[s * BlockQ8K::BYTES..]);
             let (mut isum, mut msum) = (0i32, 0i32);
             for (j, q) in quants.iter().enumerate() {
-                let xq = &xb.qs[QK * j..][..QK];
-                let half = |h: usize| -> i32 {
-                    (h * QK / 2..(h + 1) * QK / 2)
-                        .map(|i| q[i] * xq[i] as i32)
-                        .sum()
-                };
-                isum += scales[j] as i32 * half(0) + half_scales[j] as i32 * half(1);
-                if K::HAS_MIN {
-                    msum += m[j] as i32 * (xb.sums[2 * j] as i32 + xb.sums[2 * j + 1] as i32);
+                for (h, q) in q.chunks_exact(SUM_SPAN).enumerate() {
+                    let k = 2 * j + h;
+                    let qx: i32 = q
+                        .iter()
+                        .zip(&xb.qs[SUM_SPAN * k..][..SUM_SPAN])
+                        .map(|(q, x)| *q as i32 * *x as i32)
+                        .sum();
+                    let sum = xb.sums[k] as i32;
+                    isum += ints.scales[h][j] as i32 * (qx - K::OFFSET * sum);
+                    msum += ints.mins[h][j] as i32 * sum;
                 }
             }
             *a += q8k_step(d, dmin, xb.d, isum, msum);
@@ -104,65 +103,24 @@ pub fn q8k_step(d: f32, dmin: f32, dx: f32, isum: i32, msum: i32) -> f32 {
     (d * dx) * isum as f32 - (dmin * dx) * msum as f32
 }
 
-/// A weight block as integers: `value[j] = d · q[j] + m`, or with `HALF_SCALES`
-/// `d · q[j]` for j < 16 and `m · q[j]` after, plus with `HALF_MINS` each half's minimum.
+/// A weight block as integers: `value[j] = d · q[j] + m`.
 pub trait Unpack {
-    /// Bytes of one stored unit: a block, or a super-block of `UNIT` blocks.
+    /// Bytes of one block.
     const BYTES: usize;
-    /// Blocks of 32 values per unit.
-    const UNIT: usize = 1;
     /// Whether blocks carry a minimum `m` (otherwise it is 0 and its term is skipped).
     const HAS_MIN: bool = false;
-    /// Whether `m` is the scale of the block's second half instead (Q6_K).
-    const HALF_SCALES: bool = false;
-    /// Whether each half also has a minimum (Q2_K, with `HALF_SCALES`): `mins`.
-    const HALF_MINS: bool = false;
-    /// `(d, m, q)` of block `j` of the unit at the start of `b`.
-    fn unpack(b: &[u8], j: usize) -> (f32, f32, [i32; QK]);
-    /// The minimums of block `j`'s halves (zeros without `HALF_MINS`).
-    fn mins(_b: &[u8], _j: usize) -> (f32, f32) {
-        (0.0, 0.0)
-    }
-}
-
-/// Whole blocks in `len` bytes of format `W`.
-pub fn blocks<W: Unpack>(len: usize) -> usize {
-    len / W::BYTES * W::UNIT
+    /// `(d, m, q)` of the block at the start of `b`.
+    fn unpack(b: &[u8]) -> (f32, f32, [i32; QK]);
 }
 
 /// Block `b` of the row `w`.
 pub fn unpack_at<W: Unpack>(w: &[u8], b: usize) -> (f32, f32, [i32; QK]) {
-    W::unpack(&w[b / W::UNIT * W::BYTES..], b % W::UNIT)
+    W::unpack(&w[b * W::BYTES..])
 }
-
-/// The half minimums of block `b` of the row `w`.
-pub fn mins_at<W: Unpack>(w: &[u8], b: usize) -> (f32, f32) {
-    W::mins(&w[b / W::UNIT * W::BYTES..], b % W::UNIT)
-}
-
-macro_rules! k_unpack {
-    ($($t:ty),*) => {$(
-        impl Unpack for $t {
-            const BYTES: usize = <$t as KBlock>::BYTES;
-            const UNIT: usize = crate::quant::k_quants::BLOCKS_PER_SUPER;
-            const HAS_MIN: bool = <$t as KBlock>::HAS_MIN;
-            const HALF_SCALES: bool = <$t as KBlock>::HALF_SCALES;
-            const HALF_MINS: bool = <$t as KBlock>::HALF_MINS;
-            fn unpack(b: &[u8], j: usize) -> (f32, f32, [i32; QK]) {
-                <$t as KBlock>::block(b, j)
-            }
-            fn mins(b: &[u8], j: usize) -> (f32, f32) {
-                <$t as KBlock>::mins(b, j)
-            }
-        }
-    )*};
-}
-
-k_unpack!(BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K);
 
 impl Unpack for BlockQ8_0 {
     const BYTES: usize = Self::BYTES;
-    fn unpack(b: &[u8], _: usize) -> (f32, f32, [i32; QK]) {
+    fn unpack(b: &[u8]) -> (f32, f32, [i32; QK]) {
         (
             f16_at(b),
             0.0,
@@ -173,7 +131,7 @@ impl Unpack for BlockQ8_0 {
 
 impl Unpack for BlockQ4_0 {
     const BYTES: usize = Self::BYTES;
-    fn unpack(b: &[u8], _: usize) -> (f32, f32, [i32; QK]) {
+    fn unpack(b: &[u8]) -> (f32, f32, [i32; QK]) {
         (f16_at(b), 0.0, nibbles(&b[2..]).map(|n| n - 8))
     }
 }
@@ -181,14 +139,14 @@ impl Unpack for BlockQ4_0 {
 impl Unpack for BlockQ4_1 {
     const BYTES: usize = Self::BYTES;
     const HAS_MIN: bool = true;
-    fn unpack(b: &[u8], _: usize) -> (f32, f32, [i32; QK]) {
+    fn unpack(b: &[u8]) -> (f32, f32, [i32; QK]) {
         (f16_at(b), f16_at(&b[2..]), nibbles(&b[4..]))
     }
 }
 
 impl Unpack for BlockQ5_0 {
     const BYTES: usize = Self::BYTES;
-    fn unpack(b: &[u8], _: usize) -> (f32, f32, [i32; QK]) {
+    fn unpack(b: &[u8]) -> (f32, f32, [i32; QK]) {
         let q = Self::read(b);
         (f16_at(b), 0.0, fives(&q.qh, &q.qs).map(|n| n - 16))
     }
@@ -197,7 +155,7 @@ impl Unpack for BlockQ5_0 {
 impl Unpack for BlockQ5_1 {
     const BYTES: usize = Self::BYTES;
     const HAS_MIN: bool = true;
-    fn unpack(b: &[u8], _: usize) -> (f32, f32, [i32; QK]) {
+    fn unpack(b: &[u8]) -> (f32, f32, [i32; QK]) {
         let q = Self::read(b);
         (f16_at(b), f16_at(&b[2..]), fives(&q.qh, &q.qs))
     }
@@ -241,35 +199,18 @@ pub fn axpy_q8_0(out: &mut [f32], a: &[f32], rows: &[&[u8]]) {
 }
 
 /// Weights in format `W` · N rows of Q16 activations: per block `dw·dx·Σ qw·qx + m·(dx·Σ qx)`,
-/// the last factor being the activation block's `s`; with half scales `dw·dx·Σ_lo + mw·dx·Σ_hi`,
-/// then with half minimums `min_lo·(dx·Σ_lo qx) + min_hi·(dx·Σ_hi qx)` (the block's `halves`).
+/// the last factor being the activation block's `s`.
 pub fn dot<W: Unpack, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
-    let nb = xs.iter().fold(blocks::<W>(w.len()), |n, x| {
-        n.min(x.len() / BlockQ16::BYTES)
-    });
+    let nb = xs
+        .iter()
+        .fold(w.len() / W::BYTES, |n, x| n.min(x.len() / BlockQ16::BYTES));
     let mut acc = [0f32; N];
     for b in 0..nb {
         let (dw, mw, qw) = unpack_at::<W>(w, b);
-        let (min_lo, min_hi) = mins_at::<W>(w, b);
         for (a, x) in acc.iter_mut().zip(&xs) {
             let xb = BlockQ16::read(&x[b * BlockQ16::BYTES..]);
-            let prod = |r: core::ops::Range<usize>| -> i32 {
-                qw[r.clone()]
-                    .iter()
-                    .zip(&xb.qs[r])
-                    .map(|(p, q)| p * *q as i32)
-                    .sum()
-            };
-            if W::HALF_SCALES {
-                *a += prod(0..QK / 2) as f32 * (dw * xb.d);
-                *a += prod(QK / 2..QK) as f32 * (mw * xb.d);
-                if W::HALF_MINS {
-                    *a += min_lo * xb.halves[0];
-                    *a += min_hi * xb.halves[1];
-                }
-                continue;
-            }
-            *a += prod(0..QK) as f32 * (dw * xb.d);
+            let prod: i32 = qw.iter().zip(&xb.qs).map(|(p, q)| p * *q as i32).sum();
+            *a += prod as f32 * (dw * xb.d);
             if W::HAS_MIN {
                 *a += mw * xb.s;
             }

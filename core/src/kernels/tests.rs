@@ -136,26 +136,33 @@ fn values(len: usize) -> impl Strategy<Value = Vec<f32>> {
     proptest::collection::vec(v, len)
 }
 
-/// The scale against which float reordering error is measured: Σ(|d·q| + |m|)·|x| over the
-/// weights' blocks, the sizes of the terms the kernels round (with a minimum `m`, the scaled sum
-/// and `m·Σx` can nearly cancel, so Σ|w·x| alone would understate them).
+/// The scale against which float rounding error is measured: Σ(|d·q| + |m|)·|x| over the
+/// weights' blocks (a k-quant's halves), the sizes of the terms the kernels round (with a minimum
+/// `m`, the scaled sum and `m·Σx` can nearly cancel, so Σ|w·x| alone would understate them).
 fn abs_dot(format: Format, w: &[u8], x: &[u8], n: usize) -> f32 {
     use super::scalar::Unpack;
+    use crate::quant::{f16_at, KBlock};
+    fn k_terms<K: KBlock>(w: &[u8], x: &[f32]) -> f32 {
+        let mut sum = 0f32;
+        for (sb, xs) in w.chunks_exact(K::BYTES).zip(x.chunks_exact(256)) {
+            let (d, dmin) = (f16_at(&sb[K::F16_AT.0..]), f16_at(&sb[K::F16_AT.1..]));
+            let ints = K::ints(sb);
+            for (j, xb) in xs.chunks_exact(QK).enumerate() {
+                for (l, (q, x)) in K::quants(sb, j).iter().zip(xb).enumerate() {
+                    let (scale, min) = (ints.scales[l / 16][j], ints.mins[l / 16][j]);
+                    let v = d * scale as f32 * (*q as i32 - K::OFFSET) as f32;
+                    sum += (v.abs() + (dmin * min as f32).abs()) * x.abs();
+                }
+            }
+        }
+        sum
+    }
     fn terms<W: Unpack>(w: &[u8], x: &[f32]) -> f32 {
         let mut sum = 0f32;
-        for (b, xb) in x
-            .chunks_exact(QK)
-            .take(super::scalar::blocks::<W>(w.len()))
-            .enumerate()
-        {
+        for (b, xb) in x.chunks_exact(QK).take(w.len() / W::BYTES).enumerate() {
             let (d, m, q) = super::scalar::unpack_at::<W>(w, b);
-            let (min_lo, min_hi) = super::scalar::mins_at::<W>(w, b);
-            for (l, (q, x)) in q.iter().zip(xb).enumerate() {
-                sum += match (W::HALF_SCALES, l < QK / 2) {
-                    (true, true) => (d * *q as f32).abs() + min_lo.abs(),
-                    (true, false) => (m * *q as f32).abs() + min_hi.abs(),
-                    (false, _) => (d * *q as f32).abs() + m.abs(),
-                } * x.abs();
+            for (q, x) in q.iter().zip(xb) {
+                sum += ((d * *q as f32).abs() + m.abs()) * x.abs();
             }
         }
         sum
@@ -167,11 +174,11 @@ fn abs_dot(format: Format, w: &[u8], x: &[u8], n: usize) -> f32 {
         Format::Q4_1 => terms::<quant::BlockQ4_1>(w, &xs),
         Format::Q5_0 => terms::<quant::BlockQ5_0>(w, &xs),
         Format::Q5_1 => terms::<quant::BlockQ5_1>(w, &xs),
-        Format::Q2K => terms::<quant::BlockQ2K>(w, &xs),
-        Format::Q3K => terms::<quant::BlockQ3K>(w, &xs),
-        Format::Q4K => terms::<quant::BlockQ4K>(w, &xs),
-        Format::Q5K => terms::<quant::BlockQ5K>(w, &xs),
-        Format::Q6K => terms::<quant::BlockQ6K>(w, &xs),
+        Format::Q2K => k_terms::<quant::BlockQ2K>(w, &xs),
+        Format::Q3K => k_terms::<quant::BlockQ3K>(w, &xs),
+        Format::Q4K => k_terms::<quant::BlockQ4K>(w, &xs),
+        Format::Q5K => k_terms::<quant::BlockQ5K>(w, &xs),
+        Format::Q6K => k_terms::<quant::BlockQ6K>(w, &xs),
         other => unreachable!("{other} is not quantized"),
     }
 }
@@ -365,8 +372,6 @@ proptest! {
                     Format::Q4_1 => panel::pack_ref::<quant::BlockQ4_1>(&panel, 0, &mut reference),
                     Format::Q5_0 => panel::pack_ref::<quant::BlockQ5_0>(&panel, 0, &mut reference),
                     Format::Q5_1 => panel::pack_ref::<quant::BlockQ5_1>(&panel, 0, &mut reference),
-                    Format::Q2K => panel::pack_ref::<quant::BlockQ2K>(&panel, 0, &mut reference),
-                    Format::Q3K => panel::pack_ref::<quant::BlockQ3K>(&panel, 0, &mut reference),
                     other => unreachable!("{other} has no panel kernels"),
                 }
                 prop_assert!(packed == reference, "{format}: packing differs");

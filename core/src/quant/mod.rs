@@ -169,18 +169,20 @@ impl Format {
     }
 
     /// The format the activations of a quantized weight in this format take (see `q8k` for why
-    /// Q4_K, Q5_K and Q6_K differ); `None` for the float formats, which take f32.
+    /// the k-quants differ); `None` for the float formats, which take f32.
     pub const fn activation_format(self) -> Option<ActivationFormat> {
         match self {
             Format::F32 | Format::F16 | Format::BF16 => None,
-            Format::Q4K | Format::Q5K | Format::Q6K => Some(ActivationFormat::Q8K),
+            Format::Q2K | Format::Q3K | Format::Q4K | Format::Q5K | Format::Q6K => {
+                Some(ActivationFormat::Q8K)
+            }
             _ => Some(ActivationFormat::Q16),
         }
     }
 
     /// Byte offsets of the f16 scales (and minimums) in each block of a quantized format; the
     /// rest of a block is small integers, finite whatever its bits.
-    const fn scale_offsets(self) -> &'static [usize] {
+    pub const fn scale_offsets(self) -> &'static [usize] {
         match self {
             Format::F32 | Format::F16 | Format::BF16 => &[],
             Format::Q8_0 | Format::Q4_0 | Format::Q5_0 => &[0],

@@ -1,7 +1,7 @@
 //! Q16: the activation side of every quantized mat-mul. 32 values as
-//! `{ d: f32, s: f32, qs: [i16; 32], halves: [f32; 2] }`, value `qs[j] * d`, with `s = d · Σ qs`
-//! kept for the weight formats whose dot needs the activations' sum (Q4_1's minimum) and
-//! `halves` the same over values 0..16 and 16..32 (Q2_K's minimums, one per half).
+//! `{ d: f32, s: f32, qs: [i16; 32] }`, value `qs[j] * d`, with `s = d · Σ qs` kept for the
+//! weight formats whose dot needs the activations' sum (Q4_1's and Q5_1's minimums). The
+//! k-quants take Q8K instead (see `q8k`).
 //!
 //! ggml quantizes activations to Q8_0, whose rounding (a 254th of each block's largest value) moves
 //! a small model's logits by tenths, enough to flip near-tied greedy choices. Sixteen bits make
@@ -21,19 +21,15 @@ pub struct BlockQ16 {
     pub s: f32,
     /// The quants.
     pub qs: [i16; QK],
-    /// `d · Σ q` over values 0..16 and over 16..32: what a half's minimum multiplies.
-    pub halves: [f32; 2],
 }
 
 const _: () = assert!(core::mem::size_of::<BlockQ16>() == BlockQ16::BYTES);
 
 impl BlockQ16 {
     /// Bytes of a stored block.
-    pub const BYTES: usize = 8 + 2 * QK + 8;
+    pub const BYTES: usize = 8 + 2 * QK;
     /// Byte offset of the quants.
     pub const QUANTS: usize = 8;
-    /// Byte offset of `halves`.
-    pub const HALVES: usize = 8 + 2 * QK;
     /// The largest quant: `127 · 256 + 127`.
     pub const MAX: f32 = 32639.0;
 }
@@ -48,21 +44,20 @@ impl Block for BlockQ16 {
         let d = amax / Self::MAX;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         let mut qs = [0i16; QK];
-        let mut sums = [0i32; 2];
-        for (j, (q, v)) in qs.iter_mut().zip(x).enumerate() {
+        let mut sum = 0i32;
+        for (q, v) in qs.iter_mut().zip(x) {
             let scaled = v * id;
             *q = if scaled.is_nan() {
                 0
             } else {
                 libm::rintf(scaled.clamp(-Self::MAX, Self::MAX)) as i16
             };
-            sums[j / (QK / 2)] += *q as i32;
+            sum += *q as i32;
         }
         BlockQ16 {
             d,
-            s: d * (sums[0] + sums[1]) as f32,
+            s: d * sum as f32,
             qs,
-            halves: sums.map(|s| d * s as f32),
         }
     }
 
@@ -71,7 +66,7 @@ impl Block for BlockQ16 {
         let mut qs = [0i16; QK];
         for (q, v) in qs
             .iter_mut()
-            .zip(b[Self::QUANTS..Self::HALVES].chunks_exact(2))
+            .zip(b[Self::QUANTS..Self::BYTES].chunks_exact(2))
         {
             *q = i16::from_le_bytes([v[0], v[1]]);
         }
@@ -79,24 +74,17 @@ impl Block for BlockQ16 {
             d: f(0),
             s: f(4),
             qs,
-            halves: [f(Self::HALVES), f(Self::HALVES + 4)],
         }
     }
 
     fn write(&self, out: &mut [u8]) {
         out[..4].copy_from_slice(&self.d.to_le_bytes());
         out[4..8].copy_from_slice(&self.s.to_le_bytes());
-        for (o, q) in out[Self::QUANTS..Self::HALVES]
+        for (o, q) in out[Self::QUANTS..Self::BYTES]
             .chunks_exact_mut(2)
             .zip(&self.qs)
         {
             o.copy_from_slice(&q.to_le_bytes());
-        }
-        for (o, h) in out[Self::HALVES..Self::BYTES]
-            .chunks_exact_mut(4)
-            .zip(&self.halves)
-        {
-            o.copy_from_slice(&h.to_le_bytes());
         }
     }
 
@@ -120,7 +108,7 @@ mod tests {
 
     proptest! {
         /// Each value comes back within half a step (`d / 2`, plus the rounding of `x / d` and
-        /// `q · d` in f32), `s` is `d · Σq` and `halves` the same over each half.
+        /// `q · d` in f32) and `s` is `d · Σq`.
         #[test]
         fn round_trip(x in proptest::collection::vec(-1e6f32..1e6, 64)) {
             let mut q = [0u8; 2 * BlockQ16::BYTES];
@@ -134,10 +122,6 @@ mod tests {
                 }
                 let sum: i32 = block.qs.iter().map(|v| *v as i32).sum();
                 prop_assert_eq!(block.s, block.d * sum as f32);
-                for (h, half) in block.halves.iter().zip(block.qs.chunks(16)) {
-                    let sum: i32 = half.iter().map(|v| *v as i32).sum();
-                    prop_assert_eq!(*h, block.d * sum as f32);
-                }
                 prop_assert!(block.qs.iter().all(|v| (*v as f32).abs() <= BlockQ16::MAX));
             }
         }

@@ -1,14 +1,14 @@
-//! Q8K: the activation side of the k-quant mat-muls (Q4_K, Q5_K, Q6_K). 256 values as
+//! Q8K: the activation side of the k-quant mat-muls (Q2_K to Q6_K). 256 values as
 //! `{ d: f32, qs: [i8; 256], sums: [i16; 16] }`, value `qs[j] * d`, with `sums[k]` the sum of
 //! quants `16k .. 16k + 16`: what a 16-value half's minimum or offset multiplies.
 //!
 //! Every other quantized format meets Q16 activations (see `q16`), whose rounding error is 256
-//! times smaller than 8 bits'. For these k-quants 8 bits halve the integer work on x86 (one
+//! times smaller than 8 bits'. For the k-quants 8 bits halve the integer work on x86 (one
 //! `vpmaddubsw` per 32 weights where Q16 takes two `vpmaddwd` and the quants' widening) and let
-//! a super-block's six-bit scales apply in integers, with one float step per super-block
-//! (ggml's `Q8_K`): decoding a Q4_K_M model about 2.4x faster on an AVX2 host. What it costs is
-//! measured in BENCHMARKS.md (SmolLM2 Q4_K_M against its weights in f32: perplexity +0.12%,
-//! where Q16 gave +0.06%). Q2_K and Q3_K still take Q16.
+//! a super-block's 4- to 8-bit scales and minimums apply in integers, with one float step per
+//! super-block (ggml's `Q8_K`): decoding a Q4_K_M model about 2.4x faster on an AVX2 host. What
+//! it costs is measured in BENCHMARKS.md (SmolLM2 Q4_K_M against its weights in f32: perplexity
+//! +0.12%, where Q16 gave +0.06%).
 //! The dot of a weight super-block with a Q8K block is an exact integer sum, scaled once in
 //! float, so every kernel and every tile shape gives the same bits.
 use super::k_quants::QK_K;

@@ -1,10 +1,91 @@
-//! The k-quants that take Q8K activations (Q4_K, Q5_K, Q6_K; see `quant::q8k`): each block's
-//! signed quants against the activations' bytes (one `sdot` per 16, or widening multiplies),
-//! times the block's integer scales, one integer sum per super-block, then the scalar
-//! `dot_q8k`'s float steps: the scalar kernel's bits.
+//! The k-quants, which take Q8K activations (see `quant::q8k`): each block's stored quants as
+//! unsigned bytes (at most 63, so also valid signed ones) against the activations' bytes (one
+//! `sdot` per 16, or widening multiplies), times the halves' integer scales, one integer sum per
+//! super-block, then the scalar `dot_q8k`'s float steps: the scalar kernel's bits.
 use super::*;
 use crate::kernels::scalar::q8k_step;
+use crate::quant::q8k::SUM_SPAN;
 use crate::quant::BlockQ8K;
+
+/// A k-quant's blocks as bytes.
+pub(super) trait KBytes: KBlock {
+    /// Block `j`'s stored quants (`KBlock::quants`): values 0..16, 16..32.
+    fn bytes(sb: &[u8], j: usize) -> (uint8x16_t, uint8x16_t);
+}
+
+impl KBytes for BlockQ2K {
+    #[inline(always)]
+    fn bytes(sb: &[u8], j: usize) -> (uint8x16_t, uint8x16_t) {
+        bits32(&sb[16 + 32 * (j / 4)..], 2 * (j % 4), 3)
+    }
+}
+
+impl KBytes for BlockQ3K {
+    #[inline(always)]
+    fn bytes(sb: &[u8], j: usize) -> (uint8x16_t, uint8x16_t) {
+        let low = bits32(&sb[32 + 32 * (j / 4)..], 2 * (j % 4), 3);
+        let high = bits32(&sb[..32], j, 1);
+        above(low, high, 2)
+    }
+}
+
+impl KBytes for BlockQ4K {
+    #[inline(always)]
+    fn bytes(sb: &[u8], j: usize) -> (uint8x16_t, uint8x16_t) {
+        bits32(&sb[16 + 32 * (j / 2)..], 4 * (j % 2), 0x0f)
+    }
+}
+
+impl KBytes for BlockQ5K {
+    #[inline(always)]
+    fn bytes(sb: &[u8], j: usize) -> (uint8x16_t, uint8x16_t) {
+        let low = bits32(&sb[48 + 32 * (j / 2)..], 4 * (j % 2), 0x0f);
+        let high = bits32(&sb[16..48], j, 1);
+        above(low, high, 4)
+    }
+}
+
+impl KBytes for BlockQ6K {
+    /// Block `j` is quarter `c` of half `n` (see `KBlock for BlockQ6K`).
+    #[inline(always)]
+    fn bytes(sb: &[u8], j: usize) -> (uint8x16_t, uint8x16_t) {
+        let (n, c) = (j / 4, j % 4);
+        let low = bits32(&sb[64 * n + 32 * (c % 2)..], 4 * (c / 2), 0x0f);
+        let high = bits32(&sb[128 + 32 * n..], 2 * c, 3);
+        above(low, high, 4)
+    }
+}
+
+/// `low | high << SHIFT`, both halves.
+#[inline(always)]
+fn above(
+    low: (uint8x16_t, uint8x16_t),
+    high: (uint8x16_t, uint8x16_t),
+    shift: i8,
+) -> (uint8x16_t, uint8x16_t) {
+    // SAFETY: register-only NEON arithmetic.
+    unsafe {
+        let count = vdupq_n_s8(shift);
+        (
+            vorrq_u8(low.0, vshlq_u8(high.0, count)),
+            vorrq_u8(low.1, vshlq_u8(high.1, count)),
+        )
+    }
+}
+
+/// `(byte >> shift) & mask` of the first 32 bytes of `b`.
+#[inline(always)]
+fn bits32(b: &[u8], shift: usize, mask: u8) -> (uint8x16_t, uint8x16_t) {
+    let b = &b[..32];
+    // SAFETY: `b` holds 32 bytes; the rest is register-only NEON arithmetic.
+    unsafe {
+        let count = vdupq_n_s8(-(shift as i8));
+        let mask = vdupq_n_u8(mask);
+        let v0 = vshlq_u8(vld1q_u8(b.as_ptr()), count);
+        let v1 = vshlq_u8(vld1q_u8(b.as_ptr().add(16)), count);
+        (vandq_u8(v0, mask), vandq_u8(v1, mask))
+    }
+}
 
 /// Σ x·y of 16 signed bytes.
 #[inline(always)]
@@ -15,24 +96,23 @@ fn dot_i8x16(x: int8x16_t, y: int8x16_t) -> i32 {
 }
 
 /// K-quant weights · N rows of Q8K activations, as `scalar::dot_q8k` computes it.
-pub(super) fn dot_q8k<K: Unpack + KBlock, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
-    let ns = xs.iter().fold(w.len() / <K as KBlock>::BYTES, |n, x| {
-        n.min(x.len() / BlockQ8K::BYTES)
-    });
+pub(super) fn dot_q8k<K: KBytes, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
+    let ns = xs
+        .iter()
+        .fold(w.len() / K::BYTES, |n, x| n.min(x.len() / BlockQ8K::BYTES));
     let mut acc = [0f32; N];
-    for (s, sb) in w.chunks_exact(<K as KBlock>::BYTES).take(ns).enumerate() {
+    for (s, sb) in w.chunks_exact(K::BYTES).take(ns).enumerate() {
         let (d, dmin) = (f16_at(&sb[K::F16_AT.0..]), f16_at(&sb[K::F16_AT.1..]));
-        let (scales, m) = K::unit_ints(sb);
-        let half_scales = if <K as KBlock>::HALF_SCALES {
-            m
-        } else {
-            scales
-        };
+        let ints = K::ints(sb);
         let xb: [&[u8]; N] =
             core::array::from_fn(|t| &xs[t][s * BlockQ8K::BYTES..][..BlockQ8K::BYTES]);
         let mut isum = [0i32; N];
         for j in 0..BLOCKS_PER_SUPER {
-            let (w0, w1) = <K as Unpack>::unpack(sb, j);
+            // SAFETY: register-only; stored quants are at most 63, the same as signed bytes.
+            let (w0, w1) = unsafe {
+                let (w0, w1) = K::bytes(sb, j);
+                (vreinterpretq_s8_u8(w0), vreinterpretq_s8_u8(w1))
+            };
             for (sum, x) in isum.iter_mut().zip(&xb) {
                 let q = &x[BlockQ8K::QUANTS + QK * j..][..QK];
                 // SAFETY: `q` holds the block's 32 quants.
@@ -40,23 +120,23 @@ pub(super) fn dot_q8k<K: Unpack + KBlock, const N: usize>(w: &[u8], xs: [&[u8]; 
                     let p = q.as_ptr() as *const i8;
                     (vld1q_s8(p), vld1q_s8(p.add(16)))
                 };
-                *sum += if <K as KBlock>::HALF_SCALES {
-                    scales[j] as i32 * dot_i8x16(w0, x0) + half_scales[j] as i32 * dot_i8x16(w1, x1)
-                } else {
-                    scales[j] as i32 * dot_i8x32(w0, w1, x0, x1)
-                };
+                *sum += ints.scales[0][j] as i32 * dot_i8x16(w0, x0)
+                    + ints.scales[1][j] as i32 * dot_i8x16(w1, x1);
             }
         }
         for ((a, x), isum) in acc.iter_mut().zip(&xb).zip(isum) {
             let x = BlockQ8K::read(x);
-            let mut msum = 0i32;
-            if <K as KBlock>::HAS_MIN {
-                for (j, m) in m.iter().enumerate() {
-                    msum += *m as i32 * (x.sums[2 * j] as i32 + x.sums[2 * j + 1] as i32);
-                }
+            let (mut offsets, mut msum) = (0i32, 0i32);
+            for (k, sum) in x.sums.iter().enumerate() {
+                let (j, h) = (k / 2, k % 2);
+                offsets += ints.scales[h][j] as i32 * *sum as i32;
+                msum += ints.mins[h][j] as i32 * *sum as i32;
             }
-            *a += q8k_step(d, dmin, x.d, isum, msum);
+            *a += q8k_step(d, dmin, x.d, isum - K::OFFSET * offsets, msum);
         }
     }
     acc
 }
+
+// One entry of the activations' sums per half block.
+const _: () = assert!(2 * SUM_SPAN == QK);

@@ -8,7 +8,7 @@
 //! format's blocks into signed bytes and scales; `quants` holds the quantizers and the quantized
 //! dots (with `sdot` or without); `kquants` the k-quants' dots with Q8K activations; `axpy`
 //! attention's sum over V; `float` the f32 and bf16 dots.
-//! A new format is an `Unpack` impl and a table entry.
+//! A new format is an `Unpack` impl (a k-quant: a `KBytes` impl) and a table entry.
 use core::arch::aarch64::*;
 
 mod axpy;
@@ -44,8 +44,8 @@ pub(super) static KERNELS: Kernels = Kernels {
     q4_1: dots::<BlockQ4_1>(),
     q5_0: dots::<BlockQ5_0>(),
     q5_1: dots::<BlockQ5_1>(),
-    q2_k: dots::<BlockQ2K>(),
-    q3_k: dots::<BlockQ3K>(),
+    q2_k: q8k_dots::<BlockQ2K>(),
+    q3_k: q8k_dots::<BlockQ3K>(),
     q4_k: q8k_dots::<BlockQ4K>(),
     q5_k: q8k_dots::<BlockQ5K>(),
     q6_k: q8k_dots::<BlockQ6K>(),
@@ -71,7 +71,7 @@ const fn dots<W: Unpack>() -> QuantDots {
     }
 }
 
-const fn q8k_dots<K: Unpack + KBlock>() -> QuantDots {
+const fn q8k_dots<K: KBytes>() -> QuantDots {
     QuantDots {
         one: |w, x| dot_q8k::<K, 1>(w, [x])[0],
         x4: dot_q8k::<K, TILE>,

@@ -82,7 +82,7 @@ pub(super) fn quantize_q8_0(x: &[f32], out: &mut [u8]) {
 pub(super) fn quantize_q16(x: &[f32], out: &mut [u8]) {
     let nb = (x.len() / QK).min(out.len() / BlockQ16::BYTES);
     for b in 0..nb {
-        // SAFETY: block `b` < nb lies inside `x` (32 floats) and `out` (80 bytes).
+        // SAFETY: block `b` < nb lies inside `x` (32 floats) and `out` (72 bytes).
         unsafe {
             let p = x.as_ptr().add(b * QK);
             let v: [float32x4_t; 8] = core::array::from_fn(|i| vld1q_f32(p.add(4 * i)));
@@ -92,18 +92,14 @@ pub(super) fn quantize_q16(x: &[f32], out: &mut [u8]) {
             // fcvtns rounds to nearest even, saturates and maps NaN to 0, like the scalar path.
             let ints =
                 v.map(|vi| vminq_s32(vmaxq_s32(vcvtnq_s32_f32(vmulq_n_f32(vi, id)), lo), hi));
-            let sum_lo = ints[..4].iter().fold(0i32, |s, i| s + vaddvq_s32(*i));
-            let sum_hi = ints[4..].iter().fold(0i32, |s, i| s + vaddvq_s32(*i));
+            let sum = ints.iter().fold(0i32, |s, i| s + vaddvq_s32(*i));
             let o = out.as_mut_ptr().add(b * BlockQ16::BYTES);
             (o as *mut f32).write_unaligned(d);
-            (o.add(4) as *mut f32).write_unaligned(d * (sum_lo + sum_hi) as f32);
+            (o.add(4) as *mut f32).write_unaligned(d * sum as f32);
             for k in 0..4 {
                 let q = vcombine_s16(vmovn_s32(ints[2 * k]), vmovn_s32(ints[2 * k + 1]));
                 vst1q_s16(o.add(8 + 16 * k) as *mut i16, q);
             }
-            let halves = o.add(BlockQ16::HALVES) as *mut f32;
-            halves.write_unaligned(d * sum_lo as f32);
-            halves.add(1).write_unaligned(d * sum_hi as f32);
         }
     }
 }
@@ -113,7 +109,7 @@ pub(super) fn quantize_q16(x: &[f32], out: &mut [u8]) {
 /// i8 the high byte is one short, which `hi - (lo >> 7)` repairs (|q| <= 127·257 keeps hi in i8).
 #[inline(always)]
 pub(super) fn split_q16(xb: &[u8]) -> [(int8x16_t, int8x16_t); 2] {
-    let q = &xb[BlockQ16::QUANTS..BlockQ16::HALVES];
+    let q = &xb[BlockQ16::QUANTS..BlockQ16::BYTES];
     // SAFETY: `q` holds the block's 32 quants (64 bytes).
     unsafe {
         let p = q.as_ptr() as *const i8;
@@ -127,45 +123,18 @@ pub(super) fn split_q16(xb: &[u8]) -> [(int8x16_t, int8x16_t); 2] {
 
 /// Weights in format `W` · N rows of Q16 activations, in the scalar reference's float order.
 pub(super) fn dot<W: Unpack, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] {
-    let nb = xs.iter().fold(w.len() / W::BYTES * W::UNIT, |n, x| {
-        n.min(x.len() / BlockQ16::BYTES)
-    });
+    let nb = xs
+        .iter()
+        .fold(w.len() / W::BYTES, |n, x| n.min(x.len() / BlockQ16::BYTES));
     let mut acc = [0f32; N];
-    // A k-quant super-block's scales, read when the walk enters it (blocks start at 0).
-    let mut unit_scales = ([0f32; BLOCKS_PER_SUPER], [0f32; BLOCKS_PER_SUPER]);
-    let mut unit_mins = ([0f32; BLOCKS_PER_SUPER], [0f32; BLOCKS_PER_SUPER]);
     for b in 0..nb {
-        let (unit, j) = (b / W::UNIT, b % W::UNIT);
-        let wb = &w[unit * W::BYTES..(unit + 1) * W::BYTES];
-        let (w0, w1) = W::unpack(wb, j);
-        let (dw, mw) = if W::UNIT > 1 {
-            if j == 0 {
-                unit_scales = W::unit_scales(wb);
-                if W::HALF_MINS {
-                    unit_mins = W::unit_mins(wb);
-                }
-            }
-            (unit_scales.0[j], unit_scales.1[j])
-        } else {
-            W::scales(wb)
-        };
+        let wb = &w[b * W::BYTES..(b + 1) * W::BYTES];
+        let (w0, w1) = W::unpack(wb);
+        let (dw, mw) = W::scales(wb);
         for (a, x) in acc.iter_mut().zip(&xs) {
             let xb = &x[b * BlockQ16::BYTES..(b + 1) * BlockQ16::BYTES];
             let [(lo0, hi0), (lo1, hi1)] = split_q16(xb);
             let f = |i: usize| f32::from_le_bytes([xb[i], xb[i + 1], xb[i + 2], xb[i + 3]]);
-            if W::HALF_SCALES {
-                // SAFETY: register-only.
-                let zero = unsafe { vdupq_n_s8(0) };
-                let half =
-                    |w, lo, hi| 256 * dot_i8x32(w, zero, hi, zero) + dot_i8x32(w, zero, lo, zero);
-                *a += half(w0, lo0, hi0) as f32 * (dw * f(0));
-                *a += half(w1, lo1, hi1) as f32 * (mw * f(0));
-                if W::HALF_MINS {
-                    *a += unit_mins.0[j] * f(BlockQ16::HALVES);
-                    *a += unit_mins.1[j] * f(BlockQ16::HALVES + 4);
-                }
-                continue;
-            }
             let sum = 256 * dot_i8x32(w0, w1, hi0, hi1) + dot_i8x32(w0, w1, lo0, lo1);
             *a += sum as f32 * (dw * f(0));
             if W::HAS_MIN {

@@ -1,21 +1,40 @@
-//! The k-quants that take Q8K activations (Q4_K, Q5_K, Q6_K; see `quant::q8k`): each block's
-//! quants as 32 unsigned bytes, `vpmaddubsw` against the activations' bytes, `vpmaddwd` with the
-//! block's integer scales, one integer sum per (row, token) for the whole super-block, then the
-//! scalar `dot_q8k`'s float steps. The integer sums are exact, so every tile shape and every
-//! table gives the scalar kernel's bits.
+//! The k-quants, which take Q8K activations (see `quant::q8k`): each block's quants as 32
+//! unsigned bytes, `vpmaddubsw` against the activations' bytes, `vpmaddwd` with the halves'
+//! integer scales, one integer sum per (row, token) for the whole super-block, then the scalar
+//! `dot_q8k`'s float steps. The integer sums are exact, so every tile shape and every table
+//! gives the scalar kernel's bits.
 use super::*;
 use crate::quant::q8k::SUM_SPAN;
 
 /// A k-quant's blocks as unsigned bytes.
 pub(super) trait KBytes: KBlock {
-    /// What each byte holds above the signed quant (Q6_K stores `q + 32`); the kernels take
-    /// `OFFSET · Σ_half scale · Σ_half x` back out of the integer sum.
-    const OFFSET: i32 = 0;
-    /// Block `j`'s 32 quants (plus `OFFSET`) as unsigned bytes, values in order.
+    /// Block `j`'s stored quants (`KBlock::quants`, `OFFSET` above the signed ones), values in
+    /// order.
     ///
     /// # Safety
     /// `BYTES` readable bytes at `p`, `j < 8`; AVX2.
     unsafe fn bytes(p: *const u8, j: usize) -> __m256i;
+}
+
+impl KBytes for BlockQ2K {
+    #[inline(always)]
+    unsafe fn bytes(p: *const u8, j: usize) -> __m256i {
+        // SAFETY: block j's 32 bytes of quants (at 16 + 32(j / 4)) lie in the super-block.
+        unsafe { bytes32(p.add(16 + 32 * (j / 4)), 2 * (j % 4), 3) }
+    }
+}
+
+impl KBytes for BlockQ3K {
+    #[inline(always)]
+    unsafe fn bytes(p: *const u8, j: usize) -> __m256i {
+        // SAFETY: `hmask` (32 bytes at 0) and block j's low bits (32 bytes at 32 + 32(j / 4))
+        // lie in the super-block.
+        unsafe {
+            let low = bytes32(p.add(32 + 32 * (j / 4)), 2 * (j % 4), 3);
+            let high = bytes32(p, j, 1);
+            _mm256_or_si256(low, _mm256_slli_epi16(high, 2))
+        }
+    }
 }
 
 impl KBytes for BlockQ4K {
@@ -39,7 +58,6 @@ impl KBytes for BlockQ5K {
 }
 
 impl KBytes for BlockQ6K {
-    const OFFSET: i32 = 32;
     /// Block `j` is quarter `c` of half `n` (see `KBlock for BlockQ6K`).
     #[inline(always)]
     unsafe fn bytes(p: *const u8, j: usize) -> __m256i {
@@ -54,19 +72,35 @@ impl KBytes for BlockQ6K {
     }
 }
 
+/// `(byte >> shift) & mask` of each of the 32 bytes at `p`, kept as bytes. The shift runs on
+/// 16-bit lanes; the mask drops what crossed from the neighbouring byte, and a shift left by up
+/// to 4 of the result (at most 3 bits wide) stays inside each byte.
+///
+/// # Safety
+/// 32 readable bytes at `p`; AVX2.
+#[inline(always)]
+pub(super) unsafe fn bytes32(p: *const u8, shift: usize, mask: i8) -> __m256i {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        let v = _mm256_loadu_si256(p as *const __m256i);
+        let v = _mm256_srl_epi16(v, _mm_cvtsi32_si128(shift as i32));
+        _mm256_and_si256(v, _mm256_set1_epi8(mask))
+    }
+}
+
 /// One row's super-block, read once for all the tokens it meets: its f16 scales, and its
 /// integer factors as `i16` lanes.
 #[derive(Clone, Copy)]
 struct Factors {
     /// The f16 scale (low half) and minimum scale (high half), as stored.
     f16s: i32,
-    /// Low 128 bits: the eight blocks' first-half scales; high: their second-half scales (the
-    /// same for formats without half scales). Block `j`'s `vpmaddwd` operand is lane `j` of each
-    /// half, broadcast within it (`block_scales`).
+    /// Low 128 bits: the eight blocks' first-half scales; high: their second-half scales.
+    /// Block `j`'s `vpmaddwd` operand is lane `j` of each half, broadcast within it
+    /// (`block_scales`).
     by_block: __m256i,
     /// Lane `k`: the scale of values `16k .. 16k + 16`, the order of the activations' sums.
     by_half: __m256i,
-    /// Lane `k`: the minimum factor of values `16k .. 16k + 16` (zeros without minimums).
+    /// Lane `k`: the minimum of values `16k .. 16k + 16` (zeros without minimums).
     mins: __m256i,
 }
 
@@ -88,21 +122,18 @@ impl Factors {
 unsafe fn factors<K: KBytes>(p: *const u8) -> Factors {
     // SAFETY: as the caller guarantees.
     unsafe {
-        let (s, m) = K::unit_ints(core::slice::from_raw_parts(p, K::BYTES));
-        let (s, m) = (
-            _mm_cvtsi64_si128(i64::from_le_bytes(s.map(|v| v as u8))),
-            _mm_cvtsi64_si128(i64::from_le_bytes(m.map(|v| v as u8))),
-        );
-        // The second halves' scales: `m` for Q6_K, the blocks' own scales otherwise.
-        let hi = if K::HALF_SCALES { m } else { s };
+        let ints = K::ints(core::slice::from_raw_parts(p, K::BYTES));
+        let eight = |v: [i8; 8]| _mm_cvtsi64_si128(i64::from_le_bytes(v.map(|v| v as u8)));
+        let (lo, hi) = (eight(ints.scales[0]), eight(ints.scales[1]));
         let (d_at, dmin_at) = K::F16_AT;
         let bits = |at: usize| (p.add(at) as *const u16).read_unaligned() as i32;
         Factors {
             f16s: bits(d_at) | (bits(dmin_at) << 16),
-            by_block: _mm256_cvtepi8_epi16(_mm_unpacklo_epi64(s, hi)),
-            by_half: _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(s, hi)),
+            by_block: _mm256_cvtepi8_epi16(_mm_unpacklo_epi64(lo, hi)),
+            by_half: _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(lo, hi)),
             mins: if K::HAS_MIN {
-                _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(m, m))
+                let (lo, hi) = (eight(ints.mins[0]), eight(ints.mins[1]));
+                _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(lo, hi))
             } else {
                 _mm256_setzero_si256()
             },

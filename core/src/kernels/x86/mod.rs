@@ -8,8 +8,8 @@
 //! into `i16` quants and scales; `quants` holds the quantizers and the one-row dots; `kquants`
 //! the k-quants' bytes and their dots with Q8K activations; `panel` the
 //! packing, the many-token panel kernels and their decoding twin; `axpy` attention's sum over V;
-//! `float` the f32/f16 dots and element-wise kernels. A new format is an `Unpack` impl and a
-//! table entry.
+//! `float` the f32/f16 dots and element-wise kernels. A new format is an `Unpack` impl (a
+//! k-quant: a `KBytes` impl) and a table entry.
 use core::arch::x86_64::*;
 
 mod axpy;
@@ -30,7 +30,7 @@ use super::panel::{
     PANEL, PANEL_BLOCK_BYTES, PANEL_QUANTS, X8, X8_BLOCK_BYTES, X8_QUANTS, X8_ROWS,
 };
 use super::{Kernels, PanelAcc, PanelDots, PanelRows, QuantDots, TILE};
-use crate::quant::k_quants::{BLOCKS_PER_SUPER, QK_K};
+use crate::quant::k_quants::QK_K;
 use crate::quant::{
     BlockQ16, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
     BlockQ6K, BlockQ8K, BlockQ8_0, KBlock, QK,
@@ -86,8 +86,8 @@ const fn table<const ISA: u8>(name: &'static str) -> Kernels {
         q4_1: dots::<BlockQ4_1, ISA>(),
         q5_0: dots::<BlockQ5_0, ISA>(),
         q5_1: dots::<BlockQ5_1, ISA>(),
-        q2_k: dots::<BlockQ2K, ISA>(),
-        q3_k: dots::<BlockQ3K, ISA>(),
+        q2_k: q8k_dots::<BlockQ2K, ISA>(),
+        q3_k: q8k_dots::<BlockQ3K, ISA>(),
         q4_k: q8k_dots::<BlockQ4K, ISA>(),
         q5_k: q8k_dots::<BlockQ5K, ISA>(),
         q6_k: q8k_dots::<BlockQ6K, ISA>(),

@@ -24,7 +24,6 @@ pub(super) unsafe fn pack_avx2<W: Unpack>(
     b0: usize,
     out: &mut [u8],
 ) {
-    let mut unit_scales = UnitScales::new();
     for b in 0..nb {
         // SAFETY: as the caller guarantees: block `b0 + b` inside every row, packed block `b`
         // inside `out`.
@@ -32,14 +31,6 @@ pub(super) unsafe fn pack_avx2<W: Unpack>(
             let o = out.as_mut_ptr().add(b * PANEL_BLOCK_BYTES);
             let q = o.add(PANEL_QUANTS) as *mut __m256i;
             let mut dm = [0f32; PANEL_QUANTS / 4];
-            let j0 = (b0 + b) % W::UNIT;
-            if W::UNIT > 1 && (b == 0 || j0 == 0) {
-                let units = core::array::from_fn(|r| match rows[r] {
-                    Some(w) => unit::<W>(w.as_ptr(), b0 + b).0,
-                    None => core::ptr::null(),
-                });
-                unit_scales.read::<W>(units);
-            }
             // Eight rows at a time: lo[i] holds row i's pairs 0..8 (one per 32-bit lane), hi[i]
             // pairs 8..16; transposed, each vector holds one pair of the eight rows, the half
             // of a packed pair that belongs to them.
@@ -49,21 +40,14 @@ pub(super) unsafe fn pack_avx2<W: Unpack>(
                 for i in 0..8 {
                     let r = 8 * h + i;
                     if let Some(w) = rows[r] {
-                        let (p, j) = unit::<W>(w.as_ptr(), b0 + b);
+                        let p = block_at::<W>(w.as_ptr(), b0 + b);
                         // The next panel's rows: packing reads sixteen streams at a time, more
                         // than the hardware prefetcher follows.
-                        let ahead = PANEL * w.len() + line_in_unit::<W>(j);
+                        let ahead = PANEL * w.len();
                         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
-                        (lo[i], hi[i]) = W::unpack(p, j);
-                        (dm[r], dm[PANEL + r]) = if W::UNIT > 1 {
-                            unit_scales.one(j, r)
-                        } else {
-                            let (d, m) = W::scales(p, j);
-                            (_mm256_cvtss_f32(d), _mm256_cvtss_f32(m))
-                        };
-                        if W::HALF_MINS {
-                            (dm[2 * PANEL + r], dm[3 * PANEL + r]) = unit_scales.mins_one(j, r);
-                        }
+                        (lo[i], hi[i]) = W::unpack(p);
+                        let (d, m) = W::scales(p);
+                        (dm[r], dm[PANEL + r]) = (_mm256_cvtss_f32(d), _mm256_cvtss_f32(m));
                     }
                 }
                 let (lo, hi) = (transpose8(lo), transpose8(hi));
@@ -74,22 +58,6 @@ pub(super) unsafe fn pack_avx2<W: Unpack>(
             }
             core::ptr::copy_nonoverlapping(dm.as_ptr() as *const u8, o, PANEL_QUANTS);
         }
-    }
-}
-
-/// The Q16 block at `xp`'s two half sums, broadcast.
-///
-/// # Safety
-/// A whole Q16 block at `xp`; AVX.
-#[inline(always)]
-unsafe fn q16_halves(xp: *const u8) -> (__m256, __m256) {
-    // SAFETY: as the caller guarantees.
-    unsafe {
-        let h = xp.add(BlockQ16::HALVES) as *const f32;
-        (
-            _mm256_set1_ps(h.read_unaligned()),
-            _mm256_set1_ps(h.add(1).read_unaligned()),
-        )
     }
 }
 
@@ -213,8 +181,7 @@ pub(super) unsafe fn panel_half<W: Unpack, const ISA: u8>(
             }
             // Two sums per token, one per half of the block (pairs 0..8 and 8..16) and taken in
             // turn, so that enough `vpdpwssd`s are in flight to cover its latency; integer
-            // addition is exact, so the split changes no result, and the halves are what
-            // formats with half scales need apart.
+            // addition is exact, so the split changes no result.
             let mut split = [[_mm256_setzero_si256(); TILE]; 2];
             for p0 in 0..QK / 4 {
                 for (s, sums) in split.iter_mut().enumerate() {
@@ -232,21 +199,6 @@ pub(super) unsafe fn panel_half<W: Unpack, const ISA: u8>(
                 }
             }
             let dw = _mm256_loadu_ps(pb.add(h * 32) as *const f32);
-            if W::HALF_SCALES {
-                let dw_hi = _mm256_loadu_ps(pb.add(PANEL * 4 + h * 32) as *const f32);
-                let min_lo = _mm256_loadu_ps(pb.add(2 * PANEL * 4 + h * 32) as *const f32);
-                let min_hi = _mm256_loadu_ps(pb.add(3 * PANEL * 4 + h * 32) as *const f32);
-                for t in 0..TILE {
-                    let dx = _mm256_set1_ps((xp[t] as *const f32).read_unaligned());
-                    let (lo, hi) = (split[0][t], split[1][t]);
-                    facc[t] = half_sums(lo, hi, dw, dw_hi, dx, facc[t]);
-                    if W::HALF_MINS {
-                        let (s_lo, s_hi) = q16_halves(xp[t]);
-                        facc[t] = half_mins(min_lo, min_hi, s_lo, s_hi, facc[t]);
-                    }
-                }
-                continue;
-            }
             for t in 0..TILE {
                 let isum = _mm256_add_epi32(split[0][t], split[1][t]);
                 let dx = _mm256_set1_ps((xp[t] as *const f32).read_unaligned());
@@ -286,9 +238,6 @@ pub(super) unsafe fn rows_tile<W: Unpack, const ISA: u8, const T: usize>(
     // features of `ISA`.
     unsafe {
         let mut facc = [[_mm256_setzero_ps(); PANEL / 8]; T];
-        let mut unit_scales = UnitScales::new();
-        // Each row's k-quant super-block in use, found once per super-block.
-        let mut units = [w[0].as_ptr(); PANEL];
         // The prefetches' distance: the same block of the next panel's row (the panel's rows are
         // usually one run of memory, which a fixed distance would land inside).
         let next_panel: [usize; PANEL] = core::array::from_fn(|r| PANEL * w[r].len());
@@ -297,69 +246,32 @@ pub(super) unsafe fn rows_tile<W: Unpack, const ISA: u8, const T: usize>(
             let mut x1 = [_mm256_setzero_si256(); T];
             let mut dx = [_mm256_setzero_ps(); T];
             let mut s = [_mm256_setzero_ps(); T];
-            let mut halves = [(_mm256_setzero_ps(), _mm256_setzero_ps()); T];
             for t in 0..T {
                 let xp = xs[t].as_ptr().add(b * BlockQ16::BYTES);
                 x0[t] = _mm256_loadu_si256(xp.add(8) as *const __m256i);
                 x1[t] = _mm256_loadu_si256(xp.add(40) as *const __m256i);
                 dx[t] = _mm256_set1_ps((xp as *const f32).read_unaligned());
                 s[t] = _mm256_set1_ps((xp.add(4) as *const f32).read_unaligned());
-                if W::HALF_MINS {
-                    halves[t] = q16_halves(xp);
-                }
-            }
-            let j = b % W::UNIT;
-            if W::UNIT > 1 && j == 0 {
-                units = core::array::from_fn(|r| unit::<W>(w[r].as_ptr(), b).0);
-                unit_scales.read::<W>(units);
             }
             for h in 0..PANEL / 8 {
-                let wp: [*const u8; 8] = core::array::from_fn(|r| {
-                    if W::UNIT > 1 {
-                        units[8 * h + r]
-                    } else {
-                        unit::<W>(w[8 * h + r].as_ptr(), b).0
-                    }
-                });
+                let wp: [*const u8; 8] =
+                    core::array::from_fn(|r| block_at::<W>(w[8 * h + r].as_ptr(), b));
                 let mut v = [[_mm256_setzero_si256(); 8]; T];
-                let mut v_hi = [[_mm256_setzero_si256(); 8]; T];
                 for r in 0..8 {
-                    let ahead = next_panel[8 * h + r] + line_in_unit::<W>(j);
+                    let ahead = next_panel[8 * h + r];
                     _mm_prefetch::<_MM_HINT_T0>(wp[r].wrapping_add(ahead) as *const i8);
-                    let (lo, hi) = W::unpack(wp[r], j);
+                    let (lo, hi) = W::unpack(wp[r]);
                     for t in 0..T {
                         let dot = _mm256_madd_epi16(lo, x0[t]);
-                        if W::HALF_SCALES {
-                            v[t][r] = dot;
-                            v_hi[t][r] = _mm256_madd_epi16(hi, x1[t]);
-                            continue;
-                        }
                         v[t][r] = match ISA {
                             AVX512_VNNI | AVX_VNNI => dpwssd::<ISA>(dot, hi, x1[t]),
                             _ => _mm256_add_epi32(dot, _mm256_madd_epi16(hi, x1[t])),
                         };
                     }
                 }
-                let (dw, mw) = if W::UNIT > 1 {
-                    unit_scales.eight(j, h)
-                } else {
-                    W::scales8(wp, j)
-                };
-                let (min_lo, min_hi) = if W::HALF_MINS {
-                    unit_scales.mins_eight(j, h)
-                } else {
-                    (_mm256_setzero_ps(), _mm256_setzero_ps())
-                };
+                let (dw, mw) = W::scales8(wp);
                 for t in 0..T {
                     let acc = &mut facc[t][h];
-                    if W::HALF_SCALES {
-                        let (lo, hi) = (sum_across8(v[t]), sum_across8(v_hi[t]));
-                        *acc = half_sums(lo, hi, dw, mw, dx[t], *acc);
-                        if W::HALF_MINS {
-                            *acc = half_mins(min_lo, min_hi, halves[t].0, halves[t].1, *acc);
-                        }
-                        continue;
-                    }
                     let isum = sum_across8(v[t]);
                     *acc =
                         _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx[t]), *acc);
@@ -400,15 +312,13 @@ unsafe fn transpose_x8_avx2(nb: usize, xs: [*const u8; X8], b0: usize, out: *mut
             let o = out.add(b * X8_BLOCK_BYTES);
             let mut lo = [_mm256_setzero_si256(); X8];
             let mut hi = [_mm256_setzero_si256(); X8];
-            // The tokens' d, s and two half sums, one row each.
-            let mut floats = [[0f32; X8]; 4];
+            // The tokens' d and s, one row each.
+            let mut floats = [[0f32; X8]; 2];
             for t in 0..X8 {
                 let x = xs[t].add((b0 + b) * BlockQ16::BYTES);
                 let f = |at: usize| (x.add(at) as *const f32).read_unaligned();
                 floats[0][t] = f(0);
                 floats[1][t] = f(4);
-                floats[2][t] = f(BlockQ16::HALVES);
-                floats[3][t] = f(BlockQ16::HALVES + 4);
                 lo[t] = _mm256_loadu_si256(x.add(8) as *const __m256i);
                 hi[t] = _mm256_loadu_si256(x.add(40) as *const __m256i);
             }
@@ -451,7 +361,7 @@ pub(super) fn rows_x8<W: Unpack, const ISA: u8>(
 
 /// Per block: each row's 32 quants widened to a buffer, then per pair the eight tokens' pairs
 /// loaded once and multiplied with each row's pair broadcast (one integer sum per (row, token)
-/// in a lane, the halves apart), then the panel kernel's scaling per lane.
+/// in a lane), then the panel kernel's scaling per lane.
 ///
 /// # Safety
 /// The CPU has AVX2, FMA, F16C and the features of `ISA`; blocks `b0 .. b0 + nb` of format `W`
@@ -479,34 +389,15 @@ unsafe fn rows_x8_tile<W: Unpack, const ISA: u8>(
         if nb > 0 {
             widen_rows::<W>(w, row_len, b0, &mut quants.0[0]);
         }
-        let mut unit_d = [[0f32; BLOCKS_PER_SUPER]; X8_ROWS];
-        let mut unit_m = [[0f32; BLOCKS_PER_SUPER]; X8_ROWS];
-        let mut unit_min_lo = [[0f32; BLOCKS_PER_SUPER]; X8_ROWS];
-        let mut unit_min_hi = [[0f32; BLOCKS_PER_SUPER]; X8_ROWS];
-        // (Stored as arrays: a block's scale is then one broadcast load.)
         for b in 0..nb {
             if b + 1 < nb {
                 widen_rows::<W>(w, row_len, b0 + b + 1, &mut quants.0[(b + 1) % 2]);
             }
             let q = &quants.0[b % 2];
-            let mut j = 0;
-            let mut units = [w[0]; X8_ROWS];
-            for r in 0..X8_ROWS {
-                (units[r], j) = unit::<W>(w[r], b0 + b);
-                if W::UNIT > 1 && (b == 0 || j == 0) {
-                    let (d, m) = W::unit_scales(units[r]);
-                    _mm256_storeu_ps(unit_d[r].as_mut_ptr(), d);
-                    _mm256_storeu_ps(unit_m[r].as_mut_ptr(), m);
-                    if W::HALF_MINS {
-                        let (lo, hi) = W::unit_mins(units[r]);
-                        _mm256_storeu_ps(unit_min_lo[r].as_mut_ptr(), lo);
-                        _mm256_storeu_ps(unit_min_hi[r].as_mut_ptr(), hi);
-                    }
-                }
-            }
             let x = xt.add(b * X8_BLOCK_BYTES);
             let xq = x.add(X8_QUANTS) as *const __m256i;
-            // One sum per row and half of the block.
+            // Two sums per row, one per half of the block: two chains of `vpdpwssd` in flight
+            // (integer addition is exact, so the split changes no result).
             let mut lo = [_mm256_setzero_si256(); X8_ROWS];
             let mut hi = [_mm256_setzero_si256(); X8_ROWS];
             for p in 0..QK / 4 {
@@ -529,23 +420,8 @@ unsafe fn rows_x8_tile<W: Unpack, const ISA: u8>(
             }
             let dx = _mm256_loadu_ps(x as *const f32);
             let s = _mm256_loadu_ps(x.add(X8 * 4) as *const f32);
-            let s_lo = _mm256_loadu_ps(x.add(2 * X8 * 4) as *const f32);
-            let s_hi = _mm256_loadu_ps(x.add(3 * X8 * 4) as *const f32);
             for r in 0..X8_ROWS {
-                let (d, m) = if W::UNIT > 1 {
-                    (_mm256_set1_ps(unit_d[r][j]), _mm256_set1_ps(unit_m[r][j]))
-                } else {
-                    W::scales(units[r], j)
-                };
-                if W::HALF_SCALES {
-                    facc[r] = half_sums(lo[r], hi[r], d, m, dx, facc[r]);
-                    if W::HALF_MINS {
-                        let min_lo = _mm256_set1_ps(unit_min_lo[r][j]);
-                        let min_hi = _mm256_set1_ps(unit_min_hi[r][j]);
-                        facc[r] = half_mins(min_lo, min_hi, s_lo, s_hi, facc[r]);
-                    }
-                    continue;
-                }
+                let (d, m) = W::scales(block_at::<W>(w[r], b0 + b));
                 let isum = _mm256_add_epi32(lo[r], hi[r]);
                 facc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, dx), facc[r]);
                 if W::HAS_MIN {
@@ -578,10 +454,10 @@ unsafe fn widen_rows<W: Unpack>(
     // SAFETY: as the caller guarantees; `out[r]` is 64 bytes at a 32-byte boundary.
     unsafe {
         for r in 0..X8_ROWS {
-            let (p, j) = unit::<W>(w[r], b);
-            let ahead = X8_ROWS * row_len + line_in_unit::<W>(j);
+            let p = block_at::<W>(w[r], b);
+            let ahead = X8_ROWS * row_len;
             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
-            let (lo, hi) = W::unpack(p, j);
+            let (lo, hi) = W::unpack(p);
             let q = out[r].as_mut_ptr() as *mut __m256i;
             _mm256_store_si256(q, lo);
             _mm256_store_si256(q.add(1), hi);
@@ -747,8 +623,7 @@ pub(super) unsafe fn panel_avx512<W: Unpack>(
             for t in 0..TILE {
                 xp[t] = xs[t].as_ptr().add(b * BlockQ16::BYTES);
             }
-            // Four sums per token, one per quarter of the block: the first two make the low
-            // half, the last two the high half.
+            // Four sums per token, one per quarter of the block.
             let mut split = [[_mm512_setzero_si512(); TILE]; SPLIT];
             for p0 in 0..QK / 2 / SPLIT {
                 for (s, sums) in split.iter_mut().enumerate() {
@@ -762,28 +637,6 @@ pub(super) unsafe fn panel_avx512<W: Unpack>(
                 }
             }
             let dw = _mm512_loadu_ps(pb as *const f32);
-            if W::HALF_SCALES {
-                let dw_hi = _mm512_loadu_ps(pb.add(PANEL * 4) as *const f32);
-                let min_lo = _mm512_loadu_ps(pb.add(2 * PANEL * 4) as *const f32);
-                let min_hi = _mm512_loadu_ps(pb.add(3 * PANEL * 4) as *const f32);
-                for t in 0..TILE {
-                    let dx = _mm512_set1_ps((xp[t] as *const f32).read_unaligned());
-                    let lo = _mm512_add_epi32(split[0][t], split[1][t]);
-                    let hi = _mm512_add_epi32(split[2][t], split[3][t]);
-                    let lo = _mm512_cvtepi32_ps(lo);
-                    let hi = _mm512_cvtepi32_ps(hi);
-                    facc[t] = _mm512_fmadd_ps(lo, _mm512_mul_ps(dw, dx), facc[t]);
-                    facc[t] = _mm512_fmadd_ps(hi, _mm512_mul_ps(dw_hi, dx), facc[t]);
-                    if W::HALF_MINS {
-                        let h = xp[t].add(BlockQ16::HALVES) as *const f32;
-                        let s_lo = _mm512_set1_ps(h.read_unaligned());
-                        let s_hi = _mm512_set1_ps(h.add(1).read_unaligned());
-                        facc[t] = _mm512_fmadd_ps(min_lo, s_lo, facc[t]);
-                        facc[t] = _mm512_fmadd_ps(min_hi, s_hi, facc[t]);
-                    }
-                }
-                continue;
-            }
             for t in 0..TILE {
                 let isum = _mm512_add_epi32(
                     _mm512_add_epi32(split[0][t], split[1][t]),

@@ -79,7 +79,7 @@ pub(super) unsafe fn hsum_epi32(v: __m256i) -> i32 {
 pub(super) unsafe fn quantize_q16_avx2(x: &[f32], out: &mut [u8]) {
     let nb = (x.len() / QK).min(out.len() / BlockQ16::BYTES);
     for b in 0..nb {
-        // SAFETY: block `b` < nb lies inside `x` (32 floats) and `out` (80 bytes).
+        // SAFETY: block `b` < nb lies inside `x` (32 floats) and `out` (72 bytes).
         unsafe {
             let p = x.as_ptr().add(b * QK);
             let v: [__m256; 4] = core::array::from_fn(|i| _mm256_loadu_ps(p.add(8 * i)));
@@ -96,19 +96,18 @@ pub(super) unsafe fn quantize_q16_avx2(x: &[f32], out: &mut [u8]) {
                 let s = _mm256_and_ps(s, _mm256_cmp_ps(s, s, _CMP_ORD_Q));
                 ints[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(s, lo), hi));
             }
-            let sum_lo = hsum_epi32(_mm256_add_epi32(ints[0], ints[1]));
-            let sum_hi = hsum_epi32(_mm256_add_epi32(ints[2], ints[3]));
+            let sum = _mm256_add_epi32(
+                _mm256_add_epi32(ints[0], ints[1]),
+                _mm256_add_epi32(ints[2], ints[3]),
+            );
             // packs interleaves the 128-bit lanes of its operands; the permute restores order.
             let q01 = _mm256_permute4x64_epi64(_mm256_packs_epi32(ints[0], ints[1]), 0b11_01_10_00);
             let q23 = _mm256_permute4x64_epi64(_mm256_packs_epi32(ints[2], ints[3]), 0b11_01_10_00);
             let o = out.as_mut_ptr().add(b * BlockQ16::BYTES);
             (o as *mut f32).write_unaligned(d);
-            (o.add(4) as *mut f32).write_unaligned(d * (sum_lo + sum_hi) as f32);
+            (o.add(4) as *mut f32).write_unaligned(d * hsum_epi32(sum) as f32);
             _mm256_storeu_si256(o.add(8) as *mut __m256i, q01);
             _mm256_storeu_si256(o.add(40) as *mut __m256i, q23);
-            let halves = o.add(BlockQ16::HALVES) as *mut f32;
-            halves.write_unaligned(d * sum_lo as f32);
-            halves.add(1).write_unaligned(d * sum_hi as f32);
         }
     }
 }
@@ -234,16 +233,11 @@ pub(super) unsafe fn tile<W: Unpack, const R: usize, const N: usize, const ISA: 
             let mut dw = [_mm256_setzero_ps(); R];
             let mut mw = [_mm256_setzero_ps(); R];
             let mut qw = [(_mm256_setzero_si256(), _mm256_setzero_si256()); R];
-            let mut mins = [(_mm256_setzero_ps(), _mm256_setzero_ps()); R];
             for r in 0..R {
-                let (wp, j) = unit::<W>(w[r].as_ptr(), b);
-                let ahead = PREFETCH + line_in_unit::<W>(j);
-                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(ahead) as *const i8);
-                (dw[r], mw[r]) = W::scales(wp, j);
-                if W::HALF_MINS {
-                    mins[r] = W::mins(wp, j);
-                }
-                qw[r] = W::unpack(wp, j);
+                let wp = block_at::<W>(w[r].as_ptr(), b);
+                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PREFETCH) as *const i8);
+                (dw[r], mw[r]) = W::scales(wp);
+                qw[r] = W::unpack(wp);
             }
             for t in 0..N {
                 let xp = xs[t].as_ptr().add(b * BlockQ16::BYTES);
@@ -254,21 +248,6 @@ pub(super) unsafe fn tile<W: Unpack, const R: usize, const N: usize, const ISA: 
                 let x0 = _mm256_loadu_si256(xp.add(8) as *const __m256i);
                 let x1 = _mm256_loadu_si256(xp.add(40) as *const __m256i);
                 for r in 0..R {
-                    if W::HALF_SCALES {
-                        // Each half's sum with its own scale, low half first.
-                        let lo = _mm256_cvtepi32_ps(_mm256_madd_epi16(qw[r].0, x0));
-                        let hi = _mm256_cvtepi32_ps(_mm256_madd_epi16(qw[r].1, x1));
-                        acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(lo, dx), dw[r], acc[r][t]);
-                        acc[r][t] = _mm256_fmadd_ps(_mm256_mul_ps(hi, dx), mw[r], acc[r][t]);
-                        if W::HALF_MINS {
-                            // As `s` above: each half's sum spread over the lanes.
-                            let h = xp.add(BlockQ16::HALVES) as *const f32;
-                            let s_lo = _mm256_set1_ps(h.read_unaligned() * 0.125);
-                            let s_hi = _mm256_set1_ps(h.add(1).read_unaligned() * 0.125);
-                            acc[r][t] = half_mins(mins[r].0, mins[r].1, s_lo, s_hi, acc[r][t]);
-                        }
-                        continue;
-                    }
                     let dot = _mm256_madd_epi16(qw[r].0, x0);
                     let dot = match ISA {
                         AVX512_VNNI | AVX_VNNI => dpwssd::<ISA>(dot, qw[r].1, x1),
