@@ -86,8 +86,8 @@ pub fn dot_q8k<K: KBlock, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] 
                         .map(|(q, x)| *q as i32 * *x as i32)
                         .sum();
                     let sum = xb.sums[k] as i32;
-                    isum += ints.scales[h][j] as i32 * (qx - K::OFFSET * sum);
-                    msum += ints.mins[h][j] as i32 * sum;
+                    isum += ints.scales[k] as i32 * (qx - K::OFFSET * sum);
+                    msum += ints.mins[k] as i32 * sum;
                 }
             }
             *a += q8k_step(d, dmin, xb.d, isum, msum);

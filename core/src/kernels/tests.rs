@@ -149,7 +149,7 @@ fn abs_dot(format: Format, w: &[u8], x: &[u8], n: usize) -> f32 {
             let ints = K::ints(sb);
             for (j, xb) in xs.chunks_exact(QK).enumerate() {
                 for (l, (q, x)) in K::quants(sb, j).iter().zip(xb).enumerate() {
-                    let (scale, min) = (ints.scales[l / 16][j], ints.mins[l / 16][j]);
+                    let (scale, min) = (ints.scales[2 * j + l / 16], ints.mins[2 * j + l / 16]);
                     let v = d * scale as f32 * (*q as i32 - K::OFFSET) as f32;
                     sum += (v.abs() + (dmin * min as f32).abs()) * x.abs();
                 }

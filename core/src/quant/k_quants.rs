@@ -16,15 +16,18 @@ pub const QK_K: usize = 256;
 /// Blocks of 32 values per super-block.
 pub const BLOCKS_PER_SUPER: usize = QK_K / QK;
 
-/// A super-block's integer factors, what a kernel reads once per super-block: index `h` of each
-/// is the halves `h` (values `16h .. 16h + 16`) of the eight blocks. All fit an `i8` (6-bit
-/// scales, signed for Q3_K and Q6_K), so kernels widen them eight at a time.
+/// Halves (16 values) per super-block.
+pub const HALVES_PER_SUPER: usize = 2 * BLOCKS_PER_SUPER;
+
+/// A super-block's integer factors, what a kernel reads once per super-block, in the order of
+/// the values: entry `k` is half `k` (values `16k .. 16k + 16`; block `k / 2`). All fit an `i8`
+/// (4- to 8-bit, signed for Q3_K and Q6_K), so kernels widen them sixteen at a time.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct KInts {
-    /// `scales[h][j]`: the scale of half `h` of block `j`.
-    pub scales: [[i8; BLOCKS_PER_SUPER]; 2],
-    /// `mins[h][j]`: its minimum (zeros for formats without minimums).
-    pub mins: [[i8; BLOCKS_PER_SUPER]; 2],
+    /// Each half's scale.
+    pub scales: [i8; HALVES_PER_SUPER],
+    /// Each half's minimum (zeros for formats without minimums).
+    pub mins: [i8; HALVES_PER_SUPER],
 }
 
 /// A k-quant format, read super-block by super-block.
@@ -70,11 +73,11 @@ pub fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
-/// Q4_K's and Q5_K's eight 6-bit scales and minimums (`scale_min_k4` of every block): the twelve
-/// packed bytes unpacked as words at once (ggml's `kmask` shuffle). Both halves of a block share
-/// them.
+/// Q4_K's and Q5_K's eight 6-bit scales and minimums (`scale_min_k4` of every block), one byte
+/// per block: the twelve packed bytes unpacked as words at once (ggml's `kmask` shuffle). Both
+/// halves of a block share them.
 #[inline(always)]
-fn k4_ints(sb: &[u8]) -> KInts {
+pub fn k4_scales_mins(sb: &[u8]) -> ([i8; BLOCKS_PER_SUPER], [i8; BLOCKS_PER_SUPER]) {
     const LOW6: u32 = 0x3f3f_3f3f;
     const LOW4: u32 = 0x0f0f_0f0f;
     const LOW2: u32 = 0x0303_0303;
@@ -89,32 +92,40 @@ fn k4_ints(sb: &[u8]) -> KInts {
             .to_le_bytes()
             .map(|b| b as i8)
     };
-    let (scales, mins) = (bytes(scales), bytes(mins));
+    (bytes(scales), bytes(mins))
+}
+
+/// `k4_scales_mins` per half.
+#[inline(always)]
+fn k4_ints(sb: &[u8]) -> KInts {
+    let (scales, mins) = k4_scales_mins(sb);
     KInts {
-        scales: [scales, scales],
-        mins: [mins, mins],
+        scales: core::array::from_fn(|k| scales[k / 2]),
+        mins: core::array::from_fn(|k| mins[k / 2]),
     }
 }
 
-/// Q3_K's 6-bit scale of 16-value half `s` (0..16), less 32: four low bits from the first
-/// eight bytes, two high bits from the last four.
+/// Q3_K's sixteen 6-bit scales plus 32, half `k` in byte `k`, from the twelve packed bytes at
+/// 96: half `k`'s four low bits are nibble `k / 8` of byte `k % 8`, its two high bits bits
+/// `2(k / 4)` of byte `8 + k % 4`; as words at once (ggml's `kmask` shuffle).
 #[inline(always)]
-fn q3_scale(scales: &[u8], s: usize) -> i8 {
-    let low = (scales[s % 8] >> (4 * (s / 8))) & 0x0f;
-    let high = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
-    (low | (high << 4)) as i8 - 32
+pub fn q3_scale_words(sb: &[u8]) -> [u32; 4] {
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const LOW2: u32 = 0x0303_0303;
+    let word = |i: usize| u32::from_le_bytes([sb[96 + i], sb[97 + i], sb[98 + i], sb[99 + i]]);
+    let (a0, a1, a2) = (word(0), word(4), word(8));
+    [
+        (a0 & LOW4) | ((a2 & LOW2) << 4),
+        (a1 & LOW4) | (((a2 >> 2) & LOW2) << 4),
+        ((a0 >> 4) & LOW4) | (((a2 >> 4) & LOW2) << 4),
+        ((a1 >> 4) & LOW4) | (((a2 >> 6) & LOW2) << 4),
+    ]
 }
 
 /// `(bytes[l] >> shift) & mask` of 32 bytes.
 #[inline(always)]
 fn bits(bytes: &[u8], shift: usize, mask: u8) -> [u8; QK] {
     core::array::from_fn(|l| (bytes[l] >> shift) & mask)
-}
-
-/// Half `h` of block `j` is byte `2j + h` of a 16-byte run of per-half factors.
-#[inline(always)]
-fn by_half(b: &[u8], f: impl Fn(u8) -> i8) -> [[i8; BLOCKS_PER_SUPER]; 2] {
-    [0, 1].map(|h| core::array::from_fn(|j| f(b[2 * j + h])))
 }
 
 impl KBlock for BlockQ2K {
@@ -124,8 +135,8 @@ impl KBlock for BlockQ2K {
     #[inline(always)]
     fn ints(sb: &[u8]) -> KInts {
         KInts {
-            scales: by_half(sb, |b| (b & 0x0f) as i8),
-            mins: by_half(sb, |b| (b >> 4) as i8),
+            scales: core::array::from_fn(|k| (sb[k] & 0x0f) as i8),
+            mins: core::array::from_fn(|k| (sb[k] >> 4) as i8),
         }
     }
     /// Block `j` takes bits `2c, 2c + 1` (c = j % 4) of `qs[32(j / 4)..]` (ggml's
@@ -142,10 +153,10 @@ impl KBlock for BlockQ3K {
     const F16_AT: (usize, usize) = (108, 108);
     #[inline(always)]
     fn ints(sb: &[u8]) -> KInts {
-        let scales = &sb[96..108];
+        let words = q3_scale_words(sb);
         KInts {
-            scales: [0, 1].map(|h| core::array::from_fn(|j| q3_scale(scales, 2 * j + h))),
-            mins: [[0; BLOCKS_PER_SUPER]; 2],
+            scales: core::array::from_fn(|k| (words[k / 4] >> (8 * (k % 4))) as u8 as i8 - 32),
+            mins: [0; HALVES_PER_SUPER],
         }
     }
     /// Block `j` takes bits `2c, 2c + 1` (c = j % 4) of `qs[32(j / 4)..]` and bit `j` of `hmask`;
@@ -194,8 +205,8 @@ impl KBlock for BlockQ6K {
     #[inline(always)]
     fn ints(sb: &[u8]) -> KInts {
         KInts {
-            scales: by_half(&sb[192..208], |b| b as i8),
-            mins: [[0; BLOCKS_PER_SUPER]; 2],
+            scales: core::array::from_fn(|k| sb[192 + k] as i8),
+            mins: [0; HALVES_PER_SUPER],
         }
     }
     /// Block `j` is quarter `c = j % 4` of half `n = j / 4`: low nibbles of `ql[32c..]` for
@@ -220,8 +231,8 @@ pub fn dequantize_blocks<K: KBlock>(bytes: &[u8], out: &mut [f32]) {
                 .zip(q.chunks_exact(QK / 2))
                 .enumerate()
             {
-                let scale = d * ints.scales[h][j] as f32;
-                let min = dmin * ints.mins[h][j] as f32;
+                let scale = d * ints.scales[2 * j + h] as f32;
+                let min = dmin * ints.mins[2 * j + h] as f32;
                 for (y, q) in y.iter_mut().zip(q) {
                     let v = scale * (*q as i32 - K::OFFSET) as f32;
                     *y = if K::HAS_MIN { v - min } else { v };
@@ -241,11 +252,22 @@ mod tests {
         #[test]
         fn k4_ints_are_get_scale_min_k4(sb in proptest::collection::vec(any::<u8>(), 16)) {
             let ints = k4_ints(&sb);
-            for j in 0..BLOCKS_PER_SUPER {
-                let (sc, m) = scale_min_k4(j, &sb[4..16]);
-                for h in 0..2 {
-                    prop_assert_eq!((ints.scales[h][j], ints.mins[h][j]), (sc as i8, m as i8));
-                }
+            for k in 0..HALVES_PER_SUPER {
+                let (sc, m) = scale_min_k4(k / 2, &sb[4..16]);
+                prop_assert_eq!((ints.scales[k], ints.mins[k]), (sc as i8, m as i8));
+            }
+        }
+
+        /// The word-wise unpacking of Q3_K's scales is ggml's byte-wise one
+        /// (`dequantize_row_q3_K`).
+        #[test]
+        fn q3_scales_are_ggml_scales(sb in proptest::collection::vec(any::<u8>(), 110)) {
+            let ints = BlockQ3K::ints(&sb);
+            let scales = &sb[96..108];
+            for k in 0..HALVES_PER_SUPER {
+                let low = (scales[k % 8] >> (4 * (k / 8))) & 0x0f;
+                let high = (scales[8 + k % 4] >> (2 * (k / 4))) & 3;
+                prop_assert_eq!(ints.scales[k], (low | (high << 4)) as i8 - 32);
             }
         }
     }

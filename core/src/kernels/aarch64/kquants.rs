@@ -120,17 +120,16 @@ pub(super) fn dot_q8k<K: KBytes, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f
                     let p = q.as_ptr() as *const i8;
                     (vld1q_s8(p), vld1q_s8(p.add(16)))
                 };
-                *sum += ints.scales[0][j] as i32 * dot_i8x16(w0, x0)
-                    + ints.scales[1][j] as i32 * dot_i8x16(w1, x1);
+                *sum += ints.scales[2 * j] as i32 * dot_i8x16(w0, x0)
+                    + ints.scales[2 * j + 1] as i32 * dot_i8x16(w1, x1);
             }
         }
         for ((a, x), isum) in acc.iter_mut().zip(&xb).zip(isum) {
             let x = BlockQ8K::read(x);
             let (mut offsets, mut msum) = (0i32, 0i32);
             for (k, sum) in x.sums.iter().enumerate() {
-                let (j, h) = (k / 2, k % 2);
-                offsets += ints.scales[h][j] as i32 * *sum as i32;
-                msum += ints.mins[h][j] as i32 * *sum as i32;
+                offsets += ints.scales[k] as i32 * *sum as i32;
+                msum += ints.mins[k] as i32 * *sum as i32;
             }
             *a += q8k_step(d, dmin, x.d, isum - K::OFFSET * offsets, msum);
         }

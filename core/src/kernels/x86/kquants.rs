@@ -4,6 +4,7 @@
 //! `dot_q8k`'s float steps. The integer sums are exact, so every tile shape and every table
 //! gives the scalar kernel's bits.
 use super::*;
+use crate::quant::k_quants::{k4_scales_mins, q3_scale_words};
 use crate::quant::q8k::SUM_SPAN;
 
 /// A k-quant's blocks as unsigned bytes.
@@ -14,6 +15,30 @@ pub(super) trait KBytes: KBlock {
     /// # Safety
     /// `BYTES` readable bytes at `p`, `j < 8`; AVX2.
     unsafe fn bytes(p: *const u8, j: usize) -> __m256i;
+
+    /// The super-block's sixteen half scales and half minimums (zeros without), byte `k` for
+    /// half `k`: `KBlock::ints`, read with vector operations where the format allows (the
+    /// portable byte loops cost more than a super-block's dot).
+    ///
+    /// # Safety
+    /// `BYTES` readable bytes at `p`; AVX2.
+    unsafe fn halves(p: *const u8) -> (__m128i, __m128i);
+}
+
+/// Q4_K's and Q5_K's `halves`: each block's scale and minimum, twice.
+///
+/// # Safety
+/// `BYTES` readable bytes at `p` (a Q4_K or Q5_K super-block); AVX2.
+#[inline(always)]
+unsafe fn k4_halves(p: *const u8) -> (__m128i, __m128i) {
+    // SAFETY: the twelve scale bytes at 4 lie in the super-block.
+    let (s, m) = k4_scales_mins(unsafe { core::slice::from_raw_parts(p, 16) });
+    // SAFETY: register-only; the caller has AVX2.
+    unsafe {
+        let eight = |v: [i8; 8]| _mm_cvtsi64_si128(i64::from_le_bytes(v.map(|v| v as u8)));
+        let (s, m) = (eight(s), eight(m));
+        (_mm_unpacklo_epi8(s, s), _mm_unpacklo_epi8(m, m))
+    }
 }
 
 impl KBytes for BlockQ2K {
@@ -21,6 +46,19 @@ impl KBytes for BlockQ2K {
     unsafe fn bytes(p: *const u8, j: usize) -> __m256i {
         // SAFETY: block j's 32 bytes of quants (at 16 + 32(j / 4)) lie in the super-block.
         unsafe { bytes32(p.add(16 + 32 * (j / 4)), 2 * (j % 4), 3) }
+    }
+    /// The sixteen scale bytes at 0: scales in the low nibbles, minimums in the high.
+    #[inline(always)]
+    unsafe fn halves(p: *const u8) -> (__m128i, __m128i) {
+        // SAFETY: the sixteen scale bytes lie in the super-block; the caller has AVX2.
+        unsafe {
+            let v = _mm_loadu_si128(p as *const __m128i);
+            let low4 = _mm_set1_epi8(0x0f);
+            (
+                _mm_and_si128(v, low4),
+                _mm_and_si128(_mm_srli_epi16(v, 4), low4),
+            )
+        }
     }
 }
 
@@ -35,6 +73,16 @@ impl KBytes for BlockQ3K {
             _mm256_or_si256(low, _mm256_slli_epi16(high, 2))
         }
     }
+    #[inline(always)]
+    unsafe fn halves(p: *const u8) -> (__m128i, __m128i) {
+        // SAFETY: the twelve scale bytes at 96 lie in the super-block.
+        let w = q3_scale_words(unsafe { core::slice::from_raw_parts(p, Self::BYTES) });
+        // SAFETY: register-only; the caller has AVX2.
+        unsafe {
+            let words = _mm_setr_epi32(w[0] as i32, w[1] as i32, w[2] as i32, w[3] as i32);
+            (_mm_sub_epi8(words, _mm_set1_epi8(32)), _mm_setzero_si128())
+        }
+    }
 }
 
 impl KBytes for BlockQ4K {
@@ -42,6 +90,11 @@ impl KBytes for BlockQ4K {
     unsafe fn bytes(p: *const u8, j: usize) -> __m256i {
         // SAFETY: block j's 32 bytes of nibbles lie in the super-block.
         unsafe { bytes32(p.add(16 + 32 * (j / 2)), 4 * (j % 2), 0x0f) }
+    }
+    #[inline(always)]
+    unsafe fn halves(p: *const u8) -> (__m128i, __m128i) {
+        // SAFETY: as the caller guarantees.
+        unsafe { k4_halves(p) }
     }
 }
 
@@ -54,6 +107,11 @@ impl KBytes for BlockQ5K {
             let high = bytes32(p.add(16), j, 1);
             _mm256_or_si256(low, _mm256_slli_epi16(high, 4))
         }
+    }
+    #[inline(always)]
+    unsafe fn halves(p: *const u8) -> (__m128i, __m128i) {
+        // SAFETY: as the caller guarantees.
+        unsafe { k4_halves(p) }
     }
 }
 
@@ -68,6 +126,15 @@ impl KBytes for BlockQ6K {
             let low = bytes32(p.add(64 * n + 32 * (c % 2)), 4 * (c / 2), 0x0f);
             let high = bytes32(p.add(128 + 32 * n), 2 * c, 3);
             _mm256_or_si256(low, _mm256_slli_epi16(high, 4))
+        }
+    }
+    /// The sixteen signed scale bytes at 192, as stored.
+    #[inline(always)]
+    unsafe fn halves(p: *const u8) -> (__m128i, __m128i) {
+        // SAFETY: the scale bytes lie in the super-block; the caller has AVX2.
+        unsafe {
+            let scales = _mm_loadu_si128(p.add(192) as *const __m128i);
+            (scales, _mm_setzero_si128())
         }
     }
 }
@@ -122,18 +189,20 @@ impl Factors {
 unsafe fn factors<K: KBytes>(p: *const u8) -> Factors {
     // SAFETY: as the caller guarantees.
     unsafe {
-        let ints = K::ints(core::slice::from_raw_parts(p, K::BYTES));
-        let eight = |v: [i8; 8]| _mm_cvtsi64_si128(i64::from_le_bytes(v.map(|v| v as u8)));
-        let (lo, hi) = (eight(ints.scales[0]), eight(ints.scales[1]));
+        let (scales, mins) = K::halves(p);
+        // Even halves (each block's first) to the low eight bytes, odd ones to the high.
+        let by_block = _mm_shuffle_epi8(
+            scales,
+            _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15),
+        );
         let (d_at, dmin_at) = K::F16_AT;
         let bits = |at: usize| (p.add(at) as *const u16).read_unaligned() as i32;
         Factors {
             f16s: bits(d_at) | (bits(dmin_at) << 16),
-            by_block: _mm256_cvtepi8_epi16(_mm_unpacklo_epi64(lo, hi)),
-            by_half: _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(lo, hi)),
+            by_block: _mm256_cvtepi8_epi16(by_block),
+            by_half: _mm256_cvtepi8_epi16(scales),
             mins: if K::HAS_MIN {
-                let (lo, hi) = (eight(ints.mins[0]), eight(ints.mins[1]));
-                _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(lo, hi))
+                _mm256_cvtepi8_epi16(mins)
             } else {
                 _mm256_setzero_si256()
             },
