@@ -121,12 +121,15 @@ const fn dots<W: Unpack, const ISA: u8>() -> QuantDots {
 }
 
 /// The dots of a k-quant against Q8K activations (no panel: every tile shape gives the same
-/// bits, and one super-block's integer work is small enough per token).
+/// bits, and one super-block's integer work is small enough per token). Decoding reads the
+/// four rows one after another, not interleaved: one sequential stream per thread, which the
+/// hardware prefetcher follows; four rows at once decoded at half the rate on an AVX-512 AMD
+/// host (BENCHMARKS.md).
 const fn q8k_dots<K: KBytes, const ISA: u8>() -> QuantDots {
     QuantDots {
         one: |w, x| dot_q8k::<K, 1, 1, ISA>([w], [x])[0][0],
         x4: |w, xs| dot_q8k::<K, 1, TILE, ISA>([w], xs)[0],
-        rows4: |w, x| dot_q8k::<K, 4, 1, ISA>(w, [x]).map(|r| r[0]),
+        rows4: |w, x| w.map(|w| dot_q8k::<K, 1, 1, ISA>([w], [x])[0][0]),
         rows2x4: dot_q8k::<K, 2, TILE, ISA>,
         panel: None,
     }
