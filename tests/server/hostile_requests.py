@@ -15,6 +15,7 @@ no request is left running (/metrics). Standard library only.
 """
 import json
 import random
+import select
 import socket
 import subprocess
 import sys
@@ -47,6 +48,30 @@ def post(port, path, body):
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
+
+
+def post_oversized(port, path, body):
+    """POSTs a body larger than the server takes, as curl does: the server may answer and close
+    before the whole body is sent (a broken pipe for a client that only reads after sending), so
+    stop sending once an answer is readable and read it. Returns (status, response body)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode())
+        sent = 0
+        try:
+            while sent < len(body) and not select.select([s], [], [], 0)[0]:
+                sent += s.send(body[sent:sent + (64 << 10)])
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        answer = b""
+        while chunk := s.recv(1 << 16):
+            answer += chunk
+    head, _, content = answer.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 "):
+        raise SystemExit(f"FAILED: an oversized body to {path}: no HTTP answer ({answer[:200]!r})")
+    if b"transfer-encoding: chunked" in head.lower():
+        raise SystemExit(f"FAILED: an oversized body to {path}: a chunked answer ({head!r})")
+    return int(head.split()[1]), content
 
 
 BASES = {
@@ -149,7 +174,7 @@ try:
     print(f"ok: {COUNT} malformed or hostile bodies answered 200 or 4xx with an error object: {statuses}")
     big = json.dumps({"model": NAME, "prompt": "a" * (9 << 20), "max_tokens": 1}).encode()
     for path in BASES:
-        status, answer = post(port, path, big)
+        status, answer = post_oversized(port, path, big)
         check_answer(status, answer, f"a 9 MiB body to {path}")
         if status != 413:
             raise SystemExit(f"FAILED: a 9 MiB body to {path}: status {status}, not 413")
