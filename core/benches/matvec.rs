@@ -64,6 +64,21 @@ fn matmul_prefill(c: &mut Criterion) {
     );
 }
 
+/// One thread's share of a 512-token prefill on two threads (128 tokens) against a 5632 x 2048
+/// matrix (TinyLlama's gate projection, more than L2 holds): the k-quants' many-token kernels,
+/// next to Q8_0's panels. Throughput in multiply-adds.
+fn matmul_prefill_k(c: &mut Criterion) {
+    let formats = [
+        Format::Q8_0,
+        Format::Q2K,
+        Format::Q3K,
+        Format::Q4K,
+        Format::Q5K,
+        Format::Q6K,
+    ];
+    matmul_tokens(c, 128, (5632, 2048), &formats);
+}
+
 /// A server's decode steps: one token of each of 1, 4, 8, 16 and 32 sequences against the same
 /// matrix, where panel packing and the unpacked tiles meet.
 fn matmul_decode_steps(c: &mut Criterion) {
@@ -235,6 +250,7 @@ criterion_group!(
     matvec,
     matvec_cached,
     matmul_prefill,
+    matmul_prefill_k,
     matmul_decode_steps,
     decode_step_paths,
     memory_bandwidth

@@ -14,6 +14,7 @@ use crate::quant::{self, q16, ActivationFormat, Format, QK};
 
 #[cfg(target_arch = "aarch64")]
 pub mod aarch64;
+pub mod k_panel;
 pub mod panel;
 pub mod scalar;
 #[cfg(all(target_arch = "wasm32", target_feature = "simd128"))]
@@ -49,8 +50,8 @@ static SIMD_TABLES: [SimdTable; 0] = [];
 pub const TILE: usize = 4;
 
 /// From this many activation rows on, quantized mat-muls use the panel kernel where the table
-/// has one; below, transposed tiles of eight tokens and unpacked ones of four (a server's decode
-/// steps), which pack nothing. At 16 tokens both ways measured the same. Every way gives the
+/// has one (the k-quants: `k_panel`); below, transposed tiles of eight tokens and unpacked ones
+/// of four (a server's decode steps), which pack nothing. At 16 tokens both ways measured the same. Every way gives the
 /// same bits, so neither this choice nor how threads split rows or tokens changes a result.
 pub const PANEL_MIN_TOKENS: usize = 2 * panel::X8;
 
@@ -111,6 +112,9 @@ pub struct QuantDots {
     /// The panel kernels, where this instruction set has them: mat-muls and attention scores
     /// then use them alone, so their arithmetic is the one every result gets.
     pub panel: Option<PanelDots>,
+    /// The k-quants' many-token kernels, where this instruction set has them: prefill's
+    /// mat-muls (from `PANEL_MIN_TOKENS` tokens), with the other shapes' bits.
+    pub k_panel: Option<k_panel::KPanelDots>,
 }
 
 /// One instruction set's kernels. Each entry is memory-safe for any input (it works on the whole
@@ -473,6 +477,15 @@ impl Kernels {
                 let xb = acts.row_bytes(x.cols);
                 expect_len(acts.name(), xb * x.n_tok, q.len())?;
                 let x1 = |t: usize| &q[(toks.start + t) * xb..(toks.start + t + 1) * xb];
+                if let Some(kernels) = dots
+                    .k_panel
+                    .as_ref()
+                    .filter(|_| x.n_tok >= PANEL_MIN_TOKENS)
+                {
+                    let ns = x.cols / quant::k_quants::QK_K;
+                    k_panel::matmul(kernels, n_rows, ns, w_row, n_tok, x1, put);
+                    return Ok(());
+                }
                 if let Some(kernels) = &dots.panel {
                     if x.n_tok >= PANEL_MIN_TOKENS {
                         panel::matmul(kernels, n_rows, x.cols / QK, w_row, n_tok, x1, put);

@@ -48,6 +48,7 @@ pub(super) const fn dots<W: Unpack>() -> QuantDots {
         rows4: |w, x| w.map(|w| dot::<W, 1>(w, [x])[0]),
         rows2x4: |w, x| w.map(|w| dot::<W, 4>(w, x)),
         panel: None,
+        k_panel: None,
     }
 }
 
@@ -59,6 +60,7 @@ pub(super) const fn q8k_dots<K: KBlock>() -> QuantDots {
         rows4: |w, x| w.map(|w| dot_q8k::<K, 1>(w, [x])[0]),
         rows2x4: |w, x| w.map(|w| dot_q8k::<K, 4>(w, x)),
         panel: None,
+        k_panel: None,
     }
 }
 

@@ -403,6 +403,54 @@ proptest! {
         }
     }
 
+    /// The k-quants' many-token kernels: unpacking and transposing are exact with the
+    /// references, and unpacked rows against a transposed tile, super-block after super-block,
+    /// give every (row, token) the scalar kernel's bits.
+    #[test]
+    #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
+    fn k_panel_kernels_match_scalar(supers in 1usize..4, w in values(3 * 256), xs in proptest::collection::vec(values(3 * 256), k_panel::K_TOKENS), rows in 1usize..=20) {
+        use k_panel::{transpose_ref, unpack_ref, KRow, KTokens, K_MICRO, K_TOKENS};
+        for k in simd_tables() {
+            for format in QUANTIZED {
+                let Some(kernels) = &k.dots(format).unwrap().k_panel else {
+                    continue;
+                };
+                let n = supers * quant::k_quants::QK_K;
+                let xq: Vec<Vec<u8>> = xs.iter().map(|x| acts_row(format, &x[..n])).collect();
+                let x16: [&[u8]; K_TOKENS] = core::array::from_fn(|t| xq[t].as_slice());
+                let wq = scaled_rows(format, &w[..n], rows);
+                let padded = rows.next_multiple_of(K_MICRO);
+                let ws: Vec<&[u8]> = (0..padded).map(|r| wq[r.min(rows - 1)].as_slice()).collect();
+                let mut acc = vec![[0f32; K_TOKENS]; padded];
+                for s in 0..supers {
+                    let mut unpacked = vec![KRow::ZERO; padded];
+                    (kernels.unpack)(&ws, s, &mut unpacked);
+                    for (r, u) in unpacked.iter().enumerate() {
+                        let reference = match format {
+                            Format::Q2K => unpack_ref::<quant::BlockQ2K>(ws[r], s),
+                            Format::Q3K => unpack_ref::<quant::BlockQ3K>(ws[r], s),
+                            Format::Q4K => unpack_ref::<quant::BlockQ4K>(ws[r], s),
+                            Format::Q5K => unpack_ref::<quant::BlockQ5K>(ws[r], s),
+                            Format::Q6K => unpack_ref::<quant::BlockQ6K>(ws[r], s),
+                            other => unreachable!("{other} has no k-panel kernels"),
+                        };
+                        prop_assert!(*u == reference, "{}: row {} super-block {} unpacks differently", format, r, s);
+                    }
+                    let mut tile = KTokens::ZERO;
+                    (kernels.transpose)(x16, s, &mut tile);
+                    prop_assert!(tile == transpose_ref(x16, s), "{}: super-block {} transposes differently", format, s);
+                    (kernels.dot)(&unpacked, &tile, &mut acc);
+                }
+                for (r, wr) in wq.iter().enumerate() {
+                    for (t, x) in x16.iter().enumerate() {
+                        let s = Kernels::scalar().dot_quantized(format, wr, x).unwrap();
+                        prop_assert_eq!(acc[r][t].to_bits(), s.to_bits(), "{} r{} t{}", format, r, t);
+                    }
+                }
+            }
+        }
+    }
+
     /// The transposed tiles of eight tokens: transposing is byte-exact with the reference, and
     /// one weight row against a tile, in one chunk of blocks or two, gives for every token the
     /// bits `rows` gives it alone.
@@ -969,6 +1017,76 @@ fn batch_size_changes_no_result() {
                     );
                 }
             }
+        }
+    }
+}
+
+/// The k-quants' many-token mat-mul over more rows than one unpacked block and more tokens than
+/// one group, neither a whole number of tiles, and over rows and tokens too short for a
+/// super-block: every table's results are the scalar kernel's bits, and short input reads as
+/// zeros, not past its end.
+#[test]
+#[cfg_attr(miri, ignore = "too slow under Miri; run natively")]
+fn k_panel_matmul_is_the_scalar_bits() {
+    use k_panel::{transpose_ref, KRow, KTokens, K_ROWS, K_TOKENS};
+    let (rows, cols, n_tok) = (K_ROWS + 13, 2 * quant::k_quants::QK_K, 150);
+    let w: Vec<f32> = (0..rows * cols)
+        .map(|i| libm::sinf(i as f32 * 0.37) * 3.0)
+        .collect();
+    let x: Vec<f32> = (0..n_tok * cols)
+        .map(|i| libm::cosf(i as f32 * 0.11) * 4.0)
+        .collect();
+    let q8k: Vec<u8> = x
+        .chunks(cols)
+        .flat_map(|r| acts_row(Format::Q4K, r))
+        .collect();
+    let xb = q8k::row_bytes(cols);
+    let acts = Activations {
+        f32: &x,
+        q16: None,
+        q8k: Some(&q8k),
+        n_tok,
+        cols,
+    };
+    for k in simd_tables() {
+        for format in QUANTIZED {
+            let Some(kernels) = &k.dots(format).unwrap().k_panel else {
+                continue;
+            };
+            let bytes: Vec<u8> = w.chunks(cols).flat_map(|r| quantized(format, r)).collect();
+            let m = Matrix::new(format, rows, cols, bytes.into()).unwrap();
+            let mut out = vec![0f32; rows * n_tok];
+            k.matmul_rows(&m, &acts, 0, &mut out).unwrap();
+            for r in 0..rows {
+                for t in 0..n_tok {
+                    let x = &q8k[t * xb..(t + 1) * xb];
+                    let s = Kernels::scalar()
+                        .dot_quantized(format, m.row(r), x)
+                        .unwrap();
+                    assert_eq!(
+                        out[t * rows + r].to_bits(),
+                        s.to_bits(),
+                        "{} {format} r{r} t{t}",
+                        k.name
+                    );
+                }
+            }
+            let short = &m.row(0)[..format.block_bytes() - 1];
+            let mut unpacked = [KRow::ZERO; 1];
+            unpacked[0].d = 1.0;
+            (kernels.unpack)(&[short], 0, &mut unpacked);
+            assert_eq!(unpacked[0], KRow::ZERO, "{} {format}: a short row", k.name);
+            let xs: [&[u8]; K_TOKENS] =
+                core::array::from_fn(|t| &q8k[t * xb..][..if t == 3 { xb - 1 } else { xb }]);
+            let mut tile = KTokens::ZERO;
+            (kernels.transpose)(xs, 1, &mut tile);
+            assert_eq!(
+                tile,
+                transpose_ref(xs, 1),
+                "{} {format}: a short token",
+                k.name
+            );
+            assert!(tile.d[3] == 0.0 && tile.d[2] != 0.0);
         }
     }
 }

@@ -23,6 +23,7 @@ pub static KERNELS: Kernels = Kernels {
         rows4: |w, x| w.map(|w| dot_q8_0::<1>(w, [x])[0]),
         rows2x4: |w, x| w.map(|w| dot_q8_0::<4>(w, x)),
         panel: None,
+        k_panel: None,
     },
     ..scalar::TABLE
 };

@@ -39,6 +39,9 @@ pub trait KBlock {
     /// What each stored quant holds above the signed value it stands for (Q3_K: 4, Q6_K: 32):
     /// stored quants are unsigned, as `vpmaddubsw` wants them.
     const OFFSET: i32 = 0;
+    /// Whether a block's two halves share their scale and minimum (Q4_K, Q5_K): a kernel may
+    /// then scale a whole block's sum at once.
+    const SHARED_HALVES: bool = false;
     /// Byte offsets of the super-block's f16 scale `d` and f16 minimum scale `dmin` (formats
     /// without minimums give `d`'s twice).
     const F16_AT: (usize, usize);
@@ -172,6 +175,7 @@ impl KBlock for BlockQ3K {
 impl KBlock for BlockQ4K {
     const BYTES: usize = 144;
     const HAS_MIN: bool = true;
+    const SHARED_HALVES: bool = true;
     const F16_AT: (usize, usize) = (0, 2);
     #[inline(always)]
     fn ints(sb: &[u8]) -> KInts {
@@ -185,6 +189,7 @@ impl KBlock for BlockQ4K {
 impl KBlock for BlockQ5K {
     const BYTES: usize = 176;
     const HAS_MIN: bool = true;
+    const SHARED_HALVES: bool = true;
     const F16_AT: (usize, usize) = (0, 2);
     #[inline(always)]
     fn ints(sb: &[u8]) -> KInts {

@@ -6,13 +6,16 @@
 //!
 //! Split by concern, as the x86 kernels are: this file builds the table; `unpack` turns each
 //! format's blocks into signed bytes and scales; `quants` holds the quantizers and the quantized
-//! dots (with `sdot` or without); `kquants` the k-quants' dots with Q8K activations; `axpy`
-//! attention's sum over V; `float` the f32 and bf16 dots.
+//! dots (with `sdot` or without); `kquants` the k-quants' dots with Q8K activations; `kpanel`
+//! their many-token kernels (with `sdot`); `axpy` attention's sum over V; `float` the f32 and
+//! bf16 dots.
 //! A new format is an `Unpack` impl (a k-quant: a `KBytes` impl) and a table entry.
 use core::arch::aarch64::*;
 
 mod axpy;
 mod float;
+#[cfg(target_feature = "dotprod")]
+mod kpanel;
 mod kquants;
 mod quants;
 mod unpack;
@@ -68,6 +71,7 @@ const fn dots<W: Unpack>() -> QuantDots {
         rows4: |w, x| w.map(|w| dot::<W, 1>(w, [x])[0]),
         rows2x4: |w, x| w.map(|w| dot::<W, TILE>(w, x)),
         panel: None,
+        k_panel: None,
     }
 }
 
@@ -78,5 +82,9 @@ const fn q8k_dots<K: KBytes>() -> QuantDots {
         rows4: |w, x| w.map(|w| dot_q8k::<K, 1>(w, [x])[0]),
         rows2x4: |w, x| w.map(|w| dot_q8k::<K, TILE>(w, x)),
         panel: None,
+        #[cfg(target_feature = "dotprod")]
+        k_panel: Some(kpanel::k_panel::<K>()),
+        #[cfg(not(target_feature = "dotprod"))]
+        k_panel: None,
     }
 }

@@ -6,7 +6,8 @@
 //! Split by concern, as ggml-cpu's `arch/x86`: this file detects the CPU's features and builds
 //! the tables (and holds the register helpers all share); `unpack` turns each format's blocks
 //! into `i16` quants and scales; `quants` holds the quantizers and the one-row dots; `kquants`
-//! the k-quants' bytes and their dots with Q8K activations; `panel` the
+//! the k-quants' bytes and their dots with Q8K activations; `kpanel` their many-token kernels
+//! (unpacking, transposing, the tile kernel); `panel` the
 //! packing, the many-token panel kernels and their decoding twin; `axpy` attention's sum over V;
 //! `float` the f32/f16 dots and element-wise kernels. A new format is an `Unpack` impl (a
 //! k-quant: a `KBytes` impl) and a table entry.
@@ -14,6 +15,7 @@ use core::arch::x86_64::*;
 
 mod axpy;
 mod float;
+mod kpanel;
 mod kquants;
 mod panel;
 mod quants;
@@ -21,6 +23,7 @@ mod unpack;
 
 use axpy::*;
 use float::*;
+use kpanel::*;
 use kquants::*;
 use panel::*;
 use quants::*;
@@ -117,11 +120,11 @@ const fn dots<W: Unpack, const ISA: u8>() -> QuantDots {
             transpose_x8,
             rows_x8: rows_x8::<W, ISA>,
         }),
+        k_panel: None,
     }
 }
 
-/// The dots of a k-quant against Q8K activations (no panel: every tile shape gives the same
-/// bits, and one super-block's integer work is small enough per token). Decoding reads the
+/// The dots of a k-quant against Q8K activations (prefill in `kpanel`'s tiles). Decoding reads the
 /// four rows one after another, not interleaved: one sequential stream per thread, which the
 /// hardware prefetcher follows; four rows at once decoded at half the rate on an AVX-512 AMD
 /// host (BENCHMARKS.md).
@@ -132,6 +135,7 @@ const fn q8k_dots<K: KBytes, const ISA: u8>() -> QuantDots {
         rows4: |w, x| w.map(|w| dot_q8k::<K, 1, 1, ISA>([w], [x])[0][0]),
         rows2x4: dot_q8k::<K, 2, TILE, ISA>,
         panel: None,
+        k_panel: Some(k_panel::<K, ISA>()),
     }
 }
 

@@ -1,0 +1,198 @@
+//! The k-quants' many-token mat-mul (prefill): a block of weight rows is unpacked once per
+//! super-block into one byte per value, and every tile of sixteen tokens, transposed, runs over it.
+//!
+//! Transposed, a tile's Q8K quants sit `[group of four values][token][4]`: one 512-bit load gives
+//! the same four values of all sixteen tokens, and one `vpdpbusd` against a row's four unpacked
+//! bytes, broadcast, adds them to sixteen integer sums at once, one per token. Sixty-four
+//! multiply-adds per instruction, where the row-by-token tiles (`rows2x4`) need a `vpmaddubsw`
+//! and a `vpmaddwd` for 32 and unpack each block again for every four tokens. A half's (or a
+//! block's) sums are then multiplied by its integer scale, the minimums' and offsets' terms come
+//! from the tokens' 16-value sums, and the super-block ends with `q8k_step`'s float operations in
+//! each token's lane: the scalar kernel's exact integer sums and float order, so its bits.
+//!
+//! Unpacking costs once per block of `K_ROWS` rows, super-block and group of up to
+//! `K_GROUP_TOKENS` tokens; transposing once per tile, super-block and block of rows: each is
+//! small next to the arithmetic it feeds (BENCHMARKS.md).
+use crate::quant::k_quants::{HALVES_PER_SUPER, QK_K};
+use crate::quant::{f16_at, BlockQ8K, KBlock};
+
+/// Tokens of a transposed tile: one per 32-bit lane of a 512-bit vector.
+pub const K_TOKENS: usize = 16;
+
+/// Weight rows a kernel call takes at a time: `dot` gets a multiple of this many.
+pub const K_MICRO: usize = 8;
+
+/// Weight rows unpacked at a time (a multiple of `K_MICRO`): 48 KiB, in L2 while the tiles pass.
+pub const K_ROWS: usize = 128;
+
+/// Tokens whose results wait in float while the super-blocks go by: their unpacking is shared.
+const K_GROUP_TOKENS: usize = 128;
+
+/// One weight row's super-block, unpacked.
+#[repr(C, align(64))]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KRow {
+    /// The stored quants (`KBlock::quants`, `OFFSET` above the signed ones), values in order.
+    pub codes: [u8; QK_K],
+    /// Each half's integer scale (`KInts::scales`), widened.
+    pub scales: [i32; HALVES_PER_SUPER],
+    /// What multiplies the tokens' 16-value sums, as `i16` pairs (half `2i` low, `2i + 1` high):
+    /// the minimums (formats with minimums), the scales (formats with an offset), else zeros.
+    /// No format has both.
+    pub side: [u32; HALVES_PER_SUPER / 2],
+    /// The super-block's scale `d` and minimum scale `dmin` (formats without minimums: `d`).
+    pub d: f32,
+    /// See `d`.
+    pub dmin: f32,
+}
+
+impl KRow {
+    /// A row of zeros: what a super-block missing from a short row unpacks to.
+    pub const ZERO: KRow = KRow {
+        codes: [0; QK_K],
+        scales: [0; HALVES_PER_SUPER],
+        side: [0; HALVES_PER_SUPER / 2],
+        d: 0.0,
+        dmin: 0.0,
+    };
+}
+
+/// A tile of `K_TOKENS` tokens' Q8K blocks (one super-block), transposed.
+#[repr(C, align(64))]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct KTokens {
+    /// Group `g` holds values `4g .. 4g + 4` of every token, token `t` at bytes `4t .. 4t + 4`.
+    pub codes: [[u8; 4 * K_TOKENS]; QK_K / 4],
+    /// Entry `i` holds the sums of halves `2i` and `2i + 1` of every token (`i16` pairs, token
+    /// `t` at bytes `4t .. 4t + 4`).
+    pub sums: [[u8; 4 * K_TOKENS]; HALVES_PER_SUPER / 2],
+    /// Each token's scale.
+    pub d: [f32; K_TOKENS],
+}
+
+impl KTokens {
+    /// A tile of zeros.
+    pub const ZERO: KTokens = KTokens {
+        codes: [[0; 4 * K_TOKENS]; QK_K / 4],
+        sums: [[0; 4 * K_TOKENS]; HALVES_PER_SUPER / 2],
+        d: [0.0; K_TOKENS],
+    };
+}
+
+/// The k-quant mat-mul kernels of one format on one instruction set.
+pub struct KPanelDots {
+    /// Super-block `s` of each weight row into its `KRow`, as many as both hold (as
+    /// `unpack_ref` does; a row too short for it gives `KRow::ZERO`).
+    pub unpack: fn(&[&[u8]], usize, &mut [KRow]),
+    /// Super-block `s` of `K_TOKENS` Q8K activation rows, transposed (as `transpose_ref` does;
+    /// a row too short for it gives a token of zeros).
+    pub transpose: fn([&[u8]; K_TOKENS], usize, &mut KTokens),
+    /// Unpacked rows · a transposed tile: `acc[r][t] +=` the super-block's `q8k_step`, for
+    /// the first `K_MICRO`-multiple of rows `rows` and `acc` both hold.
+    pub dot: fn(&[KRow], &KTokens, &mut [[f32; K_TOKENS]]),
+}
+
+/// Super-block `s` of one row in format `K`: the reference the SIMD unpackers are tested against.
+#[cfg(test)]
+pub fn unpack_ref<K: KBlock>(row: &[u8], s: usize) -> KRow {
+    let Some(sb) = row.get(s * K::BYTES..(s + 1) * K::BYTES) else {
+        return KRow::ZERO;
+    };
+    let mut out = KRow {
+        codes: core::array::from_fn(|v| K::quants(sb, v / 32)[v % 32]),
+        ..KRow::ZERO
+    };
+    unpack_factors::<K>(sb, &mut out);
+    out
+}
+
+/// Everything of a `KRow` but its codes, from the super-block at the start of `sb`.
+pub fn unpack_factors<K: KBlock>(sb: &[u8], out: &mut KRow) {
+    let ints = K::ints(sb);
+    let side = if K::HAS_MIN { ints.mins } else { ints.scales };
+    let takes_side = K::HAS_MIN || K::OFFSET != 0;
+    let pair = |a: i8, b: i8| (a as i16 as u16) as u32 | ((b as i16 as u16) as u32) << 16;
+    out.scales = ints.scales.map(i32::from);
+    out.side = core::array::from_fn(|i| match takes_side {
+        true => pair(side[2 * i], side[2 * i + 1]),
+        false => 0,
+    });
+    out.d = f16_at(&sb[K::F16_AT.0..]);
+    out.dmin = f16_at(&sb[K::F16_AT.1..]);
+}
+
+/// Super-block `s` of `K_TOKENS` Q8K rows, transposed: the reference the SIMD transposers are
+/// tested against, and what they fall back on for rows too short for it.
+pub fn transpose_ref(xs: [&[u8]; K_TOKENS], s: usize) -> KTokens {
+    let mut out = KTokens::ZERO;
+    for (t, x) in xs.iter().enumerate() {
+        let Some(b) = x.get(s * BlockQ8K::BYTES..(s + 1) * BlockQ8K::BYTES) else {
+            continue;
+        };
+        for (g, codes) in out.codes.iter_mut().enumerate() {
+            let at = BlockQ8K::QUANTS + 4 * g;
+            codes[4 * t..4 * t + 4].copy_from_slice(&b[at..at + 4]);
+        }
+        for (i, sums) in out.sums.iter_mut().enumerate() {
+            let at = BlockQ8K::SUMS + 4 * i;
+            sums[4 * t..4 * t + 4].copy_from_slice(&b[at..at + 4]);
+        }
+        out.d[t] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    }
+    out
+}
+
+/// `rows × n_tok` results of k-quant weight rows `row(r)` (`ns` super-blocks each) against Q8K
+/// activation rows `x(t)`, by `kernels`; `put(r, t, run)` stores those of rows
+/// `r .. r + run.len()`.
+pub fn matmul<'a>(
+    kernels: &KPanelDots,
+    rows: usize,
+    ns: usize,
+    row: impl Fn(usize) -> &'a [u8],
+    n_tok: usize,
+    x: impl Fn(usize) -> &'a [u8],
+    mut put: impl FnMut(usize, usize, &[f32]),
+) {
+    if n_tok == 0 || rows == 0 {
+        return;
+    }
+    let mut unpacked = [KRow::ZERO; K_ROWS];
+    let mut tile = KTokens::ZERO;
+    // `[tile][row][token]`: a row's sixteen results are one vector for the kernel.
+    let mut totals = [[[0f32; K_TOKENS]; K_ROWS]; K_GROUP_TOKENS / K_TOKENS];
+    for r0 in (0..rows).step_by(K_ROWS) {
+        let n = (rows - r0).min(K_ROWS);
+        let padded = n.next_multiple_of(K_MICRO);
+        // Rows past the end repeat the last one; their results are dropped.
+        let ws: [&[u8]; K_ROWS] = core::array::from_fn(|i| row((r0 + i).min(rows - 1)));
+        for t0 in (0..n_tok).step_by(K_GROUP_TOKENS) {
+            let tiles = (n_tok - t0).min(K_GROUP_TOKENS).div_ceil(K_TOKENS);
+            for t in &mut totals[..tiles] {
+                t[..padded].fill([0.0; K_TOKENS]);
+            }
+            for s in 0..ns {
+                (kernels.unpack)(&ws[..padded], s, &mut unpacked[..padded]);
+                for (i, totals) in totals[..tiles].iter_mut().enumerate() {
+                    // Tokens past the end repeat the last one; their results are dropped.
+                    let xs = core::array::from_fn(|j| x((t0 + i * K_TOKENS + j).min(n_tok - 1)));
+                    (kernels.transpose)(xs, s, &mut tile);
+                    (kernels.dot)(&unpacked[..padded], &tile, &mut totals[..padded]);
+                }
+            }
+            let mut run = [0f32; K_ROWS];
+            for (i, totals) in totals[..tiles].iter().enumerate() {
+                for j in 0..K_TOKENS {
+                    let t = t0 + i * K_TOKENS + j;
+                    if t >= n_tok {
+                        break;
+                    }
+                    for (o, r) in run[..n].iter_mut().zip(totals) {
+                        *o = r[j];
+                    }
+                    put(r0, t, &run[..n]);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,315 @@
+//! The k-quants' many-token kernels (see `kernels::k_panel`): a row's super-block unpacked to
+//! bytes, a tile of sixteen tokens transposed, and the tile kernel: with AVX-512 VNNI one
+//! `vpdpbusd` per four values of eight rows × sixteen tokens (512-bit vectors), each sum scaled
+//! per half (Q4_K and Q5_K: per block) by a `vpmulld`; otherwise `vpmaddubsw` then `vpmaddwd`
+//! with the half's scale (`vpdpwssd` with AVX-VNNI) on four rows × eight tokens, twice over.
+use super::*;
+use crate::kernels::k_panel::{transpose_ref, KPanelDots, KRow, KTokens, K_MICRO, K_TOKENS};
+use crate::quant::k_quants::HALVES_PER_SUPER;
+use crate::quant::q8k::SUM_SPAN;
+
+/// The panel kernels of format `K` on instruction set `ISA`.
+pub(super) const fn k_panel<K: KBytes, const ISA: u8>() -> KPanelDots {
+    KPanelDots {
+        unpack: unpack::<K>,
+        transpose,
+        dot: dot::<K, ISA>,
+    }
+}
+
+fn unpack<K: KBytes>(rows: &[&[u8]], s: usize, out: &mut [KRow]) {
+    for (row, o) in rows.iter().zip(out) {
+        match row.get(s * K::BYTES..(s + 1) * K::BYTES) {
+            // SAFETY: the super-block lies in `sb`; every table, and so this entry, is handed
+            // out only on a CPU with AVX2 and F16C.
+            Some(sb) => unsafe { unpack_avx2::<K>(sb.as_ptr(), o) },
+            None => *o = KRow::ZERO,
+        }
+    }
+}
+
+/// # Safety
+/// `K::BYTES` readable bytes at `p`; AVX2 and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn unpack_avx2<K: KBytes>(p: *const u8, o: &mut KRow) {
+    // SAFETY: as the caller guarantees; the stores stay inside `o`'s arrays.
+    unsafe {
+        // The row's next super-block, which the next `unpack` of this block of rows reads: a
+        // block's rows are as many strided streams, which the hardware prefetchers miss (the
+        // loads here waited on memory most of the time). Prefetches do not fault past the end.
+        for line in (0..K::BYTES + 63).step_by(64) {
+            let ahead = p.wrapping_add(K::BYTES + line.min(K::BYTES - 1));
+            _mm_prefetch::<_MM_HINT_T1>(ahead as *const i8);
+        }
+        let codes = o.codes.as_mut_ptr() as *mut __m256i;
+        for j in 0..QK_K / QK {
+            _mm256_storeu_si256(codes.add(j), K::bytes(p, j));
+        }
+        let (scales, mins) = K::halves(p);
+        let wide = o.scales.as_mut_ptr() as *mut __m256i;
+        _mm256_storeu_si256(wide, _mm256_cvtepi8_epi32(scales));
+        let high = _mm_unpackhi_epi64(scales, scales);
+        _mm256_storeu_si256(wide.add(1), _mm256_cvtepi8_epi32(high));
+        let side = if K::HAS_MIN {
+            _mm256_cvtepi8_epi16(mins)
+        } else if K::OFFSET != 0 {
+            _mm256_cvtepi8_epi16(scales)
+        } else {
+            _mm256_setzero_si256()
+        };
+        _mm256_storeu_si256(o.side.as_mut_ptr() as *mut __m256i, side);
+        o.d = f16_at(p.add(K::F16_AT.0));
+        o.dmin = f16_at(p.add(K::F16_AT.1));
+    }
+}
+
+fn transpose(xs: [&[u8]; K_TOKENS], s: usize, out: &mut KTokens) {
+    let block = s * BlockQ8K::BYTES..(s + 1) * BlockQ8K::BYTES;
+    if xs.iter().any(|x| x.get(block.clone()).is_none()) {
+        *out = transpose_ref(xs, s);
+        return;
+    }
+    let xs = xs.map(|x| x[block.clone()].as_ptr());
+    // SAFETY: every row holds block `s`; the tables are handed out only on CPUs with AVX2.
+    unsafe { transpose_avx2(xs, out) }
+}
+
+/// # Safety
+/// A whole Q8K block at each `xs[t]`; AVX2.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn transpose_avx2(xs: [*const u8; K_TOKENS], out: &mut KTokens) {
+    // SAFETY: as the caller guarantees; the stores stay inside `out`'s arrays.
+    unsafe {
+        for half in 0..2 {
+            let x = &xs[8 * half..8 * half + 8];
+            let mut r = [_mm256_setzero_si256(); 8];
+            for g0 in (0..QK_K / 4).step_by(8) {
+                for t in 0..8 {
+                    let at = BlockQ8K::QUANTS + 4 * g0;
+                    r[t] = _mm256_loadu_si256(x[t].add(at) as *const __m256i);
+                }
+                let c = transpose8x8(r);
+                for (codes, c) in out.codes[g0..g0 + 8].iter_mut().zip(c) {
+                    let o = codes.as_mut_ptr().add(32 * half);
+                    _mm256_storeu_si256(o as *mut __m256i, c);
+                }
+            }
+            for (r, x) in r.iter_mut().zip(x) {
+                *r = _mm256_loadu_si256(x.add(BlockQ8K::SUMS) as *const __m256i);
+            }
+            let c = transpose8x8(r);
+            for (sums, c) in out.sums.iter_mut().zip(c) {
+                let o = sums.as_mut_ptr().add(32 * half);
+                _mm256_storeu_si256(o as *mut __m256i, c);
+            }
+            for (d, x) in out.d[8 * half..].iter_mut().zip(x) {
+                *d = (*x as *const f32).read_unaligned();
+            }
+        }
+    }
+}
+
+/// Eight vectors of eight 32-bit lanes, transposed: lane `j` of output `i` is lane `i` of
+/// input `j`.
+///
+/// # Safety
+/// register-only: the CPU has the features of the function that inlines it (AVX2).
+#[inline(always)]
+unsafe fn transpose8x8(r: [__m256i; 8]) -> [__m256i; 8] {
+    // SAFETY: register-only; the caller has AVX2.
+    unsafe {
+        let mut t = [_mm256_setzero_si256(); 8];
+        for i in 0..4 {
+            t[2 * i] = _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+            t[2 * i + 1] = _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+        }
+        // u[4k + c]: column c (and c + 4) of rows 4k .. 4k + 4.
+        let mut u = [_mm256_setzero_si256(); 8];
+        for k in 0..2 {
+            let (a, b, c, d) = (t[4 * k], t[4 * k + 1], t[4 * k + 2], t[4 * k + 3]);
+            u[4 * k] = _mm256_unpacklo_epi64(a, c);
+            u[4 * k + 1] = _mm256_unpackhi_epi64(a, c);
+            u[4 * k + 2] = _mm256_unpacklo_epi64(b, d);
+            u[4 * k + 3] = _mm256_unpackhi_epi64(b, d);
+        }
+        let mut c = [_mm256_setzero_si256(); 8];
+        for i in 0..4 {
+            c[i] = _mm256_permute2x128_si256::<0x20>(u[i], u[4 + i]);
+            c[4 + i] = _mm256_permute2x128_si256::<0x31>(u[i], u[4 + i]);
+        }
+        c
+    }
+}
+
+fn dot<K: KBytes, const ISA: u8>(rows: &[KRow], x: &KTokens, acc: &mut [[f32; K_TOKENS]]) {
+    let n = rows.len().min(acc.len()) / K_MICRO * K_MICRO;
+    let rows = rows[..n].chunks_exact(K_MICRO);
+    for (rs, acc) in rows.zip(acc[..n].chunks_exact_mut(K_MICRO)) {
+        let Ok(rs) = <&[KRow; K_MICRO]>::try_from(rs) else {
+            continue;
+        };
+        // SAFETY: `Kernels::best` hands out each table only when its `*_available()` said yes.
+        unsafe {
+            match ISA {
+                AVX512_VNNI => dot_avx512::<K>(rs, x, acc),
+                AVX_VNNI => dot_vnni::<K>(rs, x, acc),
+                _ => dot_avx2::<K>(rs, x, acc),
+            }
+        }
+    }
+}
+
+/// Eight rows × sixteen tokens on 512-bit vectors.
+///
+/// # Safety
+/// AVX2, FMA, F16C and AVX-512 F/BW/VL with VNNI; `acc` holds `K_MICRO` rows.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn dot_avx512<K: KBytes>(rs: &[KRow; K_MICRO], x: &KTokens, acc: &mut [[f32; K_TOKENS]]) {
+    // Values per integer scale.
+    let span = if K::SHARED_HALVES {
+        2 * SUM_SPAN
+    } else {
+        SUM_SPAN
+    };
+    // SAFETY: as the caller guarantees; every read and write stays inside `rs`, `x` and `acc`.
+    unsafe {
+        let mut scaled = [_mm512_setzero_si512(); K_MICRO];
+        for h in 0..QK_K / span {
+            let mut raw = [_mm512_setzero_si512(); K_MICRO];
+            for g in h * span / 4..(h + 1) * span / 4 {
+                let xv = _mm512_loadu_si512(x.codes[g].as_ptr() as *const __m512i);
+                for r in 0..K_MICRO {
+                    let w = (rs[r].codes.as_ptr().add(4 * g) as *const i32).read_unaligned();
+                    raw[r] = _mm512_dpbusd_epi32(raw[r], _mm512_set1_epi32(w), xv);
+                }
+            }
+            for r in 0..K_MICRO {
+                let scale = _mm512_set1_epi32(rs[r].scales[h * span / SUM_SPAN]);
+                scaled[r] = _mm512_add_epi32(scaled[r], _mm512_mullo_epi32(raw[r], scale));
+            }
+        }
+        let mut side = [_mm512_setzero_si512(); K_MICRO];
+        if K::HAS_MIN || K::OFFSET != 0 {
+            for i in 0..HALVES_PER_SUPER / 2 {
+                let sums = _mm512_loadu_si512(x.sums[i].as_ptr() as *const __m512i);
+                for r in 0..K_MICRO {
+                    let pair = _mm512_set1_epi32(rs[r].side[i] as i32);
+                    side[r] = dpwssd_zmm(side[r], sums, pair);
+                }
+            }
+        }
+        let dx = _mm512_loadu_ps(x.d.as_ptr());
+        for r in 0..K_MICRO {
+            let isum = if K::OFFSET != 0 {
+                let offsets = _mm512_mullo_epi32(side[r], _mm512_set1_epi32(K::OFFSET));
+                _mm512_sub_epi32(scaled[r], offsets)
+            } else {
+                scaled[r]
+            };
+            let msum = if K::HAS_MIN {
+                side[r]
+            } else {
+                _mm512_setzero_si512()
+            };
+            // `q8k_step` in each token's lane, the same operations in the same order.
+            let d = _mm512_mul_ps(_mm512_set1_ps(rs[r].d), dx);
+            let dmin = _mm512_mul_ps(_mm512_set1_ps(rs[r].dmin), dx);
+            let a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(isum));
+            let b = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(msum));
+            let o = acc[r].as_mut_ptr();
+            _mm512_storeu_ps(o, _mm512_add_ps(_mm512_loadu_ps(o), _mm512_sub_ps(a, b)));
+        }
+    }
+}
+
+/// Four rows × eight tokens on 256-bit vectors, for each quarter of the rows × tokens: the
+/// half's scale multiplies each pair's sum in the `vpmaddwd` (`vpdpwssd`) that adds them.
+///
+/// # Safety
+/// AVX2, FMA and F16C (and AVX-VNNI where `ISA` says so); `acc` holds `K_MICRO` rows.
+#[inline(always)]
+unsafe fn dot_ymm<K: KBytes, const ISA: u8>(
+    rs: &[KRow; K_MICRO],
+    x: &KTokens,
+    acc: &mut [[f32; K_TOKENS]],
+) {
+    const R: usize = K_MICRO / 2;
+    // SAFETY: as the caller guarantees; every read and write stays inside `rs`, `x` and `acc`.
+    unsafe {
+        for r0 in (0..K_MICRO).step_by(R) {
+            for t0 in (0..K_TOKENS).step_by(8) {
+                let mut scaled = [_mm256_setzero_si256(); R];
+                for h in 0..HALVES_PER_SUPER {
+                    let mut scale = [_mm256_setzero_si256(); R];
+                    for r in 0..R {
+                        scale[r] = _mm256_set1_epi16(rs[r0 + r].scales[h] as i16);
+                    }
+                    for g in h * SUM_SPAN / 4..(h + 1) * SUM_SPAN / 4 {
+                        let xv =
+                            _mm256_loadu_si256(x.codes[g].as_ptr().add(4 * t0) as *const __m256i);
+                        for r in 0..R {
+                            let w = rs[r0 + r].codes.as_ptr().add(4 * g) as *const i32;
+                            let pairs =
+                                _mm256_maddubs_epi16(_mm256_set1_epi32(w.read_unaligned()), xv);
+                            scaled[r] = match ISA {
+                                AVX_VNNI => dpwssd::<ISA>(scaled[r], pairs, scale[r]),
+                                _ => {
+                                    _mm256_add_epi32(scaled[r], _mm256_madd_epi16(pairs, scale[r]))
+                                }
+                            };
+                        }
+                    }
+                }
+                let mut side = [_mm256_setzero_si256(); R];
+                if K::HAS_MIN || K::OFFSET != 0 {
+                    for i in 0..HALVES_PER_SUPER / 2 {
+                        let sums =
+                            _mm256_loadu_si256(x.sums[i].as_ptr().add(4 * t0) as *const __m256i);
+                        for r in 0..R {
+                            let pair = _mm256_set1_epi32(rs[r0 + r].side[i] as i32);
+                            side[r] = _mm256_add_epi32(side[r], _mm256_madd_epi16(sums, pair));
+                        }
+                    }
+                }
+                let dx = _mm256_loadu_ps(x.d.as_ptr().add(t0));
+                for r in 0..R {
+                    let isum = if K::OFFSET != 0 {
+                        let offsets = _mm256_mullo_epi32(side[r], _mm256_set1_epi32(K::OFFSET));
+                        _mm256_sub_epi32(scaled[r], offsets)
+                    } else {
+                        scaled[r]
+                    };
+                    let msum = if K::HAS_MIN {
+                        side[r]
+                    } else {
+                        _mm256_setzero_si256()
+                    };
+                    // `q8k_step` in each token's lane, the same operations in the same order.
+                    let row = &rs[r0 + r];
+                    let d = _mm256_mul_ps(_mm256_set1_ps(row.d), dx);
+                    let dmin = _mm256_mul_ps(_mm256_set1_ps(row.dmin), dx);
+                    let a = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum));
+                    let b = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(msum));
+                    let o = acc[r0 + r].as_mut_ptr().add(t0);
+                    _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), _mm256_sub_ps(a, b)));
+                }
+            }
+        }
+    }
+}
+
+/// # Safety
+/// As for `dot_ymm`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_avx2<K: KBytes>(rs: &[KRow; K_MICRO], x: &KTokens, acc: &mut [[f32; K_TOKENS]]) {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { dot_ymm::<K, AVX2>(rs, x, acc) }
+}
+
+/// # Safety
+/// As for `dot_ymm`, and AVX-VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn dot_vnni<K: KBytes>(rs: &[KRow; K_MICRO], x: &KTokens, acc: &mut [[f32; K_TOKENS]]) {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe { dot_ymm::<K, AVX_VNNI>(rs, x, acc) }
+}
