@@ -58,6 +58,7 @@ fn matvec(c: &mut Criterion) {
 fn matmul_prefill(c: &mut Criterion) {
     matmul_tokens(
         c,
+        Kernels::best(),
         64,
         (1536, 576),
         &[Format::Q8_0, Format::Q4_1, Format::Q4_0],
@@ -66,7 +67,7 @@ fn matmul_prefill(c: &mut Criterion) {
 
 /// One thread's share of a 512-token prefill on two threads (128 tokens) against a 5632 x 2048
 /// matrix (TinyLlama's gate projection, more than L2 holds): the k-quants' many-token kernels,
-/// next to Q8_0's panels. Throughput in multiply-adds.
+/// next to Q8_0's panels, on every SIMD table this CPU runs. Throughput in multiply-adds.
 fn matmul_prefill_k(c: &mut Criterion) {
     let formats = [
         Format::Q8_0,
@@ -76,14 +77,67 @@ fn matmul_prefill_k(c: &mut Criterion) {
         Format::Q5K,
         Format::Q6K,
     ];
-    matmul_tokens(c, 128, (5632, 2048), &formats);
+    for (k, runs) in Kernels::simd_tables() {
+        if runs() {
+            matmul_tokens(c, k, 128, (5632, 2048), &formats);
+        }
+    }
+}
+
+/// The k-quants' tile kernel alone, in cache: 128 unpacked rows of one super-block against one
+/// transposed tile of 16 tokens (what `matmul_prefill_k` spends most of its time in), on every
+/// SIMD table this CPU runs. Throughput in multiply-adds.
+fn k_panel_dot(c: &mut Criterion) {
+    use sapient_core::kernels::k_panel::{KRow, KTokens, K_ROWS, K_TOKENS};
+    use sapient_core::quant::k_quants::QK_K;
+    let x: Vec<f32> = (0..K_TOKENS * QK_K)
+        .map(|i| (i as f32 * 0.37).sin())
+        .collect();
+    for (k, runs) in Kernels::simd_tables() {
+        if !runs() {
+            continue;
+        }
+        let mut group = c.benchmark_group(format!("k_panel_dot_{}", k.name));
+        group.throughput(Throughput::Elements((K_ROWS * K_TOKENS * QK_K) as u64));
+        let (_, q8k) = quantized(k, &x, QK_K);
+        let xb = q8k.len() / K_TOKENS;
+        let xs: [&[u8]; K_TOKENS] = core::array::from_fn(|t| &q8k[t * xb..(t + 1) * xb]);
+        for format in [
+            Format::Q2K,
+            Format::Q3K,
+            Format::Q4K,
+            Format::Q5K,
+            Format::Q6K,
+        ] {
+            let Some(kernels) = &k.dots(format).unwrap().k_panel else {
+                continue;
+            };
+            let m = matrix(format, K_ROWS, QK_K, &x[..QK_K].repeat(K_ROWS));
+            let rows: Vec<&[u8]> = (0..K_ROWS).map(|r| m.row(r)).collect();
+            let mut unpacked = vec![KRow::ZERO; K_ROWS];
+            (kernels.unpack)(&rows, 0, &mut unpacked);
+            let mut tile = KTokens::ZERO;
+            (kernels.transpose)(xs, 0, &mut tile);
+            let mut acc = vec![[0f32; K_TOKENS]; K_ROWS];
+            group.bench_function(format.name(), |b| {
+                b.iter(|| (kernels.dot)(black_box(&unpacked), black_box(&tile), &mut acc))
+            });
+        }
+        group.finish();
+    }
 }
 
 /// A server's decode steps: one token of each of 1, 4, 8, 16 and 32 sequences against the same
 /// matrix, where panel packing and the unpacked tiles meet.
 fn matmul_decode_steps(c: &mut Criterion) {
     for n_tok in [1, 4, 8, 16, 32] {
-        matmul_tokens(c, n_tok, (1536, 576), &[Format::Q8_0, Format::Q4_1]);
+        matmul_tokens(
+            c,
+            Kernels::best(),
+            n_tok,
+            (1536, 576),
+            &[Format::Q8_0, Format::Q4_1],
+        );
     }
 }
 
@@ -99,7 +153,7 @@ fn matvec_cached(c: &mut Criterion) {
         Format::Q4K,
         Format::Q6K,
     ];
-    matmul_tokens(c, 1, (512, 2048), &formats);
+    matmul_tokens(c, Kernels::best(), 1, (512, 2048), &formats);
 }
 
 /// A matrix in `format`: quantized from `values`, or for the formats sapient reads but does not
@@ -144,6 +198,7 @@ fn quantized(k: &Kernels, x: &[f32], cols: usize) -> (Vec<u8>, Vec<u8>) {
 
 fn matmul_tokens(
     c: &mut Criterion,
+    k: &Kernels,
     n_tok: usize,
     (rows, cols): (usize, usize),
     formats: &[Format],
@@ -152,7 +207,6 @@ fn matmul_tokens(
         .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
         .collect();
     let x: Vec<f32> = (0..n_tok * cols).map(|i| (i as f32 * 0.37).sin()).collect();
-    let k = Kernels::best();
     let (q16, q8k) = quantized(k, &x, cols);
     let acts = Activations {
         f32: &x,
@@ -251,6 +305,7 @@ criterion_group!(
     matvec_cached,
     matmul_prefill,
     matmul_prefill_k,
+    k_panel_dot,
     matmul_decode_steps,
     decode_step_paths,
     memory_bandwidth
