@@ -22,8 +22,10 @@ pub const K_TOKENS: usize = 16;
 /// Weight rows a kernel call takes at a time: `dot` gets a multiple of this many.
 pub const K_MICRO: usize = 8;
 
-/// Weight rows unpacked at a time (a multiple of `K_MICRO`): 48 KiB, in L2 while the tiles pass.
-pub const K_ROWS: usize = 128;
+/// Weight rows unpacked at a time (a multiple of `K_MICRO`): 24 KiB, in L2 while the tiles pass.
+/// With the results waiting in float, 62 KiB of stack in all (docs/embedded.md); 128 rows
+/// measured the same.
+pub const K_ROWS: usize = 64;
 
 /// Tokens whose results wait in float while the super-blocks go by: their unpacking is shared.
 const K_GROUP_TOKENS: usize = 128;

@@ -1055,8 +1055,17 @@ fn k_panel_matmul_is_the_scalar_bits() {
             };
             let bytes: Vec<u8> = w.chunks(cols).flat_map(|r| quantized(format, r)).collect();
             let m = Matrix::new(format, rows, cols, bytes.into()).unwrap();
+            // On a thread with the stack docs/embedded.md promises a forward pass needs (its
+            // tiles live there): overflowing it kills the process.
             let mut out = vec![0f32; rows * n_tok];
-            k.matmul_rows(&m, &acts, 0, &mut out).unwrap();
+            std::thread::scope(|s| {
+                std::thread::Builder::new()
+                    .stack_size(128 * 1024)
+                    .spawn_scoped(s, || k.matmul_rows(&m, &acts, 0, &mut out).unwrap())
+                    .unwrap()
+                    .join()
+                    .unwrap()
+            });
             for r in 0..rows {
                 for t in 0..n_tok {
                     let x = &q8k[t * xb..(t + 1) * xb];
