@@ -226,6 +226,13 @@ unsafe fn block_scales(by_block: __m256i, j: usize) -> __m256i {
     }
 }
 
+/// How far ahead of the rows being read the prefetches aim, at least: the same super-block of
+/// the row as many whole tiles on. One tile ahead (a decoded token's one row: 672 bytes of Q2_K
+/// at 2048 columns) is too close to hide the memory's latency; decoding the 1.1B k-quant files on
+/// an AVX-512 host with 16 KiB gave 20% (Q2_K), 6% (Q4_K_M) and 8% (Q6_K) more tokens/s, more
+/// than 8 or 32 KiB gave (BENCHMARKS.md).
+const PREFETCH_AHEAD: usize = 16 << 10;
+
 /// R weight rows in format `K` against N rows of Q8K activations.
 pub(super) fn dot_q8k<K: KBytes, const R: usize, const N: usize, const ISA: u8>(
     w: [&[u8]; R],
@@ -259,7 +266,8 @@ unsafe fn q8k_tile<K: KBytes, const R: usize, const N: usize, const ISA: u8>(
     // one of four lanes.
     const { assert!(R <= 4) };
     let mut out = [[0f32; N]; R];
-    let row_len = ns * K::BYTES;
+    let tile_len = R * ns * K::BYTES;
+    let ahead = tile_len * PREFETCH_AHEAD.div_ceil(tile_len.max(1));
     // SAFETY: the caller guarantees `ns` whole super-blocks in every row and activation row.
     unsafe {
         // Each token's results, one row per lane.
@@ -277,7 +285,7 @@ unsafe fn q8k_tile<K: KBytes, const R: usize, const N: usize, const ISA: u8>(
                 xp[t] = xs[t].add(s * BlockQ8K::BYTES);
             }
             let mut acc = [[_mm256_setzero_si256(); N]; R];
-            let step = Step { wp, xp, row_len };
+            let step = Step { wp, xp, ahead };
             step.block::<K, 0, ISA>(&f, &mut acc);
             step.block::<K, 1, ISA>(&f, &mut acc);
             step.block::<K, 2, ISA>(&f, &mut acc);
@@ -332,12 +340,12 @@ unsafe fn q8k_tile<K: KBytes, const R: usize, const N: usize, const ISA: u8>(
     out
 }
 
-/// Where one super-block's blocks are read: the rows', the tokens', and a row's length (which
-/// aims the prefetches).
+/// Where one super-block's blocks are read: the rows', the tokens', and how far ahead of the
+/// rows the prefetches aim.
 struct Step<const R: usize, const N: usize> {
     wp: [*const u8; R],
     xp: [*const u8; N],
-    row_len: usize,
+    ahead: usize,
 }
 
 impl<const R: usize, const N: usize> Step<R, N> {
@@ -360,10 +368,10 @@ impl<const R: usize, const N: usize> Step<R, N> {
             let mut sc = [_mm256_setzero_si256(); R];
             for r in 0..R {
                 // One cache line per block (a super-block is at most four) of the same
-                // super-block R rows on: the row that takes this one's place in the next tile,
-                // usually right after these (a fixed distance would land inside them).
+                // super-block whole tiles on (`PREFETCH_AHEAD`): the tiles' rows are usually one
+                // run of memory, which a distance not a multiple of the tile would land inside.
                 if 64 * J < K::BYTES {
-                    let ahead = self.wp[r].wrapping_add(R * self.row_len + 64 * J);
+                    let ahead = self.wp[r].wrapping_add(self.ahead + 64 * J);
                     _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
                 }
                 q[r] = K::bytes(self.wp[r], J);
