@@ -58,7 +58,7 @@ fn is_k(format: Format) -> bool {
 }
 
 /// A row length for `format` from a block count: `blocks` blocks of 32, or for the k-quants one
-/// or two super-blocks.
+/// to `K_SUPERS` super-blocks.
 /// `rows` weight rows in `format` made from `w` by scaling and rotating it.
 fn scaled_rows(format: Format, w: &[f32], rows: usize) -> Vec<Vec<u8>> {
     let n = w.len();
@@ -71,9 +71,16 @@ fn scaled_rows(format: Format, w: &[f32], rows: usize) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// The most super-blocks in a k-quant test row: more than twice the four that the one-row dot
+/// adds across at once, so that whole groups and every remainder meet.
+const K_SUPERS: usize = 9;
+
+/// Values enough for the longest test row of any format.
+const ROW_VALUES: usize = K_SUPERS * quant::k_quants::QK_K;
+
 fn row_len(format: Format, blocks: usize) -> usize {
     if is_k(format) {
-        quant::k_quants::QK_K * (1 + blocks % 2)
+        quant::k_quants::QK_K * (1 + blocks % K_SUPERS)
     } else {
         blocks * QK
     }
@@ -296,7 +303,7 @@ proptest! {
     /// the same per-block integer sums, only in another order; with Q8K activations, bit for bit.
     #[test]
     #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
-    fn quantized_dots_match_scalar(blocks in 1usize..20, w in values(20 * 32), xs in proptest::collection::vec(values(20 * 32), TILE)) {
+    fn quantized_dots_match_scalar(blocks in 1usize..20, w in values(ROW_VALUES), xs in proptest::collection::vec(values(ROW_VALUES), TILE)) {
         for k in simd_tables() {
             for format in QUANTIZED {
                 let n = row_len(format, blocks);
@@ -350,7 +357,7 @@ proptest! {
     /// chunks of blocks gives the bits of one.
     #[test]
     #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
-    fn panel_kernels_match_scalar(blocks in 1usize..20, split in 0usize..20, w in values(20 * 32), xs in proptest::collection::vec(values(20 * 32), TILE), rows in 1usize..=panel::PANEL) {
+    fn panel_kernels_match_scalar(blocks in 1usize..20, split in 0usize..20, w in values(ROW_VALUES), xs in proptest::collection::vec(values(ROW_VALUES), TILE), rows in 1usize..=panel::PANEL) {
         for k in simd_tables() {
             for format in QUANTIZED {
                 let Some(kernels) = &k.dots(format).unwrap().panel else {
@@ -459,7 +466,7 @@ proptest! {
     /// bits `rows` gives it alone.
     #[test]
     #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
-    fn transposed_tiles_match_the_rows_kernel(blocks in 1usize..20, split in 0usize..20, w in values(20 * 32), xs in proptest::collection::vec(values(20 * 32), panel::X8), rows in 1usize..=panel::PANEL) {
+    fn transposed_tiles_match_the_rows_kernel(blocks in 1usize..20, split in 0usize..20, w in values(ROW_VALUES), xs in proptest::collection::vec(values(ROW_VALUES), panel::X8), rows in 1usize..=panel::PANEL) {
         for k in simd_tables() {
             for format in QUANTIZED {
                 let Some(kernels) = &k.dots(format).unwrap().panel else {
@@ -529,7 +536,7 @@ proptest! {
     /// times Σ|w| over it (plus 1e-5 of Σ|w·x| for the float sums).
     #[test]
     #[cfg_attr(miri, ignore = "too slow under Miri; run natively")]
-    fn quantized_dots_track_f32_activations(blocks in 1usize..20, w in proptest::collection::vec(-4f32..4.0, 20 * 32), x in proptest::collection::vec(-30f32..30.0, 20 * 32)) {
+    fn quantized_dots_track_f32_activations(blocks in 1usize..20, w in proptest::collection::vec(-4f32..4.0, ROW_VALUES), x in proptest::collection::vec(-30f32..30.0, ROW_VALUES)) {
         for format in QUANTIZED {
             let n = row_len(format, blocks);
             let xq = acts_row(format, &x[..n]);
@@ -1211,7 +1218,7 @@ proptest! {
     /// The SIMD128 Q8_0 dots give the scalar kernels' bits: the same exact block sums, scaled in
     /// the same order.
     #[test]
-    fn simd128_q8_0_dots_are_the_scalar_bits(blocks in 1usize..20, w in values(20 * 32), xs in proptest::collection::vec(values(20 * 32), TILE)) {
+    fn simd128_q8_0_dots_are_the_scalar_bits(blocks in 1usize..20, w in values(ROW_VALUES), xs in proptest::collection::vec(values(ROW_VALUES), TILE)) {
         let n = blocks * 32;
         let wq = quantized(Format::Q8_0, &w[..n]);
         let xq: Vec<Vec<u8>> = xs.iter().map(|x| q16_row(&x[..n])).collect();

@@ -262,82 +262,153 @@ unsafe fn q8k_tile<K: KBytes, const R: usize, const N: usize, const ISA: u8>(
     w: [*const u8; R],
     xs: [*const u8; N],
 ) -> [[f32; N]; R] {
-    // Four rows' sums and their minimums' sums are added across in one vector, and scaled in
-    // one of four lanes.
+    // The float steps take four lanes at once: the rows of a super-block, or, decoding one row,
+    // four super-blocks (the sum across and the float steps were half of a decoded
+    // super-block's time when each took one).
     const { assert!(R <= 4) };
     let mut out = [[0f32; N]; R];
     let tile_len = R * ns * K::BYTES;
     let ahead = tile_len * PREFETCH_AHEAD.div_ceil(tile_len.max(1));
+    let mut s = 0;
     // SAFETY: the caller guarantees `ns` whole super-blocks in every row and activation row.
     unsafe {
-        // Each token's results, one row per lane.
-        let mut total = [_mm_setzero_ps(); N];
-        for s in 0..ns {
-            // Plain loops: closures (`from_fn`) would not inherit this function's target
-            // features, and would call the intrinsics out of line.
-            let (mut wp, mut xp) = ([w[0]; R], [xs[0]; N]);
-            let mut f = [Factors::ZERO; R];
-            for r in 0..R {
-                wp[r] = w[r].add(s * K::BYTES);
-                f[r] = factors::<K>(wp[r]);
-            }
-            for t in 0..N {
-                xp[t] = xs[t].add(s * BlockQ8K::BYTES);
-            }
-            let mut acc = [[_mm256_setzero_si256(); N]; R];
-            let step = Step { wp, xp, ahead };
-            step.block::<K, 0, ISA>(&f, &mut acc);
-            step.block::<K, 1, ISA>(&f, &mut acc);
-            step.block::<K, 2, ISA>(&f, &mut acc);
-            step.block::<K, 3, ISA>(&f, &mut acc);
-            step.block::<K, 4, ISA>(&f, &mut acc);
-            step.block::<K, 5, ISA>(&f, &mut acc);
-            step.block::<K, 6, ISA>(&f, &mut acc);
-            step.block::<K, 7, ISA>(&f, &mut acc);
-            // Each row's scales as floats, four rows to a vector: `d` and `dmin`.
-            let mut f16s = [0i32; 4];
-            for r in 0..R {
-                f16s[r] = f[r].f16s;
-            }
-            let scales = _mm256_cvtph_ps(_mm_loadu_si128(f16s.as_ptr() as *const __m128i));
-            let by_kind = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
-            let scales = _mm256_permutevar8x32_ps(scales, by_kind);
-            let (d, dmin) = (
-                _mm256_castps256_ps128(scales),
-                _mm256_extractf128_ps(scales, 1),
-            );
-            for t in 0..N {
-                let sums = _mm256_loadu_si256(xp[t].add(BlockQ8K::SUMS) as *const __m256i);
-                // Lanes 0..4: the rows' integer sums; 4..8: their minimums' sums.
-                let mut v = [_mm256_setzero_si256(); 8];
-                for r in 0..R {
-                    v[r] = acc[r][t];
-                    if K::OFFSET != 0 {
-                        let offsets = _mm256_madd_epi16(f[r].by_half, sums);
-                        let offsets = _mm256_mullo_epi32(offsets, _mm256_set1_epi32(K::OFFSET));
-                        v[r] = _mm256_sub_epi32(v[r], offsets);
-                    }
-                    if K::HAS_MIN {
-                        v[4 + r] = _mm256_madd_epi16(f[r].mins, sums);
-                    }
+        if R == 1 && N == 1 {
+            while s + 4 <= ns {
+                let b = [
+                    q8k_super::<K, R, N, ISA>(s, w, xs, ahead),
+                    q8k_super::<K, R, N, ISA>(s + 1, w, xs, ahead),
+                    q8k_super::<K, R, N, ISA>(s + 2, w, xs, ahead),
+                    q8k_super::<K, R, N, ISA>(s + 3, w, xs, ahead),
+                ];
+                let f = [b[0].f[0], b[1].f[0], b[2].f[0], b[3].f[0]];
+                let acc = [
+                    b[0].acc[0][0],
+                    b[1].acc[0][0],
+                    b[2].acc[0][0],
+                    b[3].acc[0][0],
+                ];
+                let x = [b[0].xp[0], b[1].xp[0], b[2].xp[0], b[3].xp[0]];
+                // The super-blocks one after another, as the scalar kernel adds them.
+                for step in q8k_steps::<K>(f, acc, x, 4) {
+                    out[0][0] += step;
                 }
-                let isum_msum = _mm256_cvtepi32_ps(sum_across8(v));
-                // `q8k_step` in each lane, the same operations in the same order.
-                let dx = _mm_set1_ps((xp[t] as *const f32).read_unaligned());
-                let a = _mm_mul_ps(_mm_mul_ps(d, dx), _mm256_castps256_ps128(isum_msum));
-                let b = _mm_mul_ps(_mm_mul_ps(dmin, dx), _mm256_extractf128_ps(isum_msum, 1));
-                total[t] = _mm_add_ps(total[t], _mm_sub_ps(a, b));
+                s += 4;
             }
         }
-        for t in 0..N {
-            let mut lanes = [0f32; 4];
-            _mm_storeu_ps(lanes.as_mut_ptr(), total[t]);
-            for r in 0..R {
-                out[r][t] = lanes[r];
+        while s < ns {
+            let b = q8k_super::<K, R, N, ISA>(s, w, xs, ahead);
+            let mut f = [Factors::ZERO; 4];
+            f[..R].copy_from_slice(&b.f);
+            for (t, &xp) in b.xp.iter().enumerate() {
+                let mut acc = [_mm256_setzero_si256(); 4];
+                for (lane, row) in acc.iter_mut().zip(&b.acc) {
+                    *lane = row[t];
+                }
+                let steps = q8k_steps::<K>(f, acc, [xp; 4], R);
+                for (row, step) in out.iter_mut().zip(steps) {
+                    row[t] += step;
+                }
             }
+            s += 1;
         }
     }
     out
+}
+
+/// One super-block of every (row, token): the rows' factors, each pair's integer sums as eight
+/// lanes, and where the tokens' Q8K blocks are.
+struct Super<const R: usize, const N: usize> {
+    f: [Factors; R],
+    acc: [[__m256i; N]; R],
+    xp: [*const u8; N],
+}
+
+/// Super-block `s` of every (row, token).
+///
+/// # Safety
+/// As for `q8k_tile`, with `s < ns`.
+#[inline(always)]
+unsafe fn q8k_super<K: KBytes, const R: usize, const N: usize, const ISA: u8>(
+    s: usize,
+    w: [*const u8; R],
+    xs: [*const u8; N],
+    ahead: usize,
+) -> Super<R, N> {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        // Plain loops: closures (`from_fn`) would not inherit the caller's target features, and
+        // would call the intrinsics out of line.
+        let (mut wp, mut xp) = ([w[0]; R], [xs[0]; N]);
+        let mut f = [Factors::ZERO; R];
+        for r in 0..R {
+            wp[r] = w[r].add(s * K::BYTES);
+            f[r] = factors::<K>(wp[r]);
+        }
+        for t in 0..N {
+            xp[t] = xs[t].add(s * BlockQ8K::BYTES);
+        }
+        let mut acc = [[_mm256_setzero_si256(); N]; R];
+        let step = Step { wp, xp, ahead };
+        step.block::<K, 0, ISA>(&f, &mut acc);
+        step.block::<K, 1, ISA>(&f, &mut acc);
+        step.block::<K, 2, ISA>(&f, &mut acc);
+        step.block::<K, 3, ISA>(&f, &mut acc);
+        step.block::<K, 4, ISA>(&f, &mut acc);
+        step.block::<K, 5, ISA>(&f, &mut acc);
+        step.block::<K, 6, ISA>(&f, &mut acc);
+        step.block::<K, 7, ISA>(&f, &mut acc);
+        Super { f, acc, xp }
+    }
+}
+
+/// `q8k_step` of the first `lanes` of four (row super-block, Q8K block) pairs: the row's factors
+/// `f`, the pair's integer sums `acc` (eight lanes to add), the Q8K block at `x`.
+///
+/// # Safety
+/// A Q8K block at each `x[l]`, `l < lanes <= 4`; AVX2 and F16C.
+#[inline(always)]
+unsafe fn q8k_steps<K: KBytes>(
+    f: [Factors; 4],
+    acc: [__m256i; 4],
+    x: [*const u8; 4],
+    lanes: usize,
+) -> [f32; 4] {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        // Lanes 0..4: the integer sums; 4..8: the minimums' sums.
+        let mut v = [_mm256_setzero_si256(); 8];
+        let (mut f16s, mut dx) = ([0i32; 4], [0f32; 4]);
+        for l in 0..lanes {
+            let sums = _mm256_loadu_si256(x[l].add(BlockQ8K::SUMS) as *const __m256i);
+            v[l] = acc[l];
+            if K::OFFSET != 0 {
+                let offsets = _mm256_madd_epi16(f[l].by_half, sums);
+                let offsets = _mm256_mullo_epi32(offsets, _mm256_set1_epi32(K::OFFSET));
+                v[l] = _mm256_sub_epi32(v[l], offsets);
+            }
+            if K::HAS_MIN {
+                v[4 + l] = _mm256_madd_epi16(f[l].mins, sums);
+            }
+            f16s[l] = f[l].f16s;
+            dx[l] = (x[l] as *const f32).read_unaligned();
+        }
+        let isum_msum = _mm256_cvtepi32_ps(sum_across8(v));
+        // Each lane's scales as floats: `d` and `dmin`.
+        let scales = _mm256_cvtph_ps(_mm_loadu_si128(f16s.as_ptr() as *const __m128i));
+        let by_kind = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+        let scales = _mm256_permutevar8x32_ps(scales, by_kind);
+        let (d, dmin) = (
+            _mm256_castps256_ps128(scales),
+            _mm256_extractf128_ps(scales, 1),
+        );
+        // `q8k_step` in each lane, the same operations in the same order.
+        let dx = _mm_loadu_ps(dx.as_ptr());
+        let a = _mm_mul_ps(_mm_mul_ps(d, dx), _mm256_castps256_ps128(isum_msum));
+        let b = _mm_mul_ps(_mm_mul_ps(dmin, dx), _mm256_extractf128_ps(isum_msum, 1));
+        let mut steps = [0f32; 4];
+        _mm_storeu_ps(steps.as_mut_ptr(), _mm_sub_ps(a, b));
+        steps
+    }
 }
 
 /// Where one super-block's blocks are read: the rows', the tokens', and how far ahead of the
