@@ -1,6 +1,7 @@
 //! `Exec` on a rayon pool built once.
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use rayon::prelude::*;
 use sapient_core::exec::{ChunkFn, Exec};
@@ -42,7 +43,7 @@ impl Exec for Rayon {
     }
 
     /// Runs `f` on one of the pool's threads while the others look for its chunks without
-    /// pause. Left to rayon, an idle thread falls asleep within tens of microseconds, less than
+    /// pause (`help_until`). Left to rayon, an idle thread falls asleep within tens of microseconds, less than
     /// the serial work between two of a decoded token's mat-vecs, and each mat-vec then began
     /// with a futex wake (3.5% of a 1.1B Q4_K_M decode's samples, a sleep and a wake per call).
     fn run(&self, f: &mut (dyn FnMut() + Send)) {
@@ -63,20 +64,33 @@ impl Exec for Rayon {
     }
 }
 
-/// Runs the pool's pending jobs until `done`; while there are none, spins, and lets the OS run
-/// something else now and then (a pool with more threads than cores).
+/// How long a helper looks for work that does not come before it leaves the rest of the pass
+/// to rayon (which lets it sleep): far longer than the gaps between a forward pass's parallel
+/// sections, short enough that a pass with long serial stretches, or a machine running more
+/// threads than it has cores, does not keep a core spinning for nothing.
+const IDLE_LIMIT: Duration = Duration::from_millis(1);
+
+/// Runs the pool's pending jobs until `done`, or until none came for `IDLE_LIMIT`; while there
+/// are none, spins, and lets the OS run something else now and then.
 fn help_until(done: &AtomicBool) {
     let mut idle = 0u32;
+    let mut idle_since = Instant::now();
     while !done.load(Ordering::Acquire) {
         if let Some(rayon::Yield::Executed) = rayon::yield_now() {
             idle = 0;
-        } else {
-            idle = idle.wrapping_add(1);
-            if idle.is_multiple_of(64) {
-                std::thread::yield_now();
-            } else {
-                std::hint::spin_loop();
+            continue;
+        }
+        if idle == 0 {
+            idle_since = Instant::now();
+        }
+        idle = idle.wrapping_add(1);
+        if idle.is_multiple_of(64) {
+            if idle_since.elapsed() > IDLE_LIMIT {
+                return;
             }
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
         }
     }
 }
