@@ -26,10 +26,11 @@ pub mod x86;
 pub type SimdTable = (&'static Kernels, fn() -> bool);
 
 #[cfg(target_arch = "x86_64")]
-static SIMD_TABLES: [SimdTable; 3] = [
+static SIMD_TABLES: [SimdTable; 4] = [
     (&x86::KERNELS, x86::available),
     (&x86::KERNELS_VNNI, x86::vnni_available),
     (&x86::KERNELS_AVX512, x86::avx512_available),
+    (&x86::KERNELS_AMX, x86::amx_available),
 ];
 
 #[cfg(target_arch = "aarch64")]
@@ -90,7 +91,8 @@ pub struct PanelDots {
     /// them (a decode step of several sequences): `[token][row]`, the bits `rows` gives each.
     pub rows_x4: PanelRowsX4,
     /// Transposes blocks `b0 ..` of `X8` Q16 activation rows into as many whole transposed
-    /// blocks as the output holds, as `panel::transpose_x8_ref` does.
+    /// blocks (`X8_BLOCK_BYTES` each) as the output holds, in the layout this table's `rows_x8`
+    /// reads (`panel` describes the 256-bit kernels' one, `x86::amx` its own).
     pub transpose_x8: fn([&[u8]; panel::X8], usize, &mut [u8]),
     /// `X8_ROWS` weight rows' blocks `b0 ..` · a transposed tile of `X8` tokens (whole
     /// blocks): `acc[r][t] +=` each block's contribution, blocks in order, with `dot`'s
@@ -183,6 +185,10 @@ impl Kernels {
         // Miri interprets the scalar paths; it runs no `cpuid` and few vector intrinsics.
         #[cfg(miri)]
         return &scalar::KERNELS;
+        #[cfg(target_arch = "x86_64")]
+        if x86::amx_available() {
+            return &x86::KERNELS_AMX;
+        }
         #[cfg(target_arch = "x86_64")]
         if x86::avx512_available() {
             return &x86::KERNELS_AVX512;

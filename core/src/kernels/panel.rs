@@ -38,8 +38,9 @@ const CHUNK_BLOCKS: usize = 16;
 /// Tokens of a transposed tile (`rows_x8`): one per 32-bit lane of a 256-bit vector.
 pub const X8: usize = 8;
 
-/// Weight rows that share each load of a transposed tile's pairs.
-pub const X8_ROWS: usize = 4;
+/// Weight rows per call of the transposed-tile kernel: one AMX tile of rows (the 256-bit kernels
+/// take them four at a time).
+pub const X8_ROWS: usize = 16;
 
 /// Bytes of one block of a transposed tile: the tokens' scales and their sums (both f32), then
 /// for each pair of quants the tokens' pairs (`[pair][token]`, two i16 each).
@@ -87,25 +88,6 @@ pub fn pack_ref<W: Unpack>(rows: &PanelRows<'_>, b0: usize, out: &mut [u8]) {
                 let at = (p * PANEL + r) * 4;
                 quants[at..at + 2].copy_from_slice(&(pair[0] as i16).to_le_bytes());
                 quants[at + 2..at + 4].copy_from_slice(&(pair[1] as i16).to_le_bytes());
-            }
-        }
-    }
-}
-
-/// Transposes blocks `b0 ..` of eight Q16 activation rows into `out` (as many as it holds
-/// whole): the reference the SIMD transposers are tested against.
-#[cfg(test)]
-pub fn transpose_x8_ref(xs: [&[u8]; X8], b0: usize, out: &mut [u8]) {
-    for (b, o) in out.chunks_exact_mut(X8_BLOCK_BYTES).enumerate() {
-        for (t, x) in xs.iter().enumerate() {
-            let x = &x[(b0 + b) * BlockQ16::BYTES..][..BlockQ16::BYTES];
-            for (k, v) in [&x[..4], &x[4..8]].into_iter().enumerate() {
-                o[4 * (k * X8 + t)..4 * (k * X8 + t) + 4].copy_from_slice(v);
-            }
-            for p in 0..QK / 2 {
-                let at = X8_QUANTS + 4 * (p * X8 + t);
-                let q = BlockQ16::QUANTS + 4 * p;
-                o[at..at + 4].copy_from_slice(&x[q..q + 4]);
             }
         }
     }

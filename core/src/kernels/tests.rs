@@ -461,9 +461,9 @@ proptest! {
         }
     }
 
-    /// The transposed tiles of eight tokens: transposing is byte-exact with the reference, and
-    /// one weight row against a tile, in one chunk of blocks or two, gives for every token the
-    /// bits `rows` gives it alone.
+    /// The transposed tiles of eight tokens (each table's own layout): transposing from a block
+    /// on gives that block's part of the whole, and weight rows against a tile, in one chunk of
+    /// blocks or two, give every token the bits `rows` gives it alone.
     #[test]
     #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
     fn transposed_tiles_match_the_rows_kernel(blocks in 1usize..20, split in 0usize..20, w in values(ROW_VALUES), xs in proptest::collection::vec(values(ROW_VALUES), panel::X8), rows in 1usize..=panel::PANEL) {
@@ -479,29 +479,32 @@ proptest! {
                 let xs: [&[u8]; panel::X8] = core::array::from_fn(|i| xq[i].as_slice());
                 let mut transposed = vec![0u8; blocks * panel::X8_BLOCK_BYTES];
                 (kernels.transpose_x8)(xs, 0, &mut transposed);
-                let mut reference = vec![0u8; transposed.len()];
-                panel::transpose_x8_ref(xs, 0, &mut reference);
-                prop_assert!(transposed == reference, "transposing differs");
                 let mut tail = vec![0u8; (blocks - split) * panel::X8_BLOCK_BYTES];
                 (kernels.transpose_x8)(xs, split, &mut tail);
                 prop_assert!(tail[..] == transposed[split * panel::X8_BLOCK_BYTES..], "transposing from block {} differs", split);
 
-                let wq = scaled_rows(format, &w[..n], rows);
+                // The rows of one matrix (a fixed stride apart, as a mat-mul passes them), and
+                // rows apart in memory with the last repeated, as the mat-mul pads them.
+                let wq = scaled_rows(format, &w[..n], panel::PANEL);
+                let matrix = wq.concat();
+                let in_matrix: [&[u8]; panel::PANEL] = core::array::from_fn(|r| &matrix[r * wq[0].len()..][..wq[0].len()]);
                 let padded: [&[u8]; panel::PANEL] = core::array::from_fn(|r| wq[r.min(rows - 1)].as_slice());
-                let alone: Vec<[f32; panel::PANEL]> = xq.iter().map(|x| (kernels.rows)(padded, x)).collect();
-                for r0 in (0..rows).step_by(panel::X8_ROWS) {
-                    // Rows past the end repeat the last one, as the mat-mul pads them.
-                    let quad: [&[u8]; panel::X8_ROWS] = core::array::from_fn(|i| wq[(r0 + i).min(rows - 1)].as_slice());
-                    let mut whole = [[0f32; panel::X8]; panel::X8_ROWS];
-                    (kernels.rows_x8)(quad, 0, &transposed, &mut whole);
-                    let mut chunked = [[0f32; panel::X8]; panel::X8_ROWS];
-                    let at = split * panel::X8_BLOCK_BYTES;
-                    (kernels.rows_x8)(quad, 0, &transposed[..at], &mut chunked);
-                    (kernels.rows_x8)(quad, split, &transposed[at..], &mut chunked);
-                    for (i, r) in (r0..(r0 + panel::X8_ROWS).min(rows)).enumerate() {
-                        for t in 0..panel::X8 {
-                            prop_assert_eq!(whole[i][t].to_bits(), alone[t][r].to_bits(), "{} r{} t{}", format, r, t);
-                            prop_assert_eq!(chunked[i][t].to_bits(), alone[t][r].to_bits(), "{} chunked r{} t{}", format, r, t);
+                for (layout, w16) in [("strided", in_matrix), ("padded", padded)] {
+                    let alone: Vec<[f32; panel::PANEL]> = xq.iter().map(|x| (kernels.rows)(w16, x)).collect();
+                    for r0 in (0..panel::PANEL).step_by(panel::X8_ROWS) {
+                        let group: [&[u8]; panel::X8_ROWS] = core::array::from_fn(|i| w16[r0 + i]);
+                        let mut whole = [[0f32; panel::X8]; panel::X8_ROWS];
+                        (kernels.rows_x8)(group, 0, &transposed, &mut whole);
+                        let mut chunked = [[0f32; panel::X8]; panel::X8_ROWS];
+                        let at = split * panel::X8_BLOCK_BYTES;
+                        (kernels.rows_x8)(group, 0, &transposed[..at], &mut chunked);
+                        (kernels.rows_x8)(group, split, &transposed[at..], &mut chunked);
+                        for i in 0..panel::X8_ROWS {
+                            let r = r0 + i;
+                            for t in 0..panel::X8 {
+                                prop_assert_eq!(whole[i][t].to_bits(), alone[t][r].to_bits(), "{} {} {} r{} t{}", k.name, format, layout, r, t);
+                                prop_assert_eq!(chunked[i][t].to_bits(), alone[t][r].to_bits(), "{} {} {} chunked r{} t{}", k.name, format, layout, r, t);
+                            }
                         }
                     }
                 }
@@ -884,7 +887,9 @@ fn best_kernels_follow_the_cpu() {
     #[cfg(target_arch = "x86_64")]
     assert_eq!(
         name,
-        if x86::avx512_available() {
+        if x86::amx_available() {
+            "avx2+avx512vl+amx"
+        } else if x86::avx512_available() {
             "avx2+avx512vl"
         } else if x86::vnni_available() {
             "avx2+vnni"

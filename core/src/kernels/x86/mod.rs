@@ -13,6 +13,7 @@
 //! k-quant: a `KBytes` impl) and a table entry.
 use core::arch::x86_64::*;
 
+mod amx;
 mod axpy;
 mod float;
 mod kpanel;
@@ -62,6 +63,12 @@ pub fn avx512_available() -> bool {
     available() && cpuid_avx512::get() && __cpuid_count(7, 0).ecx & (1 << 11) != 0
 }
 
+/// Whether this CPU also has AMX-INT8 and the OS lets this process use it: Q8_0's decode steps
+/// of eight sequences or more then run on the tile unit (`amx`).
+pub fn amx_available() -> bool {
+    amx::available()
+}
+
 /// Instruction-set levels of the tables below.
 const AVX2: u8 = 0;
 
@@ -74,6 +81,19 @@ pub(super) static KERNELS: Kernels = table::<AVX2>("avx2");
 pub(super) static KERNELS_VNNI: Kernels = table::<AVX_VNNI>("avx2+vnni");
 
 pub(super) static KERNELS_AVX512: Kernels = table::<AVX512_VNNI>("avx2+avx512vl");
+
+pub(super) static KERNELS_AMX: Kernels = amx_table();
+
+/// The AVX-512 table with Q8_0's transposed tiles on AMX: the same integer sums, scaled in the
+/// same float steps, so the same bits.
+const fn amx_table() -> Kernels {
+    let mut k = table::<AVX512_VNNI>("avx2+avx512vl+amx");
+    if let Some(p) = &mut k.q8_0.panel {
+        p.transpose_x8 = amx::transpose_x8;
+        p.rows_x8 = amx::rows_x8_q8_0;
+    }
+    k
+}
 
 /// The table for `ISA`: `vpdpwssd` in place of `vpmaddwd`+`vpaddd` with either VNNI, and 32
 /// registers with AVX-512. All give the same exact integer sums in the same float order, so all

@@ -335,8 +335,12 @@ unsafe fn transpose_x8_avx2(nb: usize, xs: [*const u8; X8], b0: usize, out: *mut
     }
 }
 
+/// Weight rows per pass of the 256-bit transposed-tile kernel: its accumulators (two per row)
+/// and the tile's pairs fill the registers.
+const QUAD: usize = 4;
+
 /// `X8_ROWS` weight rows' blocks `b0 ..` against a transposed tile of eight tokens (see
-/// `super::panel`).
+/// `super::panel`), `QUAD` rows at a time.
 pub(super) fn rows_x8<W: Unpack, const ISA: u8>(
     w: [&[u8]; X8_ROWS],
     b0: usize,
@@ -347,14 +351,16 @@ pub(super) fn rows_x8<W: Unpack, const ISA: u8>(
         n.min(blocks::<W>(w.len()).saturating_sub(b0))
     });
     let row_len = w[0].len();
-    let w = w.map(<[u8]>::as_ptr);
-    // SAFETY: as for `dot`; blocks `b0 .. b0 + nb` lie inside every row, `nb` transposed
-    // blocks inside `xt`.
-    unsafe {
-        match ISA {
-            AVX512_VNNI => rows_x8_avx512::<W>(nb, w, row_len, b0, xt.as_ptr(), acc),
-            AVX_VNNI => rows_x8_vnni::<W>(nb, w, row_len, b0, xt.as_ptr(), acc),
-            _ => rows_x8_avx2::<W>(nb, w, row_len, b0, xt.as_ptr(), acc),
+    for (q, acc) in acc.as_chunks_mut::<QUAD>().0.iter_mut().enumerate() {
+        let w: [*const u8; QUAD] = core::array::from_fn(|i| w[q * QUAD + i].as_ptr());
+        // SAFETY: as for `dot`; blocks `b0 .. b0 + nb` lie inside every row, `nb` transposed
+        // blocks inside `xt`.
+        unsafe {
+            match ISA {
+                AVX512_VNNI => rows_x8_avx512::<W>(nb, w, row_len, b0, xt.as_ptr(), acc),
+                AVX_VNNI => rows_x8_vnni::<W>(nb, w, row_len, b0, xt.as_ptr(), acc),
+                _ => rows_x8_avx2::<W>(nb, w, row_len, b0, xt.as_ptr(), acc),
+            }
         }
     }
 }
@@ -370,22 +376,22 @@ pub(super) fn rows_x8<W: Unpack, const ISA: u8>(
 #[inline(always)]
 unsafe fn rows_x8_tile<W: Unpack, const ISA: u8>(
     nb: usize,
-    w: [*const u8; X8_ROWS],
+    w: [*const u8; QUAD],
     row_len: usize,
     b0: usize,
     xt: *const u8,
-    acc: &mut [[f32; X8]; X8_ROWS],
+    acc: &mut [[f32; X8]; QUAD],
 ) {
     // SAFETY: the caller guarantees the blocks in every row and in `xt`, AVX2/FMA/F16C, and the
     // features of `ISA`.
     unsafe {
-        let mut facc = [_mm256_setzero_ps(); X8_ROWS];
-        for r in 0..X8_ROWS {
+        let mut facc = [_mm256_setzero_ps(); QUAD];
+        for r in 0..QUAD {
             facc[r] = _mm256_loadu_ps(acc[r].as_ptr());
         }
         // Two blocks' widened quants: the next block is widened while this one is multiplied,
         // so the broadcasts never wait on the stores they read.
-        let mut quants = WidenedQuants([[[0; QK / 2]; X8_ROWS]; 2]);
+        let mut quants = WidenedQuants([[[0; QK / 2]; QUAD]; 2]);
         if nb > 0 {
             widen_rows::<W>(w, row_len, b0, &mut quants.0[0]);
         }
@@ -398,12 +404,12 @@ unsafe fn rows_x8_tile<W: Unpack, const ISA: u8>(
             let xq = x.add(X8_QUANTS) as *const __m256i;
             // Two sums per row, one per half of the block: two chains of `vpdpwssd` in flight
             // (integer addition is exact, so the split changes no result).
-            let mut lo = [_mm256_setzero_si256(); X8_ROWS];
-            let mut hi = [_mm256_setzero_si256(); X8_ROWS];
+            let mut lo = [_mm256_setzero_si256(); QUAD];
+            let mut hi = [_mm256_setzero_si256(); QUAD];
             for p in 0..QK / 4 {
                 let x_lo = _mm256_loadu_si256(xq.add(p));
                 let x_hi = _mm256_loadu_si256(xq.add(p + QK / 4));
-                for r in 0..X8_ROWS {
+                for r in 0..QUAD {
                     let w_lo = _mm256_set1_epi32(q[r][p]);
                     let w_hi = _mm256_set1_epi32(q[r][p + QK / 4]);
                     (lo[r], hi[r]) = match ISA {
@@ -420,7 +426,7 @@ unsafe fn rows_x8_tile<W: Unpack, const ISA: u8>(
             }
             let dx = _mm256_loadu_ps(x as *const f32);
             let s = _mm256_loadu_ps(x.add(X8 * 4) as *const f32);
-            for r in 0..X8_ROWS {
+            for r in 0..QUAD {
                 let (d, m) = W::scales(block_at::<W>(w[r], b0 + b));
                 let isum = _mm256_add_epi32(lo[r], hi[r]);
                 facc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, dx), facc[r]);
@@ -429,14 +435,14 @@ unsafe fn rows_x8_tile<W: Unpack, const ISA: u8>(
                 }
             }
         }
-        for r in 0..X8_ROWS {
+        for r in 0..QUAD {
             _mm256_storeu_ps(acc[r].as_mut_ptr(), facc[r]);
         }
     }
 }
 
 #[repr(align(32))]
-struct WidenedQuants([[[i32; QK / 2]; X8_ROWS]; 2]);
+struct WidenedQuants([[[i32; QK / 2]; QUAD]; 2]);
 
 /// Widens block `b` of each row into `out` (a row's 32 quants as 16 pairs of i16), and prefetches
 /// the same block of the next rows' quad (usually the rows right after these, a fixed distance
@@ -446,16 +452,16 @@ struct WidenedQuants([[[i32; QK / 2]; X8_ROWS]; 2]);
 /// The CPU has AVX2 and F16C; block `b` of format `W` lies inside every row at `w[r]`.
 #[inline(always)]
 unsafe fn widen_rows<W: Unpack>(
-    w: [*const u8; X8_ROWS],
+    w: [*const u8; QUAD],
     row_len: usize,
     b: usize,
-    out: &mut [[i32; QK / 2]; X8_ROWS],
+    out: &mut [[i32; QK / 2]; QUAD],
 ) {
     // SAFETY: as the caller guarantees; `out[r]` is 64 bytes at a 32-byte boundary.
     unsafe {
-        for r in 0..X8_ROWS {
+        for r in 0..QUAD {
             let p = block_at::<W>(w[r], b);
-            let ahead = X8_ROWS * row_len;
+            let ahead = QUAD * row_len;
             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(ahead) as *const i8);
             let (lo, hi) = W::unpack(p);
             let q = out[r].as_mut_ptr() as *mut __m256i;
@@ -470,11 +476,11 @@ unsafe fn widen_rows<W: Unpack>(
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows_x8_avx2<W: Unpack>(
     nb: usize,
-    w: [*const u8; X8_ROWS],
+    w: [*const u8; QUAD],
     row_len: usize,
     b0: usize,
     xt: *const u8,
-    acc: &mut [[f32; X8]; X8_ROWS],
+    acc: &mut [[f32; X8]; QUAD],
 ) {
     // SAFETY: as the caller guarantees for this function.
     unsafe { rows_x8_tile::<W, AVX2>(nb, w, row_len, b0, xt, acc) }
@@ -485,11 +491,11 @@ unsafe fn rows_x8_avx2<W: Unpack>(
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 unsafe fn rows_x8_vnni<W: Unpack>(
     nb: usize,
-    w: [*const u8; X8_ROWS],
+    w: [*const u8; QUAD],
     row_len: usize,
     b0: usize,
     xt: *const u8,
-    acc: &mut [[f32; X8]; X8_ROWS],
+    acc: &mut [[f32; X8]; QUAD],
 ) {
     // SAFETY: as the caller guarantees for this function.
     unsafe { rows_x8_tile::<W, AVX_VNNI>(nb, w, row_len, b0, xt, acc) }
@@ -500,11 +506,11 @@ unsafe fn rows_x8_vnni<W: Unpack>(
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn rows_x8_avx512<W: Unpack>(
     nb: usize,
-    w: [*const u8; X8_ROWS],
+    w: [*const u8; QUAD],
     row_len: usize,
     b0: usize,
     xt: *const u8,
-    acc: &mut [[f32; X8]; X8_ROWS],
+    acc: &mut [[f32; X8]; QUAD],
 ) {
     // SAFETY: as the caller guarantees for this function.
     unsafe { rows_x8_tile::<W, AVX512_VNNI>(nb, w, row_len, b0, xt, acc) }

@@ -1,0 +1,378 @@
+//! AMX (Intel's tile matrix unit, from Sapphire Rapids on) for the transposed tiles of eight
+//! tokens: a decode step of several sequences against Q8_0 weights.
+//!
+//! One `tdpbssd` multiplies a tile of 16 weight rows' block (16 × 32 i8, loaded straight from
+//! the rows) with the block of eight tokens (32 × 8) into 16 × 8 i32 sums. The activations are
+//! Q16, so each token's i16 quants go in as two bytes: the high byte (signed, `tdpbssd`) and the
+//! low byte (unsigned, `tdpbsud`); `256·high + low` is the block's exact integer sum, the same one
+//! the 256-bit kernels get, scaled in the same float steps: the same bits.
+//!
+//! Linux hands AMX's 8 KiB of tile state to a process only on request (`arch_prctl`), so
+//! `available` asks once; the tile configuration is per thread, and each call loads it unless
+//! the thread already has it.
+use super::*;
+
+/// Bytes of a transposed block here: the tokens' scales and sums (f32, as `X8_QUANTS` lays them
+/// out), then the high bytes `[group of 4 quants][token][4]` (i8), then the low bytes (u8).
+const HIGH: usize = X8_QUANTS;
+const LOW: usize = HIGH + QK * X8;
+const _: () = assert!(LOW + QK * X8 == X8_BLOCK_BYTES);
+
+/// Whether this CPU has AMX-INT8, the OS saves its tile state, and it granted this process its
+/// use (asked once, on Linux: elsewhere AMX is left alone).
+pub fn available() -> bool {
+    use core::sync::atomic::{AtomicU8, Ordering};
+    // 0: not asked yet, 1: no, 2: yes.
+    static STATE: AtomicU8 = AtomicU8::new(0);
+    match STATE.load(Ordering::Relaxed) {
+        0 => {
+            let yes = avx512_available() && cpu_has_amx() && os_grants_amx();
+            STATE.store(if yes { 2 } else { 1 }, Ordering::Relaxed);
+            yes
+        }
+        s => s == 2,
+    }
+}
+
+/// AMX-TILE and AMX-INT8 (CPUID leaf 7, EDX bits 24 and 25).
+fn cpu_has_amx() -> bool {
+    let edx = __cpuid_count(7, 0).edx;
+    edx & (1 << 24) != 0 && edx & (1 << 25) != 0
+}
+
+/// Whether the OS enabled the tile state in XCR0 (bits 17 and 18) and lets this process use it.
+#[cfg(target_os = "linux")]
+fn os_grants_amx() -> bool {
+    // OSXSAVE: XGETBV is allowed.
+    if __cpuid(1).ecx & (1 << 27) == 0 {
+        return false;
+    }
+    let (xcr0_lo, _hi): (u32, u32);
+    // SAFETY: XGETBV with ECX = 0 reads XCR0; OSXSAVE (checked above) makes it valid.
+    unsafe {
+        core::arch::asm!("xgetbv", in("ecx") 0, out("eax") xcr0_lo, out("edx") _hi,
+            options(nomem, nostack, preserves_flags));
+    }
+    if xcr0_lo & (0b11 << 17) != 0b11 << 17 {
+        return false;
+    }
+    const SYS_ARCH_PRCTL: i64 = 158;
+    const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+    const XFEATURE_XTILEDATA: i64 = 18;
+    let ret: i64;
+    // SAFETY: the arch_prctl system call (x86-64 Linux ABI: number in RAX, arguments in RDI and
+    // RSI, RCX and R11 clobbered) with ARCH_REQ_XCOMP_PERM only records a permission in the
+    // kernel; it touches no memory of this process.
+    unsafe {
+        core::arch::asm!("syscall",
+            inlateout("rax") SYS_ARCH_PRCTL => ret,
+            in("rdi") ARCH_REQ_XCOMP_PERM, in("rsi") XFEATURE_XTILEDATA,
+            lateout("rcx") _, lateout("r11") _, options(nostack));
+    }
+    ret == 0
+}
+
+#[cfg(not(target_os = "linux"))]
+fn os_grants_amx() -> bool {
+    false
+}
+
+/// Transposes blocks `b0 ..` of eight Q16 activation rows into this module's layout.
+pub(super) fn transpose_x8(xs: [&[u8]; X8], b0: usize, out: &mut [u8]) {
+    let nb = out.len() / X8_BLOCK_BYTES;
+    let nb = xs.iter().fold(nb, |n, x| {
+        n.min((x.len() / BlockQ16::BYTES).saturating_sub(b0))
+    });
+    // SAFETY: `available` (AVX-512) before this table is handed out; blocks `b0 .. b0 + nb` lie
+    // inside every row, and `nb` transposed blocks inside `out`.
+    unsafe { transpose_x8_avx512(nb, xs.map(<[u8]>::as_ptr), b0, out.as_mut_ptr()) }
+}
+
+/// # Safety
+/// The CPU has AVX-512 F/BW/VL; Q16 blocks `b0 .. b0 + nb` lie inside every row at `xs[t]`, and
+/// `nb` transposed blocks (`X8_BLOCK_BYTES` each) at `out`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn transpose_x8_avx512(nb: usize, xs: [*const u8; X8], b0: usize, out: *mut u8) {
+    for b in 0..nb {
+        // SAFETY: as the caller guarantees: block `b0 + b` inside every row, transposed block
+        // `b` inside `out`.
+        unsafe {
+            let o = out.add(b * X8_BLOCK_BYTES);
+            let mut high = [_mm256_setzero_si256(); X8];
+            let mut low = [_mm256_setzero_si256(); X8];
+            let mut floats = [[0f32; X8]; 2];
+            for t in 0..X8 {
+                let x = xs[t].add((b0 + b) * BlockQ16::BYTES);
+                let f = |at: usize| (x.add(at) as *const f32).read_unaligned();
+                floats[0][t] = f(0);
+                floats[1][t] = f(4);
+                let q = _mm512_loadu_si512(x.add(BlockQ16::QUANTS) as *const __m512i);
+                // Each group of four quants' bytes is one 32-bit lane: token t's lane k.
+                high[t] = _mm512_cvtepi16_epi8(_mm512_srai_epi16::<8>(q));
+                low[t] = _mm512_cvtepi16_epi8(q);
+            }
+            for (k, row) in floats.iter().enumerate() {
+                _mm256_storeu_ps(o.add(k * X8 * 4) as *mut f32, _mm256_loadu_ps(row.as_ptr()));
+            }
+            let (high, low) = (transpose8(high), transpose8(low));
+            for k in 0..QK / 4 {
+                _mm256_storeu_si256(o.add(HIGH + k * 32) as *mut __m256i, high[k]);
+                _mm256_storeu_si256(o.add(LOW + k * 32) as *mut __m256i, low[k]);
+            }
+        }
+    }
+}
+
+/// The tiles: sums of high and low bytes for even blocks (0, 1) and odd ones (2, 3), so that
+/// one block's sums are scaled while the next one's are multiplied; the weights of even and odd
+/// blocks (4, 5); the tokens' high and low bytes (6, 7).
+#[repr(C, align(64))]
+struct TileConfig([u8; 64]);
+
+const fn tile_config() -> TileConfig {
+    let mut c = [0u8; 64];
+    // Palette 1: eight tiles of up to 16 rows of 64 bytes.
+    c[0] = 1;
+    // (rows, bytes per row) of each tile.
+    let shapes: [(u8, u16); 8] = [
+        (16, 4 * X8 as u16),
+        (16, 4 * X8 as u16),
+        (16, 4 * X8 as u16),
+        (16, 4 * X8 as u16),
+        (16, QK as u16),
+        (16, QK as u16),
+        ((QK / 4) as u8, 4 * X8 as u16),
+        ((QK / 4) as u8, 4 * X8 as u16),
+    ];
+    let mut t = 0;
+    while t < 8 {
+        let bytes = shapes[t].1.to_le_bytes();
+        c[16 + 2 * t] = bytes[0];
+        c[17 + 2 * t] = bytes[1];
+        c[48 + t] = shapes[t].0;
+        t += 1;
+    }
+    TileConfig(c)
+}
+
+static TILES: TileConfig = tile_config();
+
+/// Loads `TILES` into this thread's tile configuration unless it holds it already (loading
+/// costs about ten times as much as reading it back).
+///
+/// # Safety
+/// The CPU has AMX and the OS granted it (`available`), and AVX-512 F/BW.
+#[inline(always)]
+unsafe fn configure_tiles() {
+    // SAFETY: AMX granted and AVX-512 as the caller guarantees; `now` and `TILES` are 64
+    // aligned bytes.
+    unsafe {
+        let mut now = TileConfig([0; 64]);
+        core::arch::asm!("sttilecfg [{}]", in(reg) now.0.as_mut_ptr(), options(nostack));
+        let a = _mm512_load_si512(now.0.as_ptr() as *const __m512i);
+        let b = _mm512_load_si512(TILES.0.as_ptr() as *const __m512i);
+        if _mm512_cmpneq_epi64_mask(a, b) != 0 {
+            core::arch::asm!("ldtilecfg [{}]", in(reg) TILES.0.as_ptr(), options(nostack));
+        }
+    }
+}
+
+/// `X8_ROWS` Q8_0 weight rows' blocks `b0 ..` against a transposed tile of eight tokens.
+pub(super) fn rows_x8_q8_0(
+    w: [&[u8]; X8_ROWS],
+    b0: usize,
+    xt: &[u8],
+    acc: &mut [[f32; X8]; X8_ROWS],
+) {
+    let nb = w.iter().fold(xt.len() / X8_BLOCK_BYTES, |n, w| {
+        n.min(blocks::<BlockQ8_0>(w.len()).saturating_sub(b0))
+    });
+    // The rows of one matrix lie a fixed stride apart, and a tile loads them straight from
+    // there; any others (the last rows repeated as padding) are copied block by block.
+    let base = w[0].as_ptr();
+    let stride = (w[1].as_ptr() as usize).wrapping_sub(base as usize);
+    let strided = stride <= i32::MAX as usize / X8_ROWS
+        && w.iter()
+            .enumerate()
+            .all(|(i, r)| r.as_ptr() as usize == (base as usize).wrapping_add(i * stride));
+    let rows = if strided {
+        Rows::Strided(base, stride)
+    } else {
+        Rows::Apart(w.map(<[u8]>::as_ptr))
+    };
+    // SAFETY: `available` before this table is handed out; blocks `b0 .. b0 + nb` lie inside
+    // every row (and, strided, row `i` is `base + i·stride`), `nb` transposed blocks inside `xt`.
+    unsafe { rows_x8_amx(nb, rows, b0, xt.as_ptr(), acc) }
+}
+
+/// Where a call's rows are.
+#[derive(Clone, Copy)]
+enum Rows {
+    /// Row `i` at `base + i·stride` (`16·stride` fits an i32).
+    Strided(*const u8, usize),
+    /// Anywhere.
+    Apart([*const u8; X8_ROWS]),
+}
+
+/// One block of 16 rows, each `stride` bytes after the last (a copy, for rows apart).
+#[repr(C, align(64))]
+struct Gathered([[u8; 64]; X8_ROWS]);
+
+impl Rows {
+    /// Block `b` of the rows: the first row's block and the stride to the next, through `buf`
+    /// for rows apart.
+    ///
+    /// # Safety
+    /// Block `b` lies inside every row.
+    #[inline(always)]
+    unsafe fn block(self, b: usize, buf: &mut Gathered) -> (*const u8, usize) {
+        // SAFETY: block `b` lies inside every row, as the caller guarantees; `buf`'s rows hold
+        // a block each.
+        unsafe {
+            match self {
+                Rows::Strided(base, stride) => {
+                    let p = block_at::<BlockQ8_0>(base, b);
+                    // The same block of the next call's rows (usually the rows right after
+                    // these): a tile load waits for every row it reads, and sixteen streams
+                    // are more than the hardware prefetcher follows.
+                    for i in X8_ROWS..2 * X8_ROWS {
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(i * stride) as *const i8);
+                    }
+                    (p, stride)
+                }
+                Rows::Apart(w) => {
+                    for (r, o) in w.iter().zip(buf.0.iter_mut()) {
+                        let p = block_at::<BlockQ8_0>(*r, b);
+                        core::ptr::copy_nonoverlapping(p, o.as_mut_ptr(), BlockQ8_0::BYTES);
+                    }
+                    (buf.0.as_ptr() as *const u8, 64)
+                }
+            }
+        }
+    }
+}
+
+/// Block sums from the tiles, 16 rows × `X8` tokens of i32 each: high bytes' sums, low bytes'.
+#[repr(C, align(64))]
+struct Sums([[i32; X8_ROWS * X8]; 2]);
+
+/// The tile work of one block: weights (16 rows `stride` apart from the block at `w`) times the
+/// tokens' high and low bytes (the transposed block at `x`) into `sums`, in the even or the odd
+/// tiles.
+///
+/// # Safety
+/// AMX granted and configured with `TILES`; a whole Q8_0 block at `w + i·stride` for each row
+/// `i`, a transposed block at `x`.
+#[inline(always)]
+unsafe fn multiply_block(w: *const u8, stride: usize, x: *const u8, sums: &mut Sums, odd: bool) {
+    let quants = w.wrapping_add(2);
+    let (high, low) = (x.wrapping_add(HIGH), x.wrapping_add(LOW));
+    let (sh, sl) = (sums.0[0].as_mut_ptr(), sums.0[1].as_mut_ptr());
+    // SAFETY: as the caller guarantees: the tiles read 16 rows of 32 quants at `quants`, eight
+    // rows of 32 bytes at `high` and `low`, and write 16 rows of 32 bytes into `sums`.
+    unsafe {
+        if odd {
+            core::arch::asm!(
+                "tileloadd tmm6, [{high} + {row}*1]",
+                "tileloadd tmm7, [{low} + {row}*1]",
+                "tileloadd tmm5, [{quants} + {stride}*1]",
+                "tilezero tmm2",
+                "tilezero tmm3",
+                "tdpbssd tmm2, tmm5, tmm6",
+                "tdpbsud tmm3, tmm5, tmm7",
+                "tilestored [{sh} + {row}*1], tmm2",
+                "tilestored [{sl} + {row}*1], tmm3",
+                quants = in(reg) quants, stride = in(reg) stride, high = in(reg) high,
+                low = in(reg) low, row = in(reg) 4 * X8, sh = in(reg) sh, sl = in(reg) sl,
+                options(nostack),
+            );
+        } else {
+            core::arch::asm!(
+                "tileloadd tmm6, [{high} + {row}*1]",
+                "tileloadd tmm7, [{low} + {row}*1]",
+                "tileloadd tmm4, [{quants} + {stride}*1]",
+                "tilezero tmm0",
+                "tilezero tmm1",
+                "tdpbssd tmm0, tmm4, tmm6",
+                "tdpbsud tmm1, tmm4, tmm7",
+                "tilestored [{sh} + {row}*1], tmm0",
+                "tilestored [{sl} + {row}*1], tmm1",
+                quants = in(reg) quants, stride = in(reg) stride, high = in(reg) high,
+                low = in(reg) low, row = in(reg) 4 * X8, sh = in(reg) sh, sl = in(reg) sl,
+                options(nostack),
+            );
+        }
+    }
+}
+
+/// Per block: the tiles' integer sums (the next block's multiplied while this one's are scaled),
+/// then for each pair of rows `acc += Σ·(dw·dx)` on the 16 lanes of (row, token), as the 256-bit
+/// kernels do on each lane.
+///
+/// # Safety
+/// AMX granted (`available`), AVX-512 F/BW/VL; blocks `b0 .. b0 + nb` lie inside every row,
+/// `nb` transposed blocks at `xt`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn rows_x8_amx(
+    nb: usize,
+    rows: Rows,
+    b0: usize,
+    xt: *const u8,
+    acc: &mut [[f32; X8]; X8_ROWS],
+) {
+    // SAFETY: as the caller guarantees; every pointer below is a block inside a row, a
+    // transposed block inside `xt`, or a local buffer.
+    unsafe {
+        configure_tiles();
+        let acc = acc.as_flattened_mut();
+        let mut facc = [_mm512_setzero_ps(); X8_ROWS / 2];
+        for (i, f) in facc.iter_mut().enumerate() {
+            *f = _mm512_loadu_ps(acc.as_ptr().add(16 * i));
+        }
+        // Lanes 0..8 take row 2i's scale, lanes 8..16 row 2i + 1's.
+        let pair: [__m512i; X8_ROWS / 2] = core::array::from_fn(|i| {
+            let (a, b) = (
+                _mm256_set1_epi32(2 * i as i32),
+                _mm256_set1_epi32(2 * i as i32 + 1),
+            );
+            _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
+        });
+        let rows_at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        let mut sums = [Sums([[0; X8_ROWS * X8]; 2]), Sums([[0; X8_ROWS * X8]; 2])];
+        let mut gathered = [Gathered([[0; 64]; X8_ROWS]), Gathered([[0; 64]; X8_ROWS])];
+        let mut at = [(xt, 0usize); 2];
+        if nb > 0 {
+            at[0] = rows.block(b0, &mut gathered[0]);
+            multiply_block(at[0].0, at[0].1, xt, &mut sums[0], false);
+        }
+        for b in 0..nb {
+            let (now, next) = (b % 2, (b + 1) % 2);
+            if b + 1 < nb {
+                at[next] = rows.block(b0 + b + 1, &mut gathered[next]);
+                let x = xt.add((b + 1) * X8_BLOCK_BYTES);
+                multiply_block(at[next].0, at[next].1, x, &mut sums[next], next == 1);
+            }
+            let x = xt.add(b * X8_BLOCK_BYTES);
+            let dx = _mm256_loadu_ps(x as *const f32);
+            // Both halves: AVX-512 F's 64-bit insert (the 32-bit one needs DQ).
+            let dx = _mm256_castps_pd(dx);
+            let dx = _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castpd256_pd512(dx), dx));
+            // The rows' f16 scales: the first two bytes of each block.
+            let (w, stride) = at[now];
+            let offsets = _mm512_mullo_epi32(rows_at, _mm512_set1_epi32(stride as i32));
+            let scales = _mm512_i32gather_epi32::<1>(offsets, w as *const i32);
+            let dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(scales));
+            let [high, low] = &sums[now].0;
+            for (i, f) in facc.iter_mut().enumerate() {
+                let h = _mm512_loadu_si512(high.as_ptr().add(16 * i) as *const __m512i);
+                let l = _mm512_loadu_si512(low.as_ptr().add(16 * i) as *const __m512i);
+                let isum = _mm512_add_epi32(_mm512_slli_epi32::<8>(h), l);
+                let d = _mm512_permutexvar_ps(pair[i], dw);
+                *f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, dx), *f);
+            }
+        }
+        for (i, f) in facc.iter().enumerate() {
+            _mm512_storeu_ps(acc.as_mut_ptr().add(16 * i), *f);
+        }
+    }
+}
