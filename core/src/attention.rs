@@ -226,14 +226,28 @@ impl Block<'_> {
             if let (Format::Q8_0, Some(panel)) = (kv.format, &kernels.q8_0.panel) {
                 // The cached keys take the weight rows' place, PANEL at a time: a key's score
                 // is then the same bits whichever rows share its tile.
+                // One tile of queries (a decoded token's heads) reads the keys unpacked, as
+                // decoding reads weight rows: packing them cost as much as the scores.
+                let one_tile = n <= TILE;
                 let packed = &mut packed[..hd / QK * PANEL_BLOCK_BYTES];
                 for (j, s) in (start..end).step_by(PANEL).zip(scores.chunks_mut(PANEL)) {
-                    let keys =
-                        core::array::from_fn(|i| (i < s.len()).then(|| kv.k_row(j + i, kv_head)));
-                    (panel.pack)(&keys, 0, packed);
                     for k in 0..n.div_ceil(TILE) {
-                        let mut out = [[0f32; PANEL]; TILE];
-                        (panel.dot)(packed, tile(k), &mut out);
+                        let out = if one_tile {
+                            // Keys past the step's end repeat its last; their scores are dropped.
+                            let keys =
+                                core::array::from_fn(|i| kv.k_row(j + i.min(s.len() - 1), kv_head));
+                            (panel.rows_x4)(keys, tile(k))
+                        } else {
+                            if k == 0 {
+                                let keys = core::array::from_fn(|i| {
+                                    (i < s.len()).then(|| kv.k_row(j + i, kv_head))
+                                });
+                                (panel.pack)(&keys, 0, packed);
+                            }
+                            let mut out = [[0f32; PANEL]; TILE];
+                            (panel.dot)(packed, tile(k), &mut out);
+                            out
+                        };
                         for (key, sk) in s.iter_mut().enumerate() {
                             for (i, o) in out.iter().enumerate() {
                                 sk[(k * TILE + i).min(ROWS - 1)] = o[key];

@@ -431,7 +431,7 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
                 got: have * 4,
             })?;
         // A few chunks per thread balance uneven progress; whole panels keep padding rows out.
-        let rows_per_chunk = total.div_ceil(threads * 4).next_multiple_of(PANEL);
+        let rows_per_chunk = total.div_ceil(threads * 2).next_multiple_of(PANEL);
         self.exec
             .for_each_chunk(tmp, rows_per_chunk * n_tok, &|i, out| {
                 let mut out = out;
