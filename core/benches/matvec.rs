@@ -22,6 +22,7 @@ fn matvec(c: &mut Criterion) {
         f32: &x,
         q16: Some(&q16),
         q8k: Some(&q8k),
+        transposed: None,
         n_tok: 1,
         cols: N,
     };
@@ -212,6 +213,7 @@ fn matmul_tokens(
         f32: &x,
         q16: Some(&q16),
         q8k: Some(&q8k),
+        transposed: None,
         n_tok,
         cols,
     };
@@ -278,6 +280,7 @@ fn decode_step_paths(c: &mut Criterion) {
                         |r| m.row(r),
                         n_tok,
                         x1,
+                        None,
                         |r, t, v| out[t * rows + r..][..v.len()].copy_from_slice(v),
                     )
                 })

@@ -1,6 +1,7 @@
 //! `Scratch`: the activation buffers of the layer loop, carved from memory the caller owns.
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::kernels::panel::X8;
 use crate::kernels::TILE;
 
 /// Rows of logits computed at once in batches of at least this many tokens: the last tokens of
@@ -101,7 +102,10 @@ impl Layout {
             tmp,
             // The last tokens of several sequences (one row when decoding alone).
             logits: logit_rows(b) * c.vocab_size,
-            quantized: b * (q16::row_bytes(widest) + q8k::row_bytes(widest_k)),
+            // A decode step of eight sequences or more also keeps a tile of its Q16 tokens
+            // transposed (`kernels::transposed_tokens`), as many bytes again.
+            quantized: (b + if b >= X8 { X8 } else { 0 }) * q16::row_bytes(widest)
+                + b * q8k::row_bytes(widest_k),
         })
     }
 

@@ -56,6 +56,18 @@ pub const TILE: usize = 4;
 /// same bits, so neither this choice nor how threads split rows or tokens changes a result.
 pub const PANEL_MIN_TOKENS: usize = 2 * panel::X8;
 
+/// Tokens whose Q16 rows a mat-mul of `n_tok` tokens keeps transposed for the transposed-tile
+/// kernels (`Kernels::transpose_tiles`): the one tile of a decode step of `X8` to
+/// `PANEL_MIN_TOKENS - 1` sequences, so that its threads do not each transpose it again. More
+/// tokens take the panel kernels.
+pub const fn transposed_tokens(n_tok: usize) -> usize {
+    if n_tok >= panel::X8 && n_tok < PANEL_MIN_TOKENS {
+        panel::X8
+    } else {
+        0
+    }
+}
+
 /// The most rows one `axpy_q8_0` call adds.
 pub const AXPY_ROWS: usize = 4;
 
@@ -90,6 +102,8 @@ pub struct PanelDots {
     /// `rows` for `TILE` activation rows at once, each weight block unpacked once for all of
     /// them (a decode step of several sequences): `[token][row]`, the bits `rows` gives each.
     pub rows_x4: PanelRowsX4,
+    /// The layout `transpose_x8` writes.
+    pub x8_layout: X8Layout,
     /// Transposes blocks `b0 ..` of `X8` Q16 activation rows into as many whole transposed
     /// blocks (`X8_BLOCK_BYTES` each) as the output holds, in the layout this table's `rows_x8`
     /// reads (`panel` describes the 256-bit kernels' one, `x86::amx` its own).
@@ -222,6 +236,48 @@ impl Kernels {
         return &[];
         #[allow(unreachable_code)]
         &SIMD_TABLES
+    }
+
+    /// Transposes the whole tiles of `panel::X8` tokens among `n_tok` Q16 activation rows of
+    /// `cols` values for `format`'s transposed-tile kernels, into `out`; `None` for a format
+    /// without them (or rows that are not whole blocks). A mat-mul split across threads then
+    /// transposes its tokens once (`Activations::transposed`).
+    ///
+    /// # Errors
+    /// [`Error::Length`] when `q16` is not `n_tok` Q16 rows of `cols`, or `out` holds fewer
+    /// bytes than those tiles' rows.
+    pub fn transpose_tiles<'o>(
+        &self,
+        format: Format,
+        q16: &[u8],
+        n_tok: usize,
+        cols: usize,
+        out: &'o mut [u8],
+    ) -> Result<Option<TransposedTiles<'o>>> {
+        let Some(kernels) = self.dots(format).ok().and_then(|d| d.panel.as_ref()) else {
+            return Ok(None);
+        };
+        if !cols.is_multiple_of(QK) {
+            return Ok(None);
+        }
+        let row = q16::row_bytes(cols);
+        expect_len("Q16 activations", n_tok * row, q16.len())?;
+        let tiles = n_tok / panel::X8;
+        let tile_bytes = cols / QK * panel::X8_BLOCK_BYTES;
+        let have = out.len();
+        let out = out.get_mut(..tiles * tile_bytes).ok_or(Error::Length {
+            what: "transposed tiles",
+            expected: tiles * tile_bytes,
+            got: have,
+        })?;
+        for (i, tile) in out.chunks_exact_mut(tile_bytes).enumerate() {
+            let xs = core::array::from_fn(|t| &q16[(panel::X8 * i + t) * row..][..row]);
+            (kernels.transpose_x8)(xs, 0, tile);
+        }
+        Ok(Some(TransposedTiles {
+            layout: kernels.x8_layout,
+            bytes: out,
+        }))
     }
 
     /// The dots of a quantized weight format.
@@ -493,10 +549,18 @@ impl Kernels {
                     return Ok(());
                 }
                 if let Some(kernels) = &dots.panel {
+                    let nb = x.cols / QK;
                     if x.n_tok >= PANEL_MIN_TOKENS {
-                        panel::matmul(kernels, n_rows, x.cols / QK, w_row, n_tok, x1, put);
+                        panel::matmul(kernels, n_rows, nb, w_row, n_tok, x1, put);
                     } else {
-                        panel::matvec(kernels, n_rows, x.cols / QK, w_row, n_tok, x1, put);
+                        // Tiles transposed for these kernels, from the first token asked for.
+                        let tile_bytes = nb * panel::X8_BLOCK_BYTES;
+                        let transposed = x
+                            .transposed
+                            .filter(|t| t.layout == kernels.x8_layout)
+                            .filter(|_| toks.start.is_multiple_of(panel::X8))
+                            .and_then(|t| t.bytes.get(toks.start / panel::X8 * tile_bytes..));
+                        panel::matvec(kernels, n_rows, nb, w_row, n_tok, x1, transposed, put);
                     }
                     return Ok(());
                 }
@@ -611,10 +675,34 @@ pub struct Activations<'a> {
     pub q16: Option<&'a [u8]>,
     /// The same rows as Q8K blocks, for the k-quants (`None` if the caller has none).
     pub q8k: Option<&'a [u8]>,
+    /// The Q16 rows' first tiles of `panel::X8` tokens, already transposed
+    /// (`Kernels::transpose_tiles`), or `None`: the transposed-tile kernels then transpose them
+    /// themselves.
+    pub transposed: Option<TransposedTiles<'a>>,
     /// Rows (tokens).
     pub n_tok: usize,
     /// Values per row.
     pub cols: usize,
+}
+
+/// How a table's `transpose_x8` lays out a tile: tiles transposed for one format's kernels
+/// serve every format whose kernels read the same layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum X8Layout {
+    /// Pairs of i16 quants, `[pair][token]` (`panel`).
+    Pairs,
+    /// High and low bytes of the quants, `[group of four][token]` (x86 AMX).
+    Bytes,
+}
+
+/// Whole tiles of `panel::X8` Q16 activation rows, transposed: tile `i` holds tokens
+/// `8i .. 8i + 8`, all their blocks (`panel::X8_BLOCK_BYTES` each).
+#[derive(Debug, Clone, Copy)]
+pub struct TransposedTiles<'a> {
+    /// The layout of the tiles.
+    pub layout: X8Layout,
+    /// The tiles, one after another.
+    pub bytes: &'a [u8],
 }
 
 /// The activation format of a quantized `format`.

@@ -143,6 +143,11 @@ pub fn matmul<'a>(
 /// `rows × n_tok` results as `matmul` gives them, without packing (few tokens: decoding one
 /// sequence or a step of several): transposed tiles of `X8` tokens, then tiles of `TILE`, then
 /// one token at a time.
+///
+/// `transposed`, where the caller has them, holds the tokens' whole tiles already transposed
+/// for these kernels (tile `i`: tokens `8i .. 8i + 8`, `nb` blocks), and nothing is transposed
+/// here.
+#[allow(clippy::too_many_arguments)]
 pub fn matvec<'a>(
     kernels: &PanelDots,
     rows: usize,
@@ -150,10 +155,22 @@ pub fn matvec<'a>(
     row: impl Fn(usize) -> &'a [u8],
     n_tok: usize,
     x: impl Fn(usize) -> &'a [u8],
+    transposed: Option<&[u8]>,
     mut put: impl FnMut(usize, usize, &[f32]),
 ) {
     let by_eight = n_tok / X8 * X8;
-    if by_eight > 0 {
+    let tile_bytes = nb * X8_BLOCK_BYTES;
+    if let Some(tiles) = transposed.filter(|t| t.len() >= by_eight / X8 * tile_bytes) {
+        for (i, tile) in tiles
+            .chunks_exact(tile_bytes)
+            .take(by_eight / X8)
+            .enumerate()
+        {
+            rows_x8_transposed(kernels, rows, nb, &row, tile, |r, t, v| {
+                put(r, X8 * i + t, v)
+            });
+        }
+    } else if by_eight > 0 {
         let (row, x, put) = (&row, &x, &mut put);
         match nb {
             0..=16 => tiles_x8::<16>(kernels, rows, nb, row, by_eight, x, put),
@@ -214,9 +231,10 @@ fn rows_x8<'a>(
     mut put: impl FnMut(usize, usize, &[f32]),
 ) {
     let chunk_blocks = transposed.len() / X8_BLOCK_BYTES;
-    let one_chunk = nb <= chunk_blocks;
-    if one_chunk {
-        (kernels.transpose_x8)(xs, 0, &mut transposed[..nb * X8_BLOCK_BYTES]);
+    if nb <= chunk_blocks {
+        let tile = &mut transposed[..nb * X8_BLOCK_BYTES];
+        (kernels.transpose_x8)(xs, 0, tile);
+        return rows_x8_transposed(kernels, rows, nb, row, tile, put);
     }
     for g0 in (0..rows).step_by(X8_GROUP_ROWS) {
         let group = (rows - g0).min(X8_GROUP_ROWS);
@@ -224,23 +242,53 @@ fn rows_x8<'a>(
         let quads = group.div_ceil(X8_ROWS);
         for b0 in (0..nb).step_by(chunk_blocks) {
             let chunk = &mut transposed[..(nb - b0).min(chunk_blocks) * X8_BLOCK_BYTES];
-            if !one_chunk {
-                (kernels.transpose_x8)(xs, b0, chunk);
-            }
+            (kernels.transpose_x8)(xs, b0, chunk);
             for (q, acc) in acc[..quads].iter_mut().enumerate() {
                 // Rows past the end repeat the last one; their results are dropped.
                 let w = core::array::from_fn(|i| row((g0 + X8_ROWS * q + i).min(rows - 1)));
                 (kernels.rows_x8)(w, b0, chunk, acc);
             }
         }
-        // One run of the group's rows per token: a call per token, not per result.
-        let acc = acc.as_flattened();
-        let mut run = [0f32; X8_GROUP_ROWS];
-        for t in 0..X8 {
-            for (o, acc) in run.iter_mut().zip(&acc[..group]) {
-                *o = acc[t];
-            }
-            put(g0, t, &run[..group]);
+        put_group(g0, group, &acc, &mut put);
+    }
+}
+
+/// Hands on the results of a group of rows from `g0` (`group` of them): one run of the rows
+/// per token, a call per token, not per result.
+fn put_group(
+    g0: usize,
+    group: usize,
+    acc: &[[[f32; X8]; X8_ROWS]; X8_GROUP_ROWS / X8_ROWS],
+    put: &mut impl FnMut(usize, usize, &[f32]),
+) {
+    let acc = acc.as_flattened();
+    let mut run = [0f32; X8_GROUP_ROWS];
+    for t in 0..X8 {
+        for (o, acc) in run.iter_mut().zip(&acc[..group]) {
+            *o = acc[t];
         }
+        put(g0, t, &run[..group]);
+    }
+}
+
+/// Every weight row against one whole transposed tile (`nb` blocks).
+fn rows_x8_transposed<'a>(
+    kernels: &PanelDots,
+    rows: usize,
+    nb: usize,
+    row: &impl Fn(usize) -> &'a [u8],
+    tile: &[u8],
+    mut put: impl FnMut(usize, usize, &[f32]),
+) {
+    let tile = &tile[..nb * X8_BLOCK_BYTES];
+    for g0 in (0..rows).step_by(X8_GROUP_ROWS) {
+        let group = (rows - g0).min(X8_GROUP_ROWS);
+        let mut acc = [[[0f32; X8]; X8_ROWS]; X8_GROUP_ROWS / X8_ROWS];
+        for (q, acc) in acc[..group.div_ceil(X8_ROWS)].iter_mut().enumerate() {
+            // Rows past the end repeat the last one; their results are dropped.
+            let w = core::array::from_fn(|i| row((g0 + X8_ROWS * q + i).min(rows - 1)));
+            (kernels.rows_x8)(w, 0, tile, acc);
+        }
+        put_group(g0, group, &acc, &mut put);
     }
 }

@@ -763,6 +763,7 @@ fn faults_name_what_is_wrong() {
         f32: &[0.5; 32],
         q16: Some(&xq),
         q8k: None,
+        transposed: None,
         n_tok: 1,
         cols: 32,
     };
@@ -804,6 +805,7 @@ fn matmul_rows_equals_row_dots() {
         f32: &x,
         q16: Some(&q16),
         q8k: Some(&q8k),
+        transposed: None,
         n_tok,
         cols,
     };
@@ -1000,6 +1002,7 @@ fn batch_size_changes_no_result() {
         f32: &x[t0 * cols..(t0 + n) * cols],
         q16: Some(&q16[t0 * b16..(t0 + n) * b16]),
         q8k: Some(&q8k[t0 * b8k..(t0 + n) * b8k]),
+        transposed: None,
         n_tok: n,
         cols,
     };
@@ -1023,6 +1026,28 @@ fn batch_size_changes_no_result() {
             Kernels::best()
                 .matmul_rows(&m, &acts(t0, n), 3, &mut part)
                 .unwrap();
+            // The same tokens with their tile transposed beforehand, as a decode step passes it.
+            let tiles = transposed_tokens(n);
+            let mut buf = vec![0u8; tiles * b16];
+            let q = &q16[t0 * b16..(t0 + tiles) * b16];
+            let transposed = Kernels::best()
+                .transpose_tiles(format, q, tiles, cols, &mut buf)
+                .unwrap();
+            assert_eq!(transposed.is_some(), !is_k(format), "{format} {n} tokens");
+            let mut pre = vec![0f32; (rows - 3) * n];
+            let acts_pre = Activations {
+                transposed,
+                ..acts(t0, n)
+            };
+            Kernels::best()
+                .matmul_rows(&m, &acts_pre, 3, &mut pre)
+                .unwrap();
+            assert!(
+                pre.iter()
+                    .zip(&part)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{format} {n} tokens from {t0}, transposed beforehand"
+            );
             for r in 3..rows {
                 for t in 0..n {
                     assert_eq!(
@@ -1061,6 +1086,7 @@ fn k_panel_matmul_is_the_scalar_bits() {
         f32: &x,
         q16: None,
         q8k: Some(&q8k),
+        transposed: None,
         n_tok,
         cols,
     };

@@ -1,4 +1,5 @@
-//! AVX2 + FMA + F16C twins of `scalar`, with AVX-VNNI and AVX-512 variants of the quantized dots.
+//! AVX2 + FMA + F16C twins of `scalar`, with AVX-VNNI, AVX-512 and AMX variants of the quantized
+//! dots.
 //!
 //! Each table is only handed out by `Kernels::best` after its `*_available()` said yes, which is
 //! what makes the safe wrappers below sound.
@@ -8,8 +9,9 @@
 //! into `i16` quants and scales; `quants` holds the quantizers and the one-row dots; `kquants`
 //! the k-quants' bytes and their dots with Q8K activations; `kpanel` their many-token kernels
 //! (unpacking, transposing, the tile kernel); `panel` the
-//! packing, the many-token panel kernels and their decoding twin; `axpy` attention's sum over V;
-//! `float` the f32/f16 dots and element-wise kernels. A new format is an `Unpack` impl (a
+//! packing, the many-token panel kernels and their decoding twin; `amx` Q8_0's transposed tiles
+//! on the tile unit; `axpy` attention's sum over V; `float` the f32/f16 dots and element-wise
+//! kernels. A new format is an `Unpack` impl (a
 //! k-quant: a `KBytes` impl) and a table entry.
 use core::arch::x86_64::*;
 
@@ -33,7 +35,7 @@ use unpack::*;
 use super::panel::{
     PANEL, PANEL_BLOCK_BYTES, PANEL_QUANTS, X8, X8_BLOCK_BYTES, X8_QUANTS, X8_ROWS,
 };
-use super::{Kernels, PanelAcc, PanelDots, PanelRows, QuantDots, TILE};
+use super::{Kernels, PanelAcc, PanelDots, PanelRows, QuantDots, X8Layout, TILE};
 use crate::quant::k_quants::QK_K;
 use crate::quant::{
     BlockQ16, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
@@ -89,6 +91,7 @@ pub(super) static KERNELS_AMX: Kernels = amx_table();
 const fn amx_table() -> Kernels {
     let mut k = table::<AVX512_VNNI>("avx2+avx512vl+amx");
     if let Some(p) = &mut k.q8_0.panel {
+        p.x8_layout = X8Layout::Bytes;
         p.transpose_x8 = amx::transpose_x8;
         p.rows_x8 = amx::rows_x8_q8_0;
     }
@@ -137,6 +140,7 @@ const fn dots<W: Unpack, const ISA: u8>() -> QuantDots {
             dot: panel::<W, ISA>,
             rows: |w, x| panel_rows::<W, ISA, 1>(w, [x])[0],
             rows_x4: panel_rows::<W, ISA, TILE>,
+            x8_layout: X8Layout::Pairs,
             transpose_x8,
             rows_x8: rows_x8::<W, ISA>,
         }),
