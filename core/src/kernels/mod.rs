@@ -51,9 +51,10 @@ static SIMD_TABLES: [SimdTable; 0] = [];
 pub const TILE: usize = 4;
 
 /// From this many activation rows on, quantized mat-muls use the panel kernel where the table
-/// has one (the k-quants: `k_panel`); below, transposed tiles of eight tokens and unpacked ones
-/// of four (a server's decode steps), which pack nothing. At 16 tokens both ways measured the same. Every way gives the
-/// same bits, so neither this choice nor how threads split rows or tokens changes a result.
+/// has one (the k-quants: `k_panel`; a table's `PanelDots::pack_from` may say more); below,
+/// transposed tiles of eight tokens and unpacked ones of four (a server's decode steps), which
+/// pack nothing. At 16 tokens both ways measured the same. Every way gives the same bits, so
+/// neither this choice nor how threads split rows or tokens changes a result.
 pub const PANEL_MIN_TOKENS: usize = 2 * panel::X8;
 
 /// Tokens whose Q16 rows a mat-mul of `n_tok` tokens keeps transposed for the transposed-tile
@@ -102,6 +103,9 @@ pub struct PanelDots {
     /// `rows` for `TILE` activation rows at once, each weight block unpacked once for all of
     /// them (a decode step of several sequences): `[token][row]`, the bits `rows` gives each.
     pub rows_x4: PanelRowsX4,
+    /// Tokens from which a mat-mul packs panels (`PANEL_MIN_TOKENS`, or more where the
+    /// transposed tiles stay faster).
+    pub pack_from: usize,
     /// The layout `transpose_x8` writes.
     pub x8_layout: X8Layout,
     /// Transposes blocks `b0 ..` of `X8` Q16 activation rows into as many whole transposed
@@ -550,7 +554,7 @@ impl Kernels {
                 }
                 if let Some(kernels) = &dots.panel {
                     let nb = x.cols / QK;
-                    if x.n_tok >= PANEL_MIN_TOKENS {
+                    if x.n_tok >= kernels.pack_from {
                         panel::matmul(kernels, n_rows, nb, w_row, n_tok, x1, put);
                     } else {
                         // Tiles transposed for these kernels, from the first token asked for.

@@ -35,7 +35,7 @@ use unpack::*;
 use super::panel::{
     PANEL, PANEL_BLOCK_BYTES, PANEL_QUANTS, X8, X8_BLOCK_BYTES, X8_QUANTS, X8_ROWS,
 };
-use super::{Kernels, PanelAcc, PanelDots, PanelRows, QuantDots, X8Layout, TILE};
+use super::{Kernels, PanelAcc, PanelDots, PanelRows, QuantDots, X8Layout, PANEL_MIN_TOKENS, TILE};
 use crate::quant::k_quants::QK_K;
 use crate::quant::{
     BlockQ16, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
@@ -91,6 +91,10 @@ pub(super) static KERNELS_AMX: Kernels = amx_table();
 const fn amx_table() -> Kernels {
     let mut k = table::<AVX512_VNNI>("avx2+avx512vl+amx");
     if let Some(p) = &mut k.q8_0.panel {
+        // A tile unit multiplies eight tokens as fast as the panels' sixteen: decode steps of
+        // 16 and 32 sequences ran 1.23x and 1.06x faster on tiles, prefill of 48 tokens the
+        // same.
+        p.pack_from = 64;
         p.x8_layout = X8Layout::Bytes;
         p.transpose_x8 = amx::transpose_x8;
         p.rows_x8 = amx::rows_x8_q8_0;
@@ -140,6 +144,7 @@ const fn dots<W: Unpack, const ISA: u8>() -> QuantDots {
             dot: panel::<W, ISA>,
             rows: |w, x| panel_rows::<W, ISA, 1>(w, [x])[0],
             rows_x4: panel_rows::<W, ISA, TILE>,
+            pack_from: PANEL_MIN_TOKENS,
             x8_layout: X8Layout::Pairs,
             transpose_x8,
             rows_x8: rows_x8::<W, ISA>,
