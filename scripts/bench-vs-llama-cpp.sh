@@ -22,7 +22,7 @@ set="${4:-base}"
 version=0.3.36
 # llama.cpp gets the instruction sets sapient picks on this CPU (AVX2+FMA+F16C, plus AVX-VNNI and
 # AVX-512 F/BW/VL/VNNI where present), never -march=native: these machines' CPUs report AMX,
-# whose tile instructions trap here.
+# and llama.cpp 0.3.36's AMX kernels die of SIGILL here (its first tilezero; BENCHMARKS.md).
 flags="-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
 isa=avx2
 if grep -qw avx_vnni /proc/cpuinfo; then
