@@ -79,10 +79,7 @@ fn os_grants_amx() -> bool {
 
 /// Transposes blocks `b0 ..` of eight Q16 activation rows into this module's layout.
 pub(super) fn transpose_x8(xs: [&[u8]; X8], b0: usize, out: &mut [u8]) {
-    let nb = out.len() / X8_BLOCK_BYTES;
-    let nb = xs.iter().fold(nb, |n, x| {
-        n.min((x.len() / BlockQ16::BYTES).saturating_sub(b0))
-    });
+    let nb = x8_blocks(&xs, b0, out);
     // SAFETY: `available` (AVX-512) before this table is handed out; blocks `b0 .. b0 + nb` lie
     // inside every row, and `nb` transposed blocks inside `out`.
     unsafe { transpose_x8_avx512(nb, xs.map(<[u8]>::as_ptr), b0, out.as_mut_ptr()) }
@@ -98,21 +95,15 @@ unsafe fn transpose_x8_avx512(nb: usize, xs: [*const u8; X8], b0: usize, out: *m
         // `b` inside `out`.
         unsafe {
             let o = out.add(b * X8_BLOCK_BYTES);
+            let x = xs.map(|x| x.add((b0 + b) * BlockQ16::BYTES));
+            store_x8_scales(x, o);
             let mut high = [_mm256_setzero_si256(); X8];
             let mut low = [_mm256_setzero_si256(); X8];
-            let mut floats = [[0f32; X8]; 2];
             for t in 0..X8 {
-                let x = xs[t].add((b0 + b) * BlockQ16::BYTES);
-                let f = |at: usize| (x.add(at) as *const f32).read_unaligned();
-                floats[0][t] = f(0);
-                floats[1][t] = f(4);
-                let q = _mm512_loadu_si512(x.add(BlockQ16::QUANTS) as *const __m512i);
+                let q = _mm512_loadu_si512(x[t].add(BlockQ16::QUANTS) as *const __m512i);
                 // Each group of four quants' bytes is one 32-bit lane: token t's lane k.
                 high[t] = _mm512_cvtepi16_epi8(_mm512_srai_epi16::<8>(q));
                 low[t] = _mm512_cvtepi16_epi8(q);
-            }
-            for (k, row) in floats.iter().enumerate() {
-                _mm256_storeu_ps(o.add(k * X8 * 4) as *mut f32, _mm256_loadu_ps(row.as_ptr()));
             }
             let (high, low) = (transpose8(high), transpose8(low));
             for k in 0..QK / 4 {

@@ -291,13 +291,38 @@ pub(super) unsafe fn rows_tile<W: Unpack, const ISA: u8, const T: usize>(
 
 /// Transposes blocks `b0 ..` of eight Q16 activation rows (see `super::panel`).
 pub(super) fn transpose_x8(xs: [&[u8]; X8], b0: usize, out: &mut [u8]) {
-    let nb = out.len() / X8_BLOCK_BYTES;
-    let nb = xs.iter().fold(nb, |n, x| {
-        n.min((x.len() / BlockQ16::BYTES).saturating_sub(b0))
-    });
+    let nb = x8_blocks(&xs, b0, out);
     // SAFETY: CPU features as above; blocks `b0 .. b0 + nb` lie inside every row, and `nb`
     // transposed blocks inside `out`.
     unsafe { transpose_x8_avx2(nb, xs.map(<[u8]>::as_ptr), b0, out.as_mut_ptr()) }
+}
+
+/// The whole blocks from `b0` on that every row of `xs` holds and `out` has room for
+/// transposed: what a transposer fills.
+pub(super) fn x8_blocks(xs: &[&[u8]; X8], b0: usize, out: &[u8]) -> usize {
+    xs.iter().fold(out.len() / X8_BLOCK_BYTES, |n, x| {
+        n.min((x.len() / BlockQ16::BYTES).saturating_sub(b0))
+    })
+}
+
+/// Stores the eight tokens' block scales, then their sums (a row of f32 each), at the start of
+/// the transposed block at `o`.
+///
+/// # Safety
+/// A Q16 block at each `x[t]`, `X8_QUANTS` writable bytes at `o`; the CPU has AVX.
+#[inline(always)]
+pub(super) unsafe fn store_x8_scales(x: [*const u8; X8], o: *mut u8) {
+    // SAFETY: as the caller guarantees: each block starts with its f32 scale and sum.
+    unsafe {
+        let mut floats = [[0f32; X8]; 2];
+        for t in 0..X8 {
+            floats[0][t] = (x[t] as *const f32).read_unaligned();
+            floats[1][t] = (x[t].add(4) as *const f32).read_unaligned();
+        }
+        for (k, row) in floats.iter().enumerate() {
+            _mm256_storeu_ps(o.add(k * X8 * 4) as *mut f32, _mm256_loadu_ps(row.as_ptr()));
+        }
+    }
 }
 
 /// # Safety
@@ -310,20 +335,13 @@ unsafe fn transpose_x8_avx2(nb: usize, xs: [*const u8; X8], b0: usize, out: *mut
         // `b` inside `out`.
         unsafe {
             let o = out.add(b * X8_BLOCK_BYTES);
+            let x = xs.map(|x| x.add((b0 + b) * BlockQ16::BYTES));
+            store_x8_scales(x, o);
             let mut lo = [_mm256_setzero_si256(); X8];
             let mut hi = [_mm256_setzero_si256(); X8];
-            // The tokens' d and s, one row each.
-            let mut floats = [[0f32; X8]; 2];
             for t in 0..X8 {
-                let x = xs[t].add((b0 + b) * BlockQ16::BYTES);
-                let f = |at: usize| (x.add(at) as *const f32).read_unaligned();
-                floats[0][t] = f(0);
-                floats[1][t] = f(4);
-                lo[t] = _mm256_loadu_si256(x.add(8) as *const __m256i);
-                hi[t] = _mm256_loadu_si256(x.add(40) as *const __m256i);
-            }
-            for (k, row) in floats.iter().enumerate() {
-                _mm256_storeu_ps(o.add(k * X8 * 4) as *mut f32, _mm256_loadu_ps(row.as_ptr()));
+                lo[t] = _mm256_loadu_si256(x[t].add(8) as *const __m256i);
+                hi[t] = _mm256_loadu_si256(x[t].add(40) as *const __m256i);
             }
             let q = o.add(X8_QUANTS) as *mut __m256i;
             let (lo, hi) = (transpose8(lo), transpose8(hi));
