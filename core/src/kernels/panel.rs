@@ -239,11 +239,11 @@ fn rows_x8<'a>(
     for g0 in (0..rows).step_by(X8_GROUP_ROWS) {
         let group = (rows - g0).min(X8_GROUP_ROWS);
         let mut acc = [[[0f32; X8]; X8_ROWS]; X8_GROUP_ROWS / X8_ROWS];
-        let quads = group.div_ceil(X8_ROWS);
+        let row_tiles = group.div_ceil(X8_ROWS);
         for b0 in (0..nb).step_by(chunk_blocks) {
             let chunk = &mut transposed[..(nb - b0).min(chunk_blocks) * X8_BLOCK_BYTES];
             (kernels.transpose_x8)(xs, b0, chunk);
-            for (q, acc) in acc[..quads].iter_mut().enumerate() {
+            for (q, acc) in acc[..row_tiles].iter_mut().enumerate() {
                 // Rows past the end repeat the last one; their results are dropped.
                 let w = core::array::from_fn(|i| row((g0 + X8_ROWS * q + i).min(rows - 1)));
                 (kernels.rows_x8)(w, b0, chunk, acc);
