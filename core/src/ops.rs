@@ -62,13 +62,30 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) -> Result<
         });
     }
     for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-        let ss: f32 = xr.iter().map(|v| v * v).sum();
-        let r = 1.0 / libm::sqrtf(ss / n as f32 + eps);
+        let r = 1.0 / libm::sqrtf(sum_of_squares(xr) / n as f32 + eps);
         for ((o, v), w) in or.iter_mut().zip(xr).zip(weight) {
             *o = w * (v * r);
         }
     }
     Ok(())
+}
+
+/// `Σ v²` in sixteen running sums (value `i` into sum `i % 16`), added up in a fixed order at the
+/// end: the compiler keeps the sums in vector lanes, where one running sum is a chain of
+/// dependent adds (0.7 µs a row of 576, a few percent of a decode step of eight sequences, on
+/// one thread). A row's result depends on that row alone.
+fn sum_of_squares(x: &[f32]) -> f32 {
+    let mut sums = [0f32; 16];
+    let (rows, rest) = x.as_chunks::<16>();
+    for c in rows {
+        for (s, v) in sums.iter_mut().zip(c) {
+            *s += v * v;
+        }
+    }
+    for (s, v) in sums.iter_mut().zip(rest) {
+        *s += v * v;
+    }
+    sums.iter().sum()
 }
 
 /// Numerically stable softmax in place.
