@@ -225,9 +225,9 @@ impl Block<'_> {
             let scores = &mut scores[..end - start];
             if let (Format::Q8_0, Some(panel)) = (kv.format, &kernels.q8_0.panel) {
                 // The cached keys take the weight rows' place, PANEL at a time: a key's score
-                // is then the same bits whichever rows share its tile.
-                // One tile of queries (a decoded token's heads) reads the keys unpacked, as
-                // decoding reads weight rows: packing them cost as much as the scores.
+                // is then the same bits whichever rows share its tile. One tile of queries (a
+                // decoded token's heads) reads the keys unpacked, as decoding reads weight
+                // rows: packing them cost as much as the scores.
                 let one_tile = n <= TILE;
                 let packed = &mut packed[..hd / QK * PANEL_BLOCK_BYTES];
                 for (j, s) in (start..end).step_by(PANEL).zip(scores.chunks_mut(PANEL)) {
