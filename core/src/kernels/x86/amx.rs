@@ -2,21 +2,25 @@
 //! tokens: a decode step of several sequences against Q8_0 weights.
 //!
 //! One `tdpbssd` multiplies a tile of 16 weight rows' block (16 × 32 i8, loaded straight from
-//! the rows) with the block of eight tokens (32 × 8) into 16 × 8 i32 sums. The activations are
-//! Q16, so each token's i16 quants go in as two bytes: the high byte (signed, `tdpbssd`) and the
-//! low byte (unsigned, `tdpbsud`); `256·high + low` is the block's exact integer sum, the same one
+//! the rows) with the block of eight tokens into 16 × 16 i32 sums. The activations are Q16, so
+//! each token's i16 quants go in as two signed bytes, `q = 256·high + low` (`|q| <= 127·257`
+//! makes both fit `i8`), its high bytes in columns 0..8, its low ones in 8..16: one instruction
+//! for both halves. `256·high + low` of the sums is the block's exact integer sum, the same one
 //! the 256-bit kernels get, scaled in the same float steps: the same bits.
 //!
 //! Linux hands AMX's 8 KiB of tile state to a process only on request (`arch_prctl`), so
 //! `available` asks once; the tile configuration is per thread, and each call loads it unless
 //! the thread already has it.
 use super::*;
+use core::mem::MaybeUninit;
 
 /// Bytes of a transposed block here: the tokens' scales and sums (f32, as `X8_QUANTS` lays them
-/// out), then the high bytes `[group of 4 quants][token][4]` (i8), then the low bytes (u8).
-const HIGH: usize = X8_QUANTS;
-const LOW: usize = HIGH + QK * X8;
-const _: () = assert!(LOW + QK * X8 == X8_BLOCK_BYTES);
+/// out), then per group of four quants a row of the tile: each token's four high bytes, then
+/// each token's four low bytes (`[group][high, low][token][4]`, i8).
+const BYTES: usize = X8_QUANTS;
+/// Bytes of one row of that tile (and of the sums tile): 16 columns of 4 bytes.
+const TILE_ROW: usize = 2 * 4 * X8;
+const _: () = assert!(BYTES + QK / 4 * TILE_ROW == X8_BLOCK_BYTES);
 
 /// Whether this CPU has AMX-INT8, the OS saves its tile state, and it granted this process its
 /// use (asked once, on Linux: elsewhere AMX is left alone).
@@ -101,22 +105,26 @@ unsafe fn transpose_x8_avx512(nb: usize, xs: [*const u8; X8], b0: usize, out: *m
             let mut low = [_mm256_setzero_si256(); X8];
             for t in 0..X8 {
                 let q = _mm512_loadu_si512(x[t].add(BlockQ16::QUANTS) as *const __m512i);
+                // The low byte as i8, and `(q - low) / 256` (no overflow: `|q| <= 127·257`).
                 // Each group of four quants' bytes is one 32-bit lane: token t's lane k.
-                high[t] = _mm512_cvtepi16_epi8(_mm512_srai_epi16::<8>(q));
-                low[t] = _mm512_cvtepi16_epi8(q);
+                let lo = _mm512_cvtepi16_epi8(q);
+                let hi = _mm512_srai_epi16::<8>(_mm512_sub_epi16(q, _mm512_cvtepi8_epi16(lo)));
+                high[t] = _mm512_cvtepi16_epi8(hi);
+                low[t] = lo;
             }
             let (high, low) = (transpose8(high), transpose8(low));
             for k in 0..QK / 4 {
-                _mm256_storeu_si256(o.add(HIGH + k * 32) as *mut __m256i, high[k]);
-                _mm256_storeu_si256(o.add(LOW + k * 32) as *mut __m256i, low[k]);
+                let row = o.add(BYTES + k * TILE_ROW);
+                _mm256_storeu_si256(row as *mut __m256i, high[k]);
+                _mm256_storeu_si256(row.add(32) as *mut __m256i, low[k]);
             }
         }
     }
 }
 
-/// The tiles: sums of high and low bytes for even blocks (0, 1) and odd ones (2, 3), so that
-/// one block's sums are scaled while the next one's are multiplied; the weights of even and odd
-/// blocks (4, 5); the tokens' high and low bytes (6, 7).
+/// The tiles: sums for even blocks (0) and odd ones (1), so that the next blocks' are multiplied
+/// while one block's are scaled; the weights of even and odd blocks (4, 5); the tokens'
+/// bytes of even and odd blocks (6, 7). Tiles 2 and 3 stay unused.
 #[repr(C, align(64))]
 struct TileConfig([u8; 64]);
 
@@ -126,14 +134,14 @@ const fn tile_config() -> TileConfig {
     c[0] = 1;
     // (rows, bytes per row) of each tile.
     let shapes: [(u8, u16); 8] = [
-        (16, 4 * X8 as u16),
-        (16, 4 * X8 as u16),
-        (16, 4 * X8 as u16),
-        (16, 4 * X8 as u16),
+        (16, TILE_ROW as u16),
+        (16, TILE_ROW as u16),
+        (0, 0),
+        (0, 0),
         (16, QK as u16),
         (16, QK as u16),
-        ((QK / 4) as u8, 4 * X8 as u16),
-        ((QK / 4) as u8, 4 * X8 as u16),
+        ((QK / 4) as u8, TILE_ROW as u16),
+        ((QK / 4) as u8, TILE_ROW as u16),
     ];
     let mut t = 0;
     while t < 8 {
@@ -216,82 +224,95 @@ impl Rows {
     /// # Safety
     /// Block `b` lies inside every row.
     #[inline(always)]
-    unsafe fn block(self, b: usize, buf: &mut Gathered) -> (*const u8, usize) {
+    unsafe fn block(self, b: usize, buf: &mut MaybeUninit<Gathered>) -> (*const u8, usize) {
         // SAFETY: block `b` lies inside every row, as the caller guarantees; `buf`'s rows hold
         // a block each.
         unsafe {
             match self {
                 Rows::Strided(base, stride) => {
-                    let p = block_at::<BlockQ8_0>(base, b);
-                    // The same block of the next call's rows (usually the rows right after
-                    // these): a tile load waits for every row it reads, and sixteen streams
-                    // are more than the hardware prefetcher follows.
-                    for i in X8_ROWS..2 * X8_ROWS {
-                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(i * stride) as *const i8);
+                    // As many bytes of the next call's rows (usually the rows right after
+                    // these, one run of memory) as this block takes of these, in order: a tile
+                    // load waits for every row it reads, and sixteen streams are more than the
+                    // hardware prefetcher follows.
+                    let next = base.wrapping_add(X8_ROWS * stride);
+                    let from = next.wrapping_add(b * X8_ROWS * BlockQ8_0::BYTES);
+                    for line in (0..X8_ROWS * BlockQ8_0::BYTES).step_by(64) {
+                        _mm_prefetch::<_MM_HINT_T0>(from.wrapping_add(line) as *const i8);
                     }
-                    (p, stride)
+                    (block_at::<BlockQ8_0>(base, b), stride)
                 }
                 Rows::Apart(w) => {
-                    for (r, o) in w.iter().zip(buf.0.iter_mut()) {
+                    let buf = buf.as_mut_ptr() as *mut u8;
+                    for (i, r) in w.iter().enumerate() {
                         let p = block_at::<BlockQ8_0>(*r, b);
-                        core::ptr::copy_nonoverlapping(p, o.as_mut_ptr(), BlockQ8_0::BYTES);
+                        core::ptr::copy_nonoverlapping(p, buf.add(64 * i), BlockQ8_0::BYTES);
                     }
-                    (buf.0.as_ptr() as *const u8, 64)
+                    (buf as *const u8, 64)
                 }
             }
         }
     }
 }
 
-/// Block sums from the tiles, 16 rows × `X8` tokens of i32 each: high bytes' sums, low bytes'.
+/// Blocks multiplied ahead of the one being scaled: two, each in the even or the odd tiles
+/// (sums, weights, tokens), while the sums of the one being scaled are already stored.
+const AHEAD: usize = 2;
+
+/// A block's sums from the tiles: per row, each token's sum of high bytes, then of low bytes.
 #[repr(C, align(64))]
-struct Sums([[i32; X8_ROWS * X8]; 2]);
+struct Sums([[i32; 2 * X8]; X8_ROWS]);
 
 /// The tile work of one block: weights (16 rows `stride` apart from the block at `w`) times the
-/// tokens' high and low bytes (the transposed block at `x`) into `sums`, in the even or the odd
-/// tiles.
+/// tokens' bytes (the transposed block at `x`), in the even or the odd tiles. `store_sums`
+/// writes the result out.
 ///
 /// # Safety
 /// AMX granted and configured with `TILES`; a whole Q8_0 block at `w + i·stride` for each row
 /// `i`, a transposed block at `x`.
 #[inline(always)]
-unsafe fn multiply_block(w: *const u8, stride: usize, x: *const u8, sums: &mut Sums, odd: bool) {
+unsafe fn multiply_block(w: *const u8, stride: usize, x: *const u8, odd: bool) {
     let quants = w.wrapping_add(2);
-    let (high, low) = (x.wrapping_add(HIGH), x.wrapping_add(LOW));
-    let (sh, sl) = (sums.0[0].as_mut_ptr(), sums.0[1].as_mut_ptr());
-    // SAFETY: as the caller guarantees: the tiles read 16 rows of 32 quants at `quants`, eight
-    // rows of 32 bytes at `high` and `low`, and write 16 rows of 32 bytes into `sums`.
+    let bytes = x.wrapping_add(BYTES);
+    // SAFETY: as the caller guarantees: the tiles read 16 rows of 32 quants at `quants` and
+    // eight rows of 64 bytes at `bytes`.
     unsafe {
         if odd {
             core::arch::asm!(
-                "tileloadd tmm6, [{high} + {row}*1]",
-                "tileloadd tmm7, [{low} + {row}*1]",
+                "tileloadd tmm7, [{bytes} + {row}*1]",
                 "tileloadd tmm5, [{quants} + {stride}*1]",
-                "tilezero tmm2",
-                "tilezero tmm3",
-                "tdpbssd tmm2, tmm5, tmm6",
-                "tdpbsud tmm3, tmm5, tmm7",
-                "tilestored [{sh} + {row}*1], tmm2",
-                "tilestored [{sl} + {row}*1], tmm3",
-                quants = in(reg) quants, stride = in(reg) stride, high = in(reg) high,
-                low = in(reg) low, row = in(reg) 4 * X8, sh = in(reg) sh, sl = in(reg) sl,
-                options(nostack),
+                "tilezero tmm1",
+                "tdpbssd tmm1, tmm5, tmm7",
+                quants = in(reg) quants, stride = in(reg) stride, bytes = in(reg) bytes,
+                row = in(reg) TILE_ROW, options(nostack, readonly),
             );
         } else {
             core::arch::asm!(
-                "tileloadd tmm6, [{high} + {row}*1]",
-                "tileloadd tmm7, [{low} + {row}*1]",
+                "tileloadd tmm6, [{bytes} + {row}*1]",
                 "tileloadd tmm4, [{quants} + {stride}*1]",
                 "tilezero tmm0",
-                "tilezero tmm1",
                 "tdpbssd tmm0, tmm4, tmm6",
-                "tdpbsud tmm1, tmm4, tmm7",
-                "tilestored [{sh} + {row}*1], tmm0",
-                "tilestored [{sl} + {row}*1], tmm1",
-                quants = in(reg) quants, stride = in(reg) stride, high = in(reg) high,
-                low = in(reg) low, row = in(reg) 4 * X8, sh = in(reg) sh, sl = in(reg) sl,
-                options(nostack),
+                quants = in(reg) quants, stride = in(reg) stride, bytes = in(reg) bytes,
+                row = in(reg) TILE_ROW, options(nostack, readonly),
             );
+        }
+    }
+}
+
+/// Stores the even or the odd tile's sums (`multiply_block`'s) into `sums`.
+///
+/// # Safety
+/// AMX granted and configured with `TILES`; `sums` is valid for writes.
+#[inline(always)]
+unsafe fn store_sums(sums: *mut Sums, odd: bool) {
+    // SAFETY: the tile store writes 16 rows of 64 bytes: all of `sums`, which the caller
+    // guarantees writable.
+    unsafe {
+        if odd {
+            core::arch::asm!("tilestored [{sums} + {row}*1], tmm1",
+                sums = in(reg) sums, row = in(reg) TILE_ROW, options(nostack));
+        } else {
+            core::arch::asm!("tilestored [{sums} + {row}*1], tmm0",
+                sums = in(reg) sums, row = in(reg) TILE_ROW, options(nostack));
         }
     }
 }
@@ -329,19 +350,28 @@ unsafe fn rows_x8_amx(
             _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
         });
         let rows_at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        let mut sums = [Sums([[0; X8_ROWS * X8]; 2]), Sums([[0; X8_ROWS * X8]; 2])];
-        let mut gathered = [Gathered([[0; 64]; X8_ROWS]), Gathered([[0; 64]; X8_ROWS])];
-        let mut at = [(xt, 0usize); 2];
+        // Written before they are read (the sums by the tile store, the gathered blocks by
+        // `block`), and not worth zeroing on every call.
+        let mut sums = MaybeUninit::<Sums>::uninit();
+        let mut gathered = [const { MaybeUninit::<Gathered>::uninit() }; AHEAD + 1];
+        let mut at = [(xt, 0usize); AHEAD + 1];
+        // Blocks `b + 1 ..= b + AHEAD` are being multiplied while block `b`'s sums are scaled,
+        // and `b + 1`'s are stored only after them: a tile store holds back the loads behind it
+        // until its product is done, so storing first would wait out the multiplication.
+        for b in 0..nb.min(AHEAD) {
+            at[b] = rows.block(b0 + b, &mut gathered[b]);
+            multiply_block(at[b].0, at[b].1, xt.add(b * X8_BLOCK_BYTES), b % 2 == 1);
+        }
         if nb > 0 {
-            at[0] = rows.block(b0, &mut gathered[0]);
-            multiply_block(at[0].0, at[0].1, xt, &mut sums[0], false);
+            store_sums(sums.as_mut_ptr(), false);
         }
         for b in 0..nb {
-            let (now, next) = (b % 2, (b + 1) % 2);
-            if b + 1 < nb {
-                at[next] = rows.block(b0 + b + 1, &mut gathered[next]);
-                let x = xt.add((b + 1) * X8_BLOCK_BYTES);
-                multiply_block(at[next].0, at[next].1, x, &mut sums[next], next == 1);
+            let ahead = b + AHEAD;
+            if ahead < nb {
+                let slot = ahead % (AHEAD + 1);
+                at[slot] = rows.block(b0 + ahead, &mut gathered[slot]);
+                let x = xt.add(ahead * X8_BLOCK_BYTES);
+                multiply_block(at[slot].0, at[slot].1, x, ahead % 2 == 1);
             }
             let x = xt.add(b * X8_BLOCK_BYTES);
             let dx = _mm256_loadu_ps(x as *const f32);
@@ -349,17 +379,23 @@ unsafe fn rows_x8_amx(
             let dx = _mm256_castps_pd(dx);
             let dx = _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castpd256_pd512(dx), dx));
             // The rows' f16 scales: the first two bytes of each block.
-            let (w, stride) = at[now];
+            let (w, stride) = at[b % (AHEAD + 1)];
             let offsets = _mm512_mullo_epi32(rows_at, _mm512_set1_epi32(stride as i32));
             let scales = _mm512_i32gather_epi32::<1>(offsets, w as *const i32);
             let dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(scales));
-            let [high, low] = &sums[now].0;
             for (i, f) in facc.iter_mut().enumerate() {
-                let h = _mm512_loadu_si512(high.as_ptr().add(16 * i) as *const __m512i);
-                let l = _mm512_loadu_si512(low.as_ptr().add(16 * i) as *const __m512i);
+                let rows = &(*sums.as_ptr()).0;
+                let a = _mm512_load_si512(rows[2 * i].as_ptr() as *const __m512i);
+                let b = _mm512_load_si512(rows[2 * i + 1].as_ptr() as *const __m512i);
+                // Rows 2i and 2i + 1: their high bytes' sums, then their low ones'.
+                let h = _mm512_shuffle_i64x2::<0b01_00_01_00>(a, b);
+                let l = _mm512_shuffle_i64x2::<0b11_10_11_10>(a, b);
                 let isum = _mm512_add_epi32(_mm512_slli_epi32::<8>(h), l);
                 let d = _mm512_permutexvar_ps(pair[i], dw);
                 *f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, dx), *f);
+            }
+            if b + 1 < nb {
+                store_sums(sums.as_mut_ptr(), (b + 1) % 2 == 1);
             }
         }
         for (i, f) in facc.iter().enumerate() {
