@@ -72,12 +72,13 @@ pub trait Backend {
     /// # Errors
     /// The backend's own failures, and arguments that do not fit the batch.
     fn attn_out(&mut self, layer: usize, n: usize) -> Result<()>;
-    /// `Gate`, `Up` ← RMSNorm(`X`)·W{gate,up}ᵀ.
+    /// `Gate`, `Up` ← RMSNorm(`X`)·W{gate,up}ᵀ. A backend may go on to `Gate` ← SiLU(`Gate`)·`Up`
+    /// here (the CPU does, while the products are at hand) instead of in `ffn_out`.
     ///
     /// # Errors
     /// The backend's own failures, and arguments that do not fit the batch.
     fn gate_up(&mut self, layer: usize, n: usize) -> Result<()>;
-    /// `X` += (SiLU(`Gate`)·`Up`)·W_downᵀ.
+    /// `X` += (SiLU(`Gate`)·`Up`)·W_downᵀ (or `Gate`·W_downᵀ, where `gate_up` did the rest).
     ///
     /// # Errors
     /// The backend's own failures, and arguments that do not fit the batch.

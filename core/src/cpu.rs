@@ -5,7 +5,7 @@ use crate::attention::{self, AttentionShape};
 use crate::backend::{Backend, Segment};
 use crate::config::RopeStyle;
 use crate::error::{Error, Result};
-use crate::exec::{Exec, Serial};
+use crate::exec::{ChunkFn, Exec, Serial};
 use crate::kernels::panel::PANEL;
 use crate::kernels::{transposed_tokens, Activations, Kernels, TILE};
 use crate::kv_cache::KvCache;
@@ -186,18 +186,16 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, '_, '_, '_, E> {
         let xb = &mut b.xb[..n * h];
         ops::rms_norm(&b.x[..n * h], &l.ffn_norm, c.rms_norm_eps, xb)?;
         let (gate, up) = (&mut b.gate[..n * ff], &mut b.up[..n * ff]);
-        self.mm
-            .matmul(xb, n, &[&l.w_gate, &l.w_up], &mut [gate, up])
+        self.mm.silu_gate_up(xb, n, [&l.w_gate, &l.w_up], gate, up)
     }
 
     fn ffn_out(&mut self, layer: usize, n: usize) -> Result<()> {
         let (c, l) = (&self.model.config, &self.model.weights.layers[layer]);
         let (h, ff) = (c.hidden_size, c.intermediate_size);
         let b = &mut self.b;
-        let gate = &mut b.gate[..n * ff];
-        (self.mm.kernels.silu_mul)(gate, &b.up[..n * ff]);
         let xb = &mut b.xb[..n * h];
-        self.mm.matmul(gate, n, &[&l.w_down], &mut [&mut *xb])?;
+        self.mm
+            .matmul(&b.gate[..n * ff], n, &[&l.w_down], &mut [&mut *xb])?;
         ops::add(&mut b.x[..n * h], xb)
     }
 
@@ -240,13 +238,16 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, '_, '_, '_, E> {
             self.mm.matmul(&xs[..k * h], k, &[out_proj], &mut [o])?;
         }
         // A NaN or an infinity here came from the weights; sampling would pick from garbage.
-        if let Some(i) = out.iter().position(|v| !v.is_finite()) {
-            return Err(Error::NotFinite {
-                what: "logits",
-                row: first + i / vocab,
-            });
-        }
-        Ok(())
+        self.mm.exec.for_each_chunk(out, vocab, &|i, row| {
+            if row.iter().all(|v| v.is_finite()) {
+                Ok(())
+            } else {
+                Err(Error::NotFinite {
+                    what: "logits",
+                    row: first + i,
+                })
+            }
+        })
     }
 
     fn argmax(&mut self, row: usize) -> Result<u32> {
@@ -334,6 +335,55 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
         mats: &[&Matrix<'_>],
         outs: &mut [&mut [f32]],
     ) -> Result<()> {
+        let exec = self.exec;
+        match self.compute(x, n_tok, mats, outs)? {
+            Some(results) => results.copy_out(exec, mats, outs),
+            None => Ok(()),
+        }
+    }
+
+    /// The feed-forward's hidden activations: `gate = SiLU(x · w_gateᵀ) · (x · w_upᵀ)`, `up`
+    /// the working memory of the up projection when split by tokens. Split by rows (decoding),
+    /// each token's products come straight from the mat-mul's scratch, in a parallel job over
+    /// the tokens: no serial copy, no serial SiLU.
+    fn silu_gate_up(
+        &mut self,
+        x: &[f32],
+        n_tok: usize,
+        [w_gate, w_up]: [&Matrix<'_>; 2],
+        gate: &mut [f32],
+        up: &mut [f32],
+    ) -> Result<()> {
+        let (exec, silu_mul) = (self.exec, self.kernels.silu_mul);
+        let mats = [w_gate, w_up];
+        let Some(results) = self.compute(x, n_tok, &mats, &mut [&mut *gate, &mut *up])? else {
+            return exec.for_each_chunk(gate, w_gate.rows, &|t, g| {
+                silu_mul(g, &up[t * w_up.rows..(t + 1) * w_up.rows]);
+                Ok(())
+            });
+        };
+        results.per_token(exec, gate, w_gate.rows, &|t, g| {
+            results.token_runs(&mats, t, |k, row0, run| {
+                let g = &mut g[row0..row0 + run.len()];
+                match k {
+                    0 => g.copy_from_slice(run),
+                    // Gate rows come before up rows: each gate value is in place by now.
+                    _ => silu_mul(g, run),
+                }
+                Ok(())
+            })
+        })
+    }
+
+    /// The mat-mul itself: split by tokens, straight into `outs` (`None`), or by rows, into
+    /// the scratch (`Some`, to be handed on).
+    fn compute(
+        &mut self,
+        x: &[f32],
+        n_tok: usize,
+        mats: &[&Matrix<'_>],
+        outs: &mut [&mut [f32]],
+    ) -> Result<Option<RowResults<'_>>> {
         let cols = mats.first().map_or(0, |m| m.cols);
         if mats.len() != outs.len() {
             return Err(Error::Mismatch {
@@ -439,11 +489,11 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
                     kernels.matmul_tokens(m, &acts, i * per_chunk, out)
                 })?;
             }
-            return Ok(());
+            return Ok(None);
         }
         // Otherwise by rows (a decoded token's mat-vec): each chunk is a run of rows of the
         // matrices laid end to end, written to the scratch piece by piece (one per matrix it
-        // covers, [token][row] within it) and copied to the outputs after, one run per token.
+        // covers, [token][row] within it) and handed out after, one run per token.
         let total: usize = mats.iter().map(|m| m.rows).sum();
         let have = self.tmp.len();
         let tmp = self
@@ -456,17 +506,52 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
             })?;
         // Two chunks per thread balance uneven progress (one or four decoded eight streams 2-3%
         // slower); whole panels keep padding rows out.
-        let rows_per_chunk = total.div_ceil(threads * 2).next_multiple_of(PANEL);
+        let split = RowSplit {
+            rows_per_chunk: total.div_ceil(threads * 2).next_multiple_of(PANEL),
+            n_tok,
+        };
         self.exec
-            .for_each_chunk(tmp, rows_per_chunk * n_tok, &|i, out| {
+            .for_each_chunk(tmp, split.rows_per_chunk * n_tok, &|i, out| {
                 let mut out = out;
-                row_pieces(mats, i * rows_per_chunk, out.len() / n_tok, |k, row0, n| {
+                let first = i * split.rows_per_chunk;
+                row_pieces(mats, first, out.len() / n_tok, |k, row0, n| {
                     let (here, rest) = core::mem::take(&mut out).split_at_mut(n * n_tok);
                     out = rest;
                     kernels.matmul_rows(mats[k], &acts, row0, here)
                 })
             })?;
-        for (i, chunk) in tmp.chunks(rows_per_chunk * n_tok).enumerate() {
+        Ok(Some(RowResults { split, tmp: &*tmp }))
+    }
+}
+
+/// How the row-split mat-mul lays out its results: chunks of `rows_per_chunk` rows of the
+/// matrices laid end to end, each chunk's rows in pieces (one per matrix), `[token][row]`
+/// within a piece.
+#[derive(Clone, Copy)]
+struct RowSplit {
+    rows_per_chunk: usize,
+    n_tok: usize,
+}
+
+/// The row-split mat-mul's results, in the scratch.
+struct RowResults<'t> {
+    split: RowSplit,
+    tmp: &'t [f32],
+}
+
+impl RowResults<'_> {
+    /// Calls `f(matrix, first row, results)` for each run of token `t`'s results, in order.
+    fn token_runs(
+        &self,
+        mats: &[&Matrix<'_>],
+        t: usize,
+        mut f: impl FnMut(usize, usize, &[f32]) -> Result<()>,
+    ) -> Result<()> {
+        let RowSplit {
+            rows_per_chunk,
+            n_tok,
+        } = self.split;
+        for (i, chunk) in self.tmp.chunks(rows_per_chunk * n_tok).enumerate() {
             let mut chunk = chunk;
             row_pieces(
                 mats,
@@ -475,15 +560,56 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
                 |k, row0, n| {
                     let (piece, rest) = chunk.split_at(n * n_tok);
                     chunk = rest;
-                    let rows = mats[k].rows;
-                    for (t, run) in piece.chunks_exact(n).enumerate() {
-                        outs[k][t * rows + row0..][..n].copy_from_slice(run);
-                    }
-                    Ok(())
+                    f(k, row0, &piece[t * n..(t + 1) * n])
                 },
             )?;
         }
         Ok(())
+    }
+
+    /// Copies every token's results into `outs` (`[token][row]` each): a parallel job over the
+    /// tokens for an output as large as several decoded tokens' logits, on this thread for
+    /// the rest (smaller copies take less time than starting a job).
+    fn copy_out<E: Exec + ?Sized>(
+        &self,
+        exec: &E,
+        mats: &[&Matrix<'_>],
+        outs: &mut [&mut [f32]],
+    ) -> Result<()> {
+        const PARALLEL_COPY: usize = 1 << 16;
+        for (k, (m, out)) in mats.iter().zip(outs.iter_mut()).enumerate() {
+            let copy = |t: usize, row: &mut [f32]| {
+                self.token_runs(mats, t, |kk, row0, run| {
+                    if kk == k {
+                        row[row0..row0 + run.len()].copy_from_slice(run);
+                    }
+                    Ok(())
+                })
+            };
+            if out.len() >= PARALLEL_COPY {
+                self.per_token(exec, out, m.rows, &copy)?;
+            } else {
+                for (t, row) in out.chunks_exact_mut(m.rows).enumerate() {
+                    copy(t, row)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `f(t, token t's row of out)` for every token: in parallel when there are several.
+    fn per_token<E: Exec + ?Sized>(
+        &self,
+        exec: &E,
+        out: &mut [f32],
+        row_len: usize,
+        f: &ChunkFn<'_>,
+    ) -> Result<()> {
+        if self.split.n_tok == 1 {
+            f(0, out)
+        } else {
+            exec.for_each_chunk(out, row_len, f)
+        }
     }
 }
 

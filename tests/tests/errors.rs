@@ -1,7 +1,8 @@
 //! Bad inputs get errors that name the problem.
 use sapient::load::{LoadOptions, ModelFiles, Quantize};
 use sapient::run::CpuRunner;
-use sapient_core::{Error, KvCache, KvFormat, Scratch, Serial, Want};
+use sapient::Rayon;
+use sapient_core::{Error, Format, KvCache, KvFormat, Matrix, Model, Scratch, Serial, Want};
 use sapient_tests::*;
 
 fn llama() -> ModelFiles {
@@ -28,6 +29,45 @@ fn arenas_one_byte_too_small() {
     // Misaligned by one byte: an error, not a panic.
     let err = Scratch::new(c, 4, &mut bytes[1..need + 1]).err().unwrap();
     assert!(matches!(err, Error::Misaligned { .. }), "{err}");
+}
+
+#[test]
+fn non_finite_logits_are_an_error() {
+    let files = llama();
+    let model = files.model(Quantize::None).unwrap();
+    let c = model.config.clone();
+    let (vocab, h) = (c.vocab_size, c.hidden_size);
+    // One vocabulary entry's output weights are NaN: that logit is NaN for every token.
+    let mut values = vec![0.01f32; vocab * h];
+    values[7 * h..8 * h].fill(f32::NAN);
+    let mut weights = model.weights.clone();
+    weights.lm_head = Some(Matrix::quantize(Format::F32, vocab, h, &values).unwrap());
+    let model = Model::new(c.clone(), weights).unwrap();
+    let rayon = Rayon::new(Some(2)).unwrap();
+    for exec in [&Serial as &dyn sapient_core::Exec, &rayon] {
+        let mut arenas = sapient::run::Arenas::new(&c, 8, KvFormat::F32, 8).unwrap();
+        let (mut cache, mut scratch) = arenas.borrow(&c).unwrap();
+        let mut logits = vec![0f32; 3 * vocab];
+        let err = model
+            .forward(
+                &[1, 2, 3],
+                &mut cache,
+                &mut scratch,
+                exec,
+                Want::AllLogits(&mut logits),
+            )
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::NotFinite {
+                    what: "logits",
+                    row: 0
+                }
+            ),
+            "{err}"
+        );
+    }
 }
 
 #[test]
