@@ -317,9 +317,9 @@ unsafe fn store_sums(sums: *mut Sums, odd: bool) {
     }
 }
 
-/// Per block: the tiles' integer sums (the next block's multiplied while this one's are scaled),
-/// then for each pair of rows `acc += Σ·(dw·dx)` on the 16 lanes of (row, token), as the 256-bit
-/// kernels do on each lane.
+/// Per block: the tiles' integer sums (the next two blocks' multiplied while this one's are
+/// scaled), then for each pair of rows `acc += Σ·(dw·dx)` on the 16 lanes of (row, token), as
+/// the 256-bit kernels do on each lane.
 ///
 /// # Safety
 /// AMX granted (`available`), AVX-512 F/BW/VL; blocks `b0 .. b0 + nb` lie inside every row,
@@ -385,11 +385,11 @@ unsafe fn rows_x8_amx(
             let dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(scales));
             for (i, f) in facc.iter_mut().enumerate() {
                 let rows = &(*sums.as_ptr()).0;
-                let a = _mm512_load_si512(rows[2 * i].as_ptr() as *const __m512i);
-                let b = _mm512_load_si512(rows[2 * i + 1].as_ptr() as *const __m512i);
+                let even = _mm512_load_si512(rows[2 * i].as_ptr() as *const __m512i);
+                let odd = _mm512_load_si512(rows[2 * i + 1].as_ptr() as *const __m512i);
                 // Rows 2i and 2i + 1: their high bytes' sums, then their low ones'.
-                let h = _mm512_shuffle_i64x2::<0b01_00_01_00>(a, b);
-                let l = _mm512_shuffle_i64x2::<0b11_10_11_10>(a, b);
+                let h = _mm512_shuffle_i64x2::<0b01_00_01_00>(even, odd);
+                let l = _mm512_shuffle_i64x2::<0b11_10_11_10>(even, odd);
                 let isum = _mm512_add_epi32(_mm512_slli_epi32::<8>(h), l);
                 let d = _mm512_permutexvar_ps(pair[i], dw);
                 *f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, dx), *f);
