@@ -451,15 +451,46 @@ fn softmax_in_place(cand: &mut [Candidate], temperature: f32) {
     }
 }
 
-/// The index of the largest logit (the lowest index on ties).
+/// The index of the largest logit (the lowest index on ties; NaN never wins, and a NaN first
+/// logit is never beaten, as with `>` compared one by one).
+///
+/// A chunk's largest value in sixteen running maxima (vector lanes), then its first index only
+/// where that chunk of 256 beats the best so far: a vocabulary's worth at vector speed, not one
+/// dependent comparison per logit (a decode step of eight sequences takes eight of these on the
+/// thread the others wait for).
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, l) in logits.iter().enumerate() {
-        if *l > logits[best] {
-            best = i;
+    const LANES: usize = 16;
+    const CHUNK: usize = 16 * LANES;
+    let Some(&first) = logits.first() else {
+        return 0;
+    };
+    let (mut best, mut best_value) = (0, first);
+    for (c, chunk) in logits.chunks(CHUNK).enumerate() {
+        let mut lanes = [f32::NEG_INFINITY; LANES];
+        let (parts, rest) = chunk.as_chunks::<LANES>();
+        for part in parts {
+            keep_larger(&mut lanes, part);
+        }
+        keep_larger(&mut lanes, rest);
+        let top = lanes
+            .iter()
+            .fold(f32::NEG_INFINITY, |m, v| if *v > m { *v } else { m });
+        if top > best_value {
+            best_value = top;
+            best = c * CHUNK + chunk.iter().position(|v| *v == top).unwrap_or(0);
         }
     }
     best as u32
+}
+
+/// `lanes[i] = values[i]` where that is larger (`>`: NaN never is).
+#[inline(always)]
+fn keep_larger(lanes: &mut [f32], values: &[f32]) {
+    for (l, v) in lanes.iter_mut().zip(values) {
+        if *v > *l {
+            *l = *v;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -467,6 +498,54 @@ mod tests {
     use super::*;
     use alloc::vec;
     use proptest::prelude::*;
+
+    /// `argmax` as its contract reads: one comparison per logit.
+    fn argmax_one_by_one(logits: &[f32]) -> u32 {
+        let mut best = 0;
+        for (i, l) in logits.iter().enumerate() {
+            if *l > logits[best] {
+                best = i;
+            }
+        }
+        best as u32
+    }
+
+    proptest! {
+        #[test]
+        fn argmax_is_the_first_largest(
+            l in proptest::collection::vec(
+                prop_oneof![
+                    4 => -3i32..3,
+                    1 => Just(100),
+                    1 => Just(101),
+                    1 => Just(102),
+                    1 => Just(103),
+                ],
+                0..700,
+            )
+        ) {
+            // Few distinct values (ties everywhere), the special ones (100 NaN, 101 -inf,
+            // 102 +inf, 103 -0.0), and lengths across several chunks of 256.
+            let l: Vec<f32> = l
+                .iter()
+                .map(|&v| match v {
+                    100 => f32::NAN,
+                    101 => f32::NEG_INFINITY,
+                    102 => f32::INFINITY,
+                    103 => -0.0,
+                    v => v as f32,
+                })
+                .collect();
+            prop_assert_eq!(argmax(&l), argmax_one_by_one(&l));
+        }
+
+        #[test]
+        fn argmax_finds_the_largest_anywhere(
+            l in proptest::collection::vec(-1e4f32..1e4, 0..700)
+        ) {
+            prop_assert_eq!(argmax(&l), argmax_one_by_one(&l));
+        }
+    }
 
     fn logits() -> impl Strategy<Value = Vec<f32>> {
         proptest::collection::vec(-20f32..20.0, 2..200)
