@@ -506,36 +506,30 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
             })?;
         // Two chunks per thread balance uneven progress (one or four decoded eight streams 2-3%
         // slower); whole panels keep padding rows out.
-        let split = RowSplit {
-            rows_per_chunk: total.div_ceil(threads * 2).next_multiple_of(PANEL),
-            n_tok,
-        };
+        let rows_per_chunk = total.div_ceil(threads * 2).next_multiple_of(PANEL);
         self.exec
-            .for_each_chunk(tmp, split.rows_per_chunk * n_tok, &|i, out| {
+            .for_each_chunk(tmp, rows_per_chunk * n_tok, &|i, out| {
                 let mut out = out;
-                let first = i * split.rows_per_chunk;
-                row_pieces(mats, first, out.len() / n_tok, |k, row0, n| {
+                row_pieces(mats, i * rows_per_chunk, out.len() / n_tok, |k, row0, n| {
                     let (here, rest) = core::mem::take(&mut out).split_at_mut(n * n_tok);
                     out = rest;
                     kernels.matmul_rows(mats[k], &acts, row0, here)
                 })
             })?;
-        Ok(Some(RowResults { split, tmp: &*tmp }))
+        Ok(Some(RowResults {
+            rows_per_chunk,
+            n_tok,
+            tmp: &*tmp,
+        }))
     }
 }
 
-/// How the row-split mat-mul lays out its results: chunks of `rows_per_chunk` rows of the
+/// The row-split mat-mul's results, in the scratch: chunks of `rows_per_chunk` rows of the
 /// matrices laid end to end, each chunk's rows in pieces (one per matrix), `[token][row]`
 /// within a piece.
-#[derive(Clone, Copy)]
-struct RowSplit {
+struct RowResults<'t> {
     rows_per_chunk: usize,
     n_tok: usize,
-}
-
-/// The row-split mat-mul's results, in the scratch.
-struct RowResults<'t> {
-    split: RowSplit,
     tmp: &'t [f32],
 }
 
@@ -547,10 +541,7 @@ impl RowResults<'_> {
         t: usize,
         mut f: impl FnMut(usize, usize, &[f32]) -> Result<()>,
     ) -> Result<()> {
-        let RowSplit {
-            rows_per_chunk,
-            n_tok,
-        } = self.split;
+        let (rows_per_chunk, n_tok) = (self.rows_per_chunk, self.n_tok);
         for (i, chunk) in self.tmp.chunks(rows_per_chunk * n_tok).enumerate() {
             let mut chunk = chunk;
             row_pieces(
@@ -605,7 +596,7 @@ impl RowResults<'_> {
         row_len: usize,
         f: &ChunkFn<'_>,
     ) -> Result<()> {
-        if self.split.n_tok == 1 {
+        if self.n_tok == 1 {
             f(0, out)
         } else {
             exec.for_each_chunk(out, row_len, f)
