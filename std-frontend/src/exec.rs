@@ -1,9 +1,8 @@
 //! `Exec` on a rayon pool built once.
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use rayon::prelude::*;
 use sapient_core::exec::{ChunkFn, Exec};
 use sapient_core::Result;
 
@@ -29,11 +28,7 @@ impl Exec for Rayon {
         if self.threads() == 1 {
             return sapient_core::Serial.for_each_chunk(out, chunk_len, f);
         }
-        let mut split = || {
-            out.par_chunks_mut(chunk_len.max(1))
-                .enumerate()
-                .try_for_each(|(i, c)| f(i, c))
-        };
+        let mut split = || split_chunks(out, chunk_len.max(1), 0, f);
         // Inside `run` we are on one of the pool's threads already: split right here.
         if self.pool.current_thread_index().is_some() {
             split()
@@ -62,6 +57,52 @@ impl Exec for Rayon {
             }
         });
     }
+}
+
+/// Runs the chunks of `out` (the first numbered `first`) by halves, one half possibly on another
+/// thread. A half that waits for the other, stolen, half spins and runs other pending jobs
+/// meanwhile, where rayon's own wait hands the CPU to the OS between looks (a system call each:
+/// 4-5% faster decoding and prefill on two threads without them).
+fn split_chunks(out: &mut [f32], chunk_len: usize, first: usize, f: &ChunkFn<'_>) -> Result<()> {
+    let chunks = out.len().div_ceil(chunk_len);
+    if chunks <= 1 {
+        return if out.is_empty() {
+            Ok(())
+        } else {
+            f(first, out)
+        };
+    }
+    let half = chunks / 2;
+    let (a, b) = out.split_at_mut(half * chunk_len);
+    // 0: the second half has not started, 1: it runs (on another thread), 2: it is done.
+    let second = AtomicU8::new(0);
+    let (ra, rb) = rayon::join(
+        || {
+            let r = split_chunks(a, chunk_len, first, f);
+            // Not started by now: `join` runs it here next. Started: it runs elsewhere, and
+            // the OS gets the CPU now and then in case that thread waits for this one's core.
+            let mut polls = 0u32;
+            while second.load(Ordering::Acquire) == 1 {
+                if rayon::yield_now() == Some(rayon::Yield::Executed) {
+                    continue;
+                }
+                polls = polls.wrapping_add(1);
+                if polls.is_multiple_of(64) {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+            r
+        },
+        || {
+            second.store(1, Ordering::Release);
+            let r = split_chunks(b, chunk_len, first + half, f);
+            second.store(2, Ordering::Release);
+            r
+        },
+    );
+    ra.and(rb)
 }
 
 /// How long a helper looks for work that does not come before it leaves the rest of the pass
@@ -101,5 +142,63 @@ struct SetOnDrop<'a>(&'a AtomicBool);
 impl Drop for SetOnDrop<'_> {
     fn drop(&mut self) {
         self.0.store(true, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sapient_core::Error;
+
+    /// Every chunk once, with its index, inside `run` and outside it, for lengths that are not
+    /// multiples of the chunk length.
+    #[test]
+    fn every_chunk_runs_once_with_its_index() {
+        for threads in [1, 2, 3, 4] {
+            let pool = Rayon::new(Some(threads)).unwrap();
+            for (len, chunk_len) in [(0, 4), (1, 4), (7, 1), (10, 3), (64, 16), (1000, 7)] {
+                let check = |exec: &Rayon| {
+                    let mut out = vec![0.0f32; len];
+                    exec.for_each_chunk(&mut out, chunk_len, &|i, c| {
+                        assert!(c.len() <= chunk_len && !c.is_empty());
+                        for v in c.iter_mut() {
+                            *v += (i + 1) as f32;
+                        }
+                        Ok(())
+                    })
+                    .unwrap();
+                    let want: Vec<f32> = (0..len).map(|j| (j / chunk_len + 1) as f32).collect();
+                    assert_eq!(out, want, "{threads} threads, {len} by {chunk_len}");
+                };
+                check(&pool);
+                pool.run(&mut || check(&pool));
+            }
+        }
+    }
+
+    /// An error from any chunk comes back, and every other chunk still ran.
+    #[test]
+    fn a_chunk_error_is_returned() {
+        let pool = Rayon::new(Some(2)).unwrap();
+        let mut out = vec![0.0f32; 100];
+        let r = pool.for_each_chunk(&mut out, 10, &|i, c| {
+            c.fill(1.0);
+            if i == 7 {
+                Err(Error::InvalidArgument {
+                    what: "chunk",
+                    reason: "seven",
+                })
+            } else {
+                Ok(())
+            }
+        });
+        assert!(matches!(
+            r,
+            Err(Error::InvalidArgument {
+                reason: "seven",
+                ..
+            })
+        ));
+        assert!(out.iter().all(|&v| v == 1.0));
     }
 }
