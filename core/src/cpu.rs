@@ -173,10 +173,8 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, '_, '_, '_, E> {
         let (c, l) = (&self.model.config, &self.model.weights.layers[layer]);
         let h = c.hidden_size;
         let b = &mut self.b;
-        let xb = &mut b.xb[..n * h];
-        self.mm
-            .matmul(&b.att[..n * c.q_dim()], n, &[&l.wo], &mut [&mut *xb])?;
-        ops::add(&mut b.x[..n * h], xb)
+        let (x, xb) = (&mut b.x[..n * h], &mut b.xb[..n * h]);
+        self.mm.matmul_add(&b.att[..n * c.q_dim()], n, &l.wo, x, xb)
     }
 
     fn gate_up(&mut self, layer: usize, n: usize) -> Result<()> {
@@ -193,10 +191,8 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, '_, '_, '_, E> {
         let (c, l) = (&self.model.config, &self.model.weights.layers[layer]);
         let (h, ff) = (c.hidden_size, c.intermediate_size);
         let b = &mut self.b;
-        let xb = &mut b.xb[..n * h];
-        self.mm
-            .matmul(&b.gate[..n * ff], n, &[&l.w_down], &mut [&mut *xb])?;
-        ops::add(&mut b.x[..n * h], xb)
+        let (x, xb) = (&mut b.x[..n * h], &mut b.xb[..n * h]);
+        self.mm.matmul_add(&b.gate[..n * ff], n, &l.w_down, x, xb)
     }
 
     fn final_norm(&mut self, first: usize, n: usize) -> Result<()> {
@@ -340,6 +336,34 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
             Some(results) => results.copy_out(exec, mats, outs),
             None => Ok(()),
         }
+    }
+
+    /// `acc += x · matᵀ` (a residual add) for `n_tok` rows of `x`; `buf` (as long as `acc`) is
+    /// working memory. Split by rows, each token's results are added straight from the scratch.
+    fn matmul_add(
+        &mut self,
+        x: &[f32],
+        n_tok: usize,
+        mat: &Matrix<'_>,
+        acc: &mut [f32],
+        buf: &mut [f32],
+    ) -> Result<()> {
+        let Some(results) = self.compute(x, n_tok, &[mat], &mut [&mut *buf])? else {
+            return ops::add(acc, buf);
+        };
+        if acc.len() != buf.len() {
+            return Err(Error::Length {
+                what: "residual add",
+                expected: buf.len(),
+                got: acc.len(),
+            });
+        }
+        for (t, row) in acc.chunks_exact_mut(mat.rows).enumerate() {
+            results.token_runs(&[mat], t, |_, row0, run| {
+                ops::add(&mut row[row0..row0 + run.len()], run)
+            })?;
+        }
+        Ok(())
     }
 
     /// The feed-forward's hidden activations: `gate = SiLU(x · w_gateᵀ) · (x · w_upᵀ)`, `up`
