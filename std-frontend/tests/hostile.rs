@@ -23,12 +23,30 @@ fn fixtures() -> PathBuf {
     }
 }
 
-/// A fresh directory for one test.
-fn scratch_dir(test: &str) -> PathBuf {
+/// A fresh directory for one test, removed when the test is done with it (a failing test's
+/// stays, to look at).
+struct Scratch(PathBuf);
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+fn scratch_dir(test: &str) -> Scratch {
     let dir = std::env::temp_dir().join(format!("sapient-hostile-{}-{test}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    dir
+    Scratch(dir)
 }
 
 /// Runs the CLI with `stdin`, killing it at the deadline: (exit code, stderr).
@@ -260,7 +278,7 @@ fn non_finite_scales_are_errors() {
 }
 
 /// The `llama` fixture's directory with `edit` applied, in a fresh directory.
-fn edited_checkpoint(test: &str, edit: impl FnOnce(&Path)) -> PathBuf {
+fn edited_checkpoint(test: &str, edit: impl FnOnce(&Path)) -> Scratch {
     let dir = scratch_dir(test);
     for f in std::fs::read_dir(fixtures().join("tiny/llama")).unwrap() {
         let f = f.unwrap();
