@@ -7,7 +7,7 @@ use crate::config::MAX_HEAD_DIM;
 use crate::error::{Error, Result};
 use crate::exec::Exec;
 use crate::kernels::panel::{PANEL, PANEL_BLOCK_BYTES};
-use crate::kernels::{Kernels, AXPY_ROWS, TILE};
+use crate::kernels::{Kernels, TILE};
 use crate::kv_cache::LayerKv;
 use crate::ops;
 use crate::quant::{self, q16, BlockQ16, Format, QK};
@@ -378,23 +378,12 @@ impl Block<'_> {
             )
         });
         if kv.format == Format::Q8_0 {
-            // Up to AXPY_ROWS values per call, each widened once for all rows.
-            let mut a = [[0f32; AXPY_ROWS]; ROWS];
-            let a = a.as_flattened_mut();
-            for j in (0..steps).step_by(AXPY_ROWS) {
-                let k = (steps - j).min(AXPY_ROWS);
-                let rows: [&[u8]; AXPY_ROWS] =
-                    core::array::from_fn(|r| kv.v_row(start + j + r.min(k - 1), kv_head));
-                for (i, pi) in probs.iter().enumerate() {
-                    if k == AXPY_ROWS {
-                        // A constant length: moved inline, not by a call to memmove.
-                        a[i * AXPY_ROWS..][..AXPY_ROWS].copy_from_slice(&pi[j..j + AXPY_ROWS]);
-                    } else {
-                        a[i * k..(i + 1) * k].copy_from_slice(&pi[j..j + k]);
-                    }
-                }
-                (kernels.axpy_q8_0)(acc, &a[..probs.len() * k], &rows[..k]);
+            // All the step's values in one call, each widened once for every row.
+            let mut rows: [&[u8]; KEY_STEP] = [&[]; KEY_STEP];
+            for (j, r) in rows[..steps].iter_mut().enumerate() {
+                *r = kv.v_row(start + j, kv_head);
             }
+            (kernels.axpy_q8_0)(acc, probs.as_flattened(), KEY_STEP, &rows[..steps]);
         } else {
             for j in 0..steps {
                 let v = kv.v_row(start + j, kv_head);

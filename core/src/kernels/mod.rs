@@ -69,8 +69,8 @@ pub const fn transposed_tokens(n_tok: usize) -> usize {
     }
 }
 
-/// The most rows one `axpy_q8_0` call adds.
-pub const AXPY_ROWS: usize = 4;
+/// `out[i] += Σ_k a[i·stride + k] · rows[k]`: `(out, a, stride, rows)`.
+pub type Axpy = fn(&mut [f32], &[f32], usize, &[&[u8]]);
 
 /// Two weight rows · `TILE` activation rows.
 pub type Dot2x4 = fn([&[u8]; 2], [&[u8]; TILE]) -> [[f32; TILE]; 2];
@@ -183,11 +183,11 @@ pub struct Kernels {
     pub dot_bf16: fn(&[u8], &[f32]) -> f32,
     /// `dot_bf16` for `TILE` activation rows.
     pub dot_bf16_x4: fn(&[u8], [&[f32]; TILE]) -> [f32; TILE],
-    /// `out[i] += Σ_k a[i·K + k] · rows[k]` for each run `out[i]` (as long as the Q8_0 rows) of
-    /// `out`, over the first `K = min(rows.len(), AXPY_ROWS)` rows: attention's weighted sum
-    /// over a quantized V cache, each row widened once for all the query heads that share it
-    /// and each run of `out` loaded and stored once for several rows.
-    pub axpy_q8_0: fn(&mut [f32], &[f32], &[&[u8]]),
+    /// `out[i] += Σ_k a[i·stride + k] · rows[k]` for each run `out[i]` (as long as the Q8_0
+    /// rows) of `out` that `a` has weights for, over every row in order: attention's weighted
+    /// sum over a quantized V cache, each row widened once for several query heads that share
+    /// it, their sums kept in registers across a step of keys.
+    pub axpy_q8_0: Axpy,
     /// `ops::silu_mul` and `ops::exp_sub`, compiled for this instruction set: the same
     /// bits as the scalar table's.
     pub silu_mul: fn(&mut [f32], &[f32]),
@@ -372,32 +372,52 @@ impl Kernels {
         Ok((dots.one)(w, x))
     }
 
-    /// `out[i] += Σ_k a[i·K + k] · rows[k]` for up to `AXPY_ROWS` Q8_0 rows of one length
-    /// (`K = rows.len()`) and `out` made of `a.len() / K` runs as long as they are.
+    /// `out[i] += Σ_k a[i·stride + k] · rows[k]` over Q8_0 rows of one length, for each run
+    /// `out[i]` as long as they are.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for no rows or more than `AXPY_ROWS`, or `a` and `out` that are
-    /// not whole runs; a length error for a row that is not `out`'s run length in Q8_0.
-    pub fn axpy_q8_0(&self, out: &mut [f32], a: &[f32], rows: &[&[u8]]) -> Result<()> {
+    /// [`Error::InvalidArgument`] for no rows, a `stride` shorter than the rows' count, or `a`
+    /// without weights for every run; a length error for a row that is not `out`'s run length
+    /// in Q8_0, or an `out` that is not whole runs.
+    pub fn axpy_q8_0(
+        &self,
+        out: &mut [f32],
+        a: &[f32],
+        stride: usize,
+        rows: &[&[u8]],
+    ) -> Result<()> {
         let k = rows.len();
-        if k == 0 || k > AXPY_ROWS || !a.len().is_multiple_of(k) {
+        if k == 0 || stride < k {
             return Err(Error::InvalidArgument {
                 what: "axpy",
-                reason: "it takes 1 to AXPY_ROWS rows and the same number of weights per run",
+                reason: "it takes one row or more, and a stride of at least one weight per row",
             });
         }
-        let runs = a.len() / k;
-        if runs == 0 || !out.len().is_multiple_of(runs) {
+        let n = expect_quantized_row(Format::Q8_0, rows[0].len())?;
+        if n == 0 {
             return Err(Error::InvalidArgument {
                 what: "axpy",
-                reason: "the output is not a whole number of runs, one per weight group",
+                reason: "the rows hold no blocks",
             });
         }
-        let n = out.len() / runs;
         for row in rows {
             expect_len("Q8_0 row", Format::Q8_0.row_bytes(n)?, row.len())?;
         }
-        (self.axpy_q8_0)(out, a, rows);
+        if !out.len().is_multiple_of(n) {
+            return Err(Error::NotBlockMultiple {
+                what: "axpy output (runs of the rows' length)",
+                len: out.len(),
+                block: n,
+            });
+        }
+        let runs = out.len() / n;
+        if runs > 0 && a.len() < (runs - 1) * stride + k {
+            return Err(Error::InvalidArgument {
+                what: "axpy",
+                reason: "the weights do not cover every run of the output",
+            });
+        }
+        (self.axpy_q8_0)(out, a, stride, rows);
         Ok(())
     }
 

@@ -3,7 +3,7 @@
 //! Every function here is memory-safe for any input: it processes as many whole blocks as the
 //! shortest argument holds. The checked entry points in `kernels` reject mismatched lengths
 //! before calling into any table.
-use super::{Kernels, QuantDots, AXPY_ROWS};
+use super::{Kernels, QuantDots};
 use crate::quant::k_quants::BLOCKS_PER_SUPER;
 use crate::quant::q8k::SUM_SPAN;
 use crate::quant::{
@@ -176,16 +176,18 @@ fn nibbles(qs: &[u8]) -> [i32; QK] {
     })
 }
 
-/// `out[i] += Σ_k a[i·K + k] · rows[k]` over the first `K` (at most `AXPY_ROWS`) rows, for the
-/// runs of `out` as long as the shortest row's whole blocks.
-pub fn axpy_q8_0(out: &mut [f32], a: &[f32], rows: &[&[u8]]) {
-    let rows = &rows[..rows.len().min(AXPY_ROWS)];
+/// `out[i] += Σ_k a[i·stride + k] · rows[k]` for each whole run `out[i]` (as long as the
+/// shortest row's whole blocks) that `a` has weights for, over every row, in order.
+pub fn axpy_q8_0(out: &mut [f32], a: &[f32], stride: usize, rows: &[&[u8]]) {
     let nb = super::q8_0_blocks(rows);
-    let n = nb * QK;
-    if n == 0 {
+    let (n, keys) = (nb * QK, rows.len());
+    if n == 0 || keys == 0 || stride < keys {
         return;
     }
-    for (o, a) in out.chunks_exact_mut(n).zip(a.chunks_exact(rows.len())) {
+    for (o, a) in out.chunks_exact_mut(n).zip(a.chunks(stride)) {
+        if a.len() < keys {
+            break;
+        }
         for (k, row) in rows.iter().enumerate() {
             for (o, b) in o
                 .chunks_exact_mut(QK)

@@ -629,25 +629,26 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(100))]
 
-    /// The Q8_0 axpy (one to four rows into one to four runs) agrees with the scalar one within
-    /// float rounding of each term.
+    /// The Q8_0 axpy (one to a step of rows into one to six runs, the weights `stride` apart)
+    /// agrees with the scalar one within float rounding of each term.
     #[test]
     #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
-    fn axpy_q8_0_matches_scalar(blocks in 1usize..8, n_rows in 1usize..5, runs in 1usize..5, v in proptest::collection::vec(values(8 * 32), 4), out in proptest::collection::vec(-100f32..100.0, 4 * 8 * 32), a in proptest::collection::vec(-10f32..10.0, 16)) {
+    fn axpy_q8_0_matches_scalar(blocks in 1usize..5, n_rows in 1usize..12, runs in 1usize..7, gap in 0usize..3, v in proptest::collection::vec(values(4 * 32), 11), out in proptest::collection::vec(-100f32..100.0, 6 * 4 * 32), a in proptest::collection::vec(-10f32..10.0, 6 * 13)) {
         let n = blocks * 32;
+        let stride = n_rows + gap;
         let rows: Vec<Vec<u8>> = v[..n_rows].iter().map(|v| quantized(Format::Q8_0, &v[..n])).collect();
         let rows: Vec<&[u8]> = rows.iter().map(|r| r.as_slice()).collect();
-        let a = &a[..runs * n_rows];
+        let a = &a[..(runs - 1) * stride + n_rows];
         let (mut s, mut b) = (out[..runs * n].to_vec(), out[..runs * n].to_vec());
-        Kernels::scalar().axpy_q8_0(&mut s, a, &rows).unwrap();
-        Kernels::best().axpy_q8_0(&mut b, a, &rows).unwrap();
+        Kernels::scalar().axpy_q8_0(&mut s, a, stride, &rows).unwrap();
+        Kernels::best().axpy_q8_0(&mut b, a, stride, &rows).unwrap();
         let deq: Vec<Vec<f32>> = rows.iter().map(|r| {
             let mut d = vec![0f32; n];
             dequantize_row(Format::Q8_0, r, &mut d).unwrap();
             d
         }).collect();
         for i in 0..runs * n {
-            let terms: f32 = (0..n_rows).map(|k| (a[i / n * n_rows + k] * deq[k][i % n]).abs()).sum();
+            let terms: f32 = (0..n_rows).map(|k| (a[i / n * stride + k] * deq[k][i % n]).abs()).sum();
             let bound = 1e-6 * (terms + out[i].abs()) * n_rows as f32 + f32::MIN_POSITIVE;
             close(s[i], b[i], bound)?;
         }
@@ -721,12 +722,17 @@ fn mismatched_lengths_are_errors() {
     assert!(k.dot_f32_bytes(&[0u8; 8], &[1.0]).is_err());
     assert!(k.dot_f16_bytes(&[0u8; 8], &[1.0]).is_err());
     let row: &[u8] = &[0u8; 34];
-    assert!(k.axpy_q8_0(&mut [0.0; 64], &[1.0; 3], &[row]).is_err());
+    assert!(k.axpy_q8_0(&mut [0.0; 64], &[1.0; 1], 1, &[row]).is_err());
     assert!(k
-        .axpy_q8_0(&mut [0.0; 64], &[1.0; 2], &[row, &[0u8; 68]])
+        .axpy_q8_0(&mut [0.0; 64], &[1.0; 4], 2, &[row, &[0u8; 68]])
         .is_err());
-    assert!(k.axpy_q8_0(&mut [0.0; 32], &[1.0; 5], &[row; 5]).is_err());
-    assert!(k.axpy_q8_0(&mut [0.0; 64], &[1.0; 4], &[row; 2]).is_ok());
+    assert!(k.axpy_q8_0(&mut [0.0; 48], &[1.0; 2], 1, &[row]).is_err());
+    assert!(k
+        .axpy_q8_0(&mut [0.0; 64], &[1.0; 4], 1, &[row; 2])
+        .is_err());
+    assert!(k.axpy_q8_0(&mut [0.0; 32], &[], 1, &[&[]]).is_err());
+    assert!(k.axpy_q8_0(&mut [0.0; 64], &[1.0; 4], 2, &[row; 2]).is_ok());
+    assert!(k.axpy_q8_0(&mut [0.0; 64], &[1.0; 3], 2, &[row; 1]).is_ok());
 }
 
 /// Faults that are not lengths get variants that say what they are: no message reads like
@@ -736,7 +742,7 @@ fn faults_name_what_is_wrong() {
     let k = Kernels::best();
     let row: &[u8] = &[0u8; 34];
     let axpy = k
-        .axpy_q8_0(&mut [0.0; 32], &[1.0; 3], &[row; 2])
+        .axpy_q8_0(&mut [0.0; 32], &[1.0; 3], 1, &[row; 2])
         .unwrap_err();
     assert!(
         matches!(axpy, Error::InvalidArgument { what: "axpy", .. }),
@@ -1153,7 +1159,7 @@ fn x86_axpy_tables_agree_bit_for_bit() {
         return;
     }
     let n = 3 * 32;
-    let rows: Vec<Vec<u8>> = (0..4)
+    let rows: Vec<Vec<u8>> = (0..11)
         .map(|r| {
             let v: Vec<f32> = (0..n)
                 .map(|i| libm::sinf((i * 5 + r) as f32 * 0.3))
@@ -1162,19 +1168,23 @@ fn x86_axpy_tables_agree_bit_for_bit() {
         })
         .collect();
     let rows: Vec<&[u8]> = rows.iter().map(|r| r.as_slice()).collect();
-    for k in 1..=AXPY_ROWS {
-        let runs = 5;
-        let a: Vec<f32> = (0..runs * k).map(|i| libm::cosf(i as f32) * 0.7).collect();
+    for (k, runs) in (1..=11).flat_map(|k| [1, 2, 3, 4, 5, 9].map(|r| (k, r))) {
+        let stride = k + 1;
+        let a: Vec<f32> = (0..runs * stride)
+            .map(|i| libm::cosf(i as f32) * 0.7)
+            .collect();
         let start: Vec<f32> = (0..runs * n).map(|i| libm::sinf(i as f32 * 0.01)).collect();
         let (mut x, mut y) = (start.clone(), start);
-        x86::KERNELS.axpy_q8_0(&mut x, &a, &rows[..k]).unwrap();
+        x86::KERNELS
+            .axpy_q8_0(&mut x, &a, stride, &rows[..k])
+            .unwrap();
         x86::KERNELS_AVX512
-            .axpy_q8_0(&mut y, &a, &rows[..k])
+            .axpy_q8_0(&mut y, &a, stride, &rows[..k])
             .unwrap();
         assert_eq!(
             x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
             y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            "{k} rows"
+            "{k} rows, {runs} runs"
         );
     }
 }

@@ -1,20 +1,32 @@
 //! Attention's weighted sum over cached Q8_0 value rows.
 use super::*;
 
-pub(super) fn axpy_q8_0(out: &mut [f32], a: &[f32], rows: &[&[u8]]) {
-    let rows = &rows[..rows.len().min(AXPY_ROWS)];
+/// Keys widened at once (32 registers for their values).
+const KEYS: usize = 4;
+
+/// `out[i] += Σ_k a[i·stride + k] · rows[k]` for each whole run `out[i]` (as long as the rows'
+/// whole blocks) that `a` has weights for, over every row, in order, `KEYS` rows at a time.
+pub(super) fn axpy_q8_0(out: &mut [f32], a: &[f32], stride: usize, rows: &[&[u8]]) {
     let nb = crate::kernels::q8_0_blocks(rows);
-    let n = nb * QK;
-    if n == 0 {
+    let (n, keys) = (nb * QK, rows.len());
+    if n == 0 || keys == 0 || stride < keys || a.len() < keys {
         return;
     }
-    let runs = (a.len() / rows.len()).min(out.len() / n);
+    let runs = (out.len() / n).min((a.len() - keys) / stride + 1);
+    for (g, group) in rows.chunks(KEYS).enumerate() {
+        add_keys(out, &a[g * KEYS..], stride, group, nb, runs);
+    }
+}
+
+/// At most `KEYS` rows into `runs` runs of `nb` blocks.
+fn add_keys(out: &mut [f32], a: &[f32], stride: usize, rows: &[&[u8]], nb: usize, runs: usize) {
+    let n = nb * QK;
     for b in 0..nb {
         // SAFETY: block `b` < nb lies inside every row (34 bytes: 32 quants after the scale);
         // each of the `runs` runs of `out` holds 32 floats at `i * n + b * 32`.
         unsafe {
-            let mut d = [0f32; AXPY_ROWS];
-            let mut v = [[vdupq_n_f32(0.0); 8]; AXPY_ROWS];
+            let mut d = [0f32; KEYS];
+            let mut v = [[vdupq_n_f32(0.0); 8]; KEYS];
             for (k, row) in rows.iter().enumerate() {
                 let blk = &row[b * BlockQ8_0::BYTES..(b + 1) * BlockQ8_0::BYTES];
                 d[k] = f16_at(blk);
@@ -25,9 +37,10 @@ pub(super) fn axpy_q8_0(out: &mut [f32], a: &[f32], rows: &[&[u8]]) {
                     v[k][2 * c + 1] = vcvtq_f32_s32(vmovl_high_s16(*h));
                 }
             }
-            for (i, ai) in a.chunks_exact(rows.len()).take(runs).enumerate() {
-                let ad: [float32x4_t; AXPY_ROWS] =
-                    core::array::from_fn(|k| vdupq_n_f32(ai.get(k).map_or(0.0, |a| a * d[k])));
+            for (i, ai) in a.chunks(stride).take(runs).enumerate() {
+                let ad: [float32x4_t; KEYS] = core::array::from_fn(|k| {
+                    vdupq_n_f32(if k < rows.len() { ai[k] * d[k] } else { 0.0 })
+                });
                 let op = out.as_mut_ptr().add(i * n + b * QK);
                 for c in 0..8 {
                     let mut o = vld1q_f32(op.add(4 * c));

@@ -26,7 +26,7 @@ use kquants::*;
 use quants::*;
 use unpack::*;
 
-use super::{Kernels, QuantDots, AXPY_ROWS, TILE};
+use super::{Kernels, QuantDots, TILE};
 use crate::quant::k_quants::BLOCKS_PER_SUPER;
 use crate::quant::{
     f16_at, BlockQ16, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0,

@@ -1,128 +1,359 @@
 //! Attention's weighted sum over a Q8_0 V cache.
+//!
+//! A call adds a whole step of keys (rows) to some query rows' sums (runs of `out`). A decoded
+//! token's few runs stay in registers across all the keys, each key's block widened once per
+//! group of runs; prefill's many runs are loaded and stored per group of keys, each group
+//! widened once for all of them. Each value gets `o += (a·d)·v` per key in key order, as one
+//! FMA, in both tables and whatever the grouping: the same bits.
 use super::*;
 
-/// Up to four rows at a time, in 512-bit vectors with AVX-512 (the same multiply-adds per value,
-/// in the same order, so the same bits).
-pub(super) fn axpy_q8_0<const ISA: u8>(out: &mut [f32], a: &[f32], rows: &[&[u8]]) {
-    // SAFETY: CPU features as above (AVX-512 only in its table); the kernels stay within the
-    // whole blocks and runs they have.
+/// Runs of `out` kept in registers at once: four 32-float blocks in 512-bit vectors (eight
+/// registers), two in 256-bit ones (eight).
+const RUNS_512: usize = 4;
+const RUNS_256: usize = 2;
+/// Keys widened at once with AVX-512 (eight registers).
+const KEYS_512: usize = 4;
+
+/// `out[i] += Σ_k a[i·stride + k] · rows[k]` for each whole run `out[i]` (as long as the rows'
+/// whole blocks) that `a` has weights for, over every row, in order.
+pub(super) fn axpy_q8_0<const ISA: u8>(out: &mut [f32], a: &[f32], stride: usize, rows: &[&[u8]]) {
+    let nb = super::super::q8_0_blocks(rows);
+    let (n, keys) = (nb * QK, rows.len());
+    if n == 0 || keys == 0 || stride < keys || a.len() < keys {
+        return;
+    }
+    let runs = (out.len() / n).min((a.len() - keys) / stride + 1);
+    // SAFETY: CPU features as the table was chosen for (AVX-512 only in its table); `runs` runs
+    // of `n` floats lie in `out`, run `i`'s `keys` weights at `a[i·stride ..]`, and `nb` whole
+    // blocks in every row.
     unsafe {
-        match rows {
-            [r0] => axpy_rows::<1, ISA>(out, a, [r0]),
-            [r0, r1] => axpy_rows::<2, ISA>(out, a, [r0, r1]),
-            [r0, r1, r2] => axpy_rows::<3, ISA>(out, a, [r0, r1, r2]),
-            [r0, r1, r2, r3, ..] => axpy_rows::<4, ISA>(out, a, [r0, r1, r2, r3]),
-            [] => {}
+        let (out, a) = (out.as_mut_ptr(), a.as_ptr());
+        if ISA == AVX512_VNNI {
+            axpy_avx512(out, a, stride, rows, nb, runs)
+        } else {
+            axpy_avx2(out, a, stride, rows, nb, runs)
         }
     }
 }
 
 /// # Safety
-/// The CPU features of `ISA`.
-pub(super) unsafe fn axpy_rows<const K: usize, const ISA: u8>(
-    out: &mut [f32],
-    a: &[f32],
-    rows: [&[u8]; K],
+/// AVX-512 F/BW/VL; `runs` runs of `nb · 32` floats at `out`, run `i`'s `rows.len()` weights
+/// at `a + i·stride`, `nb` whole Q8_0 blocks in every row.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn axpy_avx512(
+    out: *mut f32,
+    a: *const f32,
+    stride: usize,
+    rows: &[&[u8]],
+    nb: usize,
+    runs: usize,
+) {
+    let n = nb * QK;
+    if runs > RUNS_512 {
+        // Prefill's many rows: each key group widened once for all of them, their sums loaded
+        // and stored per group instead (re-widening per few rows was 5% slower at depth 512).
+        for b in 0..nb {
+            let groups = rows.chunks_exact(KEYS_512);
+            let tail = groups.remainder();
+            let mut k = 0;
+            // SAFETY: as the caller guarantees; key groups stay inside `rows` and each run's
+            // weights.
+            unsafe {
+                let o = out.add(b * QK);
+                for group in groups {
+                    all_runs_avx512::<KEYS_512>(o, n, runs, a.add(k), stride, group, b);
+                    k += KEYS_512;
+                }
+                match tail.len() {
+                    1 => all_runs_avx512::<1>(o, n, runs, a.add(k), stride, tail, b),
+                    2 => all_runs_avx512::<2>(o, n, runs, a.add(k), stride, tail, b),
+                    3 => all_runs_avx512::<3>(o, n, runs, a.add(k), stride, tail, b),
+                    _ => {}
+                }
+            }
+        }
+        return;
+    }
+    for b in 0..nb {
+        let mut i = 0;
+        while i < runs {
+            let r = (runs - i).min(RUNS_512);
+            // SAFETY: runs `i .. i + r` and block `b` are inside, as the caller guarantees.
+            unsafe {
+                let (o, a) = (out.add(i * n + b * QK), a.add(i * stride));
+                match r {
+                    1 => runs_avx512::<1>(o, n, a, stride, rows, b),
+                    2 => runs_avx512::<2>(o, n, a, stride, rows, b),
+                    3 => runs_avx512::<3>(o, n, a, stride, rows, b),
+                    _ => runs_avx512::<RUNS_512>(o, n, a, stride, rows, b),
+                }
+            }
+            i += r;
+        }
+    }
+}
+
+/// Block `b` of `R` runs (`n` floats apart from `out`), in registers through every key.
+///
+/// # Safety
+/// As `axpy_avx512`, for these runs.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn runs_avx512<const R: usize>(
+    out: *mut f32,
+    n: usize,
+    a: *const f32,
+    stride: usize,
+    rows: &[&[u8]],
+    b: usize,
+) {
+    // SAFETY: as the caller guarantees; key groups stay inside `rows` and each run's weights.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        for (i, acc) in acc.iter_mut().enumerate() {
+            for (c, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm512_loadu_ps(out.add(i * n + 16 * c));
+            }
+        }
+        let groups = rows.chunks_exact(KEYS_512);
+        let tail = groups.remainder();
+        let mut k = 0;
+        for group in groups {
+            keys_avx512::<R, KEYS_512>(&mut acc, a.add(k), stride, group, b);
+            k += KEYS_512;
+        }
+        match tail.len() {
+            1 => keys_avx512::<R, 1>(&mut acc, a.add(k), stride, tail, b),
+            2 => keys_avx512::<R, 2>(&mut acc, a.add(k), stride, tail, b),
+            3 => keys_avx512::<R, 3>(&mut acc, a.add(k), stride, tail, b),
+            _ => {}
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            for (c, acc) in acc.iter().enumerate() {
+                _mm512_storeu_ps(out.add(i * n + 16 * c), *acc);
+            }
+        }
+    }
+}
+
+/// `K` rows' block `b` (widened once) into every one of `runs` runs (`n` floats apart from
+/// `out`), each loaded and stored once.
+///
+/// # Safety
+/// AVX-512 F/BW/VL; `rows` holds `K` rows with block `b` whole, `a + i·stride` `K` weights and
+/// `out + i·n` 32 floats for each run.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn all_runs_avx512<const K: usize>(
+    out: *mut f32,
+    n: usize,
+    runs: usize,
+    a: *const f32,
+    stride: usize,
+    rows: &[&[u8]],
+    b: usize,
 ) {
     // SAFETY: as the caller guarantees.
     unsafe {
-        if ISA == AVX512_VNNI {
-            axpy_q8_0_avx512::<K>(out, a, rows)
-        } else {
-            axpy_q8_0_avx2::<K>(out, a, rows)
+        let (d, v) = widen_avx512::<K>(rows, b);
+        for i in 0..runs {
+            let o = out.add(i * n);
+            let mut acc = [_mm512_loadu_ps(o), _mm512_loadu_ps(o.add(16))];
+            for (k, vk) in v.iter().enumerate() {
+                let ad = _mm512_set1_ps(*a.add(i * stride + k) * d[k]);
+                for (acc, vc) in acc.iter_mut().zip(vk) {
+                    *acc = _mm512_fmadd_ps(ad, *vc, *acc);
+                }
+            }
+            _mm512_storeu_ps(o, acc[0]);
+            _mm512_storeu_ps(o.add(16), acc[1]);
         }
     }
 }
 
-/// # Safety
-/// The CPU has the features enabled here. Every row holds whole Q8_0 blocks; the kernel
-/// reads `min(out.len() / runs, row values)` values of each, with `runs = a.len() / K`, and
-/// stays within `out`, `a` and the rows whatever their lengths.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-pub(super) unsafe fn axpy_q8_0_avx512<const K: usize>(
-    out: &mut [f32],
-    a: &[f32],
-    rows: [&[u8]; K],
-) {
-    let nb = super::super::q8_0_blocks(&rows);
-    let n = nb * QK;
-    if n == 0 {
-        return;
-    }
-    let runs = (a.len() / K).min(out.len() / n);
-    for b in 0..nb {
-        // SAFETY: block `b` < nb lies inside every row (34 bytes), and in each of the `runs`
-        // runs of `out` (32 floats at `i * n + b * 32`); `a` holds `runs · K` values.
-        unsafe {
-            // v[c][k]: values 16c..16c+16 of row k's block, widened.
-            let mut d = [0f32; K];
-            let mut v = [[_mm512_setzero_ps(); K]; 2];
-            for (k, dk) in d.iter_mut().enumerate() {
-                let rp = rows[k].as_ptr().add(b * BlockQ8_0::BYTES);
-                *dk = f16_at(rp);
-                for (c, vc) in v.iter_mut().enumerate() {
-                    let q = _mm_loadu_si128(rp.add(2 + 16 * c) as *const __m128i);
-                    vc[k] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
-                }
-            }
-            for i in 0..runs {
-                let mut ad = [_mm512_setzero_ps(); K];
-                for (k, adk) in ad.iter_mut().enumerate() {
-                    *adk = _mm512_set1_ps(*a.get_unchecked(i * K + k) * d[k]);
-                }
-                let op = out.as_mut_ptr().add(i * n + b * QK);
-                for (c, vc) in v.iter().enumerate() {
-                    let mut o = _mm512_loadu_ps(op.add(16 * c));
-                    for (adk, vck) in ad.iter().zip(vc) {
-                        o = _mm512_fmadd_ps(*adk, *vck, o);
-                    }
-                    _mm512_storeu_ps(op.add(16 * c), o);
-                }
-            }
-        }
-    }
-}
-
-/// `K` rows at a time, so that their widened blocks stay in registers.
+/// `K` rows' block `b`: their scales, and their values widened, `v[k][c]` holding values
+/// `16c .. 16c + 16` of row `k`.
 ///
 /// # Safety
-/// As for `axpy_q8_0_avx512`, with the features enabled here.
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn axpy_q8_0_avx2<const K: usize>(out: &mut [f32], a: &[f32], rows: [&[u8]; K]) {
-    let nb = super::super::q8_0_blocks(&rows);
-    let n = nb * QK;
-    if n == 0 {
-        return;
+/// AVX-512 F/BW/VL; `rows` holds `K` rows with block `b` whole.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn widen_avx512<const K: usize>(rows: &[&[u8]], b: usize) -> ([f32; K], [[__m512; 2]; K]) {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        let mut d = [0f32; K];
+        let mut v = [[_mm512_setzero_ps(); 2]; K];
+        for (k, (dk, vk)) in d.iter_mut().zip(v.iter_mut()).enumerate() {
+            let rp = rows.get_unchecked(k).as_ptr().add(b * BlockQ8_0::BYTES);
+            *dk = f16_at(rp);
+            for (c, vc) in vk.iter_mut().enumerate() {
+                let q = _mm_loadu_si128(rp.add(2 + 16 * c) as *const __m128i);
+                *vc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+            }
+        }
+        (d, v)
     }
-    let runs = (a.len() / K).min(out.len() / n);
-    for b in 0..nb {
-        // SAFETY: block `b` < nb lies inside every row (34 bytes), and in each of the `runs`
-        // runs of `out` (32 floats at `i * n + b * 32`); `a` holds `runs · K` values.
-        unsafe {
-            // v[c][k]: values 8c..8c+8 of row k's block, widened.
-            let mut d = [0f32; K];
-            let mut v = [[_mm256_setzero_ps(); K]; 4];
-            for (k, dk) in d.iter_mut().enumerate() {
-                let rp = rows[k].as_ptr().add(b * BlockQ8_0::BYTES);
-                *dk = f16_at(rp);
-                for (c, vc) in v.iter_mut().enumerate() {
-                    let q = _mm_loadl_epi64(rp.add(2 + 8 * c) as *const __m128i);
-                    vc[k] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+}
+
+/// `acc[i] += Σ_k a[i·stride + k] · rows[k]` over `K` rows' block `b`.
+///
+/// # Safety
+/// AVX-512 F/BW/VL; `rows` holds `K` rows with block `b` whole, `a + i·stride` `K` weights for
+/// each of the `R` runs.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn keys_avx512<const R: usize, const K: usize>(
+    acc: &mut [[__m512; 2]; R],
+    a: *const f32,
+    stride: usize,
+    rows: &[&[u8]],
+    b: usize,
+) {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        let (d, v) = widen_avx512::<K>(rows, b);
+        for (i, acc) in acc.iter_mut().enumerate() {
+            for (k, vk) in v.iter().enumerate() {
+                let ad = _mm512_set1_ps(*a.add(i * stride + k) * d[k]);
+                for (acc, vc) in acc.iter_mut().zip(vk) {
+                    *acc = _mm512_fmadd_ps(ad, *vc, *acc);
                 }
             }
-            for i in 0..runs {
-                let mut ad = [_mm256_setzero_ps(); K];
-                for (k, adk) in ad.iter_mut().enumerate() {
-                    *adk = _mm256_set1_ps(*a.get_unchecked(i * K + k) * d[k]);
+        }
+    }
+}
+
+/// # Safety
+/// AVX2, FMA and F16C; otherwise as `axpy_avx512`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn axpy_avx2(
+    out: *mut f32,
+    a: *const f32,
+    stride: usize,
+    rows: &[&[u8]],
+    nb: usize,
+    runs: usize,
+) {
+    let n = nb * QK;
+    if runs > RUNS_256 {
+        // Prefill's many rows: as in `axpy_avx512`, each key pair widened once for all of them.
+        for b in 0..nb {
+            let pairs = rows.chunks_exact(2);
+            let tail = pairs.remainder();
+            let mut k = 0;
+            // SAFETY: as the caller guarantees; key pairs stay inside `rows` and each run's
+            // weights.
+            unsafe {
+                let o = out.add(b * QK);
+                for pair in pairs {
+                    all_runs_avx2::<2>(o, n, runs, a.add(k), stride, pair, b);
+                    k += 2;
                 }
-                let op = out.as_mut_ptr().add(i * n + b * QK);
-                for (c, vc) in v.iter().enumerate() {
-                    let mut o = _mm256_loadu_ps(op.add(8 * c));
-                    for (adk, vck) in ad.iter().zip(vc) {
-                        o = _mm256_fmadd_ps(*adk, *vck, o);
-                    }
-                    _mm256_storeu_ps(op.add(8 * c), o);
+                if !tail.is_empty() {
+                    all_runs_avx2::<1>(o, n, runs, a.add(k), stride, tail, b);
                 }
+            }
+        }
+        return;
+    }
+    for b in 0..nb {
+        let mut i = 0;
+        while i < runs {
+            let r = (runs - i).min(RUNS_256);
+            // SAFETY: runs `i .. i + r` and block `b` are inside, as the caller guarantees.
+            unsafe {
+                let (o, a) = (out.add(i * n + b * QK), a.add(i * stride));
+                match r {
+                    1 => runs_avx2::<1>(o, n, a, stride, rows, b),
+                    _ => runs_avx2::<RUNS_256>(o, n, a, stride, rows, b),
+                }
+            }
+            i += r;
+        }
+    }
+}
+
+/// `K` rows' block `b` (widened once) into every one of `runs` runs, each loaded and stored
+/// once.
+///
+/// # Safety
+/// AVX2, FMA and F16C; otherwise as `all_runs_avx512`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn all_runs_avx2<const K: usize>(
+    out: *mut f32,
+    n: usize,
+    runs: usize,
+    a: *const f32,
+    stride: usize,
+    rows: &[&[u8]],
+    b: usize,
+) {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        let mut d = [0f32; K];
+        let mut v = [[_mm256_setzero_ps(); 4]; K];
+        for (k, (dk, vk)) in d.iter_mut().zip(v.iter_mut()).enumerate() {
+            let rp = rows.get_unchecked(k).as_ptr().add(b * BlockQ8_0::BYTES);
+            *dk = f16_at(rp);
+            for (c, vc) in vk.iter_mut().enumerate() {
+                let q = _mm_loadl_epi64(rp.add(2 + 8 * c) as *const __m128i);
+                *vc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+            }
+        }
+        for i in 0..runs {
+            let o = out.add(i * n);
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for (c, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm256_loadu_ps(o.add(8 * c));
+            }
+            for (k, vk) in v.iter().enumerate() {
+                let ad = _mm256_set1_ps(*a.add(i * stride + k) * d[k]);
+                for (acc, vc) in acc.iter_mut().zip(vk) {
+                    *acc = _mm256_fmadd_ps(ad, *vc, *acc);
+                }
+            }
+            for (c, acc) in acc.iter().enumerate() {
+                _mm256_storeu_ps(o.add(8 * c), *acc);
+            }
+        }
+    }
+}
+
+/// Block `b` of `R` runs in registers through every key, one key widened at a time.
+///
+/// # Safety
+/// As `axpy_avx2`, for these runs.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn runs_avx2<const R: usize>(
+    out: *mut f32,
+    n: usize,
+    a: *const f32,
+    stride: usize,
+    rows: &[&[u8]],
+    b: usize,
+) {
+    // SAFETY: as the caller guarantees: each row's block `b`, each run's weights for every key.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); 4]; R];
+        for (i, acc) in acc.iter_mut().enumerate() {
+            for (c, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm256_loadu_ps(out.add(i * n + 8 * c));
+            }
+        }
+        for (k, row) in rows.iter().enumerate() {
+            let rp = row.as_ptr().add(b * BlockQ8_0::BYTES);
+            let d = f16_at(rp);
+            let mut v = [_mm256_setzero_ps(); 4];
+            for (c, vc) in v.iter_mut().enumerate() {
+                let q = _mm_loadl_epi64(rp.add(2 + 8 * c) as *const __m128i);
+                *vc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+            }
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let ad = _mm256_set1_ps(*a.add(i * stride + k) * d);
+                for (acc, vc) in acc.iter_mut().zip(&v) {
+                    *acc = _mm256_fmadd_ps(ad, *vc, *acc);
+                }
+            }
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            for (c, acc) in acc.iter().enumerate() {
+                _mm256_storeu_ps(out.add(i * n + 8 * c), *acc);
             }
         }
     }
