@@ -292,15 +292,21 @@ impl Block<'_> {
                     }
                 }
             } else {
-                let dot = match kv.format {
-                    Format::F32 => kernels.dot_f32,
-                    _ => kernels.dot_f16,
+                let (dot, dot_x4) = match kv.format {
+                    Format::F32 => (kernels.dot_f32, kernels.dot_f32_x4),
+                    _ => (kernels.dot_f16, kernels.dot_f16_x4),
                 };
                 for (j, s) in (start..end).zip(scores.iter_mut()) {
                     // Rows come from the cache, whose layout fixed their lengths: the table's
-                    // kernels need no further checks.
+                    // kernels need no further checks. A tile of rows at a time widens the key
+                    // once for all of them (the same bits as one row at a time).
                     let k = kv.k_row(j, kv_head);
-                    for (i, s) in s[..n].iter_mut().enumerate() {
+                    let tiles = n / TILE * TILE;
+                    for t0 in (0..tiles).step_by(TILE) {
+                        let r = dot_x4(k, core::array::from_fn(|i| q_row(t0 + i)));
+                        s[t0..t0 + TILE].copy_from_slice(&r);
+                    }
+                    for (i, s) in s[..n].iter_mut().enumerate().skip(tiles) {
                         *s = dot(k, q_row(i));
                     }
                 }
@@ -385,38 +391,27 @@ impl Block<'_> {
             }
             (kernels.axpy_q8_0)(acc, probs.as_flattened(), KEY_STEP, &rows[..steps]);
         } else {
+            // Each value row widened once for all the rows that weigh it.
             for j in 0..steps {
-                let v = kv.v_row(start + j, kv_head);
+                if probs.iter().all(|pi| pi[j] == 0.0) {
+                    continue;
+                }
+                let (v, bytes) = (&mut row[..hd], kv.v_row(start + j, kv_head));
+                match kv.format {
+                    Format::F16 => (kernels.widen_f16)(bytes, v),
+                    _ => quant::dequantize_row(kv.format, bytes, v)?,
+                }
                 for (a, pi) in acc.chunks_exact_mut(hd).zip(probs) {
                     if pi[j] != 0.0 {
-                        add_scaled_row(kv.format, v, pi[j], a, &mut row[..hd])?;
+                        for (o, x) in a.iter_mut().zip(v.iter()) {
+                            *o += pi[j] * x;
+                        }
                     }
                 }
             }
         }
         Ok(())
     }
-}
-
-/// `out += p · v` for a cached f32 or f16 V row; `buf` (as long as `out`) holds a widened f16 row.
-fn add_scaled_row(
-    format: Format,
-    v: &[u8],
-    p: f32,
-    out: &mut [f32],
-    buf: &mut [f32],
-) -> Result<()> {
-    if format == Format::F32 {
-        for (o, b) in out.iter_mut().zip(v.chunks_exact(4)) {
-            *o += p * f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        }
-    } else {
-        quant::dequantize_row(format, v, buf)?;
-        for (o, x) in out.iter_mut().zip(buf.iter()) {
-            *o += p * x;
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

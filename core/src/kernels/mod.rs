@@ -193,6 +193,9 @@ pub struct Kernels {
     pub silu_mul: fn(&mut [f32], &[f32]),
     /// `x ← exp(x − max)` over a row, returning the sum (softmax's middle step).
     pub exp_sub: fn(&mut [f32], f32) -> f32,
+    /// f16 values (little-endian bytes) widened to f32, exactly: as many as both slices hold
+    /// (an f16 KV cache's value rows, widened once per key for every query head that uses it).
+    pub widen_f16: fn(&[u8], &mut [f32]),
 }
 
 impl Kernels {

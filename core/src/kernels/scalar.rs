@@ -39,6 +39,7 @@ pub(super) const TABLE: Kernels = Kernels {
     axpy_q8_0,
     silu_mul: crate::ops::silu_mul,
     exp_sub: crate::ops::exp_sub,
+    widen_f16: crate::quant::float::dequantize_row_f16,
 };
 
 pub(super) const fn dots<W: Unpack>() -> QuantDots {

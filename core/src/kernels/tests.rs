@@ -533,6 +533,23 @@ proptest! {
         }
     }
 
+    /// f16 widening is exact in every table: any bits (subnormals, infinities, NaNs) give the
+    /// scalar conversion's value, for lengths around the vectors' eight and a shorter output.
+    #[test]
+    #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
+    fn f16_widening_is_exact(bits in proptest::collection::vec(any::<u16>(), 0..40), short in 0usize..3) {
+        let bytes: Vec<u8> = bits.iter().flat_map(|b| b.to_le_bytes()).collect();
+        let len = bits.len().saturating_sub(short);
+        for k in simd_tables() {
+            let (mut a, mut b) = (vec![7.0f32; len], vec![7.0f32; len]);
+            (k.widen_f16)(&bytes, &mut a);
+            (Kernels::scalar().widen_f16)(&bytes, &mut b);
+            for (x, y) in a.iter().zip(&b) {
+                prop_assert!(x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()), "{x} vs {y}");
+            }
+        }
+    }
+
     /// Quantized activations cost what their rounding allows: with Q16 next to nothing (a
     /// quantized dot within 1e-4 of Σ|w·x| of the f32 dot of the dequantized weights with the
     /// unquantized activations); with Q8K at most half a step of each super-block's activations

@@ -62,6 +62,8 @@ pub(super) static KERNELS: Kernels = Kernels {
     axpy_q8_0,
     silu_mul: crate::ops::silu_mul,
     exp_sub: crate::ops::exp_sub,
+    // As `dot_f16`: NEON's f16 conversions are still unstable in Rust.
+    widen_f16: crate::quant::float::dequantize_row_f16,
 };
 
 const fn dots<W: Unpack>() -> QuantDots {

@@ -149,3 +149,30 @@ unsafe fn dot_floats_avx2<L: Floats, const N: usize>(
     }
     out
 }
+
+/// f16 values widened to f32 (exactly), eight at a time with F16C.
+pub(super) fn widen_f16(bytes: &[u8], out: &mut [f32]) {
+    let n = (bytes.len() / 2).min(out.len());
+    // SAFETY: every x86 table is handed out only where the CPU has AVX2 and F16C; values
+    // `0 .. n` lie inside both slices.
+    unsafe { widen_f16_f16c(n, bytes.as_ptr(), out.as_mut_ptr()) }
+}
+
+/// # Safety
+/// AVX2 and F16C; `2n` readable bytes at `src`, `n` writable floats at `dst`.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn widen_f16_f16c(n: usize, src: *const u8, dst: *mut f32) {
+    let mut i = 0;
+    // SAFETY: values `i .. i + 8` (then `i`) lie inside both, as the caller guarantees.
+    unsafe {
+        while i + 8 <= n {
+            let h = _mm_loadu_si128(src.add(2 * i) as *const __m128i);
+            _mm256_storeu_ps(dst.add(i), _mm256_cvtph_ps(h));
+            i += 8;
+        }
+        while i < n {
+            *dst.add(i) = f16_at(src.add(2 * i));
+            i += 1;
+        }
+    }
+}

@@ -130,6 +130,7 @@ const fn table<const ISA: u8>(name: &'static str) -> Kernels {
         axpy_q8_0: axpy_q8_0::<ISA>,
         silu_mul,
         exp_sub,
+        widen_f16,
     }
 }
 
