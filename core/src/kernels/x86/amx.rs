@@ -349,7 +349,14 @@ unsafe fn rows_x8_amx(
             );
             _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
         });
+        // Where each row's block starts from the first's: every block of a call has the same
+        // stride (the rows', or the gathered copies' 64 bytes).
+        let stride = match rows {
+            Rows::Strided(_, stride) => stride,
+            Rows::Apart(_) => 64,
+        };
         let rows_at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        let offsets = _mm512_mullo_epi32(rows_at, _mm512_set1_epi32(stride as i32));
         // Written before they are read (the sums by the tile store, the gathered blocks by
         // `block`), and not worth zeroing on every call.
         let mut sums = MaybeUninit::<Sums>::uninit();
@@ -379,8 +386,7 @@ unsafe fn rows_x8_amx(
             let dx = _mm256_castps_pd(dx);
             let dx = _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castpd256_pd512(dx), dx));
             // The rows' f16 scales: the first two bytes of each block.
-            let (w, stride) = at[b % (AHEAD + 1)];
-            let offsets = _mm512_mullo_epi32(rows_at, _mm512_set1_epi32(stride as i32));
+            let (w, _) = at[b % (AHEAD + 1)];
             let scales = _mm512_i32gather_epi32::<1>(offsets, w as *const i32);
             let dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(scales));
             for (i, f) in facc.iter_mut().enumerate() {
