@@ -337,7 +337,7 @@ impl Block<'_> {
                 }
                 sum[i] += (kernels.exp_sub)(live, max[i]);
             }
-            self.add_values::<ROWS>(
+            self.add_values(
                 kernels,
                 kv,
                 kv_head,
@@ -362,7 +362,7 @@ impl Block<'_> {
     /// `acc[i] += Σ_j probs[i][j] · V[start + j]` over the `len` keys of one step, in key order;
     /// keys outside a row's span have probability zero, which adds exactly nothing.
     #[allow(clippy::too_many_arguments)]
-    fn add_values<const ROWS: usize>(
+    fn add_values(
         &self,
         kernels: &Kernels,
         kv: &LayerKv<'_>,
