@@ -286,16 +286,7 @@ unsafe fn all_runs_avx2<const K: usize>(
 ) {
     // SAFETY: as the caller guarantees.
     unsafe {
-        let mut d = [0f32; K];
-        let mut v = [[_mm256_setzero_ps(); 4]; K];
-        for (k, (dk, vk)) in d.iter_mut().zip(v.iter_mut()).enumerate() {
-            let rp = rows.get_unchecked(k).as_ptr().add(b * BlockQ8_0::BYTES);
-            *dk = f16_at(rp);
-            for (c, vc) in vk.iter_mut().enumerate() {
-                let q = _mm_loadl_epi64(rp.add(2 + 8 * c) as *const __m128i);
-                *vc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
-            }
-        }
+        let (d, v) = widen_avx2::<K>(rows, b);
         for i in 0..runs {
             let o = out.add(i * n);
             let mut acc = [_mm256_setzero_ps(); 4];
@@ -312,6 +303,29 @@ unsafe fn all_runs_avx2<const K: usize>(
                 _mm256_storeu_ps(o.add(8 * c), *acc);
             }
         }
+    }
+}
+
+/// `K` rows' block `b`: their scales, and their values widened, `v[k][c]` holding values
+/// `8c .. 8c + 8` of row `k`.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `rows` holds `K` rows with block `b` whole.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn widen_avx2<const K: usize>(rows: &[&[u8]], b: usize) -> ([f32; K], [[__m256; 4]; K]) {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        let mut d = [0f32; K];
+        let mut v = [[_mm256_setzero_ps(); 4]; K];
+        for (k, (dk, vk)) in d.iter_mut().zip(v.iter_mut()).enumerate() {
+            let rp = rows.get_unchecked(k).as_ptr().add(b * BlockQ8_0::BYTES);
+            *dk = f16_at(rp);
+            for (c, vc) in vk.iter_mut().enumerate() {
+                let q = _mm_loadl_epi64(rp.add(2 + 8 * c) as *const __m128i);
+                *vc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+            }
+        }
+        (d, v)
     }
 }
 
@@ -336,14 +350,8 @@ unsafe fn runs_avx2<const R: usize>(
                 *acc = _mm256_loadu_ps(out.add(i * n + 8 * c));
             }
         }
-        for (k, row) in rows.iter().enumerate() {
-            let rp = row.as_ptr().add(b * BlockQ8_0::BYTES);
-            let d = f16_at(rp);
-            let mut v = [_mm256_setzero_ps(); 4];
-            for (c, vc) in v.iter_mut().enumerate() {
-                let q = _mm_loadl_epi64(rp.add(2 + 8 * c) as *const __m128i);
-                *vc = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
-            }
+        for (k, row) in rows.chunks_exact(1).enumerate() {
+            let ([d], [v]) = widen_avx2::<1>(row, b);
             for (i, acc) in acc.iter_mut().enumerate() {
                 let ad = _mm256_set1_ps(*a.add(i * stride + k) * d);
                 for (acc, vc) in acc.iter_mut().zip(&v) {
