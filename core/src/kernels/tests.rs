@@ -461,6 +461,34 @@ proptest! {
         }
     }
 
+    /// One token against rows longer than the one-token kernel reads in one run (x86 reads
+    /// 64 blocks of each row at a time): the packed panel's bits, for every run and every
+    /// remainder of a group of eight blocks.
+    #[test]
+    #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
+    fn one_token_over_long_rows_matches_the_panel(blocks in 60usize..140, w in values(140 * QK), x in values(140 * QK), rows in 1usize..=panel::PANEL) {
+        for k in simd_tables() {
+            for format in QUANTIZED {
+                let Some(kernels) = &k.dots(format).unwrap().panel else {
+                    continue;
+                };
+                let n = blocks * QK;
+                let xq = q16_row(&x[..n]);
+                let wq = scaled_rows(format, &w[..n], rows);
+                let panel: [Option<&[u8]>; panel::PANEL] = core::array::from_fn(|r| wq.get(r).map(Vec::as_slice));
+                let mut packed = vec![0u8; blocks * panel::PANEL_BLOCK_BYTES];
+                (kernels.pack)(&panel, 0, &mut packed);
+                let mut acc = [[0f32; panel::PANEL]; TILE];
+                (kernels.dot)(&packed, [xq.as_slice(); TILE], &mut acc);
+                let padded: [&[u8]; panel::PANEL] = core::array::from_fn(|r| wq[r.min(rows - 1)].as_slice());
+                let one = (kernels.rows)(padded, &xq);
+                for r in 0..rows {
+                    prop_assert_eq!(one[r].to_bits(), acc[0][r].to_bits(), "{} {} r{}", k.name, format, r);
+                }
+            }
+        }
+    }
+
     /// The transposed tiles of eight tokens (each table's own layout): transposing from a block
     /// on gives that block's part of the whole, and weight rows against a tile, in one chunk of
     /// blocks or two, give every token the bits `rows` gives it alone.
