@@ -208,6 +208,24 @@ unsafe fn hsums<const N: usize>(acc: [__m256; N]) -> [f32; N] {
     out
 }
 
+/// One weight block against one Q16 block, as eight i32 partial sums: `lo·x0 + hi·x1` over
+/// pairs of i16 (the block's first and second sixteen pairs), the second half by `vpdpwssd`
+/// where `ISA` has it.
+///
+/// # Safety
+/// register-only: the CPU has AVX2 and the features of `ISA`.
+#[inline(always)]
+unsafe fn block_dot<const ISA: u8>(lo: __m256i, hi: __m256i, x0: __m256i, x1: __m256i) -> __m256i {
+    // SAFETY: register-only; the caller has AVX2 and the features of `ISA`.
+    unsafe {
+        let dot = _mm256_madd_epi16(lo, x0);
+        match ISA {
+            AVX512_VNNI | AVX_VNNI => dpwssd::<ISA>(dot, hi, x1),
+            _ => _mm256_add_epi32(dot, _mm256_madd_epi16(hi, x1)),
+        }
+    }
+}
+
 /// `acc + Σ a·b` over each pair of i16 lanes, as eight i32: one `vpdpwssd`. In assembly because
 /// LLVM splits the intrinsic back into `vpmaddwd` + `vpaddd`, an extra instruction per
 /// (row, token, block) in the hottest loop.

@@ -103,6 +103,32 @@ pub(super) unsafe fn transpose8(r: [__m256i; 8]) -> [__m256i; 8] {
     }
 }
 
+/// `acc` plus one block's result in each lane: its integer sum `isum` scaled by the weights'
+/// scales times the activations' (`dw·dx`), then, for formats with a minimum, the weights'
+/// minimums times the activations' sum `s`. Every kernel of this file scales a block so, which
+/// is what makes their results the same bits.
+///
+/// # Safety
+/// register-only: the CPU has the features of the function that inlines it (AVX2, FMA).
+#[inline(always)]
+unsafe fn add_block<W: Unpack>(
+    acc: __m256,
+    isum: __m256i,
+    (dw, mw): (__m256, __m256),
+    dx: __m256,
+    s: __m256,
+) -> __m256 {
+    // SAFETY: register-only; the caller has AVX2 and FMA.
+    unsafe {
+        let acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx), acc);
+        if W::HAS_MIN {
+            _mm256_fmadd_ps(mw, s, acc)
+        } else {
+            acc
+        }
+    }
+}
+
 /// `PANEL` weight rows against `T` rows of Q16 activations, unpacked, with the panel kernel's
 /// arithmetic: one token when decoding, a tile of tokens for batches too small to repay packing.
 pub(super) fn panel_rows<W: Unpack, const ISA: u8, const T: usize>(
@@ -267,22 +293,13 @@ pub(super) unsafe fn rows_tile<W: Unpack, const ISA: u8, const T: usize>(
                     _mm_prefetch::<_MM_HINT_T0>(wp[r].wrapping_add(ahead) as *const i8);
                     let (lo, hi) = W::unpack(wp[r]);
                     for t in 0..T {
-                        let dot = _mm256_madd_epi16(lo, x0[t]);
-                        v[t][r] = match ISA {
-                            AVX512_VNNI | AVX_VNNI => dpwssd::<ISA>(dot, hi, x1[t]),
-                            _ => _mm256_add_epi32(dot, _mm256_madd_epi16(hi, x1[t])),
-                        };
+                        v[t][r] = block_dot::<ISA>(lo, hi, x0[t], x1[t]);
                     }
                 }
                 let (dw, mw) = W::scales8(wp);
                 for t in 0..T {
-                    let acc = &mut facc[t][h];
                     let isum = sum_across8(v[t]);
-                    *acc =
-                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, dx[t]), *acc);
-                    if W::HAS_MIN {
-                        *acc = _mm256_fmadd_ps(mw, s[t], *acc);
-                    }
+                    facc[t][h] = add_block::<W>(facc[t][h], isum, (dw, mw), dx[t], s[t]);
                 }
             }
         }
@@ -333,11 +350,7 @@ unsafe fn rows_one<W: Unpack, const ISA: u8>(
                         let x0 = _mm256_loadu_si256(xp.add(8) as *const __m256i);
                         let x1 = _mm256_loadu_si256(xp.add(40) as *const __m256i);
                         let (lo, hi) = W::unpack(block_at::<W>(row, b));
-                        let dot = _mm256_madd_epi16(lo, x0);
-                        *v = match ISA {
-                            AVX512_VNNI | AVX_VNNI => dpwssd::<ISA>(dot, hi, x1),
-                            _ => _mm256_add_epi32(dot, _mm256_madd_epi16(hi, x1)),
-                        };
+                        *v = block_dot::<ISA>(lo, hi, x0, x1);
                     }
                     *group = sum_across8(v);
                 }
@@ -362,12 +375,7 @@ unsafe fn rows_one<W: Unpack, const ISA: u8>(
                     for ((h, acc), isum) in facc.iter_mut().enumerate().zip(block) {
                         let wp: [*const u8; 8] =
                             core::array::from_fn(|r| block_at::<W>(w[8 * h + r].as_ptr(), b));
-                        let (dw, mw) = W::scales8(wp);
-                        *acc =
-                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(*isum), _mm256_mul_ps(dw, dx), *acc);
-                        if W::HAS_MIN {
-                            *acc = _mm256_fmadd_ps(mw, s, *acc);
-                        }
+                        *acc = add_block::<W>(*acc, *isum, W::scales8(wp), dx, s);
                     }
                 }
             }
@@ -534,12 +542,9 @@ unsafe fn rows_x8_tile<W: Unpack, const ISA: u8>(
             let dx = _mm256_loadu_ps(x as *const f32);
             let s = _mm256_loadu_ps(x.add(X8 * 4) as *const f32);
             for r in 0..QUAD {
-                let (d, m) = W::scales(block_at::<W>(w[r], b0 + b));
+                let scales = W::scales(block_at::<W>(w[r], b0 + b));
                 let isum = _mm256_add_epi32(lo[r], hi[r]);
-                facc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, dx), facc[r]);
-                if W::HAS_MIN {
-                    facc[r] = _mm256_fmadd_ps(m, s, facc[r]);
-                }
+                facc[r] = add_block::<W>(facc[r], isum, scales, dx, s);
             }
         }
         for r in 0..QUAD {

@@ -248,11 +248,7 @@ pub(super) unsafe fn tile<W: Unpack, const R: usize, const N: usize, const ISA: 
                 let x0 = _mm256_loadu_si256(xp.add(8) as *const __m256i);
                 let x1 = _mm256_loadu_si256(xp.add(40) as *const __m256i);
                 for r in 0..R {
-                    let dot = _mm256_madd_epi16(qw[r].0, x0);
-                    let dot = match ISA {
-                        AVX512_VNNI | AVX_VNNI => dpwssd::<ISA>(dot, qw[r].1, x1),
-                        _ => _mm256_add_epi32(dot, _mm256_madd_epi16(qw[r].1, x1)),
-                    };
+                    let dot = block_dot::<ISA>(qw[r].0, qw[r].1, x0, x1);
                     // (Σ·dx)·dw: both scales stay vectors; dw·dx first would be a scalar
                     // multiply and a broadcast per (row, token).
                     let scaled = _mm256_mul_ps(_mm256_cvtepi32_ps(dot), dx);
