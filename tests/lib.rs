@@ -15,6 +15,15 @@ pub fn tiny(name: &str) -> PathBuf {
     fixtures().join("tiny").join(name)
 }
 
+/// A checkpoint with linear or YaRN RoPE scaling, made by
+/// `tests/fixtures/rope_scaling/make_rope_fixtures.py` (in the repository, not the shared
+/// fixtures, so never under `$SAPIENT_FIXTURES`).
+pub fn rope_scaling_fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fixtures/rope_scaling")
+        .join(name)
+}
+
 pub fn read_json(path: &Path) -> Value {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap()

@@ -12,9 +12,45 @@ pub enum RopeStyle {
     Adjacent,
 }
 
+/// How a model stretches RoPE past the context it was trained on (`rope_type` in Hugging Face's
+/// `rope_scaling`, `rope.scaling.type` in GGUF).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RopeScaling {
+    /// Position interpolation (`"linear"`): every frequency divided by `factor`.
+    Linear {
+        /// How much longer the context is than the one the model was trained on.
+        factor: f32,
+    },
+    /// Llama 3's per-wavelength scaling (`"llama3"`).
+    Llama3(Llama3Scaling),
+    /// YaRN (`"yarn"`): frequencies blended between interpolated and not by wavelength, and the
+    /// rotation scaled by an attention factor.
+    Yarn(YarnScaling),
+}
+
+impl RopeScaling {
+    /// The factor the context was stretched by.
+    pub const fn factor(&self) -> f32 {
+        match self {
+            RopeScaling::Linear { factor } => *factor,
+            RopeScaling::Llama3(s) => s.factor,
+            RopeScaling::Yarn(s) => s.factor,
+        }
+    }
+
+    /// The name Hugging Face's `rope_type` gives it.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            RopeScaling::Linear { .. } => "linear",
+            RopeScaling::Llama3(_) => "llama3",
+            RopeScaling::Yarn(_) => "yarn",
+        }
+    }
+}
+
 /// Llama-3 frequency scaling (`rope_type = "llama3"`).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RopeScaling {
+pub struct Llama3Scaling {
     /// How much longer the context is than the one the model was trained on.
     pub factor: f32,
     /// Wavelengths above `original_max_position_embeddings / low_freq_factor` are scaled fully.
@@ -23,6 +59,60 @@ pub struct RopeScaling {
     pub high_freq_factor: f32,
     /// The context the model was trained on.
     pub original_max_position_embeddings: usize,
+}
+
+/// YaRN scaling (`rope_type = "yarn"`), as transformers' `_compute_yarn_parameters` and ggml's
+/// `rope_yarn` compute it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct YarnScaling {
+    /// How much longer the context is than the one the model was trained on.
+    pub factor: f32,
+    /// The context the model was trained on.
+    pub original_max_position_embeddings: usize,
+    /// Pairs that turn more than `beta_fast` times over the original context keep their
+    /// frequency (32 unless the model says otherwise).
+    pub beta_fast: f32,
+    /// Pairs that turn fewer than `beta_slow` times are interpolated fully (1 unless the model
+    /// says otherwise).
+    pub beta_slow: f32,
+    /// Whether the ramp's ends are rounded outwards to whole pairs (transformers' `truncate`,
+    /// true unless the model says otherwise; ggml always rounds).
+    pub truncate: bool,
+    /// What cos and sin are multiplied by (`attention_factor`; by default
+    /// `0.1 · ln(factor) + 1`).
+    pub attention_factor: f32,
+}
+
+impl YarnScaling {
+    /// The attention factor YaRN's paper suggests when a model gives none: `0.1 · mscale ·
+    /// ln(factor) + 1` (transformers' `yarn_get_mscale`), 1 for factors up to 1.
+    pub fn mscale(factor: f64, mscale: f64) -> f64 {
+        if factor <= 1.0 {
+            1.0
+        } else {
+            0.1 * mscale * libm::log(factor) + 1.0
+        }
+    }
+
+    /// The first pair of the ramp between extrapolated and interpolated frequencies and its
+    /// width in pairs (transformers' `find_correction_range`), for heads of `head_dim` and base
+    /// `theta`.
+    fn ramp(&self, head_dim: usize, theta: f32) -> (f32, f32) {
+        let dim = head_dim as f64;
+        let old = self.original_max_position_embeddings as f64;
+        let pair = |rotations: f32| {
+            let turns = old / (rotations as f64 * 2.0 * core::f64::consts::PI);
+            dim * libm::log(turns) / (2.0 * libm::log(theta as f64))
+        };
+        let (mut low, mut high) = (pair(self.beta_fast), pair(self.beta_slow));
+        if self.truncate {
+            (low, high) = (libm::floor(low), libm::ceil(high));
+        }
+        let (low, high) = (low.max(0.0), high.min(dim - 1.0));
+        // transformers widens an empty ramp by a thousandth; both in Python's f64.
+        let width = if low == high { 0.001 } else { high - low };
+        (low as f32, width as f32)
+    }
 }
 
 /// Upper bound on `head_dim`. Attention keeps blocks of query rows on the stack, about 170 bytes
@@ -80,7 +170,7 @@ pub struct Config {
     pub rope_theta: f32,
     /// Which elements RoPE rotates together.
     pub rope_style: RopeStyle,
-    /// Llama-3 frequency scaling, if the model has it.
+    /// RoPE scaling, if the model has it.
     pub rope_scaling: Option<RopeScaling>,
     /// Whether the output projection is the embedding.
     pub tie_word_embeddings: bool,
@@ -158,17 +248,12 @@ impl Config {
             return Err(invalid("sliding_window", "must be greater than zero"));
         }
         if let Some(s) = self.rope_scaling {
-            let ok = s.factor.is_finite()
-                && s.factor > 0.0
-                && s.low_freq_factor.is_finite()
-                && s.high_freq_factor.is_finite()
-                && s.high_freq_factor > s.low_freq_factor
-                && s.low_freq_factor > 0.0
-                && s.original_max_position_embeddings > 0;
-            if !ok {
+            if !rope_scaling_is_valid(s) {
                 return Err(invalid(
                     "rope_scaling",
-                    "needs factor > 0, 0 < low_freq_factor < high_freq_factor and original_max_position_embeddings > 0",
+                    "needs a finite factor > 0; llama3: 0 < low_freq_factor < high_freq_factor; \
+                     llama3 and yarn: original_max_position_embeddings > 0; yarn: finite betas and \
+                     an attention factor > 0",
                 ));
             }
         }
@@ -176,20 +261,44 @@ impl Config {
     }
 
     /// RoPE inverse frequencies, one per pair (`head_dim / 2`), computed in f32 as transformers
-    /// does, with Llama-3 scaling applied when configured. A fixed-size table: no allocation.
+    /// does, with the model's scaling applied. A fixed-size table: no allocation.
     pub fn rope_inv_freq(&self) -> InvFreq {
         let d = self.head_dim.min(MAX_HEAD_DIM);
         let mut freqs = InvFreq::new();
         for i in 0..d / 2 {
             let f = 1.0 / libm::powf(self.rope_theta, (2 * i) as f32 / d as f32);
             let f = match self.rope_scaling {
-                Some(s) => llama3_scale(f, s),
                 None => f,
+                Some(RopeScaling::Linear { factor }) => f / factor,
+                Some(RopeScaling::Llama3(s)) => llama3_scale(f, s),
+                Some(RopeScaling::Yarn(s)) => yarn_scale(i, d, self.rope_theta, s),
             };
             // Cannot fail: `d / 2` is at most the table's capacity.
             let _ = freqs.push(f);
         }
         freqs
+    }
+
+    /// The context the model supports: `max_position_embeddings`, or YaRN's original context
+    /// times its factor where that is longer (Qwen2.5's model cards switch YaRN on without
+    /// raising `max_position_embeddings`).
+    pub fn context_length(&self) -> usize {
+        match self.rope_scaling {
+            Some(RopeScaling::Yarn(s)) => {
+                let stretched = s.original_max_position_embeddings as f64 * s.factor as f64;
+                self.max_position_embeddings
+                    .max(stretched.min(MAX_DIM as f64) as usize)
+            }
+            _ => self.max_position_embeddings,
+        }
+    }
+
+    /// What RoPE's cos and sin are multiplied by: YaRN's attention factor, 1 otherwise.
+    pub const fn rope_attention_factor(&self) -> f32 {
+        match self.rope_scaling {
+            Some(RopeScaling::Yarn(s)) => s.attention_factor,
+            _ => 1.0,
+        }
     }
 }
 
@@ -201,7 +310,7 @@ const fn invalid(field: &'static str, reason: &'static str) -> Error {
 }
 
 /// transformers' `_compute_llama3_parameters` for one frequency.
-fn llama3_scale(inv_freq: f32, s: RopeScaling) -> f32 {
+fn llama3_scale(inv_freq: f32, s: Llama3Scaling) -> f32 {
     let old = s.original_max_position_embeddings as f32;
     let low_freq_wavelen = old / s.low_freq_factor;
     let high_freq_wavelen = old / s.high_freq_factor;
@@ -213,5 +322,45 @@ fn llama3_scale(inv_freq: f32, s: RopeScaling) -> f32 {
     } else {
         let smooth = (old / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
         (1.0 - smooth) * inv_freq / s.factor + smooth * inv_freq
+    }
+}
+
+/// transformers' `_compute_yarn_parameters` for pair `i` of `d`-wide heads: the frequency blended
+/// between the interpolated one (divided by `factor`) and the original by where the pair falls
+/// on the ramp, in f32 as torch computes it.
+fn yarn_scale(i: usize, d: usize, theta: f32, s: YarnScaling) -> f32 {
+    let pos_freq = libm::powf(theta, (2 * i) as f32 / d as f32);
+    let extrapolated = 1.0 / pos_freq;
+    let interpolated = 1.0 / (s.factor * pos_freq);
+    let (low, width) = s.ramp(d, theta);
+    let ramp = ((i as f32 - low) / width).clamp(0.0, 1.0);
+    let kept = 1.0 - ramp;
+    interpolated * (1.0 - kept) + extrapolated * kept
+}
+
+/// Whether `s` has numbers RoPE can be computed from.
+const fn rope_scaling_is_valid(s: RopeScaling) -> bool {
+    let factor = s.factor();
+    if !(factor.is_finite() && factor > 0.0) {
+        return false;
+    }
+    match s {
+        RopeScaling::Linear { .. } => true,
+        RopeScaling::Llama3(s) => {
+            s.low_freq_factor.is_finite()
+                && s.high_freq_factor.is_finite()
+                && s.high_freq_factor > s.low_freq_factor
+                && s.low_freq_factor > 0.0
+                && s.original_max_position_embeddings > 0
+        }
+        RopeScaling::Yarn(s) => {
+            s.beta_fast.is_finite()
+                && s.beta_slow.is_finite()
+                && s.beta_fast > 0.0
+                && s.beta_slow > 0.0
+                && s.attention_factor.is_finite()
+                && s.attention_factor > 0.0
+                && s.original_max_position_embeddings > 0
+        }
     }
 }

@@ -79,6 +79,7 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, '_, '_, '_, E> {
     fn embed(&mut self, tokens: &[&[u32]], segments: &[Segment]) -> Result<()> {
         let c = &self.model.config;
         let (h, hd, half) = (c.hidden_size, c.head_dim, c.head_dim / 2);
+        let scale = c.rope_attention_factor();
         for seg in segments {
             let ids = &tokens[seg.seq][seg.offset..seg.offset + seg.len];
             let xs = self.b.x[seg.row * h..].chunks_exact_mut(h);
@@ -90,7 +91,7 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, '_, '_, '_, E> {
                 .take(seg.len);
             for (t, a) in angles.enumerate() {
                 let (cos, sin) = a.split_at_mut(half);
-                ops::rope_angles(seg.pos0 + t, self.model.inv_freq(), cos, sin);
+                ops::rope_angles(seg.pos0 + t, self.model.inv_freq(), scale, cos, sin);
             }
         }
         Ok(())

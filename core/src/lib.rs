@@ -34,7 +34,7 @@ pub mod weights;
 
 pub use arena::Scratch;
 pub use backend::{Backend, Segment};
-pub use config::{Config, RopeScaling, RopeStyle};
+pub use config::{Config, Llama3Scaling, RopeScaling, RopeStyle, YarnScaling};
 pub use error::{Error, Result};
 pub use exec::{Exec, Serial};
 pub use kv_cache::{KvCache, KvFormat};

@@ -165,12 +165,13 @@ pub fn add_bias(x: &mut [f32], bias: &[f32]) -> Result<()> {
 }
 
 /// Fills `cos` and `sin` (each `inv_freq.len()` long) with the rotation angles of position `pos`,
-/// computed in f32 as transformers does (`pos * inv_freq`, then cos and sin).
-pub fn rope_angles(pos: usize, inv_freq: &[f32], cos: &mut [f32], sin: &mut [f32]) {
+/// computed in f32 as transformers does (`pos * inv_freq`, then cos and sin, each times `scale`:
+/// YaRN's attention factor, 1 for other models).
+pub fn rope_angles(pos: usize, inv_freq: &[f32], scale: f32, cos: &mut [f32], sin: &mut [f32]) {
     for ((f, c), s) in inv_freq.iter().zip(cos.iter_mut()).zip(sin.iter_mut()) {
         let a = pos as f32 * f;
-        *c = libm::cosf(a);
-        *s = libm::sinf(a);
+        *c = libm::cosf(a) * scale;
+        *s = libm::sinf(a) * scale;
     }
 }
 
@@ -257,7 +258,7 @@ mod tests {
         fn rope_preserves_norm(x in proptest::collection::vec(-10f32..10.0, 16), pos in 0usize..4096) {
             let inv: alloc::vec::Vec<f32> = (0..8).map(|i| 1.0 / libm::powf(10000.0, i as f32 / 8.0)).collect();
             let (mut c, mut s) = ([0f32; 8], [0f32; 8]);
-            rope_angles(pos, &inv, &mut c, &mut s);
+            rope_angles(pos, &inv, 1.0, &mut c, &mut s);
             for style in [RopeStyle::Halves, RopeStyle::Adjacent] {
                 let mut y = x.clone();
                 rope(&mut y, &c, &s, style).unwrap();

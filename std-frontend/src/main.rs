@@ -979,7 +979,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let c = &m.config;
     let ctx = a
         .ctx
-        .unwrap_or((prompt.len() + a.max_tokens).min(c.max_position_embeddings.max(prompt.len())));
+        .unwrap_or((prompt.len() + a.max_tokens).min(c.context_length().max(prompt.len())));
     if prompt.len() > ctx {
         bail!(
             "the prompt has {} tokens, more than the context of {ctx}",
@@ -1207,7 +1207,7 @@ fn cmd_serve(a: ServeArgs) -> Result<()> {
     let files = l.files()?;
     let m = l.model()?;
     let engine = l.engine(&m)?;
-    let ctx = a.ctx.min(m.config.max_position_embeddings.max(1));
+    let ctx = a.ctx.min(m.config.context_length().max(1));
     let model_id = a.alias.clone().unwrap_or_else(|| {
         let p = &files.path;
         let name = if p.is_dir() {
@@ -1336,7 +1336,7 @@ fn cmd_inspect(spec: &str, ctx: usize) -> Result<()> {
         c.rms_norm_eps,
         c.rope_theta,
         c.rope_style,
-        c.rope_scaling.map_or(String::new(), |s| format!(", llama3 scaling x{}", s.factor)),
+        c.rope_scaling.map_or(String::new(), |s| format!(", {} scaling x{}", s.name(), s.factor())),
         c.max_position_embeddings,
         c.tie_word_embeddings,
         c.qkv_bias,

@@ -154,6 +154,22 @@ fn every_fixture_in_every_format_matches_the_cpu() {
     );
 }
 
+/// Linear and YaRN RoPE scaling (YaRN's attention factor scales the angles the GPU reads) agree
+/// with the CPU, which agrees with transformers (`rope_scaling.rs`).
+#[test]
+fn scaled_rope_matches_the_cpu() {
+    for name in ["llama_linear_rope", "qwen2_yarn"] {
+        let dir = rope_scaling_fixture(name);
+        let files = ModelFiles::open(&dir, &LoadOptions::default()).unwrap();
+        let model = files.model(Quantize::None).unwrap();
+        assert!(model.config.rope_scaling.is_some(), "{name}");
+        let r = read_json(&dir.join("reference.json"));
+        let seqs = vec![ids(&r["inputs"]["seq7"]), ids(&r["inputs"]["seq40"])];
+        let Some(g) = gpu(&model, None) else { return };
+        compare(name, &model, &g, &seqs, MAX_NMSE_FLOAT);
+    }
+}
+
 /// Every matrix split into parts of at most 2 KiB (one binding each) gives the same bits.
 #[test]
 fn matrices_split_across_bindings_give_the_same_logits() {

@@ -10,7 +10,7 @@ use sapient::load::{LoadOptions, ModelFiles, Quantize};
 use sapient::run::{self, CpuRunner};
 use sapient::tokenizer::Tokenizer;
 use sapient_core::weights::Matrix;
-use sapient_core::{KvFormat, Model, RopeStyle, Serial};
+use sapient_core::{KvFormat, Model, RopeScaling, RopeStyle, Serial};
 use sapient_tests::*;
 
 fn temp_dir(name: &str) -> PathBuf {
@@ -88,7 +88,8 @@ fn expected<'f>(files: &'f ModelFiles, target: Target) -> Model<'f> {
         w.lm_head = Some(f(out, Role::Output, 0, None));
     }
     // Llama 3 scaling travels as the frequency factors llama.cpp's converter computes.
-    if let Some(s) = c.rope_scaling.take() {
+    if let Some(RopeScaling::Llama3(s)) = c.rope_scaling {
+        c.rope_scaling = None;
         w.rope_freq_factors = Some(llama3_factors(c.rope_theta, c.head_dim, s).into());
     }
     Model::new(c, w).unwrap()

@@ -13,7 +13,7 @@ use std::path::Path;
 use anyhow::{bail, Result};
 use rayon::prelude::*;
 use sapient_core::weights::Matrix;
-use sapient_core::{Format, Model, RopeScaling, RopeStyle};
+use sapient_core::{Format, Llama3Scaling, Model, RopeScaling, RopeStyle};
 
 use crate::load::gguf::{GgmlType, Value};
 use crate::load::ModelFiles;
@@ -289,8 +289,11 @@ fn plan_tensors<'m>(
     vector("output_norm.weight".into(), &w.norm, false);
     let factors = match (&w.rope_freq_factors, c.rope_scaling) {
         (Some(f), _) => Some(Source::Vector(f, None)),
-        (None, Some(s)) => Some(Source::Owned(llama3_factors(c.rope_theta, c.head_dim, s))),
-        (None, None) => None,
+        (None, Some(RopeScaling::Llama3(s))) => {
+            Some(Source::Owned(llama3_factors(c.rope_theta, c.head_dim, s)))
+        }
+        // Linear and YaRN scaling travel as `rope.scaling.*` keys (`metadata`).
+        (None, _) => None,
     };
     if let Some(source) = factors {
         let len = c.head_dim / 2;
@@ -355,7 +358,7 @@ fn fill(p: &Planned<'_>, buf: &mut Vec<u8>) -> Result<()> {
 
 /// llama.cpp's converter's `rope_freqs.weight` for Llama 3 scaling (`LlamaModel
 /// .generate_extra_tensors`): the frequencies in f32, the factors in Python's f64 arithmetic.
-pub fn llama3_factors(theta: f32, head_dim: usize, s: RopeScaling) -> Vec<f32> {
+pub fn llama3_factors(theta: f32, head_dim: usize, s: Llama3Scaling) -> Vec<f32> {
     let old = s.original_max_position_embeddings as f64;
     let (low, high, factor) = (
         s.low_freq_factor as f64,
@@ -449,6 +452,30 @@ fn hf_metadata(
     );
     key("rope.freq_base", Value::F32(c.rope_theta));
     key("rope.dimension_count", u32_of(c.head_dim));
+    match c.rope_scaling {
+        None | Some(RopeScaling::Llama3(_)) => {}
+        Some(RopeScaling::Linear { factor }) => {
+            key("rope.scaling.type", Value::String("linear".into()));
+            key("rope.scaling.factor", Value::F32(factor));
+        }
+        Some(RopeScaling::Yarn(s)) => {
+            if !s.truncate {
+                bail!("YaRN scaling with truncate = false has no GGUF form (llama.cpp always rounds the ramp's ends)");
+            }
+            key("rope.scaling.type", Value::String("yarn".into()));
+            key("rope.scaling.factor", Value::F32(s.factor));
+            key(
+                "rope.scaling.original_context_length",
+                u32_of(s.original_max_position_embeddings),
+            );
+            key("rope.scaling.yarn_beta_fast", Value::F32(s.beta_fast));
+            key("rope.scaling.yarn_beta_slow", Value::F32(s.beta_slow));
+            key(
+                "rope.scaling.yarn_attn_factor",
+                Value::F32(s.attention_factor),
+            );
+        }
+    }
     if c.head_dim * c.n_heads != c.hidden_size {
         key("attention.key_length", u32_of(c.head_dim));
         key("attention.value_length", u32_of(c.head_dim));

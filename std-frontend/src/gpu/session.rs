@@ -409,9 +409,10 @@ impl<'m> GpuSession<'m> {
         let places = storage("places", 2 * max_batch, copy_dst)?;
         let dummy = storage("unused", 1, none)?;
         let mut angles = vec![0f32; max_seq * c.head_dim];
+        let scale = c.rope_attention_factor();
         for (pos, a) in angles.chunks_exact_mut(c.head_dim).enumerate() {
             let (cos, sin) = a.split_at_mut(c.head_dim / 2);
-            ops::rope_angles(pos, &model.inv_freq, cos, sin);
+            ops::rope_angles(pos, &model.inv_freq, scale, cos, sin);
         }
         let angles_bytes = (angles.len() * 4) as u64;
         if angles_bytes > limit {

@@ -321,7 +321,7 @@ fn rope_store_kernel_matches_the_cpu() {
             let mut angles = vec![0f32; max_seq * hd];
             for (pos, a) in angles.chunks_exact_mut(hd).enumerate() {
                 let (c, s) = a.split_at_mut(hd / 2);
-                ops::rope_angles(pos, &inv_freq, c, s);
+                ops::rope_angles(pos, &inv_freq, 1.0, c, s);
             }
             let (qb, ab) = (buffer(&d, &qkv), buffer(&d, &angles));
             let (kc, vc) = (

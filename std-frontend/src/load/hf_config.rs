@@ -1,7 +1,7 @@
 //! `config.json` of a Hugging Face checkpoint -> `Config`, in both the transformers v4 layout
 //! (`rope_theta`, `rope_scaling`, `torch_dtype`) and the v5 layout (`rope_parameters`, `dtype`).
 use anyhow::{anyhow, bail, Context, Result};
-use sapient_core::{Config, RopeScaling, RopeStyle};
+use sapient_core::{Config, Llama3Scaling, RopeScaling, RopeStyle, YarnScaling};
 use serde_json::Value;
 
 /// The architectures sapient runs, as named by `model_type`.
@@ -105,23 +105,22 @@ pub fn parse(text: &str) -> Result<HfConfig> {
         .and_then(|r| r.get("rope_type").or_else(|| r.get("type")))
         .and_then(Value::as_str)
         .unwrap_or("default");
-    let rope_scaling = match rope_type {
-        "default" => None,
-        "llama3" => {
-            let r = rope.expect("rope_type came from it");
-            Some(RopeScaling {
-                factor: f32_field(r, "factor")?,
-                low_freq_factor: f32_field(r, "low_freq_factor")?,
-                high_freq_factor: f32_field(r, "high_freq_factor")?,
-                original_max_position_embeddings: usize_field(
-                    r,
-                    "original_max_position_embeddings",
-                )?,
-            })
-        }
-        other => {
-            bail!("unsupported rope_type {other:?}: sapient implements \"default\" and \"llama3\"")
-        }
+    let max_position_embeddings = opt_usize(c, "max_position_embeddings")?.unwrap_or(2048);
+    let rope_scaling = match (rope_type, rope) {
+        ("default", _) | (_, None) => None,
+        ("linear", Some(r)) => Some(RopeScaling::Linear {
+            factor: f32_field(r, "factor")?,
+        }),
+        ("llama3", Some(r)) => Some(RopeScaling::Llama3(Llama3Scaling {
+            factor: f32_field(r, "factor")?,
+            low_freq_factor: f32_field(r, "low_freq_factor")?,
+            high_freq_factor: f32_field(r, "high_freq_factor")?,
+            original_max_position_embeddings: usize_field(r, "original_max_position_embeddings")?,
+        })),
+        ("yarn", Some(r)) => Some(RopeScaling::Yarn(yarn(c, r, max_position_embeddings)?)),
+        (other, _) => bail!(
+            "unsupported rope_type {other:?}: sapient implements \"default\", \"linear\", \"llama3\" and \"yarn\""
+        ),
     };
 
     let sliding_window = match arch {
@@ -170,7 +169,7 @@ pub fn parse(text: &str) -> Result<HfConfig> {
         tie_word_embeddings: tie,
         qkv_bias,
         sliding_window,
-        max_position_embeddings: opt_usize(c, "max_position_embeddings")?.unwrap_or(2048),
+        max_position_embeddings,
     };
     config.validate()?;
     let dtype = c
@@ -217,6 +216,59 @@ fn usize_field(c: &Value, key: &str) -> Result<usize> {
     opt_usize(c, key)?.ok_or_else(|| anyhow!("invalid config: {key} is missing"))
 }
 
+/// YaRN's numbers as transformers' `_compute_yarn_parameters` reads them from the text config `c`
+/// and its RoPE settings `r`: the original context from `c` (Phi-3 keeps it there), then `r`,
+/// then `max_position_embeddings`; no factor means their ratio; betas that are missing or zero
+/// mean 32 and 1; no attention factor means YaRN's `mscale`, or the ratio of two when `mscale`
+/// and `mscale_all_dim` are both given.
+fn yarn(c: &Value, r: &Value, max_position_embeddings: usize) -> Result<YarnScaling> {
+    let original = match opt_usize(c, "original_max_position_embeddings")? {
+        Some(n) => n,
+        None => {
+            opt_usize(r, "original_max_position_embeddings")?.unwrap_or(max_position_embeddings)
+        }
+    };
+    if original == 0 {
+        bail!("invalid config: rope scaling field original_max_position_embeddings must be greater than zero");
+    }
+    let number = |key: &str| -> Result<Option<f64>> {
+        match r.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| anyhow!("invalid config: rope scaling field {key} is not a number")),
+        }
+    };
+    let factor = number("factor")?.unwrap_or(max_position_embeddings as f64 / original as f64);
+    let nonzero = |v: Option<f64>| v.filter(|v| *v != 0.0);
+    let attention_factor = match (
+        number("attention_factor")?,
+        nonzero(number("mscale")?),
+        nonzero(number("mscale_all_dim")?),
+    ) {
+        (Some(a), _, _) => a,
+        (None, Some(m), Some(all)) => {
+            YarnScaling::mscale(factor, m) / YarnScaling::mscale(factor, all)
+        }
+        (None, _, _) => YarnScaling::mscale(factor, 1.0),
+    };
+    let truncate = match r.get("truncate") {
+        None | Some(Value::Null) => true,
+        Some(v) => v.as_bool().ok_or_else(|| {
+            anyhow!("invalid config: rope scaling field truncate is not a boolean")
+        })?,
+    };
+    Ok(YarnScaling {
+        factor: factor as f32,
+        original_max_position_embeddings: original,
+        beta_fast: nonzero(number("beta_fast")?).unwrap_or(32.0) as f32,
+        beta_slow: nonzero(number("beta_slow")?).unwrap_or(1.0) as f32,
+        truncate,
+        attention_factor: attention_factor as f32,
+    })
+}
+
 fn f32_field(c: &Value, key: &str) -> Result<f32> {
     c.get(key)
         .and_then(Value::as_f64)
@@ -241,6 +293,60 @@ mod tests {
         let err = parse(r#"{"model_type": "llama", "hidden_size": 8, "num_attention_heads": 0}"#)
             .unwrap_err();
         assert!(err.to_string().contains("num_attention_heads"), "{err}");
+    }
+
+    fn scaling(rope: &str) -> Result<Option<RopeScaling>> {
+        let base = r#""model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 32, "max_position_embeddings": 32768"#;
+        Ok(parse(&format!(
+            r#"{{{base}, "rope_theta": 1000000.0, "rope_scaling": {rope}}}"#
+        ))?
+        .config
+        .rope_scaling)
+    }
+
+    #[test]
+    fn linear_and_yarn_scaling_are_read_as_transformers_reads_them() {
+        assert_eq!(
+            scaling(r#"{"type": "linear", "factor": 2.0}"#).unwrap(),
+            Some(RopeScaling::Linear { factor: 2.0 })
+        );
+        // Qwen2.5's model card: the original context defaults to max_position_embeddings, the
+        // betas to 32 and 1, the attention factor to 0.1·ln(factor) + 1.
+        let Some(RopeScaling::Yarn(y)) = scaling(
+            r#"{"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}"#,
+        )
+        .unwrap() else {
+            panic!("no YaRN");
+        };
+        assert_eq!(y.factor, 4.0);
+        assert_eq!(y.original_max_position_embeddings, 32768);
+        assert_eq!((y.beta_fast, y.beta_slow, y.truncate), (32.0, 1.0, true));
+        assert_eq!(y.attention_factor, (0.1 * 4f64.ln() + 1.0) as f32);
+        let Some(RopeScaling::Yarn(y)) = scaling(
+            r#"{"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096, "mscale": 1.0, "mscale_all_dim": 0.707, "beta_fast": 0, "truncate": false}"#,
+        )
+        .unwrap() else {
+            panic!("no YaRN");
+        };
+        let m = |m: f64| 0.1 * m * 40f64.ln() + 1.0;
+        assert_eq!(y.attention_factor, (m(1.0) / m(0.707)) as f32);
+        assert_eq!((y.beta_fast, y.truncate), (32.0, false));
+        let Some(RopeScaling::Yarn(y)) =
+            scaling(r#"{"rope_type": "yarn", "factor": 4.0, "attention_factor": 0.9}"#).unwrap()
+        else {
+            panic!("no YaRN");
+        };
+        assert_eq!(y.attention_factor, 0.9);
+    }
+
+    #[test]
+    fn rope_scaling_sapient_cannot_follow_is_an_error() {
+        let err = scaling(r#"{"rope_type": "dynamic", "factor": 2.0}"#).unwrap_err();
+        assert!(err.to_string().contains("dynamic"), "{err}");
+        let err = scaling(r#"{"rope_type": "linear"}"#).unwrap_err();
+        assert!(err.to_string().contains("factor"), "{err}");
+        let err = scaling(r#"{"rope_type": "yarn", "factor": -2.0}"#).unwrap_err();
+        assert!(err.to_string().contains("rope_scaling"), "{err}");
     }
 
     #[test]
