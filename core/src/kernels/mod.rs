@@ -484,7 +484,7 @@ impl Kernels {
         }
         let rows = out.len() / n_tok;
         self.matmul(w, x, row0..row0 + rows, 0..n_tok, |r, t, run| {
-            out[t * rows + r..][..run.len()].copy_from_slice(run)
+            put_run(&mut out[t * rows + r..], run)
         })
     }
 
@@ -519,7 +519,7 @@ impl Kernels {
         }
         let n = out.len() / rows;
         self.matmul(w, x, 0..rows, tok0..tok0 + n, |r, t, run| {
-            out[t * rows + r..][..run.len()].copy_from_slice(run)
+            put_run(&mut out[t * rows + r..], run)
         })
     }
 
@@ -626,6 +626,17 @@ impl Kernels {
             }
         }
         Ok(())
+    }
+}
+
+/// Copies a run of results to the start of `out`. A whole panel's run, the many-token kernel's,
+/// is copied at a length the compiler knows (a few vector moves) where a call to `memmove` per
+/// run of 16 results took 5% of a Q8_0 prefill's samples (pp512 1.5% faster without).
+#[inline(always)]
+fn put_run(out: &mut [f32], run: &[f32]) {
+    match run.len() {
+        panel::PANEL => out[..panel::PANEL].copy_from_slice(&run[..panel::PANEL]),
+        n => out[..n].copy_from_slice(run),
     }
 }
 
