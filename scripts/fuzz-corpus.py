@@ -5,7 +5,8 @@ fuzzer adds beside them is git-ignored). Deterministic; standard library only.
 Usage: scripts/fuzz-corpus.py SAPIENT_BINARY
 
 - safetensors_config: tiny checkpoints (hidden 32, one layer, vocabulary 48) whose configs are the
-  repository's fixtures' configs (llama, qwen2 with its biases, mistral) shrunk, with f16 weights.
+  repository's fixtures' configs (llama, qwen2 with its biases, mistral, linear and YaRN RoPE
+  scaling) shrunk, with f16 weights.
 - load_forward, gguf_header: the same checkpoints written as GGUF by `sapient quantize` (q8_0, f16).
 - gguf_tokenizer: small SentencePiece and byte-level BPE vocabularies in the target's line format,
   encoding the SmolLM2 reference prompts.
@@ -87,9 +88,14 @@ def safetensors(config):
 
 prompts = [p["prompt"] for p in json.load(open(os.path.join(fixtures, "smollm2", "reference.json")))["prompts"]]
 
+# The tiny fixtures' architectures, and RoPE scaling (linear, YaRN) from the repository's own.
+checkpoints = [(arch, os.path.join(fixtures, "tiny", arch)) for arch in ["llama", "qwen2", "mistral"]]
+checkpoints += [(name, os.path.join(root, "tests", "fixtures", "rope_scaling", name))
+                for name in ["llama_linear_rope", "qwen2_yarn"]]
+
 with tempfile.TemporaryDirectory() as tmp:
-    for arch in ["llama", "qwen2", "mistral"]:
-        config = json.load(open(os.path.join(fixtures, "tiny", arch, "config.json")))
+    for arch, path in checkpoints:
+        config = json.load(open(os.path.join(path, "config.json")))
         config.update(SHAPE)
         config.pop("rope_scaling", None)
         text = json.dumps(config, indent=1).encode()
