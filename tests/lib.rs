@@ -15,12 +15,13 @@ pub fn tiny(name: &str) -> PathBuf {
     fixtures().join("tiny").join(name)
 }
 
-/// A checkpoint with linear or YaRN RoPE scaling, made by
-/// `tests/fixtures/rope_scaling/make_rope_fixtures.py` (in the repository, not the shared
-/// fixtures, so never under `$SAPIENT_FIXTURES`).
-pub fn rope_scaling_fixture(name: &str) -> PathBuf {
+/// A checkpoint made by `tests/fixtures/make_more_fixtures.py` under `folder` (`rope_scaling`,
+/// `shapes`): in the repository, not among the shared fixtures, so never under
+/// `$SAPIENT_FIXTURES`.
+pub fn more_fixture(folder: &str, name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("fixtures/rope_scaling")
+        .join("fixtures")
+        .join(folder)
         .join(name)
 }
 
@@ -77,6 +78,38 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
     let na: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
     let nb: f64 = b.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
     dot / (na * nb)
+}
+
+/// transformers' float32 numbers up to summation order: the tolerance of f32 weights with an
+/// f32 KV cache.
+pub const F32_TOL: f32 = 2e-4;
+
+/// `model` (f32 weights, an f32 KV cache) against a fixture's `reference.json`: every position's
+/// logits of seq7, the last of seq40 (within `F32_TOL`), and both greedy continuations.
+pub fn check_f32_against_reference(what: &str, model: &sapient_core::Model<'_>, r: &Value) {
+    use sapient::run::{self, CpuRunner};
+    use sapient_core::{KvFormat, Serial};
+    let runner = CpuRunner::new(model, KvFormat::F32, &Serial);
+    let seq7 = ids(&r["inputs"]["seq7"]);
+    let all = run::logits(&runner, &seq7, true).unwrap();
+    let theirs = r["outputs"]["seq7"]["all_logits"].as_array().unwrap();
+    assert_eq!(all.len(), theirs.len(), "{what}: positions");
+    for (p, (ours, theirs)) in all.iter().zip(theirs).enumerate() {
+        let d = max_abs_diff(ours, &floats(theirs));
+        assert!(
+            d < F32_TOL,
+            "{what}: seq7 position {p} logits differ by {d}"
+        );
+    }
+    for seq in ["seq7", "seq40"] {
+        let prompt = ids(&r["inputs"][seq]);
+        let out = &r["outputs"][seq];
+        let last = run::logits(&runner, &prompt, false).unwrap();
+        let d = max_abs_diff(&last[0], &floats(&out["last_logits"]));
+        assert!(d < F32_TOL, "{what}: {seq} last logits differ by {d}");
+        let greedy = run::greedy(&runner, &prompt, 16, &[]).unwrap();
+        assert_eq!(greedy, ids(&out["greedy16"]), "{what}: {seq} greedy");
+    }
 }
 
 /// SmolLM2-135M-Instruct's Q4_1 GGUF, as `scripts/fetch-model.sh` leaves it (or `$SAPIENT_SMOLLM2`).

@@ -154,15 +154,24 @@ fn every_fixture_in_every_format_matches_the_cpu() {
     );
 }
 
-/// Linear and YaRN RoPE scaling (YaRN's attention factor scales the angles the GPU reads) agree
-/// with the CPU, which agrees with transformers (`rope_scaling.rs`).
+/// Linear and YaRN RoPE scaling (YaRN's attention factor scales the angles the GPU reads), and
+/// shapes the tiny fixtures lack (heads of 8, 24, 80 and 128, a feed-forward width of 200, a
+/// window of 7), agree with the CPU, which agrees with transformers (`rope_scaling.rs`,
+/// `shapes.rs`).
 #[test]
-fn scaled_rope_matches_the_cpu() {
-    for name in ["llama_linear_rope", "qwen2_yarn"] {
-        let dir = rope_scaling_fixture(name);
+fn scaled_rope_and_other_shapes_match_the_cpu() {
+    let fixtures = [
+        ("rope_scaling", "llama_linear_rope"),
+        ("rope_scaling", "qwen2_yarn"),
+        ("shapes", "llama_hd24_ff200"),
+        ("shapes", "llama_hd80"),
+        ("shapes", "qwen2_hd128"),
+        ("shapes", "mistral_hd8_window7"),
+    ];
+    for (folder, name) in fixtures {
+        let dir = more_fixture(folder, name);
         let files = ModelFiles::open(&dir, &LoadOptions::default()).unwrap();
         let model = files.model(Quantize::None).unwrap();
-        assert!(model.config.rope_scaling.is_some(), "{name}");
         let r = read_json(&dir.join("reference.json"));
         let seqs = vec![ids(&r["inputs"]["seq7"]), ids(&r["inputs"]["seq40"])];
         let Some(g) = gpu(&model, None) else { return };

@@ -10,10 +10,6 @@ use sapient_core::{KvFormat, Model, RopeScaling, Serial};
 use sapient_tests::*;
 use serde_json::Value;
 
-/// As the golden tests' f32 tolerance: f32 weights, an f32 KV cache, transformers' float32
-/// numbers up to summation order.
-const F32_TOL: f32 = 2e-4;
-
 const FIXTURES: [&str; 2] = ["llama_linear_rope", "qwen2_yarn"];
 
 fn open(dir: &Path, config: &str) -> ModelFiles {
@@ -27,30 +23,6 @@ fn open(dir: &Path, config: &str) -> ModelFiles {
 fn last_logits(model: &Model<'_>, prompt: &[u32]) -> Vec<f32> {
     let runner = CpuRunner::new(model, KvFormat::F32, &Serial);
     run::logits(&runner, prompt, false).unwrap().remove(0)
-}
-
-/// Every position's logits of seq7, the last of seq40, and both greedy continuations.
-fn check_against_reference(what: &str, model: &Model<'_>, r: &Value) {
-    let runner = CpuRunner::new(model, KvFormat::F32, &Serial);
-    let seq7 = ids(&r["inputs"]["seq7"]);
-    let all = run::logits(&runner, &seq7, true).unwrap();
-    let theirs = r["outputs"]["seq7"]["all_logits"].as_array().unwrap();
-    assert_eq!(all.len(), theirs.len(), "{what}: positions");
-    for (p, (ours, theirs)) in all.iter().zip(theirs).enumerate() {
-        let d = max_abs_diff(ours, &floats(theirs));
-        assert!(
-            d < F32_TOL,
-            "{what}: seq7 position {p} logits differ by {d}"
-        );
-    }
-    for seq in ["seq7", "seq40"] {
-        let prompt = ids(&r["inputs"][seq]);
-        let out = &r["outputs"][seq];
-        let d = max_abs_diff(&last_logits(model, &prompt), &floats(&out["last_logits"]));
-        assert!(d < F32_TOL, "{what}: {seq} last logits differ by {d}");
-        let greedy = run::greedy(&runner, &prompt, 16, &[]).unwrap();
-        assert_eq!(greedy, ids(&out["greedy16"]), "{what}: {seq} greedy");
-    }
 }
 
 /// The frequencies and the attention factor are transformers' (`rope.inv_freq`,
@@ -76,7 +48,7 @@ fn check_rope_tables(what: &str, model: &Model<'_>, r: &Value) {
 #[test]
 fn scaled_rope_matches_transformers() {
     for name in FIXTURES {
-        let dir = rope_scaling_fixture(name);
+        let dir = more_fixture("rope_scaling", name);
         let r = read_json(&dir.join("reference.json"));
         for config in ["config.json", "config.v4.json"] {
             let files = open(&dir, config);
@@ -87,7 +59,7 @@ fn scaled_rope_matches_transformers() {
                 "{what}: no scaling read"
             );
             check_rope_tables(&what, &model, &r);
-            check_against_reference(&what, &model, &r);
+            check_f32_against_reference(&what, &model, &r);
         }
     }
 }
@@ -96,7 +68,7 @@ fn scaled_rope_matches_transformers() {
 #[test]
 fn the_scaling_matters() {
     for name in FIXTURES {
-        let dir = rope_scaling_fixture(name);
+        let dir = more_fixture("rope_scaling", name);
         let r = read_json(&dir.join("reference.json"));
         let files = open(&dir, "config.json");
         let model = files.model(Quantize::None).unwrap();
@@ -126,7 +98,7 @@ fn temp_gguf(name: &str) -> PathBuf {
 #[test]
 fn scaling_survives_the_gguf_round_trip() {
     for name in FIXTURES {
-        let dir = rope_scaling_fixture(name);
+        let dir = more_fixture("rope_scaling", name);
         let r = read_json(&dir.join("reference.json"));
         let files = open(&dir, "config.json");
         let model = files.model(Quantize::None).unwrap();
