@@ -80,6 +80,33 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
     dot / (na * nb)
 }
 
+/// The checkpoint in `dir` with the config file `config` beside it (`config.json`,
+/// `config.v4.json`), loaded as the CLI loads it.
+pub fn open_checkpoint(
+    dir: &Path,
+    config: &str,
+    quantize: sapient::load::Quantize,
+) -> sapient::load::ModelFiles {
+    let opts = sapient::load::LoadOptions {
+        quantize,
+        config_file: Some(dir.join(config)),
+    };
+    sapient::load::ModelFiles::open(dir, &opts)
+        .unwrap_or_else(|e| panic!("{}/{config}: {e:#}", dir.display()))
+}
+
+/// The last position's logits of `prompt`, on one thread with a `kv` cache.
+pub fn last_logits(
+    model: &sapient_core::Model<'_>,
+    kv: sapient_core::KvFormat,
+    prompt: &[u32],
+) -> Vec<f32> {
+    let runner = sapient::run::CpuRunner::new(model, kv, &sapient_core::Serial);
+    sapient::run::logits(&runner, prompt, false)
+        .unwrap()
+        .remove(0)
+}
+
 /// transformers' float32 numbers up to summation order: the tolerance of f32 weights with an
 /// f32 KV cache.
 pub const F32_TOL: f32 = 2e-4;

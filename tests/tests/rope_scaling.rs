@@ -1,29 +1,15 @@
 //! Linear and YaRN RoPE scaling against transformers: the `rope_scaling` fixtures (a Llama with
 //! linear scaling, a Qwen2 with YaRN and non-default betas) in both config layouts, read as
 //! Hugging Face checkpoints and again from the GGUF `sapient quantize` writes of them.
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use sapient::convert::{write_model, Target};
 use sapient::load::{LoadOptions, ModelFiles, Quantize};
-use sapient::run::{self, CpuRunner};
-use sapient_core::{KvFormat, Model, RopeScaling, Serial};
+use sapient_core::{KvFormat, Model, RopeScaling};
 use sapient_tests::*;
 use serde_json::Value;
 
 const FIXTURES: [&str; 2] = ["llama_linear_rope", "qwen2_yarn"];
-
-fn open(dir: &Path, config: &str) -> ModelFiles {
-    let opts = LoadOptions {
-        quantize: Quantize::None,
-        config_file: Some(dir.join(config)),
-    };
-    ModelFiles::open(dir, &opts).unwrap_or_else(|e| panic!("{}/{config}: {e:#}", dir.display()))
-}
-
-fn last_logits(model: &Model<'_>, prompt: &[u32]) -> Vec<f32> {
-    let runner = CpuRunner::new(model, KvFormat::F32, &Serial);
-    run::logits(&runner, prompt, false).unwrap().remove(0)
-}
 
 /// The frequencies and the attention factor are transformers' (`rope.inv_freq`,
 /// `rope.attention_scaling` in the reference), each within a float32 rounding.
@@ -51,7 +37,7 @@ fn scaled_rope_matches_transformers() {
         let dir = more_fixture("rope_scaling", name);
         let r = read_json(&dir.join("reference.json"));
         for config in ["config.json", "config.v4.json"] {
-            let files = open(&dir, config);
+            let files = open_checkpoint(&dir, config, Quantize::None);
             let model = files.model(Quantize::None).unwrap();
             let what = format!("{name}/{config}");
             assert!(
@@ -70,14 +56,14 @@ fn the_scaling_matters() {
     for name in FIXTURES {
         let dir = more_fixture("rope_scaling", name);
         let r = read_json(&dir.join("reference.json"));
-        let files = open(&dir, "config.json");
+        let files = open_checkpoint(&dir, "config.json", Quantize::None);
         let model = files.model(Quantize::None).unwrap();
         let mut config = model.config.clone();
         config.rope_scaling = None;
         let plain = Model::new(config, model.weights).unwrap();
         let prompt = ids(&r["inputs"]["seq40"]);
         let d = max_abs_diff(
-            &last_logits(&plain, &prompt),
+            &last_logits(&plain, KvFormat::F32, &prompt),
             &floats(&r["outputs"]["seq40"]["last_logits"]),
         );
         assert!(
@@ -100,7 +86,7 @@ fn scaling_survives_the_gguf_round_trip() {
     for name in FIXTURES {
         let dir = more_fixture("rope_scaling", name);
         let r = read_json(&dir.join("reference.json"));
-        let files = open(&dir, "config.json");
+        let files = open_checkpoint(&dir, "config.json", Quantize::None);
         let model = files.model(Quantize::None).unwrap();
         let out = temp_gguf(name);
         write_model(&files, &model, &out, Target::F16, &|_, _| {}, &mut |_| {}).unwrap();
@@ -125,7 +111,7 @@ fn scaling_survives_the_gguf_round_trip() {
         check_rope_tables(&format!("{name}.gguf"), &back, &r);
         let prompt = ids(&r["inputs"]["seq40"]);
         let d = max_abs_diff(
-            &last_logits(&back, &prompt),
+            &last_logits(&back, KvFormat::F32, &prompt),
             &floats(&r["outputs"]["seq40"]["last_logits"]),
         );
         // f16 weights against f32 ones: the golden tests measured 0.0051 on qwen2_f16.

@@ -3,12 +3,10 @@
 //! heads, a feed-forward width and a vocabulary that are no multiple of 32, a sliding window of 7.
 //! Each against transformers in f32 (both config layouts), with the default Q8_0 weights, and
 //! from the GGUF `sapient quantize` writes of it.
-use std::path::Path;
-
 use sapient::convert::{write_model, Target};
 use sapient::load::{LoadOptions, ModelFiles, Quantize};
 use sapient::run::{self, CpuRunner};
-use sapient_core::{KvFormat, Model, Serial};
+use sapient_core::{KvFormat, Serial};
 use sapient_tests::*;
 
 const FIXTURES: [&str; 4] = [
@@ -18,26 +16,13 @@ const FIXTURES: [&str; 4] = [
     "mistral_hd8_window7",
 ];
 
-fn open(dir: &Path, config: &str, quantize: Quantize) -> ModelFiles {
-    let opts = LoadOptions {
-        quantize,
-        config_file: Some(dir.join(config)),
-    };
-    ModelFiles::open(dir, &opts).unwrap_or_else(|e| panic!("{}/{config}: {e:#}", dir.display()))
-}
-
-fn last_logits(model: &Model<'_>, kv: KvFormat, prompt: &[u32]) -> Vec<f32> {
-    let runner = CpuRunner::new(model, kv, &Serial);
-    run::logits(&runner, prompt, false).unwrap().remove(0)
-}
-
 #[test]
 fn other_shapes_match_transformers() {
     for name in FIXTURES {
         let dir = more_fixture("shapes", name);
         let r = read_json(&dir.join("reference.json"));
         for config in ["config.json", "config.v4.json"] {
-            let files = open(&dir, config, Quantize::None);
+            let files = open_checkpoint(&dir, config, Quantize::None);
             let model = files.model(Quantize::None).unwrap();
             check_f32_against_reference(&format!("{name}/{config}"), &model, &r);
         }
@@ -52,7 +37,7 @@ fn other_shapes_stay_close_with_default_weights() {
     for name in FIXTURES {
         let dir = more_fixture("shapes", name);
         let r = read_json(&dir.join("reference.json"));
-        let files = open(&dir, "config.json", Quantize::Auto);
+        let files = open_checkpoint(&dir, "config.json", Quantize::Auto);
         let model = files.model(Quantize::Auto).unwrap();
         let kv = KvFormat::default_for(&model.config);
         let runner = CpuRunner::new(&model, kv, &Serial);
@@ -81,7 +66,7 @@ fn other_shapes_survive_the_gguf_round_trip() {
     for name in FIXTURES {
         let dir = more_fixture("shapes", name);
         let r = read_json(&dir.join("reference.json"));
-        let files = open(&dir, "config.json", Quantize::None);
+        let files = open_checkpoint(&dir, "config.json", Quantize::None);
         let model = files.model(Quantize::None).unwrap();
         let out = tmp.join(format!("{name}.gguf"));
         write_model(&files, &model, &out, Target::F16, &|_, _| {}, &mut |_| {}).unwrap();
