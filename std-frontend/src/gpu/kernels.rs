@@ -13,8 +13,15 @@ const LAYER: &str = include_str!("shaders/layer.wgsl");
 
 /// Threads that share one row of a mat-mul.
 const LANES: usize = 16;
+/// Rows each thread of a Q16 mat-mul takes (one quantized block of inputs meets them all), and
+/// the rows its workgroup computes.
+const Q16_THREAD_ROWS: usize = 4;
+pub const Q16_ROWS: usize = ROWS * Q16_THREAD_ROWS;
 /// Tokens per mat-mul workgroup when prefilling (decoding runs one).
 pub const PREFILL_TILE: usize = 8;
+
+/// Words of a Q16 block of activations (`Q16_WORDS` in matmul.wgsl).
+pub const Q16_WORDS: usize = 18;
 
 /// What surrounds a mat-mul: the RMSNorm prologue, and what the epilogue does with a result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -36,6 +43,13 @@ pub enum Binding {
     ReadWrite,
 }
 
+/// A mat-mul's pipelines over Q16 inputs.
+pub struct Q16Pipelines<'k> {
+    pub quantize: &'k wgpu::ComputePipeline,
+    pub matmul: &'k wgpu::ComputePipeline,
+    pub matvec: &'k wgpu::ComputePipeline,
+}
+
 pub struct Kernels {
     pub matmul_layout: wgpu::BindGroupLayout,
     pub embed_layout: wgpu::BindGroupLayout,
@@ -43,7 +57,14 @@ pub struct Kernels {
     pub attention_layout: wgpu::BindGroupLayout,
     pub norm_layout: wgpu::BindGroupLayout,
     pub argmax_layout: wgpu::BindGroupLayout,
+    pub quantize_layout: wgpu::BindGroupLayout,
     matmul: HashMap<(GpuFormat, Fused, usize), wgpu::ComputePipeline>,
+    pub matmul_q16_layout: wgpu::BindGroupLayout,
+    /// For integer weights where WGSL has `dot4I8Packed`: mat-muls over Q16 inputs, a tile
+    /// that `quantize` made and a lone token's mat-vec that makes them itself.
+    matmul_q16: HashMap<(GpuFormat, Fused, usize), wgpu::ComputePipeline>,
+    /// Activations to Q16 blocks: as they are, and RMSNorm'd.
+    quantize: Option<[wgpu::ComputePipeline; 2]>,
     embed: HashMap<GpuFormat, wgpu::ComputePipeline>,
     pub rope_store: wgpu::ComputePipeline,
     pub attention: wgpu::ComputePipeline,
@@ -118,24 +139,63 @@ fn header(source: &str) -> &str {
     &source[..source.find("\n//#").map_or(source.len(), |i| i + 1)]
 }
 
-fn matmul_source(format: GpuFormat, fused: Fused, tile: usize, bias: bool) -> String {
+/// A mat-mul module's section of matmul.wgsl: f32 inputs, or (integer weights) Q16 ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Inputs {
+    Float,
+    Q16,
+}
+
+fn matmul_source(
+    format: GpuFormat,
+    fused: Fused,
+    tile: usize,
+    bias: bool,
+    inputs: Inputs,
+) -> String {
     let (norm, epi) = match fused {
         Fused::NormStore => (true, 0),
         Fused::Add => (false, 1),
         Fused::NormSwiglu => (true, 2),
         Fused::Store => (false, 0),
     };
+    let norm_after = norm && inputs == Inputs::Float;
+    let (rows, thread_rows) = match inputs {
+        Inputs::Float => (ROWS, 1),
+        Inputs::Q16 => (Q16_ROWS, Q16_THREAD_ROWS),
+    };
     let bias = bias && fused == Fused::NormStore;
+    let nibbles = match format {
+        GpuFormat::Q4_0 | GpuFormat::Q4_1 => section(FORMATS, "nibbles"),
+        _ => "",
+    };
+    let inputs = section(
+        MATMUL,
+        match inputs {
+            Inputs::Float => "float",
+            Inputs::Q16 => "q16",
+        },
+    );
     format!(
-        "const ROWS: u32 = {ROWS}u;\nconst LANES: u32 = {LANES}u;\nconst TOK: u32 = {tile}u;\n\
-         const NORM: bool = {norm};\nconst BIAS: bool = {bias};\nconst EPI: u32 = {epi}u;\n{}\n{MATMUL}",
-        section(FORMATS, format.name())
+        "const ROWS: u32 = {rows}u;\nconst LANES: u32 = {LANES}u;\n\
+         const THREAD_ROWS: u32 = {thread_rows}u;\nconst TOK: u32 = {tile}u;\n\
+         const NORM: bool = {norm};\nconst NORM_AFTER: bool = {norm_after};\n\
+         const BIAS: bool = {bias};\nconst EPI: u32 = {epi}u;\n{}\n\
+         {nibbles}\n{}{inputs}",
+        section(FORMATS, format.name()),
+        header(MATMUL),
     )
 }
 
 impl Kernels {
-    /// Compiles the kernels for weights in `formats`; `bias` adds Q|K|V biases to that mat-mul.
-    pub fn new(device: &wgpu::Device, formats: &[GpuFormat], bias: bool) -> Result<Self> {
+    /// Compiles the kernels for weights in `formats`; `bias` adds Q|K|V biases to that mat-mul;
+    /// `packed_dot` (WGSL has `dot4I8Packed`) adds the Q16 mat-muls for integer weights.
+    pub fn new(
+        device: &wgpu::Device,
+        formats: &[GpuFormat],
+        bias: bool,
+        packed_dot: bool,
+    ) -> Result<Self> {
         use Binding::*;
         let matmul_layout = layout(
             device,
@@ -197,25 +257,62 @@ impl Kernels {
             device,
             &[(0, Uniform), (1, Uniform), (2, Read), (3, ReadWrite)],
         );
+        let quantize_layout = layout(
+            device,
+            &[
+                (0, Uniform),
+                (1, Uniform),
+                (3, Read),
+                (5, Read),
+                (7, ReadWrite),
+            ],
+        );
+        let matmul_q16_layout = layout(
+            device,
+            &[
+                (0, Uniform),
+                (1, Uniform),
+                (2, Read),
+                (4, ReadWrite),
+                (5, Read),
+                (7, Read),
+            ],
+        );
+        let fusions = [
+            Fused::NormStore,
+            Fused::Add,
+            Fused::NormSwiglu,
+            Fused::Store,
+        ];
 
         let mut matmul = HashMap::new();
+        let mut matmul_q16 = HashMap::new();
         let mut embed = HashMap::new();
         for &format in formats {
-            for fused in [
-                Fused::NormStore,
-                Fused::Add,
-                Fused::NormSwiglu,
-                Fused::Store,
-            ] {
+            for fused in fusions {
                 for tile in [1, PREFILL_TILE] {
-                    let source = matmul_source(format, fused, tile, bias);
+                    let source = matmul_source(format, fused, tile, bias, Inputs::Float);
                     let p = pipeline(device, &matmul_layout, &source, "matmul");
                     matmul.insert((format, fused, tile), p);
                 }
+                if packed_dot && format.is_integer() {
+                    let source = matmul_source(format, fused, PREFILL_TILE, bias, Inputs::Q16);
+                    let p = pipeline(device, &matmul_q16_layout, &source, "matmul");
+                    matmul_q16.insert((format, fused, PREFILL_TILE), p);
+                    let source = matmul_source(format, fused, 1, bias, Inputs::Q16);
+                    let p = pipeline(device, &matmul_layout, &source, "matvec");
+                    matmul_q16.insert((format, fused, 1), p);
+                }
             }
-            let source = matmul_source(format, Fused::Store, 1, false);
+            let source = matmul_source(format, Fused::Store, 1, false, Inputs::Float);
             embed.insert(format, pipeline(device, &embed_layout, &source, "embed"));
         }
+        let quantize = (!matmul_q16.is_empty()).then(|| {
+            [Fused::Add, Fused::NormStore].map(|fused| {
+                let source = matmul_source(GpuFormat::F32, fused, 1, false, Inputs::Float);
+                pipeline(device, &quantize_layout, &source, "quantize")
+            })
+        });
         let layer = |name: &str| format!("{}{}", header(LAYER), section(LAYER, name));
         let attention_source = layer("attention");
         Ok(Kernels {
@@ -235,7 +332,11 @@ impl Kernels {
             attention_layout,
             norm_layout,
             argmax_layout,
+            quantize_layout,
+            matmul_q16_layout,
             matmul,
+            matmul_q16,
+            quantize,
             embed,
         })
     }
@@ -249,6 +350,26 @@ impl Kernels {
         self.matmul
             .get(&(format, fused, tile))
             .ok_or_else(|| anyhow!("no {} mat-mul kernel was compiled", format.name()))
+    }
+
+    /// A mat-mul's Q16 pipelines, where it has them: the quantizer (with the norm its fusion
+    /// needs), the tile's mat-mul and the lone token's mat-vec.
+    pub fn q16(&self, format: GpuFormat, fused: Fused) -> Option<Q16Pipelines<'_>> {
+        let [plain, norm] = self.quantize.as_ref()?;
+        let quantize = match fused {
+            Fused::NormStore | Fused::NormSwiglu => norm,
+            Fused::Add | Fused::Store => plain,
+        };
+        Some(Q16Pipelines {
+            quantize,
+            matmul: self.matmul_q16.get(&(format, fused, PREFILL_TILE))?,
+            matvec: self.matmul_q16.get(&(format, fused, 1))?,
+        })
+    }
+
+    /// Whether any mat-mul has Q16 pipelines.
+    pub fn has_q16(&self) -> bool {
+        self.quantize.is_some()
     }
 
     pub fn embed(&self, format: GpuFormat) -> Result<&wgpu::ComputePipeline> {

@@ -86,10 +86,13 @@ fn describe(info: &wgpu::AdapterInfo) -> String {
 }
 
 /// The best adapter: discrete, then integrated, then virtual or other, then (if allowed) a
-/// software one.
-fn pick_adapter(allow_software: bool) -> Option<wgpu::Adapter> {
+/// software one; and whether its WGSL has packed 8-bit dot products.
+fn pick_adapter(allow_software: bool) -> Option<(wgpu::Adapter, bool)> {
     let instance =
         wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let packed_dot = instance
+        .wgsl_language_features()
+        .contains(wgpu::WgslLanguageFeatures::Packed4x8IntegerDotProduct);
     let rank = |t: wgpu::DeviceType| match t {
         wgpu::DeviceType::DiscreteGpu => 0,
         wgpu::DeviceType::IntegratedGpu => 1,
@@ -100,6 +103,7 @@ fn pick_adapter(allow_software: bool) -> Option<wgpu::Adapter> {
         .into_iter()
         .filter(|a| allow_software || a.get_info().device_type != wgpu::DeviceType::Cpu)
         .min_by_key(|a| rank(a.get_info().device_type))
+        .map(|a| (a, packed_dot))
 }
 
 /// An opened adapter.
@@ -108,6 +112,8 @@ struct Device {
     queue: wgpu::Queue,
     info: wgpu::AdapterInfo,
     limits: wgpu::Limits,
+    /// WGSL's `dot4I8Packed` (a single instruction where the GPU has one, emulated otherwise).
+    packed_dot: bool,
     /// The first error the device reported outside an error scope.
     error: Arc<Mutex<Option<String>>>,
 }
@@ -115,7 +121,7 @@ struct Device {
 impl Device {
     /// The best adapter's device with every limit the adapter has; `None` without an adapter.
     fn open(allow_software: bool) -> Result<Option<Self>> {
-        let Some(adapter) = pick_adapter(allow_software) else {
+        let Some((adapter, packed_dot)) = pick_adapter(allow_software) else {
             return Ok(None);
         };
         let info = adapter.get_info();
@@ -137,6 +143,7 @@ impl Device {
             queue,
             info,
             limits,
+            packed_dot,
             error,
         }))
     }
@@ -150,6 +157,7 @@ impl GpuModel {
             queue,
             info,
             limits,
+            packed_dot,
             error,
         }) = Device::open(opts.allow_software)?
         else {
@@ -204,7 +212,7 @@ impl GpuModel {
             .collect();
         formats.sort_by_key(|f| f.name());
         formats.dedup();
-        let kernels = kernels::Kernels::new(&device, &formats, c.qkv_bias)?;
+        let kernels = kernels::Kernels::new(&device, &formats, c.qkv_bias, packed_dot)?;
         if let Some(e) = pollster::block_on(scope.pop()) {
             bail!("GPU {}: {e}", info.name);
         }

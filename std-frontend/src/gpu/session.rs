@@ -13,7 +13,7 @@ use sapient_core::model::layer_loop;
 use sapient_core::{ops, Backend, Config, Segment, Want};
 use wgpu::util::DeviceExt;
 
-use super::kernels::{Fused, Kernels, PREFILL_TILE};
+use super::kernels::{Fused, Kernels, PREFILL_TILE, Q16_ROWS, Q16_WORDS};
 use super::weights::{GpuFormat, GpuMatrix, Part};
 use super::{GpuModel, ROWS};
 use crate::run::Session;
@@ -120,7 +120,9 @@ pub(super) fn bind_group(
 }
 
 /// A mat-mul's bind groups: one per part of `m`, each with its numbers in a uniform. It reads
-/// rows of `x` (`x.1` floats apart) and writes rows of `y` (`y.1` apart).
+/// rows of `x` (`x.1` floats apart) and writes rows of `y` (`y.1` apart). Given a `q16` buffer,
+/// integer weights also get the bind groups that quantize `x` into it and read it (for batches
+/// of more than one token).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn matmul_groups(
     device: &wgpu::Device,
@@ -131,27 +133,42 @@ pub(super) fn matmul_groups(
     (x, x_stride): (&wgpu::Buffer, usize),
     (y, out_stride): (&wgpu::Buffer, usize),
     aux: &wgpu::Buffer,
+    q16: Option<&wgpu::Buffer>,
     eps: f32,
 ) -> MatMul {
-    let parts = m
+    let mats: Vec<_> = m
         .parts
         .iter()
         .map(|p| {
             let mat = Mat::new(m, p, x_stride, out_stride, eps);
-            let mat = uniform(device, "mat", bytemuck::bytes_of(&mat));
-            let entries = [
-                (0, rows),
-                (1, &mat),
-                (2, &p.buffer),
-                (3, x),
-                (4, y),
-                (5, aux),
-            ];
-            (bind_group(device, &k.matmul_layout, &entries), p.rows)
+            uniform(device, "mat", bytemuck::bytes_of(&mat))
         })
         .collect();
+    // Bind groups of every part, reading the inputs that `input` binds.
+    let groups = |layout: &wgpu::BindGroupLayout, input: (u32, &wgpu::Buffer)| -> Vec<_> {
+        m.parts
+            .iter()
+            .zip(&mats)
+            .map(|(p, mat)| {
+                let entries = [(0, rows), (1, mat), (2, &p.buffer), input, (4, y), (5, aux)];
+                (bind_group(device, layout, &entries), p.rows)
+            })
+            .collect()
+    };
+    let q16 = q16
+        .filter(|_| k.q16(m.format, fused).is_some())
+        .map(|q| Q16MatMul {
+            quantize: bind_group(
+                device,
+                &k.quantize_layout,
+                &[(0, rows), (1, &mats[0]), (3, x), (5, aux), (7, q)],
+            ),
+            parts: groups(&k.matmul_q16_layout, (7, q)),
+        });
+    let parts = groups(&k.matmul_layout, (3, x));
     MatMul {
         parts,
+        q16,
         format: m.format,
         fused,
     }
@@ -183,6 +200,7 @@ pub(super) fn embed_groups(
         .collect();
     MatMul {
         parts,
+        q16: None,
         format: m.format,
         fused: Fused::Store,
     }
@@ -226,11 +244,18 @@ impl Shape {
     }
 }
 
-/// One mat-mul: a bind group per part of its matrix.
+/// One mat-mul: a bind group per part of its matrix (and its rows).
 pub(super) struct MatMul {
     parts: Vec<(wgpu::BindGroup, usize)>,
+    q16: Option<Q16MatMul>,
     format: GpuFormat,
     fused: Fused,
+}
+
+/// A mat-mul's bind groups over Q16 inputs in a buffer: the quantizer's, and one per part.
+struct Q16MatMul {
+    quantize: wgpu::BindGroup,
+    parts: Vec<(wgpu::BindGroup, usize)>,
 }
 
 struct LayerGroups {
@@ -246,7 +271,7 @@ struct LayerGroups {
 #[derive(Default)]
 pub(super) struct Recorder {
     pub(super) encoder: Option<wgpu::CommandEncoder>,
-    dispatches: usize,
+    pub(super) dispatches: usize,
 }
 
 impl Recorder {
@@ -276,9 +301,16 @@ impl Recorder {
         count: usize,
     ) -> Result<()> {
         let tile = if count == 1 { 1 } else { PREFILL_TILE };
-        let pipeline = k.matmul(mm.format, mm.fused, tile)?;
-        for (group, rows) in &mm.parts {
-            let groups = rows.div_ceil(ROWS);
+        let (pipeline, parts, group_rows) = match (&mm.q16, k.q16(mm.format, mm.fused)) {
+            (Some(q), Some(p)) if count > 1 => {
+                self.dispatch(device, p.quantize, &q.quantize, [1, count, 1]);
+                (p.matmul, &q.parts, Q16_ROWS)
+            }
+            (_, Some(p)) if count == 1 => (p.matvec, &mm.parts, Q16_ROWS),
+            _ => (k.matmul(mm.format, mm.fused, tile)?, &mm.parts, ROWS),
+        };
+        for (group, rows) in parts {
+            let groups = rows.div_ceil(group_rows);
             let gx = groups.min(MAX_WORKGROUPS);
             let size = [gx, groups.div_ceil(gx), count.div_ceil(tile)];
             self.dispatch(device, pipeline, group, size);
@@ -408,6 +440,17 @@ impl<'m> GpuSession<'m> {
         let tokens = storage("tokens", max_batch, copy_dst)?;
         let places = storage("places", 2 * max_batch, copy_dst)?;
         let dummy = storage("unused", 1, none)?;
+        // Q16 activations of the widest input, for batches of several tokens.
+        let q16 = if model.kernels.has_q16() && max_batch > 1 {
+            let blocks = h.max(qd).max(ff).div_ceil(sapient_core::quant::QK);
+            Some(storage(
+                "q16 activations",
+                max_batch * blocks * Q16_WORDS,
+                none,
+            )?)
+        } else {
+            None
+        };
         let mut angles = vec![0f32; max_seq * c.head_dim];
         let scale = c.rope_attention_factor();
         for (pos, a) in angles.chunks_exact_mut(c.head_dim).enumerate() {
@@ -445,8 +488,10 @@ impl<'m> GpuSession<'m> {
         let k = &model.kernels;
         let group = |layout, entries: &[(u32, &wgpu::Buffer)]| bind_group(device, layout, entries);
         let eps = c.rms_norm_eps;
-        let matmul =
-            |m, fused, rows, x, y, aux| matmul_groups(device, k, m, fused, rows, x, y, aux, eps);
+        let q16 = q16.as_ref();
+        let matmul = |m, fused, rows, x, y, aux| {
+            matmul_groups(device, k, m, fused, rows, x, y, aux, q16, eps)
+        };
         let mut layers = Vec::with_capacity(c.n_layers);
         for l in &model.layers {
             let k_cache = storage("k cache", cache_rows * kvd, none)?;

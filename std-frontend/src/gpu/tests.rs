@@ -9,7 +9,7 @@ use sapient_core::sample::{argmax, Rng};
 use sapient_core::{ops, Matrix, RopeStyle, Serial};
 use wgpu::util::DeviceExt;
 
-use super::kernels::{Fused, Kernels};
+use super::kernels::{Fused, Kernels, Q16_WORDS};
 use super::session::{
     bind_group, embed_groups, matmul_groups, uniform, Place, Recorder, Rows, Shape,
 };
@@ -115,7 +115,8 @@ fn silu(v: f64) -> f64 {
 
 /// Every mat-mul variant (each fusion, bias or not, one token and tiles of 8 with a partial
 /// last tile, logits from a row offset) in every format, on 37 rows (not a multiple of the 4 a
-/// workgroup takes) of 96 or 70 columns, whole and split into parts of 2 KiB.
+/// workgroup takes) of 96 or 70 columns, whole and split into parts of 2 KiB; integer formats
+/// with f32 activations and with Q16 ones (packed 8-bit dot products).
 #[test]
 fn matmul_kernels_match_the_cpu() {
     let Some(d) = device() else { return };
@@ -134,8 +135,13 @@ fn matmul_kernels_match_the_cpu() {
     ] {
         let cols = if format.is_quantized() { 96 } else { 70 };
         let gpu_format = super::weights::GpuFormat::of(format);
-        for bias in [false, true] {
-            let k = Kernels::new(&d.device, &[gpu_format], bias).unwrap();
+        let packed = if gpu_format.is_integer() {
+            &[false, true][..]
+        } else {
+            &[false]
+        };
+        for (&packed_dot, bias) in packed.iter().flat_map(|p| [(p, false), (p, true)]) {
+            let k = Kernels::new(&d.device, &[gpu_format], bias, packed_dot).unwrap();
             for fused in [
                 Fused::NormStore,
                 Fused::Add,
@@ -167,6 +173,7 @@ fn matmul_kernels_match_the_cpu() {
                         aux.extend_from_slice(&b);
                         let y0 = random(&mut rng, n * out_cols);
                         let (xb, yb, auxb) = (buffer(&d, &x), buffer(&d, &y0), buffer(&d, &aux));
+                        let q16 = buffer(&d, &vec![0f32; n * cols.div_ceil(32) * Q16_WORDS]);
                         let count = n - first;
                         let rb = uniform(
                             &d.device,
@@ -182,10 +189,13 @@ fn matmul_kernels_match_the_cpu() {
                             (&xb, cols),
                             (&yb, out_cols),
                             &auxb,
+                            Some(&q16),
                             eps,
                         );
                         let mut rec = Recorder::default();
                         rec.matmul(&d.device, &k, &mm, count).unwrap();
+                        let quantized = packed_dot && count > 1;
+                        assert_eq!(rec.dispatches, m.parts.len() + quantized as usize);
                         let got = run_and_read(&d, &mut rec, &yb, n * out_cols);
                         for t in first..n {
                             let xt = &x[t * cols..(t + 1) * cols];
@@ -223,8 +233,9 @@ fn matmul_kernels_match_the_cpu() {
                                 let e = (got[o] as f64 - want).abs();
                                 assert!(
                                     e <= tol,
-                                    "{format:?} {fused:?} bias {bias} n {n} first {first} \
-                                     binding {max_binding}: token {t} row {r}: {} vs {want}",
+                                    "{format:?} {fused:?} packed {packed_dot} bias {bias} n {n} \
+                                     first {first} binding {max_binding}: token {t} row {r}: \
+                                     {} vs {want}",
                                     got[o]
                                 );
                             }
@@ -235,7 +246,70 @@ fn matmul_kernels_match_the_cpu() {
             }
         }
     }
-    assert_eq!(checked, 8 * 2 * 2 * (3 * 2 + 3));
+    assert_eq!(checked, (8 + 3) * 2 * 2 * (3 * 2 + 3));
+}
+
+/// With integer weights, a token's result is the same bits alone (the mat-vec quantizes its
+/// inputs as it reads them, 64 blocks at a time) as in a batch (one `quantize` dispatch, then the
+/// tiled mat-mul), on rows of 67 blocks.
+#[test]
+fn q16_lone_token_matches_its_batch() {
+    let Some(d) = device() else { return };
+    if !d.packed_dot {
+        eprintln!("SKIPPED: this adapter's WGSL has no dot4I8Packed");
+        return;
+    }
+    let mut rng = Rng::new(13);
+    let (rows_out, cols, n) = (20, 67 * 32, 11);
+    for format in [Format::Q8_0, Format::Q4_0, Format::Q4_1] {
+        let gpu_format = super::weights::GpuFormat::of(format);
+        let k = Kernels::new(&d.device, &[gpu_format], true, true).unwrap();
+        let values = random(&mut rng, rows_out * cols);
+        let mat = Matrix::quantize(format, rows_out, cols, &values).unwrap();
+        let m = GpuMatrix::upload(&d.device, "w", &[&mat], false, 4, u64::MAX).unwrap();
+        let x = random(&mut rng, n * cols);
+        let mut aux = random(&mut rng, cols);
+        aux.extend(random(&mut rng, rows_out));
+        let auxb = buffer(&d, &aux);
+        for fused in [Fused::NormStore, Fused::Add, Fused::NormSwiglu] {
+            let out_cols = if fused == Fused::NormSwiglu {
+                rows_out / 2
+            } else {
+                rows_out
+            };
+            let run = |count: usize, first_row: &[f32]| {
+                let xb = buffer(&d, first_row);
+                let yb = buffer(&d, &vec![0.5f32; count * out_cols]);
+                let q16 = buffer(&d, &vec![0f32; count * cols.div_ceil(32) * Q16_WORDS]);
+                let rb = uniform(&d.device, "rows", bytemuck::bytes_of(&rows(0, count, 1)));
+                let mm = matmul_groups(
+                    &d.device,
+                    &k,
+                    &m,
+                    fused,
+                    &rb,
+                    (&xb, cols),
+                    (&yb, out_cols),
+                    &auxb,
+                    Some(&q16),
+                    1e-5,
+                );
+                let mut rec = Recorder::default();
+                rec.matmul(&d.device, &k, &mm, count).unwrap();
+                run_and_read(&d, &mut rec, &yb, count * out_cols)
+            };
+            let batch = run(n, &x);
+            for t in [0, 7, n - 1] {
+                let alone = run(1, &x[t * cols..(t + 1) * cols]);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&alone),
+                    bits(&batch[t * out_cols..(t + 1) * out_cols]),
+                    "{format:?} {fused:?}: token {t}"
+                );
+            }
+        }
+    }
 }
 
 /// Embedding rows of tokens spread over the parts of a split matrix equal the CPU's rows.
@@ -252,7 +326,13 @@ fn embedding_kernel_matches_the_cpu() {
     ] {
         let (vocab, cols) = (77, 96);
         let m = Matrix::quantize(format, vocab, cols, &random(&mut rng, vocab * cols)).unwrap();
-        let k = Kernels::new(&d.device, &[super::weights::GpuFormat::of(format)], false).unwrap();
+        let k = Kernels::new(
+            &d.device,
+            &[super::weights::GpuFormat::of(format)],
+            false,
+            false,
+        )
+        .unwrap();
         let g = GpuMatrix::upload(&d.device, "embed", &[&m], false, 4, 2048).unwrap();
         assert!(g.parts.len() > 1);
         let tokens: Vec<u32> = vec![0, 76, 40, 3, 40, 63];
@@ -306,7 +386,7 @@ fn shape(n_heads: usize, n_kv_heads: usize, hd: usize, window: usize, style: Rop
 #[test]
 fn rope_store_kernel_matches_the_cpu() {
     let Some(d) = device() else { return };
-    let k = Kernels::new(&d.device, &[], false).unwrap();
+    let k = Kernels::new(&d.device, &[], false, false).unwrap();
     let mut rng = Rng::new(3);
     for style in [RopeStyle::Halves, RopeStyle::Adjacent] {
         for (n_heads, n_kv, hd) in [(4, 2, 16), (7, 1, 48), (3, 3, 128)] {
@@ -383,7 +463,7 @@ fn rope_store_kernel_matches_the_cpu() {
 #[test]
 fn attention_kernel_matches_the_cpu() {
     let Some(d) = device() else { return };
-    let k = Kernels::new(&d.device, &[], false).unwrap();
+    let k = Kernels::new(&d.device, &[], false, false).unwrap();
     let mut rng = Rng::new(5);
     let mut checked = 0;
     for (n_heads, n_kv, hd) in [(4, 4, 16), (6, 2, 48), (7, 1, 128)] {
@@ -475,7 +555,7 @@ fn attention_kernel_matches_the_cpu() {
 #[test]
 fn norm_and_argmax_kernels_match_the_cpu() {
     let Some(d) = device() else { return };
-    let k = Kernels::new(&d.device, &[], false).unwrap();
+    let k = Kernels::new(&d.device, &[], false, false).unwrap();
     let mut rng = Rng::new(9);
     let (n, hidden, vocab) = (3, 200, 1001);
     let mut sh = shape(1, 1, 2, 0, RopeStyle::Halves);

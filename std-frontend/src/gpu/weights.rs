@@ -48,6 +48,11 @@ impl GpuFormat {
         )
     }
 
+    /// Whether the quants are integers that packed 8-bit dot products can take.
+    pub fn is_integer(self) -> bool {
+        matches!(self, GpuFormat::Q8_0 | GpuFormat::Q4_0 | GpuFormat::Q4_1)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             GpuFormat::Q8_0 => "Q8_0",
