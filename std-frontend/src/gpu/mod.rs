@@ -241,10 +241,16 @@ impl GpuModel {
         }))
     }
 
-    /// The adapter, its API and the weights' size on the device.
+    /// The adapter, its API, the weights' size on the device, and whether integer weights meet
+    /// Q16 inputs in packed 8-bit dot products.
     pub fn summary(&self) -> String {
+        let integer = if self.kernels.has_q16() {
+            ", integer weights against Q16 inputs (dot4I8Packed)"
+        } else {
+            ""
+        };
         format!(
-            "{}, {:.1} MiB of weights",
+            "{}, {:.1} MiB of weights{integer}",
             describe(&self.info),
             self.weight_bytes as f64 / (1 << 20) as f64
         )
