@@ -156,7 +156,7 @@ pub(super) fn matmul_groups(
             .collect()
     };
     let q16 = q16
-        .filter(|_| k.q16(m.format, fused).is_some())
+        .filter(|_| k.q16(m.format, fused).is_some() && !mats.is_empty())
         .map(|q| Q16MatMul {
             quantize: bind_group(
                 device,
