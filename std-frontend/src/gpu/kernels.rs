@@ -378,3 +378,90 @@ impl Kernels {
             .ok_or_else(|| anyhow!("no {} embedding kernel was compiled", format.name()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every module `Kernels::new` can compile, with its entry point.
+    fn modules() -> Vec<(String, &'static str)> {
+        let fusions = [
+            Fused::NormStore,
+            Fused::Add,
+            Fused::NormSwiglu,
+            Fused::Store,
+        ];
+        let formats = [
+            GpuFormat::Q8_0,
+            GpuFormat::Q4_0,
+            GpuFormat::Q4_1,
+            GpuFormat::F16,
+            GpuFormat::F32,
+        ];
+        let mut out = Vec::new();
+        for format in formats {
+            for fused in fusions {
+                for bias in [false, true] {
+                    for tile in [1, PREFILL_TILE] {
+                        out.push((
+                            matmul_source(format, fused, tile, bias, Inputs::Float),
+                            "matmul",
+                        ));
+                    }
+                    if format.is_integer() {
+                        let tile = matmul_source(format, fused, PREFILL_TILE, bias, Inputs::Q16);
+                        out.push((tile, "matmul"));
+                        out.push((matmul_source(format, fused, 1, bias, Inputs::Q16), "matvec"));
+                    }
+                }
+            }
+            out.push((
+                matmul_source(format, Fused::Store, 1, false, Inputs::Float),
+                "embed",
+            ));
+        }
+        for fused in [Fused::Add, Fused::NormStore] {
+            let source = matmul_source(GpuFormat::F32, fused, 1, false, Inputs::Float);
+            out.push((source, "quantize"));
+        }
+        for entry in ["rope_store", "attention", "rms_norm", "argmax"] {
+            out.push((format!("{}{}", header(LAYER), section(LAYER, entry)), entry));
+        }
+        out.push((
+            format!("{}{}", header(LAYER), section(LAYER, "attention")),
+            "attention_reduce",
+        ));
+        out
+    }
+
+    /// Apple GPUs run what naga writes in Metal's shading language: every module validates and
+    /// translates (Linux CI runs the SPIR-V path on lavapipe; this covers the Metal one).
+    #[test]
+    fn every_shader_translates_to_metal() {
+        use naga::back::msl;
+        let mut translated = 0;
+        for (source, entry) in modules() {
+            let module = naga::front::wgsl::parse_str(&source)
+                .unwrap_or_else(|e| panic!("{entry}: {}", e.emit_to_string(&source)));
+            let info = naga::valid::Validator::new(
+                naga::valid::ValidationFlags::all(),
+                naga::valid::Capabilities::all(),
+            )
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{entry}: {e:?}"));
+            let options = msl::Options {
+                lang_version: (2, 1),
+                ..Default::default()
+            };
+            let pipeline = msl::PipelineOptions {
+                entry_point: Some((naga::ShaderStage::Compute, entry.to_string())),
+                ..Default::default()
+            };
+            let (msl, _) = msl::write_string(&module, &info, &options, &pipeline)
+                .unwrap_or_else(|e| panic!("{entry}: {e:?}"));
+            assert!(msl.contains("kernel void"), "{entry}: no kernel in\n{msl}");
+            translated += 1;
+        }
+        assert_eq!(translated, 5 * 4 * 2 * 2 + 3 * 4 * 2 * 2 + 5 + 2 + 5);
+    }
+}
