@@ -15,7 +15,8 @@ if [ -z "$sapient" ]; then
     cargo build --release --quiet -p sapient --features gpu
     sapient="$(bash scripts/target-dir.sh)/release/sapient"
 fi
-for model in random:smollm2-135m:q8_0 random:smollm2-135m:q4_1 random:llama-3.1-8b:q8_0; do
+for model in random:smollm2-135m:q8_0 random:smollm2-135m:q4_1 random:smollm2-135m:q4_k_m \
+    random:llama-3.1-8b:q8_0; do
     for backend in gpu cpu; do
         printf '%s %s: ' "$model" "$backend"
         "$sapient" bench -m "$model" --backend "$backend" -p 512 -n 128 -r "$reps" --format json 2>&1 |

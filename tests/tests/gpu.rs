@@ -6,6 +6,7 @@
 
 use std::borrow::Cow;
 
+use sapient::convert::{matrix_format, Role, Target};
 use sapient::gpu::{GpuModel, GpuOptions};
 use sapient::load::{LoadOptions, ModelFiles, Quantize};
 use sapient::run::{self, CpuRunner};
@@ -20,6 +21,11 @@ use sapient_tests::*;
 /// (lavapipe): at most 1.2e-11 with float weights, 1.9e-8 with quantized ones.
 const MAX_NMSE_FLOAT: f64 = 1e-9;
 const MAX_NMSE_QUANTIZED: f64 = 1e-6;
+/// The same between the GPU's Q16 inputs and the CPU's f32 ones on the same weights (the CPU
+/// multiplies k-quants with 8-bit Q8K inputs, further from both; compared on their exact f32
+/// values instead): Q16 rounds each input by up to 1/65278 of its block's largest, which
+/// SmolLM2's outlier channels make a larger share of the rest. Measured: at most 1.1e-6.
+const MAX_NMSE_Q16_INPUTS: f64 = 1e-5;
 
 fn gpu(model: &Model<'_>, max_binding_bytes: Option<u64>) -> Option<GpuModel> {
     let opts = GpuOptions {
@@ -47,9 +53,14 @@ fn nmse(gpu: &[f32], cpu: &[f32]) -> f64 {
     err / norm
 }
 
-/// The model with every matrix converted to `format` (from its f32 values).
-fn converted(model: &Model<'_>, format: Format) -> Model<'static> {
-    let convert = |m: &Matrix<'_>| {
+/// The model with each matrix converted (from its f32 values) to the format `pick` gives it for
+/// its role and layer.
+fn converted(
+    model: &Model<'_>,
+    pick: impl Fn(Role, usize, &Matrix<'_>) -> Format,
+) -> Model<'static> {
+    let convert = |m: &Matrix<'_>, role: Role, layer: usize| {
+        let format = pick(role, layer, m);
         let mut values = vec![0f32; m.rows * m.cols];
         for (r, row) in values.chunks_exact_mut(m.cols).enumerate() {
             m.dequantize_row(r, row).unwrap();
@@ -59,30 +70,40 @@ fn converted(model: &Model<'_>, format: Format) -> Model<'static> {
     };
     let w = &model.weights;
     let weights = Weights {
-        embed: convert(&w.embed),
+        embed: convert(&w.embed, Role::TokenEmbedding, 0),
         layers: w
             .layers
             .iter()
-            .map(|l| sapient_core::LayerWeights {
+            .enumerate()
+            .map(|(i, l)| sapient_core::LayerWeights {
                 attn_norm: l.attn_norm.to_vec().into(),
-                wq: convert(&l.wq),
-                wk: convert(&l.wk),
-                wv: convert(&l.wv),
-                wo: convert(&l.wo),
+                wq: convert(&l.wq, Role::Other, i),
+                wk: convert(&l.wk, Role::Other, i),
+                wv: convert(&l.wv, Role::AttentionV, i),
+                wo: convert(&l.wo, Role::Other, i),
                 bq: l.bq.as_ref().map(|b| b.to_vec().into()),
                 bk: l.bk.as_ref().map(|b| b.to_vec().into()),
                 bv: l.bv.as_ref().map(|b| b.to_vec().into()),
                 ffn_norm: l.ffn_norm.to_vec().into(),
-                w_gate: convert(&l.w_gate),
-                w_up: convert(&l.w_up),
-                w_down: convert(&l.w_down),
+                w_gate: convert(&l.w_gate, Role::Other, i),
+                w_up: convert(&l.w_up, Role::Other, i),
+                w_down: convert(&l.w_down, Role::FeedForwardDown, i),
             })
             .collect(),
         norm: w.norm.to_vec().into(),
-        lm_head: w.lm_head.as_ref().map(convert),
+        lm_head: w.lm_head.as_ref().map(|m| convert(m, Role::Output, 0)),
         rope_freq_factors: w.rope_freq_factors.as_ref().map(|f| f.to_vec().into()),
     };
     Model::new(model.config.clone(), weights).unwrap()
+}
+
+/// The model in llama-quantize's Q4_K_M mix: Q4_K, Q6_K for some V and down projections and
+/// the output, Q5_0 and Q8_0 where rows are no whole number of super-blocks.
+fn q4_k_m(model: &Model<'_>) -> Model<'static> {
+    let (n_layers, tied) = (model.config.n_layers, model.weights.lm_head.is_none());
+    converted(model, |role, layer, m| {
+        matrix_format(Target::Q4KM, role, layer, n_layers, m.cols, tied)
+    })
 }
 
 /// Logits at every position and greedy continuations: GPU against CPU.
@@ -136,7 +157,7 @@ fn every_fixture_in_every_format_matches_the_cpu() {
             {
                 continue;
             }
-            let m = converted(&model, format);
+            let m = converted(&model, |_, _, _| format);
             let Some(g) = gpu(&m, None) else { return };
             let max_nmse = if format.is_quantized() {
                 MAX_NMSE_QUANTIZED
@@ -235,6 +256,41 @@ fn smollm2_greedy_matches_the_cpu() {
             p["prompt"]
         );
     }
+}
+
+/// A Q4_K_M mix, as people download them, stays in its blocks on the GPU (Q5_0 as Q8_0, Q4_K as
+/// Q4_1, Q6_K in the halves layout; Q|K|V of mixed formats share one) and agrees with the CPU:
+/// every fixture (rows too short for k-quants: Q5_0 and Q8_0) and SmolLM2-135M (Q4_K and Q6_K
+/// down projections; its logits and greedy tokens for two reference prompts against the CPU on
+/// the same values in f32).
+#[test]
+fn q4_k_m_mixes_match_the_cpu() {
+    for name in tiny_names() {
+        let files = load(&name);
+        let model = q4_k_m(&files.model(Quantize::None).unwrap());
+        let Some(g) = gpu(&model, None) else { return };
+        let worst = compare(&name, &model, &g, &fixture_seqs(&name), MAX_NMSE_QUANTIZED);
+        eprintln!("{name} Q4_K_M: worst NMSE {worst:.2e}");
+    }
+    let files = ModelFiles::open(&smollm2_gguf(), &LoadOptions::default()).unwrap();
+    let model = q4_k_m(&files.model(Quantize::Auto).unwrap());
+    let Some(g) = gpu(&model, None) else { return };
+    assert!(
+        g.summary()
+            .contains("MiB of weights (Q4_1, Q8_0, Q8_HALVES)"),
+        "{}",
+        g.summary()
+    );
+    let exact = converted(&model, |_, _, _| Format::F32);
+    let prompts: Vec<Vec<u32>> = smollm2_reference()["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .take(2)
+        .map(|p| ids(&p["ids"]))
+        .collect();
+    let worst = compare("SmolLM2 Q4_K_M", &exact, &g, &prompts, MAX_NMSE_Q16_INPUTS);
+    eprintln!("SmolLM2 Q4_K_M: worst NMSE {worst:.2e}");
 }
 
 /// A GPU session of several KV slots, driven as `sapient serve` drives it: sequences join at

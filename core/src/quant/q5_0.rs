@@ -21,6 +21,11 @@ const _: () = assert!(core::mem::size_of::<BlockQ5_0>() == BlockQ5_0::BYTES);
 impl BlockQ5_0 {
     /// Bytes of a stored block.
     pub const BYTES: usize = 2 + 4 + QK / 2;
+
+    /// The 32 stored five-bit quants (0..32), values in order.
+    pub fn quants(&self) -> [u8; QK] {
+        unpack5(&self.qh, &self.qs)
+    }
 }
 
 impl Block for BlockQ5_0 {
@@ -63,7 +68,7 @@ impl Block for BlockQ5_0 {
 
     fn dequantize(&self, out: &mut [f32; QK]) {
         let d = self.d.to_f32();
-        for (o, q) in out.iter_mut().zip(unpack5(&self.qh, &self.qs)) {
+        for (o, q) in out.iter_mut().zip(self.quants()) {
             *o = (q as i32 - 16) as f32 * d;
         }
     }

@@ -24,6 +24,11 @@ const _: () = assert!(core::mem::size_of::<BlockQ5_1>() == BlockQ5_1::BYTES);
 impl BlockQ5_1 {
     /// Bytes of a stored block.
     pub const BYTES: usize = 4 + 4 + QK / 2;
+
+    /// The 32 stored five-bit quants (0..32), values in order.
+    pub fn quants(&self) -> [u8; QK] {
+        unpack5(&self.qh, &self.qs)
+    }
 }
 
 impl Block for BlockQ5_1 {
@@ -71,7 +76,7 @@ impl Block for BlockQ5_1 {
 
     fn dequantize(&self, out: &mut [f32; QK]) {
         let (d, m) = (self.d.to_f32(), self.m.to_f32());
-        for (o, q) in out.iter_mut().zip(unpack5(&self.qh, &self.qs)) {
+        for (o, q) in out.iter_mut().zip(self.quants()) {
             *o = q as f32 * d + m;
         }
     }

@@ -21,7 +21,7 @@ pub const Q16_ROWS: usize = ROWS * Q16_THREAD_ROWS;
 pub const PREFILL_TILE: usize = 8;
 
 /// Words of a Q16 block of activations (`Q16_WORDS` in matmul.wgsl).
-pub const Q16_WORDS: usize = 18;
+pub const Q16_WORDS: usize = 19;
 
 /// What surrounds a mat-mul: the RMSNorm prologue, and what the epilogue does with a result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -165,9 +165,10 @@ fn matmul_source(
         Inputs::Q16 => (Q16_ROWS, Q16_THREAD_ROWS),
     };
     let bias = bias && fused == Fused::NormStore;
-    let nibbles = match format {
+    let quants = match format {
+        GpuFormat::Q8_0 | GpuFormat::Q8Halves => section(FORMATS, "bytes"),
         GpuFormat::Q4_0 | GpuFormat::Q4_1 => section(FORMATS, "nibbles"),
-        _ => "",
+        GpuFormat::F16 | GpuFormat::F32 => "",
     };
     let inputs = section(
         MATMUL,
@@ -181,7 +182,7 @@ fn matmul_source(
          const THREAD_ROWS: u32 = {thread_rows}u;\nconst TOK: u32 = {tile}u;\n\
          const NORM: bool = {norm};\nconst NORM_AFTER: bool = {norm_after};\n\
          const BIAS: bool = {bias};\nconst EPI: u32 = {epi}u;\n{}\n\
-         {nibbles}\n{}{inputs}",
+         {quants}\n{}{inputs}",
         section(FORMATS, format.name()),
         header(MATMUL),
     )
@@ -391,15 +392,8 @@ mod tests {
             Fused::NormSwiglu,
             Fused::Store,
         ];
-        let formats = [
-            GpuFormat::Q8_0,
-            GpuFormat::Q4_0,
-            GpuFormat::Q4_1,
-            GpuFormat::F16,
-            GpuFormat::F32,
-        ];
         let mut out = Vec::new();
-        for format in formats {
+        for format in GpuFormat::ALL {
             for fused in fusions {
                 for bias in [false, true] {
                     for tile in [1, PREFILL_TILE] {
@@ -462,6 +456,6 @@ mod tests {
             assert!(msl.contains("kernel void"), "{entry}: no kernel in\n{msl}");
             translated += 1;
         }
-        assert_eq!(translated, 5 * 4 * 2 * 2 + 3 * 4 * 2 * 2 + 5 + 2 + 5);
+        assert_eq!(translated, 6 * 4 * 2 * 2 + 4 * 4 * 2 * 2 + 6 + 2 + 5);
     }
 }

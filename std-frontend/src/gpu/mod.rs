@@ -16,7 +16,7 @@ use sapient_core::{Config, Model};
 use wgpu::util::DeviceExt;
 
 pub use session::GpuSession;
-use weights::GpuMatrix;
+use weights::{GpuFormat, GpuMatrix};
 
 use crate::run::{Runner, Session};
 
@@ -60,6 +60,8 @@ pub struct GpuModel {
     norm: wgpu::Buffer,
     kernels: kernels::Kernels,
     weight_bytes: u64,
+    /// The weights' device layouts (`GpuFormat::of`, or shared by a fused mat-mul's matrices).
+    layouts: Vec<GpuFormat>,
     /// The first error the device reported outside an error scope.
     error: Arc<Mutex<Option<String>>>,
 }
@@ -203,16 +205,16 @@ impl GpuModel {
             None => None,
         };
         let norm = floats("norm", &w.norm);
-        let mut formats: Vec<_> = layers
+        let mut layouts: Vec<_> = layers
             .iter()
             .flat_map(|l| [&l.qkv, &l.wo, &l.gate_up, &l.down])
             .chain(lm_head.iter())
             .chain([&embed])
             .map(|m| m.format)
             .collect();
-        formats.sort_by_key(|f| f.name());
-        formats.dedup();
-        let kernels = kernels::Kernels::new(&device, &formats, c.qkv_bias, packed_dot)?;
+        layouts.sort_by_key(|f| f.name());
+        layouts.dedup();
+        let kernels = kernels::Kernels::new(&device, &layouts, c.qkv_bias, packed_dot)?;
         if let Some(e) = pollster::block_on(scope.pop()) {
             bail!("GPU {}: {e}", info.name);
         }
@@ -237,22 +239,25 @@ impl GpuModel {
             norm,
             kernels,
             weight_bytes,
+            layouts,
             error,
         }))
     }
 
-    /// The adapter, its API, the weights' size on the device, and whether integer weights meet
-    /// Q16 inputs in packed 8-bit dot products.
+    /// The adapter, its API, the weights' size and layouts on the device, and whether integer
+    /// weights meet Q16 inputs in packed 8-bit dot products.
     pub fn summary(&self) -> String {
+        let layouts: Vec<_> = self.layouts.iter().map(|f| f.name()).collect();
         let integer = if self.kernels.has_q16() {
             ", integer weights against Q16 inputs (dot4I8Packed)"
         } else {
             ""
         };
         format!(
-            "{}, {:.1} MiB of weights{integer}",
+            "{}, {:.1} MiB of weights ({}){integer}",
             describe(&self.info),
-            self.weight_bytes as f64 / (1 << 20) as f64
+            self.weight_bytes as f64 / (1 << 20) as f64,
+            layouts.join(", ")
         )
     }
 

@@ -4,7 +4,7 @@
 use sapient_core::attention::{attend, AttentionShape};
 use sapient_core::kernels::Kernels as CpuKernels;
 use sapient_core::kv_cache::LayerKv;
-use sapient_core::quant::Format;
+use sapient_core::quant::{BlockQ2K, BlockQ3K, BlockQ5K, Format, KBlock};
 use sapient_core::sample::{argmax, Rng};
 use sapient_core::{ops, Matrix, RopeStyle, Serial};
 use wgpu::util::DeviceExt;
@@ -30,6 +30,35 @@ fn device() -> Option<Device> {
 
 fn random(rng: &mut Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.next_f32() * 2.0 - 1.0).collect()
+}
+
+/// A `rows × cols` matrix of `format` with random values: quantized where the core quantizes
+/// to it, else (Q2_K, Q3_K, Q5_K) random super-blocks whose scales `d` and `dmin` are 2⁻¹⁰.
+pub(super) fn random_matrix(
+    rng: &mut Rng,
+    format: Format,
+    rows: usize,
+    cols: usize,
+) -> Matrix<'static> {
+    let values = random(rng, rows * cols);
+    if let Ok(m) = Matrix::quantize(format, rows, cols, &values) {
+        return m;
+    }
+    let f16_at = match format {
+        Format::Q2K => BlockQ2K::F16_AT,
+        Format::Q3K => BlockQ3K::F16_AT,
+        Format::Q5K => BlockQ5K::F16_AT,
+        _ => panic!("no random {format:?} matrix"),
+    };
+    let mut bytes: Vec<u8> = (0..rows * format.row_bytes(cols).unwrap())
+        .map(|_| (rng.next_u64() >> 56) as u8)
+        .collect();
+    let scale = half::f16::from_f32(1.0 / 1024.0).to_le_bytes();
+    for sb in bytes.chunks_exact_mut(format.block_bytes()) {
+        sb[f16_at.0..f16_at.0 + 2].copy_from_slice(&scale);
+        sb[f16_at.1..f16_at.1 + 2].copy_from_slice(&scale);
+    }
+    Matrix::new(format, rows, cols, std::borrow::Cow::Owned(bytes)).unwrap()
 }
 
 fn buffer(d: &Device, values: &[f32]) -> wgpu::Buffer {
@@ -115,8 +144,9 @@ fn silu(v: f64) -> f64 {
 
 /// Every mat-mul variant (each fusion, bias or not, one token and tiles of 8 with a partial
 /// last tile, logits from a row offset) in every format, on 37 rows (not a multiple of the 4 a
-/// workgroup takes) of 96 or 70 columns, whole and split into parts of 2 KiB; integer formats
-/// with f32 activations and with Q16 ones (packed 8-bit dot products).
+/// workgroup takes) of 96 columns (k-quants 256, floats 70), whole and split into parts of at
+/// most 2 KiB (k-quants 4 KiB); integer formats with f32 activations and with Q16 ones (packed
+/// 8-bit dot products).
 #[test]
 fn matmul_kernels_match_the_cpu() {
     let Some(d) = device() else { return };
@@ -129,11 +159,21 @@ fn matmul_kernels_match_the_cpu() {
         Format::Q4_1,
         Format::Q5_0,
         Format::Q5_1,
+        Format::Q2K,
+        Format::Q3K,
+        Format::Q4K,
+        Format::Q5K,
+        Format::Q6K,
         Format::F16,
         Format::BF16,
         Format::F32,
     ] {
-        let cols = if format.is_quantized() { 96 } else { 70 };
+        let cols = match format.block_len() {
+            1 => 70,
+            32 => 96,
+            _ => 256,
+        };
+        let split = if cols == 256 { 4096 } else { 2048 };
         let gpu_format = super::weights::GpuFormat::of(format);
         let packed = if gpu_format.is_integer() {
             &[false, true][..]
@@ -151,16 +191,13 @@ fn matmul_kernels_match_the_cpu() {
                 let pairs = fused == Fused::NormSwiglu;
                 let rows_each = if pairs { 19 } else { 37 };
                 let mats: Vec<Matrix<'_>> = (0..if pairs { 2 } else { 1 })
-                    .map(|_| {
-                        let v = random(&mut rng, rows_each * cols);
-                        Matrix::quantize(format, rows_each, cols, &v).unwrap()
-                    })
+                    .map(|_| random_matrix(&mut rng, format, rows_each, cols))
                     .collect();
                 let refs: Vec<&Matrix<'_>> = mats.iter().collect();
-                for max_binding in [u64::MAX, 2048] {
+                for max_binding in [u64::MAX, split] {
                     let m =
                         GpuMatrix::upload(&d.device, "w", &refs, pairs, 4, max_binding).unwrap();
-                    assert_eq!(m.parts.len() > 1, max_binding == 2048, "{format:?}");
+                    assert_eq!(m.parts.len() > 1, max_binding == split, "{format:?}");
                     for (n, first) in [(1, 0), (11, 0), (11, 3)] {
                         if first > 0 && fused != Fused::Store {
                             continue;
@@ -246,7 +283,7 @@ fn matmul_kernels_match_the_cpu() {
             }
         }
     }
-    assert_eq!(checked, (8 + 3) * 2 * 2 * (3 * 2 + 3));
+    assert_eq!(checked, (13 + 10) * 2 * 2 * (3 * 2 + 3));
 }
 
 /// With integer weights, a token's result is the same bits alone (the mat-vec quantizes its
@@ -261,7 +298,7 @@ fn q16_lone_token_matches_its_batch() {
     }
     let mut rng = Rng::new(13);
     let (rows_out, cols, n) = (20, 67 * 32, 11);
-    for format in [Format::Q8_0, Format::Q4_0, Format::Q4_1] {
+    for format in [Format::Q8_0, Format::Q4_0, Format::Q4_1, Format::Q5_1] {
         let gpu_format = super::weights::GpuFormat::of(format);
         let k = Kernels::new(&d.device, &[gpu_format], true, true).unwrap();
         let values = random(&mut rng, rows_out * cols);
@@ -321,10 +358,14 @@ fn embedding_kernel_matches_the_cpu() {
         Format::Q8_0,
         Format::Q4_0,
         Format::Q4_1,
+        Format::Q5_0,
+        Format::Q5_1,
+        Format::Q4K,
+        Format::Q6K,
         Format::F16,
         Format::F32,
     ] {
-        let (vocab, cols) = (77, 96);
+        let (vocab, cols) = (77, 96.max(format.block_len()));
         let m = Matrix::quantize(format, vocab, cols, &random(&mut rng, vocab * cols)).unwrap();
         let k = Kernels::new(
             &d.device,

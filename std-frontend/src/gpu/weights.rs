@@ -3,7 +3,11 @@
 //! wherever one would exceed a storage binding.
 use anyhow::{bail, Result};
 use half::{bf16, f16};
-use sapient_core::quant::{Format, QK};
+use sapient_core::quant::k_quants::BLOCKS_PER_SUPER;
+use sapient_core::quant::{
+    Block, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
+    BlockQ6K, BlockQ8_0, Format, KBlock, QK,
+};
 use sapient_core::Matrix;
 use wgpu::util::DeviceExt;
 
@@ -13,44 +17,62 @@ pub enum GpuFormat {
     Q8_0,
     Q4_0,
     Q4_1,
+    /// 8-bit quants with an f32 scale and minimum per 16 values: every integer format's values
+    /// exactly (the k-quants' halves, `k_quants::KBlock`).
+    Q8Halves,
     F16,
     F32,
 }
 
 impl GpuFormat {
-    /// The device layout for a core format: BF16 widens to F32 (exactly), and so do the formats
-    /// without GPU kernels yet, Q5_0, Q5_1 and the k-quants (their exact values, in several
-    /// times their memory).
+    /// Every layout (the shader tests compile each).
+    #[cfg(test)]
+    pub const ALL: [GpuFormat; 6] = [
+        GpuFormat::Q8_0,
+        GpuFormat::Q4_0,
+        GpuFormat::Q4_1,
+        GpuFormat::Q8Halves,
+        GpuFormat::F16,
+        GpuFormat::F32,
+    ];
+
+    /// The device layout for a core format, each value exact: Q5_0's quants less 16 are 8-bit
+    /// ones, Q4_K's blocks are Q4_1's (scale `d·scale`, minimum `-dmin·min`), Q5_1 and the other
+    /// k-quants take the halves layout; BF16 widens to F32.
     pub fn of(format: Format) -> Self {
         match format {
-            Format::Q8_0 => GpuFormat::Q8_0,
+            Format::Q8_0 | Format::Q5_0 => GpuFormat::Q8_0,
             Format::Q4_0 => GpuFormat::Q4_0,
-            Format::Q4_1 => GpuFormat::Q4_1,
+            Format::Q4_1 | Format::Q4K => GpuFormat::Q4_1,
+            Format::Q5_1 | Format::Q2K | Format::Q3K | Format::Q5K | Format::Q6K => {
+                GpuFormat::Q8Halves
+            }
             Format::F16 => GpuFormat::F16,
-            Format::F32
-            | Format::BF16
-            | Format::Q5_0
-            | Format::Q5_1
-            | Format::Q2K
-            | Format::Q3K
-            | Format::Q4K
-            | Format::Q5K
-            | Format::Q6K => GpuFormat::F32,
+            Format::F32 | Format::BF16 => GpuFormat::F32,
         }
     }
 
-    /// Whether rows stored in `format` are repacked byte for byte (otherwise they are widened
-    /// to f32 values first).
-    fn repacks(format: Format) -> bool {
-        matches!(
-            format,
-            Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::F16 | Format::F32 | Format::BF16
-        )
+    /// The layout of matrices sharing one mat-mul (Q|K|V, gate|up): their own where they
+    /// agree; the halves layout, which holds any integer format, where they are all integer;
+    /// f32 otherwise.
+    pub fn common(formats: impl IntoIterator<Item = Format>) -> Self {
+        let mut layouts = formats.into_iter().map(GpuFormat::of);
+        let Some(first) = layouts.next() else {
+            return GpuFormat::F32;
+        };
+        layouts.fold(first, |a, b| match (a, b) {
+            (a, b) if a == b => a,
+            (a, b) if a.is_integer() && b.is_integer() => GpuFormat::Q8Halves,
+            _ => GpuFormat::F32,
+        })
     }
 
     /// Whether the quants are integers that packed 8-bit dot products can take.
     pub fn is_integer(self) -> bool {
-        matches!(self, GpuFormat::Q8_0 | GpuFormat::Q4_0 | GpuFormat::Q4_1)
+        matches!(
+            self,
+            GpuFormat::Q8_0 | GpuFormat::Q4_0 | GpuFormat::Q4_1 | GpuFormat::Q8Halves
+        )
     }
 
     pub fn name(self) -> &'static str {
@@ -58,6 +80,7 @@ impl GpuFormat {
             GpuFormat::Q8_0 => "Q8_0",
             GpuFormat::Q4_0 => "Q4_0",
             GpuFormat::Q4_1 => "Q4_1",
+            GpuFormat::Q8Halves => "Q8_HALVES",
             GpuFormat::F16 => "F16",
             GpuFormat::F32 => "F32",
         }
@@ -66,20 +89,29 @@ impl GpuFormat {
     /// Words of quants (or values) per 32-value block.
     fn block_words(self) -> usize {
         match self {
-            GpuFormat::Q8_0 => 8,
+            GpuFormat::Q8_0 | GpuFormat::Q8Halves => 8,
             GpuFormat::Q4_0 | GpuFormat::Q4_1 => 4,
             GpuFormat::F16 => 16,
             GpuFormat::F32 => 32,
         }
     }
 
-    /// Words of scales (and minimums) per block.
-    fn scale_words(self) -> usize {
+    /// Scales per block (as many minimums follow where `has_min`).
+    fn scales(self) -> usize {
         match self {
-            GpuFormat::Q8_0 | GpuFormat::Q4_0 => 1,
-            GpuFormat::Q4_1 => 2,
+            GpuFormat::Q8_0 | GpuFormat::Q4_0 | GpuFormat::Q4_1 => 1,
+            GpuFormat::Q8Halves => 2,
             GpuFormat::F16 | GpuFormat::F32 => 0,
         }
+    }
+
+    fn has_min(self) -> bool {
+        matches!(self, GpuFormat::Q4_1 | GpuFormat::Q8Halves)
+    }
+
+    /// Words per block: quants, scales and minimums.
+    fn words(self) -> usize {
+        self.block_words() + self.scales() * (1 + self.has_min() as usize)
     }
 }
 
@@ -121,12 +153,7 @@ impl GpuMatrix {
         if interleave && mats.iter().any(|m| m.rows != mats[0].rows) {
             bail!("{name}: interleaved matrices need the same number of rows");
         }
-        let same = mats.iter().all(|m| m.format == mats[0].format);
-        let format = if same {
-            GpuFormat::of(mats[0].format)
-        } else {
-            GpuFormat::F32
-        };
+        let format = GpuFormat::common(mats.iter().map(|m| m.format));
         let rows: usize = mats.iter().map(|m| m.rows).sum();
         let blocks = cols.div_ceil(QK);
         if format != GpuFormat::F32 && format != GpuFormat::F16 && !cols.is_multiple_of(QK) {
@@ -147,7 +174,7 @@ impl GpuMatrix {
                 unreachable!("row index checked against the sum of rows")
             }
         };
-        let row_words = blocks * (format.block_words() + format.scale_words());
+        let row_words = blocks * format.words();
         let max_rows = (max_binding as usize / (row_words * 4)) / row_multiple * row_multiple;
         if max_rows == 0 {
             bail!(
@@ -158,29 +185,42 @@ impl GpuMatrix {
         let mut parts = Vec::new();
         let mut row0 = 0;
         let mut widened = vec![0f32; cols];
+        let mut ints = Vec::with_capacity(blocks);
         while row0 < rows {
             let n = (rows - row0).min(max_rows);
-            let qs_words = n * blocks * format.block_words();
+            let (qw, sw) = (blocks * format.block_words(), blocks * format.scales());
             let mut words = vec![0u32; n * row_words];
-            let (qs, scales) = words.split_at_mut(qs_words);
-            let (ds, ms) = scales.split_at_mut(n * blocks * format.scale_words().min(1));
+            let (qs, scales) = words.split_at_mut(n * qw);
+            let (ds, ms) = scales.split_at_mut(n * sw);
             for i in 0..n {
                 let (m, r) = source(row0 + i);
                 let bytes = m.row(r);
-                let q =
-                    &mut qs[i * blocks * format.block_words()..][..blocks * format.block_words()];
-                let d = if ds.is_empty() {
+                let q = &mut qs[i * qw..][..qw];
+                let d = &mut ds[i * sw..][..sw];
+                let mins = if format.has_min() {
+                    &mut ms[i * sw..][..sw]
+                } else {
                     &mut []
-                } else {
-                    &mut ds[i * blocks..(i + 1) * blocks]
                 };
-                if same && GpuFormat::repacks(m.format) {
-                    repack_row(format, bytes, cols, q, d, ms, i * blocks);
-                } else {
-                    m.dequantize_row(r, &mut widened)?;
-                    for (w, v) in q.iter_mut().zip(&widened) {
-                        *w = v.to_bits();
+                if format == GpuFormat::F32 {
+                    if matches!(m.format, Format::F32 | Format::BF16) {
+                        widen_row(bytes, cols, q);
+                    } else {
+                        m.dequantize_row(r, &mut widened)?;
+                        for (w, v) in q.iter_mut().zip(&widened) {
+                            *w = v.to_bits();
+                        }
                     }
+                } else if format == GpuFormat::of(m.format)
+                    && matches!(
+                        m.format,
+                        Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::F16
+                    )
+                {
+                    repack_row(format, bytes, q, d, mins);
+                } else {
+                    int_blocks(m.format, bytes, &mut ints);
+                    write_blocks(format, &ints, q, d, mins);
                 }
             }
             let buffer = device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -192,8 +232,8 @@ impl GpuMatrix {
                 buffer,
                 row0,
                 rows: n,
-                d_off: qs_words,
-                m_off: qs_words + n * blocks,
+                d_off: n * qw,
+                m_off: n * (qw + sw),
             });
             row0 += n;
         }
@@ -206,41 +246,40 @@ impl GpuMatrix {
     }
 }
 
-/// One row of ggml blocks into quant words `q`, scales `d` and (Q4_1) minimums `m[m0 ..]`.
-fn repack_row(
-    format: GpuFormat,
-    bytes: &[u8],
-    cols: usize,
-    q: &mut [u32],
-    d: &mut [u32],
-    m: &mut [u32],
-    m0: usize,
-) {
-    let f16_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32().to_bits();
-    let word = |b: &[u8], i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+fn f16_bits(b: &[u8]) -> u32 {
+    f16::from_le_bytes([b[0], b[1]]).to_f32().to_bits()
+}
+
+fn word(b: &[u8]) -> u32 {
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+/// One row of Q8_0, Q4_0, Q4_1 or F16 blocks into its own layout: quant words `q`, scales `d`
+/// and (Q4_1) minimums `m`, byte for byte.
+fn repack_row(format: GpuFormat, bytes: &[u8], q: &mut [u32], d: &mut [u32], m: &mut [u32]) {
     match format {
         GpuFormat::Q8_0 => {
             for (b, blk) in bytes.chunks_exact(2 + QK).enumerate() {
-                d[b] = f16_at(blk, 0);
+                d[b] = f16_bits(blk);
                 for j in 0..QK / 4 {
-                    q[b * 8 + j] = word(blk, 2 + 4 * j);
+                    q[b * 8 + j] = word(&blk[2 + 4 * j..]);
                 }
             }
         }
         GpuFormat::Q4_0 => {
             for (b, blk) in bytes.chunks_exact(2 + QK / 2).enumerate() {
-                d[b] = f16_at(blk, 0);
+                d[b] = f16_bits(blk);
                 for j in 0..4 {
-                    q[b * 4 + j] = word(blk, 2 + 4 * j);
+                    q[b * 4 + j] = word(&blk[2 + 4 * j..]);
                 }
             }
         }
         GpuFormat::Q4_1 => {
             for (b, blk) in bytes.chunks_exact(4 + QK / 2).enumerate() {
-                d[b] = f16_at(blk, 0);
-                m[m0 + b] = f16_at(blk, 2);
+                d[b] = f16_bits(blk);
+                m[b] = f16_bits(&blk[2..]);
                 for j in 0..4 {
-                    q[b * 4 + j] = word(blk, 4 + 4 * j);
+                    q[b * 4 + j] = word(&blk[4 + 4 * j..]);
                 }
             }
         }
@@ -253,17 +292,226 @@ fn repack_row(
                 q[i] = lo | hi << 16;
             }
         }
-        GpuFormat::F32 => {
-            // F32, or BF16 widened exactly.
-            if bytes.len() == cols * 4 {
-                for (w, b) in q.iter_mut().zip(bytes.chunks_exact(4)) {
-                    *w = word(b, 0);
+        GpuFormat::Q8Halves | GpuFormat::F32 => {
+            unreachable!("{format:?} rows are transcoded or widened, never repacked")
+        }
+    }
+}
+
+/// A row of F32 or BF16 values as f32 words (BF16 widened exactly).
+fn widen_row(bytes: &[u8], cols: usize, q: &mut [u32]) {
+    if bytes.len() == cols * 4 {
+        for (w, b) in q.iter_mut().zip(bytes.chunks_exact(4)) {
+            *w = word(b);
+        }
+    } else {
+        for (w, b) in q.iter_mut().zip(bytes.chunks_exact(2)) {
+            *w = bf16::from_le_bytes([b[0], b[1]]).to_f32().to_bits();
+        }
+    }
+}
+
+/// A 32-value block of any integer format as signed quants with, per 16-value half, a scale
+/// and a minimum: value `k` is `scale[k / 16]·q[k] + min[k / 16]`, as the core widens it.
+#[derive(Clone, Copy)]
+struct IntBlock {
+    q: [i8; QK],
+    scale: [f32; 2],
+    min: [f32; 2],
+}
+
+impl IntBlock {
+    fn new(q: [i8; QK], scale: f32, min: f32) -> Self {
+        IntBlock {
+            q,
+            scale: [scale; 2],
+            min: [min; 2],
+        }
+    }
+}
+
+/// The blocks of one row of an integer format, in order, into `out`.
+fn int_blocks(format: Format, bytes: &[u8], out: &mut Vec<IntBlock>) {
+    out.clear();
+    let signed = |q: [u8; QK], offset: i32| q.map(|v| (v as i32 - offset) as i8);
+    match format {
+        Format::Q8_0 => out.extend(bytes.chunks_exact(BlockQ8_0::BYTES).map(|b| {
+            let b = BlockQ8_0::read(b);
+            IntBlock::new(b.qs, b.d.to_f32(), 0.0)
+        })),
+        Format::Q4_0 => out.extend(bytes.chunks_exact(BlockQ4_0::BYTES).map(|b| {
+            let b = BlockQ4_0::read(b);
+            IntBlock::new(signed(nibbles(&b.qs), 8), b.d.to_f32(), 0.0)
+        })),
+        Format::Q4_1 => out.extend(bytes.chunks_exact(BlockQ4_1::BYTES).map(|b| {
+            let b = BlockQ4_1::read(b);
+            IntBlock::new(signed(nibbles(&b.qs), 0), b.d.to_f32(), b.m.to_f32())
+        })),
+        Format::Q5_0 => out.extend(bytes.chunks_exact(BlockQ5_0::BYTES).map(|b| {
+            let b = BlockQ5_0::read(b);
+            IntBlock::new(signed(b.quants(), 16), b.d.to_f32(), 0.0)
+        })),
+        Format::Q5_1 => out.extend(bytes.chunks_exact(BlockQ5_1::BYTES).map(|b| {
+            let b = BlockQ5_1::read(b);
+            IntBlock::new(signed(b.quants(), 0), b.d.to_f32(), b.m.to_f32())
+        })),
+        Format::Q2K => k_blocks::<BlockQ2K>(bytes, out),
+        Format::Q3K => k_blocks::<BlockQ3K>(bytes, out),
+        Format::Q4K => k_blocks::<BlockQ4K>(bytes, out),
+        Format::Q5K => k_blocks::<BlockQ5K>(bytes, out),
+        Format::Q6K => k_blocks::<BlockQ6K>(bytes, out),
+        Format::F32 | Format::F16 | Format::BF16 => {
+            unreachable!("{format:?} is not an integer format")
+        }
+    }
+}
+
+/// Q4_0's and Q4_1's 32 nibbles in value order (low nibbles first, then high ones).
+fn nibbles(qs: &[u8; QK / 2]) -> [u8; QK] {
+    core::array::from_fn(|k| {
+        if k < QK / 2 {
+            qs[k] & 0x0f
+        } else {
+            qs[k - QK / 2] >> 4
+        }
+    })
+}
+
+/// A k-quant row's blocks: each half `(d·scale)·(stored − OFFSET) − dmin·min`
+/// (`k_quants::dequantize_blocks`).
+fn k_blocks<K: KBlock>(bytes: &[u8], out: &mut Vec<IntBlock>) {
+    for sb in bytes.chunks_exact(K::BYTES) {
+        let f16_at = |i: usize| f16::from_le_bytes([sb[i], sb[i + 1]]).to_f32();
+        let (d, dmin) = (f16_at(K::F16_AT.0), f16_at(K::F16_AT.1));
+        let ints = K::ints(sb);
+        for j in 0..BLOCKS_PER_SUPER {
+            let half = |h: usize| {
+                let min = if K::HAS_MIN {
+                    -(dmin * ints.mins[2 * j + h] as f32)
+                } else {
+                    0.0
+                };
+                (d * ints.scales[2 * j + h] as f32, min)
+            };
+            let ((s0, m0), (s1, m1)) = (half(0), half(1));
+            out.push(IntBlock {
+                q: K::quants(sb, j).map(|v| (v as i32 - K::OFFSET) as i8),
+                scale: [s0, s1],
+                min: [m0, m1],
+            });
+        }
+    }
+}
+
+/// Blocks into an integer layout's quant words `q`, scales `d` and minimums `m`. The Q8_0 and
+/// Q4_1 layouts take blocks whose halves agree (and, Q8_0, no minimum; Q4_1, quants 0..15).
+fn write_blocks(
+    format: GpuFormat,
+    blocks: &[IntBlock],
+    q: &mut [u32],
+    d: &mut [u32],
+    m: &mut [u32],
+) {
+    let bytes = |v: &[i8]| u32::from_le_bytes([v[0] as u8, v[1] as u8, v[2] as u8, v[3] as u8]);
+    for (b, blk) in blocks.iter().enumerate() {
+        match format {
+            GpuFormat::Q8_0 => {
+                debug_assert!(blk.scale[0] == blk.scale[1] && blk.min == [0.0; 2]);
+                d[b] = blk.scale[0].to_bits();
+                for (j, v) in blk.q.chunks_exact(4).enumerate() {
+                    q[b * 8 + j] = bytes(v);
                 }
-            } else {
-                for (w, b) in q.iter_mut().zip(bytes.chunks_exact(2)) {
-                    *w = bf16::from_le_bytes([b[0], b[1]]).to_f32().to_bits();
+            }
+            GpuFormat::Q4_1 => {
+                debug_assert!(blk.scale[0] == blk.scale[1] && blk.min[0] == blk.min[1]);
+                d[b] = blk.scale[0].to_bits();
+                m[b] = blk.min[0].to_bits();
+                // Value k's nibble: the low one of byte k for k < 16, else the high one of byte k - 16.
+                for j in 0..4 {
+                    q[b * 4 + j] = (0..4).fold(0, |w, i| {
+                        let (lo, hi) = (blk.q[4 * j + i] as u32, blk.q[16 + 4 * j + i] as u32);
+                        w | (lo | hi << 4) << (8 * i)
+                    });
+                }
+            }
+            GpuFormat::Q8Halves => {
+                for h in 0..2 {
+                    d[2 * b + h] = blk.scale[h].to_bits();
+                    m[2 * b + h] = blk.min[h].to_bits();
+                }
+                for (j, v) in blk.q.chunks_exact(4).enumerate() {
+                    q[b * 8 + j] = bytes(v);
+                }
+            }
+            GpuFormat::Q4_0 | GpuFormat::F16 | GpuFormat::F32 => {
+                unreachable!("{format:?} rows are repacked or widened, never transcoded")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every integer format's blocks, as transcoded, give the core's values bit for bit.
+    #[test]
+    fn int_blocks_are_the_cores_values() {
+        let (rows, cols) = (3, 512);
+        let mut rng = sapient_core::sample::Rng::new(5);
+        let mut blocks = Vec::new();
+        for format in [
+            Format::Q8_0,
+            Format::Q4_0,
+            Format::Q4_1,
+            Format::Q5_0,
+            Format::Q5_1,
+            Format::Q2K,
+            Format::Q3K,
+            Format::Q4K,
+            Format::Q5K,
+            Format::Q6K,
+        ] {
+            let m = crate::gpu::tests::random_matrix(&mut rng, format, rows, cols);
+            let mut want = vec![0f32; cols];
+            for r in 0..rows {
+                m.dequantize_row(r, &mut want).unwrap();
+                int_blocks(format, m.row(r), &mut blocks);
+                assert_eq!(blocks.len(), cols / QK, "{format:?}");
+                let got: Vec<f32> = blocks
+                    .iter()
+                    .flat_map(|b| (0..QK).map(|k| b.scale[k / 16] * b.q[k] as f32 + b.min[k / 16]))
+                    .collect();
+                // Equal as numbers (a zero may differ in sign: `q·d + 0` against `q·d`).
+                assert_eq!(got, want, "{format:?} row {r}");
+                let layout = GpuFormat::of(format);
+                if matches!(layout, GpuFormat::Q8_0 | GpuFormat::Q4_1) {
+                    assert!(blocks
+                        .iter()
+                        .all(|b| b.scale[0] == b.scale[1] && b.min[0] == b.min[1]));
+                }
+                if layout == GpuFormat::Q4_1 {
+                    assert!(blocks
+                        .iter()
+                        .all(|b| b.q.iter().all(|&q| (0..16).contains(&q))));
                 }
             }
         }
+    }
+
+    #[test]
+    fn matrices_of_a_mat_mul_share_a_layout() {
+        use GpuFormat as G;
+        let common = |f: &[Format]| GpuFormat::common(f.iter().copied());
+        assert_eq!(common(&[Format::Q4K, Format::Q4K]), G::Q4_1);
+        assert_eq!(common(&[Format::Q5_0, Format::Q5_0, Format::Q8_0]), G::Q8_0);
+        assert_eq!(
+            common(&[Format::Q4K, Format::Q4K, Format::Q6K]),
+            G::Q8Halves
+        );
+        assert_eq!(common(&[Format::Q4_0, Format::Q4_1]), G::Q8Halves);
+        assert_eq!(common(&[Format::Q8_0, Format::F16]), G::F32);
+        assert_eq!(common(&[Format::F16, Format::F16]), G::F16);
+        assert_eq!(common(&[Format::BF16, Format::F32]), G::F32);
     }
 }

@@ -7,6 +7,8 @@ use sapient_core::quant::Format;
 use sapient_core::sample::Rng;
 use sapient_core::{Config, LayerWeights, Matrix, Model, RopeStyle, Weights};
 
+use crate::convert::{matrix_format, Role, Target};
+
 /// The shapes `random:` knows, as (name, vocab, hidden, intermediate, layers, heads, kv heads,
 /// head_dim, tied embeddings).
 const SHAPES: [(&str, [usize; 7], bool); 4] = [
@@ -16,12 +18,21 @@ const SHAPES: [(&str, [usize; 7], bool); 4] = [
     ("llama-3.1-8b", [128256, 4096, 14336, 32, 32, 8, 128], false),
 ];
 
+/// How a random model's matrices are stored.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RandomFormat {
+    /// Every matrix in one format.
+    All(Format),
+    /// Each matrix as `sapient quantize` (and llama-quantize) picks it for the target.
+    Mix(Target),
+}
+
 /// A parsed `random:SHAPE[:FORMAT]`.
 #[derive(Debug, Clone)]
 pub struct RandomSpec {
     pub name: String,
     pub config: Config,
-    pub format: Format,
+    pub format: RandomFormat,
 }
 
 /// `None` when `spec` does not start with `random:`.
@@ -40,12 +51,18 @@ pub fn parse(spec: &str) -> Result<Option<RandomSpec>> {
         );
     };
     let format = match format {
-        "q8_0" => Format::Q8_0,
-        "q4_0" => Format::Q4_0,
-        "q4_1" => Format::Q4_1,
-        "f16" => Format::F16,
-        "f32" => Format::F32,
-        other => bail!("random:{shape}:{other}: unknown format (q8_0, q4_0, q4_1, f16, f32)"),
+        "q8_0" => RandomFormat::All(Format::Q8_0),
+        "q4_0" => RandomFormat::All(Format::Q4_0),
+        "q4_1" => RandomFormat::All(Format::Q4_1),
+        "q4_k" => RandomFormat::All(Format::Q4K),
+        "q6_k" => RandomFormat::All(Format::Q6K),
+        "q4_k_m" => RandomFormat::Mix(Target::Q4KM),
+        "f16" => RandomFormat::All(Format::F16),
+        "f32" => RandomFormat::All(Format::F32),
+        other => bail!(
+            "random:{shape}:{other}: unknown format \
+             (q8_0, q4_0, q4_1, q4_k, q6_k, q4_k_m, f16, f32)"
+        ),
     };
     let config = Config {
         vocab_size: *vocab,
@@ -76,50 +93,58 @@ pub fn parse(spec: &str) -> Result<Option<RandomSpec>> {
 pub fn model(spec: &RandomSpec, progress: &(dyn Fn(usize) + Sync)) -> Result<Model<'static>> {
     let c = &spec.config;
     let (h, q, kv, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
-    let matrix = |seed: u64, rows: usize, cols: usize| -> Result<Matrix<'static>> {
-        // Rows in parallel, each from its own stream, so the values do not depend on threads.
-        let mut values = vec![0f32; rows * cols];
-        values
-            .par_chunks_mut(cols)
-            .enumerate()
-            .for_each(|(r, row)| {
-                let mut rng = Rng::new(seed.wrapping_mul(1 << 32).wrapping_add(r as u64));
-                row.iter_mut()
-                    .for_each(|v| *v = (rng.next_f32() * 2.0 - 1.0) * 0.05);
-            });
-        Ok(Matrix::quantize(spec.format, rows, cols, &values)?)
+    let format = |role: Role, layer: usize, cols: usize| match spec.format {
+        RandomFormat::All(f) => f,
+        RandomFormat::Mix(target) => {
+            matrix_format(target, role, layer, c.n_layers, cols, c.tie_word_embeddings)
+        }
     };
     let mut layers = Vec::with_capacity(c.n_layers);
     for i in 0..c.n_layers {
         let s = 16 * (i as u64 + 1);
         layers.push(LayerWeights {
             attn_norm: vec![1.0; h].into(),
-            wq: matrix(s, q, h)?,
-            wk: matrix(s + 1, kv, h)?,
-            wv: matrix(s + 2, kv, h)?,
-            wo: matrix(s + 3, h, q)?,
+            wq: matrix(s, q, h, format(Role::Other, i, h))?,
+            wk: matrix(s + 1, kv, h, format(Role::Other, i, h))?,
+            wv: matrix(s + 2, kv, h, format(Role::AttentionV, i, h))?,
+            wo: matrix(s + 3, h, q, format(Role::Other, i, q))?,
             bq: None,
             bk: None,
             bv: None,
             ffn_norm: vec![1.0; h].into(),
-            w_gate: matrix(s + 4, ff, h)?,
-            w_up: matrix(s + 5, ff, h)?,
-            w_down: matrix(s + 6, h, ff)?,
+            w_gate: matrix(s + 4, ff, h, format(Role::Other, i, h))?,
+            w_up: matrix(s + 5, ff, h, format(Role::Other, i, h))?,
+            w_down: matrix(s + 6, h, ff, format(Role::FeedForwardDown, i, ff))?,
         });
         progress(i + 1);
     }
     let weights = Weights {
-        embed: matrix(1, c.vocab_size, h)?,
+        embed: matrix(1, c.vocab_size, h, format(Role::TokenEmbedding, 0, h))?,
         layers: layers.into(),
         norm: vec![1.0; h].into(),
         lm_head: if c.tie_word_embeddings {
             None
         } else {
-            Some(matrix(2, c.vocab_size, h)?)
+            Some(matrix(2, c.vocab_size, h, format(Role::Output, 0, h))?)
         },
         rope_freq_factors: None,
     };
     Ok(Model::new(c.clone(), weights)?)
+}
+
+/// A `rows × cols` matrix in `format` of values uniform in ±0.05 from `seed`.
+fn matrix(seed: u64, rows: usize, cols: usize, format: Format) -> Result<Matrix<'static>> {
+    // Rows in parallel, each from its own stream, so the values do not depend on threads.
+    let mut values = vec![0f32; rows * cols];
+    values
+        .par_chunks_mut(cols)
+        .enumerate()
+        .for_each(|(r, row)| {
+            let mut rng = Rng::new(seed.wrapping_mul(1 << 32).wrapping_add(r as u64));
+            row.iter_mut()
+                .for_each(|v| *v = (rng.next_f32() * 2.0 - 1.0) * 0.05);
+        });
+    Ok(Matrix::quantize(format, rows, cols, &values)?)
 }
 
 #[cfg(test)]
@@ -129,17 +154,21 @@ mod tests {
     #[test]
     fn specs_parse_and_build_the_same_weights_each_time() {
         let spec = parse("random:smollm2-135m:q4_1").unwrap().unwrap();
-        assert_eq!(spec.format, Format::Q4_1);
+        assert_eq!(spec.format, RandomFormat::All(Format::Q4_1));
         assert_eq!((spec.config.hidden_size, spec.config.n_layers), (576, 30));
         assert_eq!(
             parse("random:tinyllama-1.1b").unwrap().unwrap().format,
-            Format::Q8_0
+            RandomFormat::All(Format::Q8_0)
         );
         assert!(parse("models/x.gguf").unwrap().is_none());
         let err = parse("random:llama-9000").unwrap_err().to_string();
         assert!(
             err.contains("unknown shape") && err.contains("smollm2-135m"),
             "{err}"
+        );
+        assert_eq!(
+            parse("random:llama-3.1-8b:q4_k_m").unwrap().unwrap().format,
+            RandomFormat::Mix(Target::Q4KM)
         );
         assert!(parse("random:smollm2-135m:q3_k").is_err());
 

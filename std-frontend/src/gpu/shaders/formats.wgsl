@@ -1,25 +1,19 @@
-// Per weight format (Q4_0 and Q4_1 with `nibbles`), `deq`: values 4j .. 4j+3 of block `b` (32
-// values) of row `row` of the part, scaled; and for the integer formats, `qword`: their quants as
-// four i8 in a word, and `qdot`: a block's dot product with Q16 activations (scale `xd`, sum
-// `xs`) from the quants' integer dot product `dot`. Layouts (written by gpu/weights.rs): quants
-// first, row-major by block; then, at word `d_off`, one f32 scale per block (and at `m_off` one
-// f32 minimum for Q4_1).
+// Per weight format (with the shared section its quants need, `bytes` or `nibbles`), `deq`:
+// values 4j .. 4j+3 of block `b` (32 values) of row `row` of the part, scaled; and for the
+// integer formats, `qword`: their quants as four i8 in a word, and `qdot`: a block's dot product
+// with Q16 activations (scale `xd`, sums of the quants of each 16-value half `xsum`) from the
+// quants' integer dot products over each half, `dot`. Layouts (written by gpu/weights.rs):
+// quants first, row-major by block; then, at word `d_off`, the f32 scales (one per block, two
+// for Q8_HALVES) and at `m_off` as many f32 minimums (Q4_1, Q8_HALVES).
 
 //#Q8_0
 fn deq(row: u32, b: u32, j: u32) -> vec4<f32> {
-    let blk = row * p.nb + b;
-    let q = w[blk * 8u + j];
-    let d = bitcast<f32>(w[p.d_off + blk]);
-    let v = vec4<i32>(i32(q << 24u), i32(q << 16u), i32(q << 8u), i32(q)) >> vec4<u32>(24u);
-    return vec4<f32>(v) * d;
+    let d = bitcast<f32>(w[p.d_off + row * p.nb + b]);
+    return vec4<f32>(bytes4(qword(row, b, j))) * d;
 }
 
-fn qword(row: u32, b: u32, j: u32) -> u32 {
-    return w[(row * p.nb + b) * 8u + j];
-}
-
-fn qdot(row: u32, b: u32, dot: i32, xd: f32, xs: f32) -> f32 {
-    return bitcast<f32>(w[p.d_off + row * p.nb + b]) * xd * f32(dot);
+fn qdot(row: u32, b: u32, dot: vec2<i32>, xd: f32, xsum: vec2<i32>) -> f32 {
+    return bitcast<f32>(w[p.d_off + row * p.nb + b]) * xd * f32(dot.x + dot.y);
 }
 
 //#Q4_0
@@ -31,9 +25,10 @@ fn deq(row: u32, b: u32, j: u32) -> vec4<f32> {
     return (vec4<f32>(n) - 8.0) * d;
 }
 
-// Σ d(n - 8)·xd·q = d·(xd·Σnq - 8·xs).
-fn qdot(row: u32, b: u32, dot: i32, xd: f32, xs: f32) -> f32 {
-    return bitcast<f32>(w[p.d_off + row * p.nb + b]) * (xd * f32(dot) - 8.0 * xs);
+// Σ d(n - 8)·xd·q = d·(xd·Σnq - 8·xd·Σq).
+fn qdot(row: u32, b: u32, dot: vec2<i32>, xd: f32, xsum: vec2<i32>) -> f32 {
+    let xs = xd * f32(xsum.x + xsum.y);
+    return bitcast<f32>(w[p.d_off + row * p.nb + b]) * (xd * f32(dot.x + dot.y) - 8.0 * xs);
 }
 
 //#Q4_1
@@ -46,10 +41,40 @@ fn deq(row: u32, b: u32, j: u32) -> vec4<f32> {
     return vec4<f32>(n) * d + m;
 }
 
-// Σ (d·n + m)·xd·q = d·xd·Σnq + m·xs.
-fn qdot(row: u32, b: u32, dot: i32, xd: f32, xs: f32) -> f32 {
+// Σ (d·n + m)·xd·q = d·xd·Σnq + m·xd·Σq.
+fn qdot(row: u32, b: u32, dot: vec2<i32>, xd: f32, xsum: vec2<i32>) -> f32 {
     let blk = row * p.nb + b;
-    return bitcast<f32>(w[p.d_off + blk]) * xd * f32(dot) + bitcast<f32>(w[p.m_off + blk]) * xs;
+    let xs = xd * f32(xsum.x + xsum.y);
+    return bitcast<f32>(w[p.d_off + blk]) * xd * f32(dot.x + dot.y)
+        + bitcast<f32>(w[p.m_off + blk]) * xs;
+}
+
+//#Q8_HALVES
+// Any integer format's blocks (Q5_1 and the k-quants): per 16-value half h of block `blk`, the
+// scale at word `d_off + 2·blk + h` and the minimum at `m_off + 2·blk + h`.
+fn deq(row: u32, b: u32, j: u32) -> vec4<f32> {
+    let h = (row * p.nb + b) * 2u + j / 4u;
+    let s = bitcast<f32>(w[p.d_off + h]);
+    return vec4<f32>(bytes4(qword(row, b, j))) * s + bitcast<f32>(w[p.m_off + h]);
+}
+
+// Σ_h Σ (s_h·n + m_h)·xd·q = xd·Σ_h (s_h·Σnq + m_h·Σq).
+fn qdot(row: u32, b: u32, dot: vec2<i32>, xd: f32, xsum: vec2<i32>) -> f32 {
+    let h = (row * p.nb + b) * 2u;
+    let s = vec2<f32>(bitcast<f32>(w[p.d_off + h]), bitcast<f32>(w[p.d_off + h + 1u]));
+    let m = vec2<f32>(bitcast<f32>(w[p.m_off + h]), bitcast<f32>(w[p.m_off + h + 1u]));
+    let halves = s * vec2<f32>(dot) + m * vec2<f32>(xsum);
+    return xd * (halves.x + halves.y);
+}
+
+//#bytes
+// Q8_0's and Q8_HALVES' quants: word j of a block holds values 4j .. 4j+3, one signed byte each.
+fn qword(row: u32, b: u32, j: u32) -> u32 {
+    return w[(row * p.nb + b) * 8u + j];
+}
+
+fn bytes4(q: u32) -> vec4<i32> {
+    return vec4<i32>(i32(q << 24u), i32(q << 16u), i32(q << 8u), i32(q)) >> vec4<u32>(24u);
 }
 
 //#nibbles

@@ -9,7 +9,7 @@
 // striding over their 32-value blocks, then the lanes' sums are added in a tree.
 //
 // Integer weights meet activations quantized as the CPU's `quant::q16` does (d = amax / 32639,
-// quants rounded to nearest even, s = d·Σq): in a batch, one `quantize` dispatch makes the
+// quants rounded to nearest even; the block keeps the sum of each half's quants): in a batch, one `quantize` dispatch makes the
 // blocks for every row of the mat-mul; a lone token's mat-vec makes each block as it reads it,
 // once for the THREAD_ROWS rows of a thread. The blocks, and the order their products are
 // added in, are the same either way, so a token gets the same bits alone and in a batch.
@@ -33,8 +33,9 @@ const EPI_STORE: u32 = 0u;
 const EPI_ADD: u32 = 1u;
 const EPI_SWIGLU: u32 = 2u;
 // Words of a Q16 block: each quant is 256·hi + lo with both halves in i8, so that two packed
-// 8-bit dot products take it; 8 words of `hi` bytes, 8 of `lo` bytes, then d and s.
-const Q16_WORDS: u32 = 18u;
+// 8-bit dot products take it; 8 words of `hi` bytes, 8 of `lo` bytes, then d and the sums of
+// the quants of values 0..16 and 16..32 (i32; a format with a minimum per half needs both).
+const Q16_WORDS: u32 = 19u;
 const Q16_MAX: f32 = 32639.0;
 
 var<workgroup> red: array<f32, ROWS * LANES * TOK>;
@@ -88,13 +89,13 @@ fn q16_block(tok: u32, b: u32, inv: f32) -> array<u32, Q16_WORDS> {
     let d = amax / Q16_MAX;
     let id = select(0.0, 1.0 / d, d != 0.0);
     var out: array<u32, Q16_WORDS>;
-    var sum = 0i;
+    var sums = vec2<i32>();
     for (var j = 0u; j < 8u; j++) {
         var hi = 0u;
         var lo = 0u;
         for (var k = 0u; k < 4u; k++) {
             let q = i32(round(clamp(v[j * 4u + k] * id, -Q16_MAX, Q16_MAX)));
-            sum += q;
+            sums[j / 4u] += q;
             let h = (q + 128i) >> 8u;
             hi |= (u32(h) & 0xffu) << (8u * k);
             lo |= (u32(q - h * 256i) & 0xffu) << (8u * k);
@@ -103,7 +104,8 @@ fn q16_block(tok: u32, b: u32, inv: f32) -> array<u32, Q16_WORDS> {
         out[8u + j] = lo;
     }
     out[16u] = bitcast<u32>(d);
-    out[17u] = bitcast<u32>(d * f32(sum));
+    out[17u] = bitcast<u32>(sums.x);
+    out[18u] = bitcast<u32>(sums.y);
     return out;
 }
 
@@ -272,14 +274,19 @@ fn quantize(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wi
 
 // The dot product of block `b` of `row`'s weights and a Q16 block.
 fn block_dot(row: u32, b: u32, q: array<u32, Q16_WORDS>) -> f32 {
-    var hi = 0i;
-    var lo = 0i;
-    for (var j = 0u; j < 8u; j++) {
-        let wq = qword(row, b, j);
-        hi += dot4I8Packed(wq, q[j]);
-        lo += dot4I8Packed(wq, q[8u + j]);
+    var dots = vec2<i32>();
+    for (var h = 0u; h < 2u; h++) {
+        var hi = 0i;
+        var lo = 0i;
+        for (var j = 4u * h; j < 4u * h + 4u; j++) {
+            let wq = qword(row, b, j);
+            hi += dot4I8Packed(wq, q[j]);
+            lo += dot4I8Packed(wq, q[8u + j]);
+        }
+        dots[h] = hi * 256i + lo;
     }
-    return qdot(row, b, hi * 256i + lo, bitcast<f32>(q[16u]), bitcast<f32>(q[17u]));
+    let xsum = vec2<i32>(bitcast<i32>(q[17u]), bitcast<i32>(q[18u]));
+    return qdot(row, b, dots, bitcast<f32>(q[16u]), xsum);
 }
 
 // A tile of tokens whose Q16 blocks `quantize` made.
