@@ -89,13 +89,18 @@ fn q16_block(tok: u32, b: u32, inv: f32) -> array<u32, Q16_WORDS> {
     let d = amax / Q16_MAX;
     let id = select(0.0, 1.0 / d, d != 0.0);
     var out: array<u32, Q16_WORDS>;
-    var sums = vec2<i32>();
+    var sum0 = 0i;
+    var sum1 = 0i;
     for (var j = 0u; j < 8u; j++) {
         var hi = 0u;
         var lo = 0u;
         for (var k = 0u; k < 4u; k++) {
             let q = i32(round(clamp(v[j * 4u + k] * id, -Q16_MAX, Q16_MAX)));
-            sums[j / 4u] += q;
+            if (j < 4u) {
+                sum0 += q;
+            } else {
+                sum1 += q;
+            }
             let h = (q + 128i) >> 8u;
             hi |= (u32(h) & 0xffu) << (8u * k);
             lo |= (u32(q - h * 256i) & 0xffu) << (8u * k);
@@ -104,8 +109,8 @@ fn q16_block(tok: u32, b: u32, inv: f32) -> array<u32, Q16_WORDS> {
         out[8u + j] = lo;
     }
     out[16u] = bitcast<u32>(d);
-    out[17u] = bitcast<u32>(sums.x);
-    out[18u] = bitcast<u32>(sums.y);
+    out[17u] = bitcast<u32>(sum0);
+    out[18u] = bitcast<u32>(sum1);
     return out;
 }
 
@@ -274,19 +279,16 @@ fn quantize(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wi
 
 // The dot product of block `b` of `row`'s weights and a Q16 block.
 fn block_dot(row: u32, b: u32, q: array<u32, Q16_WORDS>) -> f32 {
-    var dots = vec2<i32>();
-    for (var h = 0u; h < 2u; h++) {
-        var hi = 0i;
-        var lo = 0i;
-        for (var j = 4u * h; j < 4u * h + 4u; j++) {
-            let wq = qword(row, b, j);
-            hi += dot4I8Packed(wq, q[j]);
-            lo += dot4I8Packed(wq, q[8u + j]);
-        }
-        dots[h] = hi * 256i + lo;
+    var hi = vec2<i32>();
+    var lo = vec2<i32>();
+    for (var j = 0u; j < 4u; j++) {
+        let w0 = qword(row, b, j);
+        let w1 = qword(row, b, j + 4u);
+        hi += vec2<i32>(dot4I8Packed(w0, q[j]), dot4I8Packed(w1, q[j + 4u]));
+        lo += vec2<i32>(dot4I8Packed(w0, q[8u + j]), dot4I8Packed(w1, q[12u + j]));
     }
     let xsum = vec2<i32>(bitcast<i32>(q[17u]), bitcast<i32>(q[18u]));
-    return qdot(row, b, dots, bitcast<f32>(q[16u]), xsum);
+    return qdot(row, b, hi * 256i + lo, bitcast<f32>(q[16u]), xsum);
 }
 
 // A tile of tokens whose Q16 blocks `quantize` made.
