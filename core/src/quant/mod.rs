@@ -253,9 +253,8 @@ impl fmt::Display for Format {
     }
 }
 
-/// Every quantized weight format, for the tests that go through them all.
-#[cfg(test)]
-pub(crate) const QUANTIZED: [Format; 10] = [
+/// Every quantized weight format (the block formats; all but F32, F16 and BF16).
+pub const QUANTIZED: [Format; 10] = [
     Format::Q8_0,
     Format::Q4_0,
     Format::Q4_1,

@@ -4,7 +4,7 @@
 use sapient_core::attention::{attend, AttentionShape};
 use sapient_core::kernels::Kernels as CpuKernels;
 use sapient_core::kv_cache::LayerKv;
-use sapient_core::quant::{BlockQ2K, BlockQ3K, BlockQ5K, Format, KBlock};
+use sapient_core::quant::{BlockQ2K, BlockQ3K, BlockQ5K, Format, KBlock, QUANTIZED};
 use sapient_core::sample::{argmax, Rng};
 use sapient_core::{ops, Matrix, RopeStyle, Serial};
 use wgpu::util::DeviceExt;
@@ -153,21 +153,10 @@ fn matmul_kernels_match_the_cpu() {
     let mut rng = Rng::new(7);
     let eps = 1e-5;
     let mut checked = 0;
-    for format in [
-        Format::Q8_0,
-        Format::Q4_0,
-        Format::Q4_1,
-        Format::Q5_0,
-        Format::Q5_1,
-        Format::Q2K,
-        Format::Q3K,
-        Format::Q4K,
-        Format::Q5K,
-        Format::Q6K,
-        Format::F16,
-        Format::BF16,
-        Format::F32,
-    ] {
+    for format in QUANTIZED
+        .into_iter()
+        .chain([Format::F16, Format::BF16, Format::F32])
+    {
         let cols = match format.block_len() {
             1 => 70,
             32 => 96,

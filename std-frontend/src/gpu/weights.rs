@@ -460,18 +460,7 @@ mod tests {
         let (rows, cols) = (3, 512);
         let mut rng = sapient_core::sample::Rng::new(5);
         let mut blocks = Vec::new();
-        for format in [
-            Format::Q8_0,
-            Format::Q4_0,
-            Format::Q4_1,
-            Format::Q5_0,
-            Format::Q5_1,
-            Format::Q2K,
-            Format::Q3K,
-            Format::Q4K,
-            Format::Q5K,
-            Format::Q6K,
-        ] {
+        for format in sapient_core::quant::QUANTIZED {
             let m = crate::gpu::tests::random_matrix(&mut rng, format, rows, cols);
             let mut want = vec![0f32; cols];
             for r in 0..rows {
