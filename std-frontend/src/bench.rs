@@ -8,7 +8,7 @@ use anyhow::Result;
 use sapient_core::sample::Rng;
 use sapient_core::Want;
 
-use crate::run::{Runner, Session, DEFAULT_BATCH};
+use crate::run::{KernelTimes, Runner, Session, DEFAULT_BATCH};
 use crate::slots::KvSlots;
 
 /// Mean and sample standard deviation.
@@ -42,6 +42,9 @@ pub struct BenchResult {
     pub decode: Option<Rate>,
     /// GPU dispatches per decoded token (none on the CPU).
     pub dispatches_per_token: Option<usize>,
+    /// Kernel times on the device over the timed repetitions, with `Tests::profile`.
+    pub prefill_times: Option<KernelTimes>,
+    pub decode_times: Option<KernelTimes>,
 }
 
 /// What to measure: tokens of prefill and of single-token decoding (0 skips either), each after
@@ -51,6 +54,8 @@ pub struct Tests {
     pub prompt: usize,
     pub generate: usize,
     pub depth: usize,
+    /// Time every kernel on the device too (GPU only).
+    pub profile: bool,
 }
 
 /// Runs `reps` timed repetitions (after one warm-up) of each test.
@@ -60,18 +65,24 @@ pub fn bench(runner: &impl Runner, tests: Tests, reps: usize) -> Result<BenchRes
         prompt,
         generate,
         depth,
+        profile,
     } = tests;
     if prompt == 0 && generate == 0 {
         return Ok(BenchResult {
             prefill: None,
             decode: None,
             dispatches_per_token: None,
+            prefill_times: None,
+            decode_times: None,
         });
     }
     let ctx = depth + prompt.max(generate);
     let batch = prompt.max(depth).clamp(1, DEFAULT_BATCH);
     let vocab = c.vocab_size;
     runner.with_session(ctx, batch, |s| {
+        if profile {
+            s.time_kernels()?;
+        }
         // Made once the cache is there: a depth it cannot hold is its error, not an abort here.
         let tokens = random_tokens(&mut Rng::new(42), ctx, vocab);
         // The cache as each test starts: empty, then `depth` tokens prefilled.
@@ -86,18 +97,22 @@ pub fn bench(runner: &impl Runner, tests: Tests, reps: usize) -> Result<BenchRes
         let tokens_after = &tokens[depth..];
         let mut logits = vec![0f32; vocab];
         let (mut pp, mut tg) = (Vec::new(), Vec::new());
+        let (mut pp_times, mut tg_times) = (KernelTimes::default(), KernelTimes::default());
         for rep in 0..=reps {
             if prompt > 0 {
                 fill(s)?;
+                s.take_kernel_times();
                 let t = Instant::now();
                 s.forward(&tokens_after[..prompt], Want::LastLogits(&mut logits))?;
                 let rate = prompt as f64 / t.elapsed().as_secs_f64();
                 if rep > 0 {
                     pp.push(rate);
+                    pp_times.add(s.take_kernel_times());
                 }
             }
             if generate > 0 {
                 fill(s)?;
+                s.take_kernel_times();
                 let t = Instant::now();
                 for &tok in &tokens_after[..generate] {
                     s.forward(&[tok], Want::LastLogits(&mut logits))?;
@@ -105,6 +120,7 @@ pub fn bench(runner: &impl Runner, tests: Tests, reps: usize) -> Result<BenchRes
                 let rate = generate as f64 / t.elapsed().as_secs_f64();
                 if rep > 0 {
                     tg.push(rate);
+                    tg_times.add(s.take_kernel_times());
                 }
             }
         }
@@ -116,6 +132,8 @@ pub fn bench(runner: &impl Runner, tests: Tests, reps: usize) -> Result<BenchRes
             } else {
                 None
             },
+            prefill_times: (profile && prompt > 0).then_some(pp_times),
+            decode_times: (profile && generate > 0).then_some(tg_times),
         })
     })
 }
@@ -183,4 +201,62 @@ pub fn peak_rss_bytes() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb * 1024)
+}
+
+/// Kernel times per token of `tokens`, largest first: (kernel, calls, µs).
+fn per_token(times: &KernelTimes, tokens: usize) -> Vec<(&'static str, f64, f64)> {
+    let n = tokens.max(1) as f64;
+    let mut rows: Vec<_> = times
+        .kernels
+        .iter()
+        .map(|k| (k.kernel, k.calls as f64 / n, k.nanos / 1e3 / n))
+        .collect();
+    rows.sort_by(|a, b| b.2.total_cmp(&a.2));
+    rows
+}
+
+/// `times` over `tokens` as JSON: per token, each kernel's calls and µs, their sum, and the
+/// span from each submission's first timestamp to its last.
+pub fn kernel_times_json(times: &KernelTimes, tokens: usize) -> serde_json::Value {
+    let rows = per_token(times, tokens);
+    let kernels: Vec<_> = rows
+        .iter()
+        .map(|&(kernel, calls, us)| {
+            serde_json::json!({
+                "kernel": kernel,
+                "calls_per_token": calls,
+                "us_per_token": us,
+                "us_per_call": us / calls.max(f64::MIN_POSITIVE),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "kernels": kernels,
+        "kernels_us_per_token": rows.iter().map(|r| r.2).sum::<f64>(),
+        "gpu_span_us_per_token": times.span_nanos / 1e3 / tokens.max(1) as f64,
+        "untimed_dispatches": times.untimed,
+    })
+}
+
+/// `times` over `tokens` as a table, under `title`.
+pub fn kernel_times_text(title: &str, times: &KernelTimes, tokens: usize) -> String {
+    let rows = per_token(times, tokens);
+    let sum: f64 = rows.iter().map(|r| r.2).sum();
+    let span = times.span_nanos / 1e3 / tokens.max(1) as f64;
+    let mut out = format!(
+        "{title}, per token: kernels {sum:.1} µs, GPU span {span:.1} µs (kernels and the gaps \
+         between them)\n  {:<18} {:>8} {:>10} {:>10} {:>6}\n",
+        "kernel", "calls", "µs/call", "µs", "share"
+    );
+    for (kernel, calls, us) in rows {
+        out += &format!(
+            "  {kernel:<18} {calls:>8.2} {:>10.2} {us:>10.1} {:>5.1}%\n",
+            us / calls.max(f64::MIN_POSITIVE),
+            100.0 * us / sum.max(f64::MIN_POSITIVE)
+        );
+    }
+    if times.untimed > 0 {
+        out += &format!("  ({} dispatches untimed)\n", times.untimed);
+    }
+    out
 }

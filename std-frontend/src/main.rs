@@ -116,6 +116,10 @@ enum Command {
         /// Timed repetitions, after one warm-up.
         #[arg(short = 'r', long, default_value_t = 5)]
         reps: usize,
+        /// Time every kernel on the GPU too (timestamp queries around each dispatch): per token,
+        /// each kernel's calls and microseconds, and the GPU's span from first to last.
+        #[arg(long, conflicts_with = "parallel")]
+        profile: bool,
         #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
         format: OutputFormat,
     },
@@ -885,6 +889,7 @@ fn run_command(command: Command) -> Result<()> {
             depth,
             parallel,
             reps,
+            profile,
             format,
         } => {
             let l = Loaded::open(&model)?;
@@ -897,6 +902,7 @@ fn run_command(command: Command) -> Result<()> {
                 prompt,
                 generate: if parallel > 1 { 0 } else { generate },
                 depth,
+                profile,
             };
             let mut r = sapient::bench::bench(&engine, tests, reps)?;
             if parallel > 1 && generate > 0 {
@@ -930,6 +936,12 @@ fn run_command(command: Command) -> Result<()> {
                         "backend": engine.name(),
                         "dispatches_per_token": r.dispatches_per_token,
                         "peak_rss_bytes": rss,
+                        "kernel_times": profile.then(|| json!({
+                            "prefill": r.prefill_times.as_ref()
+                                .map(|t| sapient::bench::kernel_times_json(t, prompt * reps)),
+                            "decode": r.decode_times.as_ref()
+                                .map(|t| sapient::bench::kernel_times_json(t, generate * reps)),
+                        })),
                     })
                 ),
                 OutputFormat::Text => {
@@ -958,6 +970,20 @@ fn run_command(command: Command) -> Result<()> {
                     }
                     if let Some(d) = r.dispatches_per_token {
                         println!("GPU dispatches per decoded token: {d}");
+                    }
+                    if let Some(t) = &r.prefill_times {
+                        let title = format!("GPU kernel times, pp{prompt}{at}");
+                        print!(
+                            "{}",
+                            sapient::bench::kernel_times_text(&title, t, prompt * reps)
+                        );
+                    }
+                    if let Some(t) = &r.decode_times {
+                        let title = format!("GPU kernel times, tg{generate}{at}");
+                        print!(
+                            "{}",
+                            sapient::bench::kernel_times_text(&title, t, generate * reps)
+                        );
                     }
                     if let Some(b) = rss {
                         println!(

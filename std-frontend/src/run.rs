@@ -25,6 +25,60 @@ pub trait Session {
     fn dispatches_per_token(&self) -> Option<usize> {
         None
     }
+    /// Starts timing every kernel on the device (`bench --profile`); an error where the backend
+    /// cannot.
+    fn time_kernels(&mut self) -> Result<()> {
+        anyhow::bail!("kernel times need the GPU backend")
+    }
+    /// The kernel times since `time_kernels` or the last call.
+    fn take_kernel_times(&mut self) -> KernelTimes {
+        KernelTimes::default()
+    }
+}
+
+/// One kernel's time on the device over the passes timed.
+#[derive(Debug, Clone)]
+pub struct KernelTime {
+    pub kernel: &'static str,
+    pub calls: u64,
+    pub nanos: f64,
+}
+
+/// Kernel times on the device, from timestamps at both ends of each dispatch.
+#[derive(Debug, Clone, Default)]
+pub struct KernelTimes {
+    pub kernels: Vec<KernelTime>,
+    /// From each submission's first timestamp to its last, summed: the kernels, and the gaps
+    /// between them that the GPU spent on barriers and starting the next.
+    pub span_nanos: f64,
+    /// Dispatches past the timestamps a submission holds.
+    pub untimed: u64,
+}
+
+impl KernelTimes {
+    /// Counts `calls` of `kernel` that took `nanos` in all.
+    pub fn count(&mut self, kernel: &'static str, calls: u64, nanos: f64) {
+        match self.kernels.iter_mut().find(|k| k.kernel == kernel) {
+            Some(k) => {
+                k.calls += calls;
+                k.nanos += nanos;
+            }
+            None => self.kernels.push(KernelTime {
+                kernel,
+                calls,
+                nanos,
+            }),
+        }
+    }
+
+    /// Adds `other`'s times to these.
+    pub fn add(&mut self, other: KernelTimes) {
+        for k in other.kernels {
+            self.count(k.kernel, k.calls, k.nanos);
+        }
+        self.span_nanos += other.span_nanos;
+        self.untimed += other.untimed;
+    }
 }
 
 /// A model on a backend, which opens sessions.

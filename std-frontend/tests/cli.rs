@@ -425,6 +425,44 @@ fn gpu_backend_from_the_cli() {
     assert_eq!(bench["backend"], "gpu");
     let layers = 2; // the qwen2 fixture's
     assert_eq!(bench["dispatches_per_token"], 6 * layers + 3);
+    // --profile: every kernel's time per token, on the GPU only.
+    let profile = |backend: &str| {
+        sapient(&[
+            "bench",
+            "-m",
+            &m,
+            "-p",
+            "8",
+            "-n",
+            "4",
+            "-r",
+            "1",
+            "--backend",
+            backend,
+            "--profile",
+            "--format",
+            "json",
+        ])
+    };
+    let timed = json(&profile("gpu"));
+    let decode = &timed["kernel_times"]["decode"];
+    let kernels = decode["kernels"].as_array().unwrap();
+    let calls: f64 = kernels
+        .iter()
+        .map(|k| k["calls_per_token"].as_f64().unwrap())
+        .sum();
+    assert_eq!(calls, (6 * layers + 3) as f64);
+    assert!(kernels.iter().any(|k| k["kernel"] == "attention"));
+    assert!(decode["gpu_span_us_per_token"].as_f64().unwrap() > 0.0);
+    assert!(
+        timed["kernel_times"]["prefill"]["kernels_us_per_token"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    let cpu = profile("cpu");
+    assert_eq!(cpu.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&cpu.stderr).contains("kernel times need the GPU backend"));
     // Several sequences decoding together in one GPU session's KV slots.
     let parallel = json(&sapient(&[
         "bench",

@@ -390,3 +390,59 @@ fn slots_share_forward_passes_as_each_sequence_alone() {
         .forward_slots(&[3], &[&[1]], &mut [Want::Nothing])
         .is_err());
 }
+
+/// `bench --profile`'s kernel times: every dispatch of a decoded token is timed once under its
+/// step's name, and the CPU backend says it has none.
+#[test]
+fn kernel_times_count_every_dispatch() {
+    use sapient::run::Runner;
+    use sapient_core::Want;
+
+    let files = load("llama");
+    let model = files.model(Quantize::Auto).unwrap();
+    let cpu = CpuRunner::new(&model, KvFormat::F32, &Serial);
+    let err = cpu.with_session(8, 8, |s| s.time_kernels()).unwrap_err();
+    assert!(err.to_string().contains("GPU backend"), "{err}");
+    let Some(g) = gpu(&model, None) else { return };
+    let layers = model.config.n_layers as u64;
+    let prompt: Vec<u32> = fixture_seqs("llama")[0][..5].to_vec();
+    let decoded = 3u64;
+    g.with_session(16, 8, |s| {
+        s.time_kernels()?;
+        let mut logits = vec![0f32; model.config.vocab_size];
+        s.forward(&prompt, Want::LastLogits(&mut logits))?;
+        let prefill = s.take_kernel_times();
+        assert!(prefill
+            .kernels
+            .iter()
+            .any(|k| k.kernel == "qkv" && k.calls == layers));
+        for t in 0..decoded as u32 {
+            s.forward(&[t], Want::LastLogits(&mut logits))?;
+        }
+        let decode = s.take_kernel_times();
+        let calls = |name: &str| {
+            let k = decode.kernels.iter().find(|k| k.kernel == name);
+            k.map_or(0, |k| k.calls)
+        };
+        for step in [
+            "qkv",
+            "rope_store",
+            "attention",
+            "attn_out",
+            "gate_up",
+            "down",
+        ] {
+            assert_eq!(calls(step), layers * decoded, "{step}");
+        }
+        for step in ["embed", "final_norm", "logits"] {
+            assert_eq!(calls(step), decoded, "{step}");
+        }
+        let all: u64 = decode.kernels.iter().map(|k| k.calls).sum();
+        assert_eq!(all, decoded * s.dispatches_per_token().unwrap() as u64);
+        assert_eq!(decode.untimed, 0);
+        assert!(decode.kernels.iter().map(|k| k.nanos).sum::<f64>() > 0.0);
+        assert!(decode.span_nanos > 0.0);
+        Ok(())
+    })
+    .unwrap();
+}

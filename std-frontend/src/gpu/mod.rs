@@ -4,12 +4,13 @@
 //! id (greedy) or the logits come back. The layer loop is the core's: `GpuSession` implements
 //! `sapient_core::Backend` with WGSL kernels.
 mod kernels;
+mod profile;
 mod session;
 #[cfg(test)]
 mod tests;
 mod weights;
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use anyhow::{anyhow, bail, Result};
 use sapient_core::{Config, Model};
@@ -20,9 +21,9 @@ use weights::{GpuFormat, GpuMatrix};
 
 use crate::run::{Runner, Session};
 
-/// Rows a mat-mul workgroup computes; parts of a matrix hold whole multiples of it (and so
-/// whole gate/up pairs).
-const ROWS: usize = 4;
+/// Parts of a matrix hold whole multiples of this many rows: whole gate/up pairs, and whole
+/// workgroups of every mat-mul (`kernels::Q16_TILE_ROWS` at most).
+const PART_ROWS: usize = 4;
 
 #[derive(Debug, Clone, Default)]
 pub struct GpuOptions {
@@ -51,6 +52,8 @@ pub struct GpuModel {
     queue: wgpu::Queue,
     info: wgpu::AdapterInfo,
     limits: wgpu::Limits,
+    /// Timestamp queries (kernel times for `bench --profile`).
+    timestamps: bool,
     config: Config,
     inv_freq: Vec<f32>,
     embed: GpuMatrix,
@@ -66,11 +69,18 @@ pub struct GpuModel {
     error: Arc<Mutex<Option<String>>>,
 }
 
+/// wgpu with the APIs we run on (Vulkan, Metal, DX12; `WGPU_BACKEND` may narrow them). Its
+/// OpenGL backend is left out: we have no kernels for it and it opens a display connection.
+fn instance() -> wgpu::Instance {
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = wgpu::Backends::PRIMARY;
+    wgpu::Instance::new(desc.with_env())
+}
+
 /// Every adapter wgpu finds, as "name (backend, kind)".
 pub fn adapters() -> Vec<String> {
-    let instance =
-        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-    pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+    let instance = instance();
+    pollster::block_on(instance.enumerate_adapters(wgpu::Backends::PRIMARY))
         .iter()
         .map(|a| describe(&a.get_info()))
         .collect()
@@ -90,8 +100,7 @@ fn describe(info: &wgpu::AdapterInfo) -> String {
 /// The best adapter: discrete, then integrated, then virtual or other, then (if allowed) a
 /// software one; and whether its WGSL has packed 8-bit dot products.
 fn pick_adapter(allow_software: bool) -> Option<(wgpu::Adapter, bool)> {
-    let instance =
-        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let instance = instance();
     let packed_dot = instance
         .wgsl_language_features()
         .contains(wgpu::WgslLanguageFeatures::Packed4x8IntegerDotProduct);
@@ -101,14 +110,36 @@ fn pick_adapter(allow_software: bool) -> Option<(wgpu::Adapter, bool)> {
         wgpu::DeviceType::VirtualGpu | wgpu::DeviceType::Other => 2,
         wgpu::DeviceType::Cpu => 3,
     };
-    pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+    pollster::block_on(instance.enumerate_adapters(wgpu::Backends::PRIMARY))
         .into_iter()
         .filter(|a| allow_software || a.get_info().device_type != wgpu::DeviceType::Cpu)
         .min_by_key(|a| rank(a.get_info().device_type))
         .map(|a| (a, packed_dot))
 }
 
-/// An opened adapter.
+/// Maps `slice` for reading once what was submitted has run. The device is shared, so another
+/// thread's poll may be the one that runs the map's callback, after this thread's poll returned:
+/// the callback's result is waited for, not looked for.
+fn map_read(device: &wgpu::Device, slice: &wgpu::BufferSlice<'_>) -> Result<()> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    slice.map_async(wgpu::MapMode::Read, move |r| {
+        // The receiver is gone only when the wait below gave up.
+        let _ = tx.send(r);
+    });
+    device
+        .poll(wgpu::PollType::Wait {
+            submission_index: None,
+            timeout: None,
+        })
+        .map_err(|e| anyhow!("{e}"))?;
+    match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+        Ok(r) => r.map_err(|e| anyhow!("reading back: {e}")),
+        Err(_) => bail!("the read-back never finished"),
+    }
+}
+
+/// An opened adapter (wgpu's handles are shared references: a clone is the same device).
+#[derive(Clone)]
 struct Device {
     device: wgpu::Device,
     queue: wgpu::Queue,
@@ -116,20 +147,41 @@ struct Device {
     limits: wgpu::Limits,
     /// WGSL's `dot4I8Packed` (a single instruction where the GPU has one, emulated otherwise).
     packed_dot: bool,
+    /// Timestamp queries at the ends of compute passes (`bench --profile`).
+    timestamps: bool,
     /// The first error the device reported outside an error scope.
     error: Arc<Mutex<Option<String>>>,
 }
 
 impl Device {
-    /// The best adapter's device with every limit the adapter has; `None` without an adapter.
+    /// The best adapter's device, opened once per process and shared by every model after: a
+    /// driver holds a context per opened device (on an H200, a test that opened a device for
+    /// each of some thirty models found no adapter after that). `None` without an adapter.
     fn open(allow_software: bool) -> Result<Option<Self>> {
+        static OPENED: [OnceLock<Mutex<Option<Option<Device>>>>; 2] =
+            [OnceLock::new(), OnceLock::new()];
+        let slot = OPENED[allow_software as usize].get_or_init(Mutex::default);
+        let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(opened) = &*slot {
+            return Ok(opened.clone());
+        }
+        let opened = Self::open_new(allow_software)?;
+        *slot = Some(opened.clone());
+        Ok(opened)
+    }
+
+    /// The best adapter's device with every limit the adapter has, and timestamp queries where
+    /// it has them (for `bench --profile`).
+    fn open_new(allow_software: bool) -> Result<Option<Self>> {
         let Some((adapter, packed_dot)) = pick_adapter(allow_software) else {
             return Ok(None);
         };
         let info = adapter.get_info();
         let limits = adapter.limits();
+        let features = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("sapient"),
+            required_features: features,
             required_limits: limits.clone(),
             ..Default::default()
         }))
@@ -146,6 +198,7 @@ impl Device {
             info,
             limits,
             packed_dot,
+            timestamps: !features.is_empty(),
             error,
         }))
     }
@@ -160,6 +213,7 @@ impl GpuModel {
             info,
             limits,
             packed_dot,
+            timestamps,
             error,
         }) = Device::open(opts.allow_software)?
         else {
@@ -175,7 +229,7 @@ impl GpuModel {
         let c = &model.config;
         let w = &model.weights;
         let upload = |name: &str, mats: &[&sapient_core::Matrix<'_>], interleave: bool| {
-            GpuMatrix::upload(&device, name, mats, interleave, ROWS, max_binding)
+            GpuMatrix::upload(&device, name, mats, interleave, PART_ROWS, max_binding)
         };
         let floats = |name: &str, values: &[f32]| {
             device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -231,6 +285,7 @@ impl GpuModel {
             queue,
             info,
             limits,
+            timestamps,
             config: c.clone(),
             inv_freq: model.inv_freq().to_vec(),
             embed,

@@ -6,24 +6,28 @@
 //! A session holds one KV cache or several (slots, for a server's sequences): each layer's keys
 //! and values are one buffer of `slots × max_seq` rows, and every row of a batch names its slot
 //! and position, so one forward pass runs the next tokens of several sequences together.
-use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Result};
 use sapient_core::model::layer_loop;
 use sapient_core::{ops, Backend, Config, Segment, Want};
 use wgpu::util::DeviceExt;
 
-use super::kernels::{Fused, Kernels, PREFILL_TILE, Q16_ROWS, Q16_WORDS};
+use super::kernels::{
+    Fused, Kernels, FLOAT_ROWS, PREFILL_TILE, Q16_TILE_ROWS, Q16_VEC_ROWS, Q16_WORDS,
+};
+use super::profile::KernelTimer;
 use super::weights::{GpuFormat, GpuMatrix, Part};
-use super::{GpuModel, ROWS};
-use crate::run::Session;
+use super::{map_read, GpuModel};
+use crate::run::{KernelTimes, Session};
 
 /// Logit rows computed and read back per submission.
 const LOGIT_ROWS: usize = 8;
 /// The most pieces a decoded token's attention is split into over a long context.
 const MAX_SPLITS: usize = 32;
-/// Context positions per piece of a decoded token's attention.
-const SPLIT_KEYS: usize = 256;
+/// Context positions per piece of a decoded token's attention: one step of the kernel's keys.
+/// A workgroup takes ~60 µs a step on an H200 (its loops wait on each load), so a long context
+/// is split as finely as `MAX_SPLITS` allows: 242 µs a layer at 2048 positions in pieces of 256.
+const SPLIT_KEYS: usize = 64;
 const MAX_WORKGROUPS: usize = 65535;
 
 /// `Rows` in the shaders: the tokens a dispatch covers, and the pieces of a decoded token's
@@ -272,12 +276,16 @@ struct LayerGroups {
 pub(super) struct Recorder {
     pub(super) encoder: Option<wgpu::CommandEncoder>,
     pub(super) dispatches: usize,
+    /// Timestamps around each dispatch, with `bench --profile`.
+    pub(super) timer: Option<KernelTimer>,
 }
 
 impl Recorder {
+    /// Records `kernel` (its name in `bench --profile`) in a pass of its own.
     pub(super) fn dispatch(
         &mut self,
         device: &wgpu::Device,
+        kernel: &'static str,
         pipeline: &wgpu::ComputePipeline,
         group: &wgpu::BindGroup,
         size: [usize; 3],
@@ -285,17 +293,22 @@ impl Recorder {
         let encoder = self
             .encoder
             .get_or_insert_with(|| device.create_command_encoder(&Default::default()));
-        let mut pass = encoder.begin_compute_pass(&Default::default());
+        let timestamp_writes = self.timer.as_mut().and_then(|t| t.pass(kernel));
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: None,
+            timestamp_writes,
+        });
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, group, &[]);
         pass.dispatch_workgroups(size[0] as u32, size[1] as u32, size[2] as u32);
         self.dispatches += 1;
     }
 
-    /// Every part of `mm` for `count` tokens.
+    /// Every part of `mm` for `count` tokens, as `kernel`.
     pub(super) fn matmul(
         &mut self,
         device: &wgpu::Device,
+        kernel: &'static str,
         k: &Kernels,
         mm: &MatMul,
         count: usize,
@@ -303,17 +316,17 @@ impl Recorder {
         let tile = if count == 1 { 1 } else { PREFILL_TILE };
         let (pipeline, parts, group_rows) = match (&mm.q16, k.q16(mm.format, mm.fused)) {
             (Some(q), Some(p)) if count > 1 => {
-                self.dispatch(device, p.quantize, &q.quantize, [1, count, 1]);
-                (p.matmul, &q.parts, Q16_ROWS)
+                self.dispatch(device, "quantize", p.quantize, &q.quantize, [1, count, 1]);
+                (p.matmul, &q.parts, Q16_TILE_ROWS)
             }
-            (_, Some(p)) if count == 1 => (p.matvec, &mm.parts, Q16_ROWS),
-            _ => (k.matmul(mm.format, mm.fused, tile)?, &mm.parts, ROWS),
+            (_, Some(p)) if count == 1 => (p.matvec, &mm.parts, Q16_VEC_ROWS),
+            _ => (k.matmul(mm.format, mm.fused, tile)?, &mm.parts, FLOAT_ROWS),
         };
         for (group, rows) in parts {
             let groups = rows.div_ceil(group_rows);
             let gx = groups.min(MAX_WORKGROUPS);
             let size = [gx, groups.div_ceil(gx), count.div_ceil(tile)];
-            self.dispatch(device, pipeline, group, size);
+            self.dispatch(device, kernel, pipeline, group, size);
         }
         Ok(())
     }
@@ -331,6 +344,7 @@ impl Recorder {
         for (group, _) in &mm.parts {
             self.dispatch(
                 device,
+                "embed",
                 pipeline,
                 group,
                 [cols.div_ceil(4).div_ceil(64), count, 1],
@@ -371,8 +385,6 @@ pub struct GpuSession<'m> {
     last_dispatches: usize,
     /// What went wrong on the device, for the error the forward pass returns.
     failure: Option<anyhow::Error>,
-    /// The staging buffer's map result, set by wgpu's callback (made once, not per read-back).
-    mapped: Arc<Mutex<Option<Result<(), wgpu::BufferAsyncError>>>>,
 }
 
 impl<'m> GpuSession<'m> {
@@ -592,7 +604,6 @@ impl<'m> GpuSession<'m> {
             splits: 1,
             last_dispatches: 0,
             failure: None,
-            mapped: Arc::default(),
         })
     }
 
@@ -612,39 +623,42 @@ impl<'m> GpuSession<'m> {
             .take()
             .unwrap_or_else(|| device.create_command_encoder(&Default::default()));
         encoder.copy_buffer_to_buffer(src, start as u64, &self.staging, 0, bytes as u64);
+        if let Some(t) = &self.rec.timer {
+            t.resolve(&mut encoder);
+        }
         self.model.queue.submit([encoder.finish()]);
         let slice = self.staging.slice(..bytes as u64);
-        let mapped = self.mapped.clone();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            *mapped.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
-        });
-        device
-            .poll(wgpu::PollType::Wait {
-                submission_index: None,
-                timeout: None,
-            })
+        map_read(device, &slice)
             .map_err(|e| anyhow::anyhow!("GPU {}: {e}", self.model.info.name))?;
         self.model.check()?;
-        let mapped = self.mapped.lock().unwrap_or_else(|p| p.into_inner()).take();
-        mapped
-            .ok_or_else(|| {
-                anyhow::anyhow!("GPU {}: the read-back never finished", self.model.info.name)
-            })?
-            .map_err(|e| anyhow::anyhow!("GPU {}: reading back: {e}", self.model.info.name))?;
         let view = slice
             .get_mapped_range()
             .map_err(|e| anyhow::anyhow!("GPU {}: reading back: {e}", self.model.info.name))?;
         read(&view);
         drop(view);
         self.staging.unmap();
-        Ok(())
+        self.collect_times()
     }
 
     fn submit(&mut self) -> Result<()> {
-        if let Some(encoder) = self.rec.encoder.take() {
+        if let Some(mut encoder) = self.rec.encoder.take() {
+            if let Some(t) = &self.rec.timer {
+                t.resolve(&mut encoder);
+            }
             self.model.queue.submit([encoder.finish()]);
         }
+        self.collect_times()?;
         self.model.check()
+    }
+
+    /// With kernel times on: waits for the last submission and adds its passes' times.
+    fn collect_times(&mut self) -> Result<()> {
+        match &mut self.rec.timer {
+            Some(t) => t
+                .collect(&self.model.device)
+                .map_err(|e| anyhow::anyhow!("GPU {}: {e}", self.model.info.name)),
+            None => Ok(()),
+        }
     }
 
     fn write_rows(&self, buffer: &wgpu::Buffer, rows: Rows) {
@@ -723,6 +737,7 @@ impl Backend for GpuSession<'_> {
     fn qkv(&mut self, layer: usize, n: usize) -> sapient_core::Result<()> {
         let result = self.rec.matmul(
             &self.model.device,
+            "qkv",
             &self.model.kernels,
             &self.layers[layer].qkv,
             n,
@@ -735,8 +750,13 @@ impl Backend for GpuSession<'_> {
         let threads = (c.n_heads + c.n_kv_heads) * c.head_dim / 2 + c.kv_dim();
         let (model, group) = (self.model, &self.layers[layer].rope);
         let size = [threads.div_ceil(64), n, 1];
-        self.rec
-            .dispatch(&model.device, &model.kernels.rope_store, group, size);
+        self.rec.dispatch(
+            &model.device,
+            "rope_store",
+            &model.kernels.rope_store,
+            group,
+            size,
+        );
         Ok(())
     }
 
@@ -744,11 +764,21 @@ impl Backend for GpuSession<'_> {
         let (heads, n) = (self.model.config.n_heads, self.n);
         let (model, group) = (self.model, &self.layers[layer].attention);
         let (device, k) = (&model.device, &model.kernels);
-        self.rec
-            .dispatch(device, &k.attention, group, [heads, n, self.splits]);
+        self.rec.dispatch(
+            device,
+            "attention",
+            &k.attention,
+            group,
+            [heads, n, self.splits],
+        );
         if self.splits > 1 {
-            self.rec
-                .dispatch(device, &k.attention_reduce, group, [heads, 1, 1]);
+            self.rec.dispatch(
+                device,
+                "attention_reduce",
+                &k.attention_reduce,
+                group,
+                [heads, 1, 1],
+            );
         }
         Ok(())
     }
@@ -756,6 +786,7 @@ impl Backend for GpuSession<'_> {
     fn attn_out(&mut self, layer: usize, n: usize) -> sapient_core::Result<()> {
         let result = self.rec.matmul(
             &self.model.device,
+            "attn_out",
             &self.model.kernels,
             &self.layers[layer].wo,
             n,
@@ -766,6 +797,7 @@ impl Backend for GpuSession<'_> {
     fn gate_up(&mut self, layer: usize, n: usize) -> sapient_core::Result<()> {
         let result = self.rec.matmul(
             &self.model.device,
+            "gate_up",
             &self.model.kernels,
             &self.layers[layer].gate_up,
             n,
@@ -776,6 +808,7 @@ impl Backend for GpuSession<'_> {
     fn ffn_out(&mut self, layer: usize, n: usize) -> sapient_core::Result<()> {
         let result = self.rec.matmul(
             &self.model.device,
+            "down",
             &self.model.kernels,
             &self.layers[layer].down,
             n,
@@ -787,8 +820,13 @@ impl Backend for GpuSession<'_> {
         // Every row of the batch: one dispatch whatever the rows asked for.
         let model = self.model;
         let size = [self.n, 1, 1];
-        self.rec
-            .dispatch(&model.device, &model.kernels.rms_norm, &self.norm, size);
+        self.rec.dispatch(
+            &model.device,
+            "final_norm",
+            &model.kernels.rms_norm,
+            &self.norm,
+            size,
+        );
         Ok(())
     }
 
@@ -818,6 +856,7 @@ impl Backend for GpuSession<'_> {
                 .rec
                 .matmul(
                     &self.model.device,
+                    "logits",
                     &self.model.kernels,
                     &self.lm_head,
                     count,
@@ -845,10 +884,11 @@ impl Backend for GpuSession<'_> {
         let model = self.model;
         let result = self
             .rec
-            .matmul(&model.device, &model.kernels, &self.lm_head, 1);
+            .matmul(&model.device, "logits", &model.kernels, &self.lm_head, 1);
         result.map_err(|e| self.fail(e))?;
         self.rec.dispatch(
             &model.device,
+            "argmax",
             &model.kernels.argmax,
             &self.argmax,
             [1, 1, 1],
@@ -952,6 +992,27 @@ impl Session for GpuSession<'_> {
 
     fn truncate(&mut self, len: usize) {
         self.truncate_slot(0, len);
+    }
+
+    fn time_kernels(&mut self) -> Result<()> {
+        if !self.model.timestamps {
+            bail!(
+                "GPU {}: the adapter has no timestamp queries, so no kernel times",
+                self.model.info.name
+            );
+        }
+        if self.rec.timer.is_none() {
+            self.rec.timer = Some(KernelTimer::new(&self.model.device, &self.model.queue));
+        }
+        Ok(())
+    }
+
+    fn take_kernel_times(&mut self) -> KernelTimes {
+        self.rec
+            .timer
+            .as_mut()
+            .map(KernelTimer::take)
+            .unwrap_or_default()
     }
 
     fn dispatches_per_token(&self) -> Option<usize> {

@@ -14,7 +14,7 @@ use super::session::{
     bind_group, embed_groups, matmul_groups, uniform, Place, Recorder, Rows, Shape,
 };
 use super::weights::GpuMatrix;
-use super::Device;
+use super::{map_read, Device};
 
 fn device() -> Option<Device> {
     let d = Device::open(true).unwrap();
@@ -87,13 +87,7 @@ fn run_and_read(d: &Device, rec: &mut Recorder, src: &wgpu::Buffer, n: usize) ->
     encoder.copy_buffer_to_buffer(src, 0, &staging, 0, (n * 4) as u64);
     d.queue.submit([encoder.finish()]);
     let slice = staging.slice(..);
-    slice.map_async(wgpu::MapMode::Read, |r| r.unwrap());
-    d.device
-        .poll(wgpu::PollType::Wait {
-            submission_index: None,
-            timeout: None,
-        })
-        .unwrap();
+    map_read(&d.device, &slice).unwrap();
     let error = d.error.lock().unwrap().clone();
     assert!(error.is_none(), "{error:?}");
     let out = bytemuck::cast_slice(&slice.get_mapped_range().unwrap()).to_vec();
@@ -219,7 +213,7 @@ fn matmul_kernels_match_the_cpu() {
                             eps,
                         );
                         let mut rec = Recorder::default();
-                        rec.matmul(&d.device, &k, &mm, count).unwrap();
+                        rec.matmul(&d.device, "test", &k, &mm, count).unwrap();
                         let quantized = packed_dot && count > 1;
                         assert_eq!(rec.dispatches, m.parts.len() + quantized as usize);
                         let got = run_and_read(&d, &mut rec, &yb, n * out_cols);
@@ -321,7 +315,7 @@ fn q16_lone_token_matches_its_batch() {
                     1e-5,
                 );
                 let mut rec = Recorder::default();
-                rec.matmul(&d.device, &k, &mm, count).unwrap();
+                rec.matmul(&d.device, "test", &k, &mm, count).unwrap();
                 run_and_read(&d, &mut rec, &yb, count * out_cols)
             };
             let batch = run(n, &x);
@@ -455,6 +449,7 @@ fn rope_store_kernel_matches_the_cpu() {
             let mut rec = Recorder::default();
             rec.dispatch(
                 &d.device,
+                "test",
                 &k.rope_store,
                 &group,
                 [threads.div_ceil(64), n, 1],
@@ -531,9 +526,21 @@ fn attention_kernel_matches_the_cpu() {
                 ];
                 let group = bind_group(&d.device, &k.attention_layout, &entries);
                 let mut rec = Recorder::default();
-                rec.dispatch(&d.device, &k.attention, &group, [n_heads, n, splits]);
+                rec.dispatch(
+                    &d.device,
+                    "test",
+                    &k.attention,
+                    &group,
+                    [n_heads, n, splits],
+                );
                 if splits > 1 {
-                    rec.dispatch(&d.device, &k.attention_reduce, &group, [n_heads, 1, 1]);
+                    rec.dispatch(
+                        &d.device,
+                        "test",
+                        &k.attention_reduce,
+                        &group,
+                        [n_heads, 1, 1],
+                    );
                 }
                 let got = run_and_read(&d, &mut rec, &att, n * qd);
 
@@ -605,7 +612,7 @@ fn norm_and_argmax_kernels_match_the_cpu() {
         &[(0, &rb), (1, &sb), (2, &xb), (3, &gb), (4, &out)],
     );
     let mut rec = Recorder::default();
-    rec.dispatch(&d.device, &k.rms_norm, &group, [n, 1, 1]);
+    rec.dispatch(&d.device, "test", &k.rms_norm, &group, [n, 1, 1]);
     let got = run_and_read(&d, &mut rec, &out, n * hidden);
     let mut want = vec![0f32; hidden];
     for t in 0..n {
@@ -630,7 +637,7 @@ fn norm_and_argmax_kernels_match_the_cpu() {
             &[(0, &rb), (1, &sb), (2, &lb), (3, &id)],
         );
         let mut rec = Recorder::default();
-        rec.dispatch(&d.device, &k.argmax, &group, [1, 1, 1]);
+        rec.dispatch(&d.device, "test", &k.argmax, &group, [1, 1, 1]);
         let got = run_and_read(&d, &mut rec, &id, 1)[0].to_bits();
         assert_eq!(got, argmax(&logits), "max at {best}");
     }

@@ -6,7 +6,8 @@
 // (f32 inputs; `quantize` too) or, for integer weights where WGSL has `dot4I8Packed`, `q16`.
 //
 // A workgroup computes ROWS rows for TOK tokens; LANES threads share THREAD_ROWS rows, each
-// striding over their 32-value blocks, then the lanes' sums are added in a tree.
+// striding over their 32-value blocks, then the lanes' sums are added in a tree. (Every variant
+// has THREAD_ROWS = ROWS: one group of LANES threads takes all the workgroup's rows.)
 //
 // Integer weights meet activations quantized as the CPU's `quant::q16` does (d = amax / 32639,
 // quants rounded to nearest even; the block keeps the sum of each half's quants): in a batch, one `quantize` dispatch makes the
@@ -72,46 +73,88 @@ fn norm_prologue(lid: u32, tok_base: u32, tok_end: u32) {
     workgroupBarrier();
 }
 
+// A Q16 block of inputs, in registers: the high bytes of the quants of values 0..16 (`hi0`, four
+// to a word) and 16..32 (`hi1`), the low bytes likewise, the scale, and each half's quant sum.
+// (Arrays here went to the GPU's slow per-thread memory: naga passes them by value.)
+struct Q16 {
+    hi0: vec4<u32>,
+    hi1: vec4<u32>,
+    lo0: vec4<u32>,
+    lo1: vec4<u32>,
+    d: f32,
+    sum0: i32,
+    sum1: i32,
+}
+
+// Inputs c .. c+3 of the row at `i` (RMSNorm'd by `inv` and the norm's weights when NORM).
+fn inputs4(i: u32, c: u32, inv: f32) -> vec4<f32> {
+    var v = vec4<f32>(x[i], x[i + 1u], x[i + 2u], x[i + 3u]);
+    if (NORM) {
+        v = v * inv * vec4<f32>(aux[c], aux[c + 1u], aux[c + 2u], aux[c + 3u]);
+    }
+    return v;
+}
+
+// Four values' quants, rounded to nearest even as the CPU's `quant::q16` does.
+fn quants4(v: vec4<f32>, id: f32) -> vec4<i32> {
+    return vec4<i32>(round(clamp(v * id, vec4<f32>(-Q16_MAX), vec4<f32>(Q16_MAX))));
+}
+
+// Four signed bytes in a word, the first lowest.
+fn bytes_word(b: vec4<i32>) -> u32 {
+    let u = vec4<u32>(b) & vec4<u32>(0xffu);
+    return u.x | (u.y << 8u) | (u.z << 16u) | (u.w << 24u);
+}
+
+// The high bytes (q + 128) >> 8 of four quants, and the low ones, q - 256·high: both signed.
+fn high_word(q: vec4<i32>) -> u32 {
+    return bytes_word((q + vec4<i32>(128)) >> vec4<u32>(8u));
+}
+
+fn low_word(q: vec4<i32>) -> u32 {
+    return bytes_word(q - ((q + vec4<i32>(128)) >> vec4<u32>(8u)) * 256i);
+}
+
+fn sum4(q: vec4<i32>) -> i32 {
+    return q.x + q.y + q.z + q.w;
+}
+
 // Block `b` of token `tok`'s inputs (RMSNorm'd by `inv` and the norm's weights when NORM) as a
 // Q16 block.
-fn q16_block(tok: u32, b: u32, inv: f32) -> array<u32, Q16_WORDS> {
+fn q16_block(tok: u32, b: u32, inv: f32) -> Q16 {
     let i = tok * p.x_stride + b * 32u;
-    var v: array<f32, 32>;
-    var amax = 0.0;
-    for (var k = 0u; k < 32u; k++) {
-        var e = x[i + k];
-        if (NORM) {
-            e = e * inv * aux[b * 32u + k];
-        }
-        v[k] = e;
-        amax = max(amax, abs(e));
-    }
-    let d = amax / Q16_MAX;
+    let c = b * 32u;
+    let v0 = inputs4(i, c, inv);
+    let v1 = inputs4(i + 4u, c + 4u, inv);
+    let v2 = inputs4(i + 8u, c + 8u, inv);
+    let v3 = inputs4(i + 12u, c + 12u, inv);
+    let v4 = inputs4(i + 16u, c + 16u, inv);
+    let v5 = inputs4(i + 20u, c + 20u, inv);
+    let v6 = inputs4(i + 24u, c + 24u, inv);
+    let v7 = inputs4(i + 28u, c + 28u, inv);
+    let m = max(
+        max(max(abs(v0), abs(v1)), max(abs(v2), abs(v3))),
+        max(max(abs(v4), abs(v5)), max(abs(v6), abs(v7)))
+    );
+    let d = max(max(m.x, m.y), max(m.z, m.w)) / Q16_MAX;
     let id = select(0.0, 1.0 / d, d != 0.0);
-    var out: array<u32, Q16_WORDS>;
-    var sum0 = 0i;
-    var sum1 = 0i;
-    for (var j = 0u; j < 8u; j++) {
-        var hi = 0u;
-        var lo = 0u;
-        for (var k = 0u; k < 4u; k++) {
-            let q = i32(round(clamp(v[j * 4u + k] * id, -Q16_MAX, Q16_MAX)));
-            if (j < 4u) {
-                sum0 += q;
-            } else {
-                sum1 += q;
-            }
-            let h = (q + 128i) >> 8u;
-            hi |= (u32(h) & 0xffu) << (8u * k);
-            lo |= (u32(q - h * 256i) & 0xffu) << (8u * k);
-        }
-        out[j] = hi;
-        out[8u + j] = lo;
-    }
-    out[16u] = bitcast<u32>(d);
-    out[17u] = bitcast<u32>(sum0);
-    out[18u] = bitcast<u32>(sum1);
-    return out;
+    let q0 = quants4(v0, id);
+    let q1 = quants4(v1, id);
+    let q2 = quants4(v2, id);
+    let q3 = quants4(v3, id);
+    let q4 = quants4(v4, id);
+    let q5 = quants4(v5, id);
+    let q6 = quants4(v6, id);
+    let q7 = quants4(v7, id);
+    return Q16(
+        vec4<u32>(high_word(q0), high_word(q1), high_word(q2), high_word(q3)),
+        vec4<u32>(high_word(q4), high_word(q5), high_word(q6), high_word(q7)),
+        vec4<u32>(low_word(q0), low_word(q1), low_word(q2), low_word(q3)),
+        vec4<u32>(low_word(q4), low_word(q5), low_word(q6), low_word(q7)),
+        d,
+        sum4(q0) + sum4(q1) + sum4(q2) + sum4(q3),
+        sum4(q4) + sum4(q5) + sum4(q6) + sum4(q7),
+    );
 }
 
 // Adds the lanes' sums `acc` of each of the thread's rows (then token).
@@ -209,20 +252,22 @@ fn matmul(
         norm_prologue(lid, tok_base, tok_end);
     }
 
-    let row = row_base + lid / LANES;
+    let row0 = row_base + (lid / LANES) * THREAD_ROWS;
     var acc: array<f32, THREAD_ROWS * TOK>;
-    if (row < p.rows) {
-        for (var b = lid % LANES; b < p.nb; b += LANES) {
-            for (var j = 0u; j < 8u; j++) {
-                let c = b * 32u + j * 4u;
-                let wv = deq(row, b, j);
-                var g = vec4<f32>(1.0);
-                if (NORM) {
-                    g = norm_weight(c);
-                }
-                for (var t = 0u; t < TOK; t++) {
-                    if (tok_base + t < tok_end) {
-                        acc[t] += dot(wv, load_x(tok_base + t, c) * g);
+    for (var b = lid % LANES; b < p.nb; b += LANES) {
+        for (var j = 0u; j < 8u; j++) {
+            let c = b * 32u + j * 4u;
+            var g = vec4<f32>(1.0);
+            if (NORM) {
+                g = norm_weight(c);
+            }
+            for (var i = 0u; i < THREAD_ROWS; i++) {
+                if (row0 + i < p.rows) {
+                    let wv = deq(row0 + i, b, j);
+                    for (var t = 0u; t < TOK; t++) {
+                        if (tok_base + t < tok_end) {
+                            acc[i * TOK + t] += dot(wv, load_x(tok_base + t, c) * g);
+                        }
                     }
                 }
             }
@@ -256,6 +301,13 @@ fn embed(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 @group(0) @binding(7) var<storage, read_write> q16_out: array<u32>;
 
+fn store4(o: u32, v: vec4<u32>) {
+    q16_out[o] = v.x;
+    q16_out[o + 1u] = v.y;
+    q16_out[o + 2u] = v.z;
+    q16_out[o + 3u] = v.w;
+}
+
 // The batch's rows of inputs as Q16 blocks: one workgroup per token.
 @compute @workgroup_size(WG)
 fn quantize(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -266,9 +318,13 @@ fn quantize(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wi
     for (var b = lid; b < p.nb; b += WG) {
         let q = q16_block(tok, b, inv_rms[0]);
         let o = (tok * p.nb + b) * Q16_WORDS;
-        for (var k = 0u; k < Q16_WORDS; k++) {
-            q16_out[o + k] = q[k];
-        }
+        store4(o, q.hi0);
+        store4(o + 4u, q.hi1);
+        store4(o + 8u, q.lo0);
+        store4(o + 12u, q.lo1);
+        q16_out[o + 16u] = bitcast<u32>(q.d);
+        q16_out[o + 17u] = bitcast<u32>(q.sum0);
+        q16_out[o + 18u] = bitcast<u32>(q.sum1);
     }
 }
 
@@ -278,17 +334,31 @@ fn quantize(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wi
 @group(0) @binding(7) var<storage, read> q16_in: array<u32>;
 
 // The dot product of block `b` of `row`'s weights and a Q16 block.
-fn block_dot(row: u32, b: u32, q: array<u32, Q16_WORDS>) -> f32 {
-    var hi = vec2<i32>();
-    var lo = vec2<i32>();
-    for (var j = 0u; j < 4u; j++) {
-        let w0 = qword(row, b, j);
-        let w1 = qword(row, b, j + 4u);
-        hi += vec2<i32>(dot4I8Packed(w0, q[j]), dot4I8Packed(w1, q[j + 4u]));
-        lo += vec2<i32>(dot4I8Packed(w0, q[8u + j]), dot4I8Packed(w1, q[12u + j]));
-    }
-    let xsum = vec2<i32>(bitcast<i32>(q[17u]), bitcast<i32>(q[18u]));
-    return qdot(row, b, hi * 256i + lo, bitcast<f32>(q[16u]), xsum);
+fn block_dot(row: u32, b: u32, q: Q16) -> f32 {
+    let w0 = vec4<u32>(qword(row, b, 0u), qword(row, b, 1u), qword(row, b, 2u), qword(row, b, 3u));
+    let w1 = vec4<u32>(qword(row, b, 4u), qword(row, b, 5u), qword(row, b, 6u), qword(row, b, 7u));
+    let hi = vec2<i32>(dot4(w0, q.hi0), dot4(w1, q.hi1));
+    let lo = vec2<i32>(dot4(w0, q.lo0), dot4(w1, q.lo1));
+    return qdot(row, b, hi * 256i + lo, q.d, vec2<i32>(q.sum0, q.sum1));
+}
+
+// The integer dot product of 16 signed bytes, four to a word.
+fn dot4(w: vec4<u32>, q: vec4<u32>) -> i32 {
+    return dot4I8Packed(w.x, q.x) + dot4I8Packed(w.y, q.y) + dot4I8Packed(w.z, q.z)
+        + dot4I8Packed(w.w, q.w);
+}
+
+// The Q16 block at word `o` of what `quantize` wrote.
+fn load_q16(o: u32) -> Q16 {
+    return Q16(
+        vec4<u32>(q16_in[o], q16_in[o + 1u], q16_in[o + 2u], q16_in[o + 3u]),
+        vec4<u32>(q16_in[o + 4u], q16_in[o + 5u], q16_in[o + 6u], q16_in[o + 7u]),
+        vec4<u32>(q16_in[o + 8u], q16_in[o + 9u], q16_in[o + 10u], q16_in[o + 11u]),
+        vec4<u32>(q16_in[o + 12u], q16_in[o + 13u], q16_in[o + 14u], q16_in[o + 15u]),
+        bitcast<f32>(q16_in[o + 16u]),
+        bitcast<i32>(q16_in[o + 17u]),
+        bitcast<i32>(q16_in[o + 18u]),
+    );
 }
 
 // A tile of tokens whose Q16 blocks `quantize` made.
@@ -307,11 +377,7 @@ fn matmul(
         for (var t = 0u; t < TOK; t++) {
             let tok = tok_base + t;
             if (tok < tok_end) {
-                var q: array<u32, Q16_WORDS>;
-                let o = (tok * p.nb + b) * Q16_WORDS;
-                for (var k = 0u; k < Q16_WORDS; k++) {
-                    q[k] = q16_in[o + k];
-                }
+                let q = load_q16((tok * p.nb + b) * Q16_WORDS);
                 for (var i = 0u; i < THREAD_ROWS; i++) {
                     if (row0 + i < p.rows) {
                         acc[i * TOK + t] += block_dot(row0 + i, b, q);
