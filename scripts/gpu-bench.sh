@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU backend against the CPU backend on this machine: `sapient bench` on both, one JSON line
-# per run (tokens/s, dispatches per decoded token, peak memory), on models of real shapes with
-# random weights, so that it runs where no model file can be fetched; then eight sequences
-# decoding together (`--parallel 8`, as `sapient serve` runs them) on each backend.
+# per run (tokens/s, dispatches per decoded token, peak memory; on the GPU each kernel's time too,
+# `--profile`), on models of real shapes with random weights, so that it runs where no model file
+# can be fetched; then eight sequences decoding together (`--parallel 8`, as `sapient serve` runs
+# them) on each backend.
 #
 #   scripts/gpu-bench.sh [sapient binary built with --features gpu] [reps]
 #
@@ -19,7 +20,10 @@ for model in random:smollm2-135m:q8_0 random:smollm2-135m:q4_1 random:smollm2-13
     random:llama-3.1-8b:q8_0; do
     for backend in gpu cpu; do
         printf '%s %s: ' "$model" "$backend"
-        "$sapient" bench -m "$model" --backend "$backend" -p 512 -n 128 -r "$reps" --format json 2>&1 |
+        profile=()
+        [ "$backend" = gpu ] && profile=(--profile)
+        "$sapient" bench -m "$model" --backend "$backend" -p 512 -n 128 -r "$reps" "${profile[@]}" \
+            --format json 2>&1 |
             grep -E '^\{|^GPU|^error' | tr '\n' ' '
         echo
     done
