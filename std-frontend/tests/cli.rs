@@ -365,8 +365,8 @@ fn no_gpu() -> bool {
 }
 
 /// `--backend gpu` (any adapter, lavapipe included) gives the CPU's greedy tokens, and `bench`
-/// reports its dispatches per decoded token (six per layer and three more) and decodes several
-/// sequences together.
+/// reports its dispatches per decoded token (six per layer and three more), times each kernel
+/// (`--profile`, which the CPU refuses) and decodes several sequences together.
 #[cfg(feature = "gpu")]
 #[test]
 fn gpu_backend_from_the_cli() {
@@ -407,27 +407,8 @@ fn gpu_backend_from_the_cli() {
         "gpu",
     ]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("GPU: "));
-    let bench = json(&sapient(&[
-        "bench",
-        "-m",
-        &m,
-        "-p",
-        "8",
-        "-n",
-        "4",
-        "-r",
-        "1",
-        "--backend",
-        "gpu",
-        "--format",
-        "json",
-    ]));
-    assert_eq!(bench["backend"], "gpu");
-    let layers = 2; // the qwen2 fixture's
-    assert_eq!(bench["dispatches_per_token"], 6 * layers + 3);
-    // --profile: every kernel's time per token, on the GPU only.
-    let profile = |backend: &str| {
-        sapient(&[
+    let bench = |backend: &str, extra: &[&str]| {
+        let mut args = vec![
             "bench",
             "-m",
             &m,
@@ -437,14 +418,20 @@ fn gpu_backend_from_the_cli() {
             "4",
             "-r",
             "1",
-            "--backend",
-            backend,
-            "--profile",
             "--format",
             "json",
-        ])
+            "--backend",
+            backend,
+        ];
+        args.extend_from_slice(extra);
+        sapient(&args)
     };
-    let timed = json(&profile("gpu"));
+    let plain = json(&bench("gpu", &[]));
+    assert_eq!(plain["backend"], "gpu");
+    let layers = 2; // the qwen2 fixture's
+    assert_eq!(plain["dispatches_per_token"], 6 * layers + 3);
+    // --profile: every kernel's time per token, on the GPU only.
+    let timed = json(&bench("gpu", &["--profile"]));
     let decode = &timed["kernel_times"]["decode"];
     let kernels = decode["kernels"].as_array().unwrap();
     let calls: f64 = kernels
@@ -460,7 +447,7 @@ fn gpu_backend_from_the_cli() {
             .unwrap()
             > 0.0
     );
-    let cpu = profile("cpu");
+    let cpu = bench("cpu", &["--profile"]);
     assert_eq!(cpu.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&cpu.stderr).contains("kernel times need the GPU backend"));
     // Several sequences decoding together in one GPU session's KV slots.
