@@ -43,6 +43,16 @@ pub enum Fused {
     Store,
 }
 
+impl Fused {
+    /// Every fusion, in the order the kernels are compiled.
+    pub const ALL: [Fused; 4] = [
+        Fused::NormStore,
+        Fused::Add,
+        Fused::NormSwiglu,
+        Fused::Store,
+    ];
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Binding {
     Uniform,
@@ -290,18 +300,12 @@ impl Kernels {
                 (7, Read),
             ],
         );
-        let fusions = [
-            Fused::NormStore,
-            Fused::Add,
-            Fused::NormSwiglu,
-            Fused::Store,
-        ];
 
         let mut matmul = HashMap::new();
         let mut matmul_q16 = HashMap::new();
         let mut embed = HashMap::new();
         for &format in formats {
-            for fused in fusions {
+            for fused in Fused::ALL {
                 for tile in [1, PREFILL_TILE] {
                     let source = matmul_source(format, fused, tile, bias, Inputs::Float);
                     let p = pipeline(device, &matmul_layout, &source, "matmul");
@@ -397,15 +401,9 @@ mod tests {
 
     /// Every module `Kernels::new` can compile, with its entry point.
     fn modules() -> Vec<(String, &'static str)> {
-        let fusions = [
-            Fused::NormStore,
-            Fused::Add,
-            Fused::NormSwiglu,
-            Fused::Store,
-        ];
         let mut out = Vec::new();
         for format in GpuFormat::ALL {
-            for fused in fusions {
+            for fused in Fused::ALL {
                 for bias in [false, true] {
                     for tile in [1, PREFILL_TILE] {
                         out.push((
