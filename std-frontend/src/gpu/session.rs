@@ -24,9 +24,10 @@ use crate::run::{KernelTimes, Session};
 const LOGIT_ROWS: usize = 8;
 /// The most pieces a decoded token's attention is split into over a long context.
 const MAX_SPLITS: usize = 32;
-/// Context positions per piece of a decoded token's attention: one step of the kernel's keys.
-/// A workgroup takes ~60 µs a step on an H200 (its loops wait on each load), so a long context
-/// is split as finely as `MAX_SPLITS` allows: 242 µs a layer at 2048 positions in pieces of 256.
+/// Context positions per piece of a decoded token's attention: one step of the kernel's keys, so
+/// that a long context spreads over many workgroups (on an H200, 2048 positions took 242 µs a
+/// layer in 8 pieces of 256, and 40 µs in 32 pieces of 64 once the kernel's loads went four at a
+/// time).
 const SPLIT_KEYS: usize = 64;
 const MAX_WORKGROUPS: usize = 65535;
 
@@ -623,10 +624,7 @@ impl<'m> GpuSession<'m> {
             .take()
             .unwrap_or_else(|| device.create_command_encoder(&Default::default()));
         encoder.copy_buffer_to_buffer(src, start as u64, &self.staging, 0, bytes as u64);
-        if let Some(t) = &self.rec.timer {
-            t.resolve(&mut encoder);
-        }
-        self.model.queue.submit([encoder.finish()]);
+        self.submit_encoder(encoder);
         let slice = self.staging.slice(..bytes as u64);
         map_read(device, &slice)
             .map_err(|e| anyhow::anyhow!("GPU {}: {e}", self.model.info.name))?;
@@ -641,14 +639,19 @@ impl<'m> GpuSession<'m> {
     }
 
     fn submit(&mut self) -> Result<()> {
-        if let Some(mut encoder) = self.rec.encoder.take() {
-            if let Some(t) = &self.rec.timer {
-                t.resolve(&mut encoder);
-            }
-            self.model.queue.submit([encoder.finish()]);
+        if let Some(encoder) = self.rec.encoder.take() {
+            self.submit_encoder(encoder);
         }
         self.collect_times()?;
         self.model.check()
+    }
+
+    /// Submits `encoder`, ending with the copy of its kernel times where they are on.
+    fn submit_encoder(&self, mut encoder: wgpu::CommandEncoder) {
+        if let Some(t) = &self.rec.timer {
+            t.resolve(&mut encoder);
+        }
+        self.model.queue.submit([encoder.finish()]);
     }
 
     /// With kernel times on: waits for the last submission and adds its passes' times.
