@@ -184,7 +184,6 @@ fn matmul_source(
         Inputs::Q16 if tile == 1 => Q16_VEC_ROWS,
         Inputs::Q16 => Q16_TILE_ROWS,
     };
-    let thread_rows = rows;
     let bias = bias && fused == Fused::NormStore;
     let quants = match format {
         GpuFormat::Q8_0 | GpuFormat::Q8Halves => section(FORMATS, "bytes"),
@@ -199,8 +198,7 @@ fn matmul_source(
         },
     );
     format!(
-        "const ROWS: u32 = {rows}u;\nconst LANES: u32 = {LANES}u;\n\
-         const THREAD_ROWS: u32 = {thread_rows}u;\nconst TOK: u32 = {tile}u;\n\
+        "const ROWS: u32 = {rows}u;\nconst LANES: u32 = {LANES}u;\nconst TOK: u32 = {tile}u;\n\
          const NORM: bool = {norm};\nconst NORM_AFTER: bool = {norm_after};\n\
          const BIAS: bool = {bias};\nconst EPI: u32 = {epi}u;\n{}\n\
          {quants}\n{}{inputs}",

@@ -1,19 +1,19 @@
 // Mat-vec and tiled mat-mat over one part of a weight matrix, with the layer loop's fusions:
 // an RMSNorm of the inputs (NORM), and an epilogue that stores (plus a bias), adds into the
 // residual stream, or multiplies SiLU(gate) by up for interleaved gate/up rows (EPI). The Rust
-// side prepends the constants ROWS, LANES, THREAD_ROWS, TOK, NORM, NORM_AFTER, BIAS, EPI and the
+// side prepends the constants ROWS, LANES, TOK, NORM, NORM_AFTER, BIAS, EPI and the
 // format's functions, and compiles the lines above the first section with one section: `float`
 // (f32 inputs; `quantize` too) or, for integer weights where WGSL has `dot4I8Packed`, `q16`.
 //
-// A workgroup computes ROWS rows for TOK tokens; LANES threads share THREAD_ROWS rows, each
-// striding over their 32-value blocks, then the lanes' sums are added in a tree. (Every variant
-// has THREAD_ROWS = ROWS: one group of LANES threads takes all the workgroup's rows.)
+// A workgroup of LANES threads computes ROWS rows for TOK tokens: each thread strides over the
+// rows' 32-value blocks, then the threads' sums are added in a tree.
 //
 // Integer weights meet activations quantized as the CPU's `quant::q16` does (d = amax / 32639,
-// quants rounded to nearest even; the block keeps the sum of each half's quants): in a batch, one `quantize` dispatch makes the
-// blocks for every row of the mat-mul; a lone token's mat-vec makes each block as it reads it,
-// once for the THREAD_ROWS rows of a thread. The blocks, and the order their products are
-// added in, are the same either way, so a token gets the same bits alone and in a batch.
+// quants rounded to nearest even; the block keeps the sum of each half's quants): in a batch,
+// one `quantize` dispatch makes the blocks for every row of the mat-mul; a lone token's mat-vec
+// makes each block as it reads it, once for the workgroup's ROWS rows. The blocks, and the order
+// their products are added in, are the same either way, so a token gets the same bits alone and
+// in a batch.
 
 struct Rows { first: u32, count: u32, splits: u32, pad: u32 }
 struct Mat {
@@ -29,7 +29,6 @@ struct Mat {
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 @group(0) @binding(5) var<storage, read> aux: array<f32>;
 
-const WG: u32 = ROWS * LANES / THREAD_ROWS;
 const EPI_STORE: u32 = 0u;
 const EPI_ADD: u32 = 1u;
 const EPI_SWIGLU: u32 = 2u;
@@ -51,7 +50,7 @@ fn norm_prologue(lid: u32, tok_base: u32, tok_end: u32) {
     for (var t = 0u; t < TOK; t++) {
         var ss = 0.0;
         if (tok_base + t < tok_end) {
-            for (var c = lid; c < p.cols; c += WG) {
+            for (var c = lid; c < p.cols; c += LANES) {
                 let v = x[(tok_base + t) * p.x_stride + c];
                 ss += v * v;
             }
@@ -59,7 +58,7 @@ fn norm_prologue(lid: u32, tok_base: u32, tok_end: u32) {
         red[lid * TOK + t] = ss;
     }
     workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+    for (var s = LANES / 2u; s > 0u; s >>= 1u) {
         if (lid < s) {
             for (var t = 0u; t < TOK; t++) {
                 red[lid * TOK + t] += red[(lid + s) * TOK + t];
@@ -157,21 +156,19 @@ fn q16_block(tok: u32, b: u32, inv: f32) -> Q16 {
     );
 }
 
-// Adds the lanes' sums `acc` of each of the thread's rows (then token).
-fn add_lanes(lid: u32, acc: array<f32, THREAD_ROWS * TOK>) {
-    let lane = lid % LANES;
-    let rr0 = (lid / LANES) * THREAD_ROWS;
-    for (var i = 0u; i < THREAD_ROWS; i++) {
+// Adds the threads' sums `acc` of each row (then token).
+fn add_lanes(lid: u32, acc: array<f32, ROWS * TOK>) {
+    for (var i = 0u; i < ROWS; i++) {
         for (var t = 0u; t < TOK; t++) {
-            red[((rr0 + i) * LANES + lane) * TOK + t] = acc[i * TOK + t];
+            red[(i * LANES + lid) * TOK + t] = acc[i * TOK + t];
         }
     }
     workgroupBarrier();
     for (var s = LANES / 2u; s > 0u; s >>= 1u) {
-        if (lane < s) {
-            for (var i = 0u; i < THREAD_ROWS; i++) {
+        if (lid < s) {
+            for (var i = 0u; i < ROWS; i++) {
                 for (var t = 0u; t < TOK; t++) {
-                    let k = ((rr0 + i) * LANES + lane) * TOK + t;
+                    let k = (i * LANES + lid) * TOK + t;
                     red[k] += red[k + s * TOK];
                 }
             }
@@ -186,7 +183,7 @@ fn result(rr: u32, t: u32) -> f32 {
 
 // The epilogue, for the sum `result(rr, t)` of each row and token of the tile.
 fn epilogue(lid: u32, row_base: u32, tok_base: u32, tok_end: u32) {
-    for (var i = lid; i < ROWS * TOK; i += WG) {
+    for (var i = lid; i < ROWS * TOK; i += LANES) {
         let rr = i / TOK;
         let t = i % TOK;
         let out_row = row_base + rr;
@@ -239,7 +236,7 @@ fn norm_weight(c: u32) -> vec4<f32> {
     return v;
 }
 
-@compute @workgroup_size(WG)
+@compute @workgroup_size(LANES)
 fn matmul(
     @builtin(local_invocation_index) lid: u32,
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -252,18 +249,17 @@ fn matmul(
         norm_prologue(lid, tok_base, tok_end);
     }
 
-    let row0 = row_base + (lid / LANES) * THREAD_ROWS;
-    var acc: array<f32, THREAD_ROWS * TOK>;
-    for (var b = lid % LANES; b < p.nb; b += LANES) {
+    var acc: array<f32, ROWS * TOK>;
+    for (var b = lid; b < p.nb; b += LANES) {
         for (var j = 0u; j < 8u; j++) {
             let c = b * 32u + j * 4u;
             var g = vec4<f32>(1.0);
             if (NORM) {
                 g = norm_weight(c);
             }
-            for (var i = 0u; i < THREAD_ROWS; i++) {
-                if (row0 + i < p.rows) {
-                    let wv = deq(row0 + i, b, j);
+            for (var i = 0u; i < ROWS; i++) {
+                if (row_base + i < p.rows) {
+                    let wv = deq(row_base + i, b, j);
                     for (var t = 0u; t < TOK; t++) {
                         if (tok_base + t < tok_end) {
                             acc[i * TOK + t] += dot(wv, load_x(tok_base + t, c) * g);
@@ -309,13 +305,13 @@ fn store4(o: u32, v: vec4<u32>) {
 }
 
 // The batch's rows of inputs as Q16 blocks: one workgroup per token.
-@compute @workgroup_size(WG)
+@compute @workgroup_size(LANES)
 fn quantize(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let tok = batch.first + wid.y;
     if (NORM) {
         norm_prologue(lid, tok, tok + 1u);
     }
-    for (var b = lid; b < p.nb; b += WG) {
+    for (var b = lid; b < p.nb; b += LANES) {
         let q = q16_block(tok, b, inv_rms[0]);
         let o = (tok * p.nb + b) * Q16_WORDS;
         store4(o, q.hi0);
@@ -362,7 +358,7 @@ fn load_q16(o: u32) -> Q16 {
 }
 
 // A tile of tokens whose Q16 blocks `quantize` made.
-@compute @workgroup_size(WG)
+@compute @workgroup_size(LANES)
 fn matmul(
     @builtin(local_invocation_index) lid: u32,
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -371,16 +367,15 @@ fn matmul(
     let row_base = (wid.x + wid.y * nwg.x) * ROWS;
     let tok_base = batch.first + wid.z * TOK;
     let tok_end = batch.first + batch.count;
-    let row0 = row_base + (lid / LANES) * THREAD_ROWS;
-    var acc: array<f32, THREAD_ROWS * TOK>;
-    for (var b = lid % LANES; b < p.nb; b += LANES) {
+    var acc: array<f32, ROWS * TOK>;
+    for (var b = lid; b < p.nb; b += LANES) {
         for (var t = 0u; t < TOK; t++) {
             let tok = tok_base + t;
             if (tok < tok_end) {
                 let q = load_q16((tok * p.nb + b) * Q16_WORDS);
-                for (var i = 0u; i < THREAD_ROWS; i++) {
-                    if (row0 + i < p.rows) {
-                        acc[i * TOK + t] += block_dot(row0 + i, b, q);
+                for (var i = 0u; i < ROWS; i++) {
+                    if (row_base + i < p.rows) {
+                        acc[i * TOK + t] += block_dot(row_base + i, b, q);
                     }
                 }
             }
@@ -391,7 +386,7 @@ fn matmul(
 }
 
 // One token, each block of its inputs quantized as it is read.
-@compute @workgroup_size(WG)
+@compute @workgroup_size(LANES)
 fn matvec(
     @builtin(local_invocation_index) lid: u32,
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -402,13 +397,12 @@ fn matvec(
     if (NORM) {
         norm_prologue(lid, tok, tok + 1u);
     }
-    let row0 = row_base + (lid / LANES) * THREAD_ROWS;
-    var acc: array<f32, THREAD_ROWS * TOK>;
-    for (var b = lid % LANES; b < p.nb; b += LANES) {
+    var acc: array<f32, ROWS * TOK>;
+    for (var b = lid; b < p.nb; b += LANES) {
         let q = q16_block(tok, b, inv_rms[0]);
-        for (var i = 0u; i < THREAD_ROWS; i++) {
-            if (row0 + i < p.rows) {
-                acc[i] += block_dot(row0 + i, b, q);
+        for (var i = 0u; i < ROWS; i++) {
+            if (row_base + i < p.rows) {
+                acc[i] += block_dot(row_base + i, b, q);
             }
         }
     }
