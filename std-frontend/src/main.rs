@@ -971,19 +971,16 @@ fn run_command(command: Command) -> Result<()> {
                     if let Some(d) = r.dispatches_per_token {
                         println!("GPU dispatches per decoded token: {d}");
                     }
-                    if let Some(t) = &r.prefill_times {
-                        let title = format!("GPU kernel times, pp{prompt}{at}");
-                        print!(
-                            "{}",
-                            sapient::bench::kernel_times_text(&title, t, prompt * reps)
-                        );
-                    }
-                    if let Some(t) = &r.decode_times {
-                        let title = format!("GPU kernel times, tg{generate}{at}");
-                        print!(
-                            "{}",
-                            sapient::bench::kernel_times_text(&title, t, generate * reps)
-                        );
+                    let tests = [
+                        (format!("pp{prompt}"), &r.prefill_times, prompt),
+                        (format!("tg{generate}"), &r.decode_times, generate),
+                    ];
+                    for (test, times, tokens) in tests {
+                        if let Some(t) = times {
+                            let title = format!("GPU kernel times, {test}{at}");
+                            let table = sapient::bench::kernel_times_text(&title, t, tokens * reps);
+                            print!("{table}");
+                        }
                     }
                     if let Some(b) = rss {
                         println!(
