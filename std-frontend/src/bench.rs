@@ -215,8 +215,8 @@ fn per_token(times: &KernelTimes, tokens: usize) -> Vec<(&'static str, f64, f64)
     rows
 }
 
-/// `times` over `tokens` as JSON: per token, each kernel's calls and µs, their sum, and the
-/// span from each submission's first timestamp to its last.
+/// `times` over `tokens` as JSON: per token, each kernel's calls and µs, their sum, the span
+/// from each submission's first timestamp to its last, and the host's recording and submitting.
 pub fn kernel_times_json(times: &KernelTimes, tokens: usize) -> serde_json::Value {
     let rows = per_token(times, tokens);
     let kernels: Vec<_> = rows
@@ -234,6 +234,7 @@ pub fn kernel_times_json(times: &KernelTimes, tokens: usize) -> serde_json::Valu
         "kernels": kernels,
         "kernels_us_per_token": rows.iter().map(|r| r.2).sum::<f64>(),
         "gpu_span_us_per_token": times.span_nanos / 1e3 / tokens.max(1) as f64,
+        "host_us_per_token": times.host_nanos / 1e3 / tokens.max(1) as f64,
         "untimed_dispatches": times.untimed,
     })
 }
@@ -243,9 +244,11 @@ pub fn kernel_times_text(title: &str, times: &KernelTimes, tokens: usize) -> Str
     let rows = per_token(times, tokens);
     let sum: f64 = rows.iter().map(|r| r.2).sum();
     let span = times.span_nanos / 1e3 / tokens.max(1) as f64;
+    let host = times.host_nanos / 1e3 / tokens.max(1) as f64;
     let mut out = format!(
         "{title}, per token: kernels {sum:.1} µs, GPU span {span:.1} µs (kernels and the gaps \
-         between them)\n  {:<18} {:>8} {:>10} {:>10} {:>6}\n",
+         between them), host {host:.1} µs (recording and submitting)\n  \
+         {:<18} {:>8} {:>10} {:>10} {:>6}\n",
         "kernel", "calls", "µs/call", "µs", "share"
     );
     for (kernel, calls, us) in rows {

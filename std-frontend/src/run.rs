@@ -44,13 +44,16 @@ pub struct KernelTime {
     pub nanos: f64,
 }
 
-/// Kernel times on the device, from timestamps at both ends of each dispatch.
+/// Kernel times on the device, from timestamps on each side of every dispatch, and the host's.
 #[derive(Debug, Clone, Default)]
 pub struct KernelTimes {
     pub kernels: Vec<KernelTime>,
     /// From each submission's first timestamp to its last, summed: the kernels, and the gaps
     /// between them that the GPU spent on barriers and starting the next.
     pub span_nanos: f64,
+    /// The host's time recording and submitting each submission, from its first dispatch to the
+    /// queue taking it.
+    pub host_nanos: f64,
     /// Dispatches past the timestamps a submission holds.
     pub untimed: u64,
 }
@@ -77,6 +80,7 @@ impl KernelTimes {
             self.count(k.kernel, k.calls, k.nanos);
         }
         self.span_nanos += other.span_nanos;
+        self.host_nanos += other.host_nanos;
         self.untimed += other.untimed;
     }
 }

@@ -441,6 +441,7 @@ fn gpu_backend_from_the_cli() {
     assert_eq!(calls, (6 * layers + 3) as f64);
     assert!(kernels.iter().any(|k| k["kernel"] == "attention"));
     assert!(decode["gpu_span_us_per_token"].as_f64().unwrap() > 0.0);
+    assert!(decode["host_us_per_token"].as_f64().unwrap() > 0.0);
     assert!(
         timed["kernel_times"]["prefill"]["kernels_us_per_token"]
             .as_f64()

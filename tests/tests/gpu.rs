@@ -442,6 +442,7 @@ fn kernel_times_count_every_dispatch() {
         assert_eq!(decode.untimed, 0);
         assert!(decode.kernels.iter().map(|k| k.nanos).sum::<f64>() > 0.0);
         assert!(decode.span_nanos > 0.0);
+        assert!(decode.host_nanos > 0.0);
         Ok(())
     })
     .unwrap();

@@ -147,7 +147,7 @@ struct Device {
     limits: wgpu::Limits,
     /// WGSL's `dot4I8Packed` (a single instruction where the GPU has one, emulated otherwise).
     packed_dot: bool,
-    /// Timestamp queries at the ends of compute passes (`bench --profile`).
+    /// Timestamp queries (`bench --profile`).
     timestamps: bool,
     /// The first error the device reported outside an error scope.
     error: Arc<Mutex<Option<String>>>,
@@ -170,15 +170,16 @@ impl Device {
         Ok(opened)
     }
 
-    /// The best adapter's device with every limit the adapter has, and timestamp queries where
-    /// it has them (for `bench --profile`).
+    /// The best adapter's device with every limit the adapter has, and timestamp queries (also
+    /// inside passes) where it has them (for `bench --profile`).
     fn open_new(allow_software: bool) -> Result<Option<Self>> {
         let Some((adapter, packed_dot)) = pick_adapter(allow_software) else {
             return Ok(None);
         };
         let info = adapter.get_info();
         let limits = adapter.limits();
-        let features = adapter.features() & wgpu::Features::TIMESTAMP_QUERY;
+        let features = adapter.features()
+            & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES);
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("sapient"),
             required_features: features,
@@ -198,7 +199,7 @@ impl Device {
             info,
             limits,
             packed_dot,
-            timestamps: !features.is_empty(),
+            timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             error,
         }))
     }

@@ -1,6 +1,8 @@
-//! Kernel times on the device for `bench --profile`: every dispatch is its own compute pass,
-//! and a timestamp query at each end of a pass gives the kernel's time on the GPU, which the
-//! wall clock cannot separate from the host's recording, submission and read-back.
+//! Kernel times on the device for `bench --profile`: a timestamp query on each side of every
+//! dispatch gives the kernel's time on the GPU, which the wall clock cannot separate from the
+//! host's recording, submission and read-back; the host's part is timed too.
+use std::time::Instant;
+
 use anyhow::{anyhow, Result};
 
 use super::map_read;
@@ -10,13 +12,19 @@ use crate::run::KernelTimes;
 const QUERIES: u32 = 4096;
 
 pub(super) struct KernelTimer {
-    queries: wgpu::QuerySet,
+    pub(super) queries: wgpu::QuerySet,
+    /// Whether the device writes timestamps between the dispatches of a pass (Vulkan does; Apple
+    /// GPUs do not): then timed dispatches share one pass as untimed ones do, else each takes a
+    /// pass of its own, timed at its ends.
+    pub(super) inside_passes: bool,
     resolved: wgpu::Buffer,
     readable: wgpu::Buffer,
     /// Nanoseconds per timestamp tick.
     period: f64,
     /// The kernel of each pass recorded since the last read.
     pending: Vec<&'static str>,
+    /// When the first dispatch of the submission being recorded was.
+    recording_since: Option<Instant>,
     times: KernelTimes,
 }
 
@@ -41,29 +49,34 @@ impl KernelTimer {
                 usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }),
+            inside_passes: device
+                .features()
+                .contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
             period: queue.get_timestamp_period() as f64,
             pending: Vec::new(),
+            recording_since: None,
             times: KernelTimes::default(),
         }
     }
 
-    /// The timestamp writes of the next pass, which runs `kernel`; `None` (the pass counted as
-    /// untimed) once the submission's queries are used up.
-    pub(super) fn pass(
-        &mut self,
-        kernel: &'static str,
-    ) -> Option<wgpu::ComputePassTimestampWrites<'_>> {
+    /// The queries before and after the next dispatch, which runs `kernel`; `None` (the
+    /// dispatch counted as untimed) once the submission's queries are used up.
+    pub(super) fn queries(&mut self, kernel: &'static str) -> Option<[u32; 2]> {
+        self.recording_since.get_or_insert_with(Instant::now);
         let first = 2 * self.pending.len() as u32;
         if first + 2 > QUERIES {
             self.times.untimed += 1;
             return None;
         }
         self.pending.push(kernel);
-        Some(wgpu::ComputePassTimestampWrites {
-            query_set: &self.queries,
-            beginning_of_pass_write_index: Some(first),
-            end_of_pass_write_index: Some(first + 1),
-        })
+        Some([first, first + 1])
+    }
+
+    /// Once the queue has taken a submission: the host's time recording and submitting it.
+    pub(super) fn submitted(&mut self) {
+        if let Some(since) = self.recording_since.take() {
+            self.times.host_nanos += since.elapsed().as_nanos() as f64;
+        }
     }
 
     /// Records, at the end of a submission, the copy of its timestamps to the readable buffer.

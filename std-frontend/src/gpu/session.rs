@@ -275,14 +275,19 @@ struct LayerGroups {
 /// The command encoder of the batch being recorded, and its dispatches.
 #[derive(Default)]
 pub(super) struct Recorder {
-    pub(super) encoder: Option<wgpu::CommandEncoder>,
+    /// The compute pass that takes every dispatch until the encoder is taken: wgpu orders the
+    /// dispatches of a pass as it orders passes, and a pass apiece took the host about twice as
+    /// long per dispatch (BENCHMARKS.md). Declared before the encoder, so that it ends first
+    /// when a recorder is dropped.
+    pass: Option<wgpu::ComputePass<'static>>,
+    encoder: Option<wgpu::CommandEncoder>,
     pub(super) dispatches: usize,
     /// Timestamps around each dispatch, with `bench --profile`.
     pub(super) timer: Option<KernelTimer>,
 }
 
 impl Recorder {
-    /// Records `kernel` (its name in `bench --profile`) in a pass of its own.
+    /// Records `kernel` (its name in `bench --profile`).
     pub(super) fn dispatch(
         &mut self,
         device: &wgpu::Device,
@@ -291,18 +296,56 @@ impl Recorder {
         group: &wgpu::BindGroup,
         size: [usize; 3],
     ) {
-        let encoder = self
-            .encoder
-            .get_or_insert_with(|| device.create_command_encoder(&Default::default()));
-        let timestamp_writes = self.timer.as_mut().and_then(|t| t.pass(kernel));
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: None,
-            timestamp_writes,
-        });
+        let queries = self.timer.as_mut().and_then(|t| t.queries(kernel));
+        let timer = self.timer.as_ref();
+        let own_pass = timer.is_some_and(|t| !t.inside_passes);
+        if own_pass {
+            self.pass = None;
+        }
+        let pass = match &mut self.pass {
+            Some(pass) => pass,
+            None => {
+                let encoder = self
+                    .encoder
+                    .get_or_insert_with(|| device.create_command_encoder(&Default::default()));
+                let timestamp_writes = timer.zip(queries).filter(|_| own_pass).map(|(t, q)| {
+                    wgpu::ComputePassTimestampWrites {
+                        query_set: &t.queries,
+                        beginning_of_pass_write_index: Some(q[0]),
+                        end_of_pass_write_index: Some(q[1]),
+                    }
+                });
+                let pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: None,
+                    timestamp_writes,
+                });
+                self.pass.insert(pass.forget_lifetime())
+            }
+        };
+        let inside = timer.zip(queries).filter(|_| !own_pass);
+        if let Some((t, q)) = inside {
+            pass.write_timestamp(&t.queries, q[0]);
+        }
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, group, &[]);
         pass.dispatch_workgroups(size[0] as u32, size[1] as u32, size[2] as u32);
+        if let Some((t, q)) = inside {
+            pass.write_timestamp(&t.queries, q[1]);
+        }
         self.dispatches += 1;
+    }
+
+    /// The encoder with everything recorded so far (a new one when nothing was), its pass ended.
+    pub(super) fn take_encoder(&mut self, device: &wgpu::Device) -> wgpu::CommandEncoder {
+        self.pass = None;
+        self.encoder
+            .take()
+            .unwrap_or_else(|| device.create_command_encoder(&Default::default()))
+    }
+
+    /// Whether anything is recorded and not yet taken.
+    pub(super) fn is_empty(&self) -> bool {
+        self.encoder.is_none()
     }
 
     /// Every part of `mm` for `count` tokens, as `kernel`.
@@ -618,11 +661,7 @@ impl<'m> GpuSession<'m> {
         read: impl FnOnce(&[u8]),
     ) -> Result<()> {
         let device = &self.model.device;
-        let mut encoder = self
-            .rec
-            .encoder
-            .take()
-            .unwrap_or_else(|| device.create_command_encoder(&Default::default()));
+        let mut encoder = self.rec.take_encoder(device);
         encoder.copy_buffer_to_buffer(src, start as u64, &self.staging, 0, bytes as u64);
         self.submit_encoder(encoder);
         let slice = self.staging.slice(..bytes as u64);
@@ -639,7 +678,8 @@ impl<'m> GpuSession<'m> {
     }
 
     fn submit(&mut self) -> Result<()> {
-        if let Some(encoder) = self.rec.encoder.take() {
+        if !self.rec.is_empty() {
+            let encoder = self.rec.take_encoder(&self.model.device);
             self.submit_encoder(encoder);
         }
         self.collect_times()?;
@@ -647,11 +687,14 @@ impl<'m> GpuSession<'m> {
     }
 
     /// Submits `encoder`, ending with the copy of its kernel times where they are on.
-    fn submit_encoder(&self, mut encoder: wgpu::CommandEncoder) {
+    fn submit_encoder(&mut self, mut encoder: wgpu::CommandEncoder) {
         if let Some(t) = &self.rec.timer {
             t.resolve(&mut encoder);
         }
         self.model.queue.submit([encoder.finish()]);
+        if let Some(t) = &mut self.rec.timer {
+            t.submitted();
+        }
     }
 
     /// With kernel times on: waits for the last submission and adds its passes' times.

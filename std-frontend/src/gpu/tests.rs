@@ -10,6 +10,7 @@ use sapient_core::{ops, Matrix, RopeStyle, Serial};
 use wgpu::util::DeviceExt;
 
 use super::kernels::{Fused, Kernels, Q16_WORDS};
+use super::profile::KernelTimer;
 use super::session::{
     bind_group, embed_groups, matmul_groups, uniform, Place, Recorder, Rows, Shape,
 };
@@ -80,10 +81,7 @@ fn run_and_read(d: &Device, rec: &mut Recorder, src: &wgpu::Buffer, n: usize) ->
         usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
         mapped_at_creation: false,
     });
-    let mut encoder = rec
-        .encoder
-        .take()
-        .unwrap_or_else(|| d.device.create_command_encoder(&Default::default()));
+    let mut encoder = rec.take_encoder(&d.device);
     encoder.copy_buffer_to_buffer(src, 0, &staging, 0, (n * 4) as u64);
     d.queue.submit([encoder.finish()]);
     let slice = staging.slice(..);
@@ -640,5 +638,82 @@ fn norm_and_argmax_kernels_match_the_cpu() {
         rec.dispatch(&d.device, "test", &k.argmax, &group, [1, 1, 1]);
         let got = run_and_read(&d, &mut rec, &id, 1)[0].to_bits();
         assert_eq!(got, argmax(&logits), "max at {best}");
+    }
+}
+
+/// `bench --profile`'s timer, both ways it takes timestamps (between the dispatches of one pass,
+/// or at the ends of a pass per dispatch): every dispatch counted under its kernel, the host's
+/// time too, and the kernels' results what they are untimed. And a recorder dropped with its
+/// pass open.
+#[test]
+fn kernel_timer_counts_each_dispatch_either_way() {
+    let Some(d) = device() else { return };
+    if !d.timestamps {
+        eprintln!("SKIPPED: the adapter has no timestamp queries");
+        return;
+    }
+    let k = Kernels::new(&d.device, &[], false, false).unwrap();
+    let mut rng = Rng::new(4);
+    let (n, hidden) = (2, 96);
+    let mut sh = shape(1, 1, 2, 0, RopeStyle::Halves);
+    (sh.hidden, sh.eps) = (hidden as u32, 1e-6);
+    let sb = uniform(&d.device, "shape", bytemuck::bytes_of(&sh));
+    let rb = uniform(&d.device, "rows", bytemuck::bytes_of(&rows(0, n, 1)));
+    let (x, gain) = (random(&mut rng, n * hidden), random(&mut rng, hidden));
+    let (xb, gb) = (buffer(&d, &x), buffer(&d, &gain));
+    let outs = [0, 1].map(|_| buffer(&d, &vec![0f32; n * hidden]));
+    let groups = outs.each_ref().map(|out| {
+        let entries = [(0, &rb), (1, &sb), (2, &xb), (3, &gb), (4, out)];
+        bind_group(&d.device, &k.norm_layout, &entries)
+    });
+    // A recorder dropped mid-pass (a forward pass that failed) leaves the device without error:
+    // `run_and_read` below checks.
+    let mut dropped = Recorder::default();
+    dropped.dispatch(&d.device, "norm", &k.rms_norm, &groups[0], [n, 1, 1]);
+    drop(dropped);
+    let untimed = {
+        let mut rec = Recorder::default();
+        rec.dispatch(&d.device, "norm", &k.rms_norm, &groups[0], [n, 1, 1]);
+        run_and_read(&d, &mut rec, &outs[0], n * hidden)
+    };
+    for inside_passes in [true, false] {
+        let mut timer = KernelTimer::new(&d.device, &d.queue);
+        if inside_passes && !timer.inside_passes {
+            continue;
+        }
+        timer.inside_passes = inside_passes;
+        let mut rec = Recorder::default();
+        rec.timer = Some(timer);
+        for (kernel, group) in [("first", &groups[1]), ("second", &groups[0])] {
+            rec.dispatch(&d.device, kernel, &k.rms_norm, group, [n, 1, 1]);
+        }
+        rec.dispatch(&d.device, "first", &k.rms_norm, &groups[1], [n, 1, 1]);
+        let mut encoder = rec.take_encoder(&d.device);
+        let timer = rec.timer.as_mut().unwrap();
+        timer.resolve(&mut encoder);
+        d.queue.submit([encoder.finish()]);
+        timer.submitted();
+        timer.collect(&d.device).unwrap();
+        let times = timer.take();
+        let calls = |name| {
+            times
+                .kernels
+                .iter()
+                .find(|t| t.kernel == name)
+                .unwrap()
+                .calls
+        };
+        assert_eq!((calls("first"), calls("second")), (2, 1), "{times:?}");
+        assert_eq!(times.untimed, 0);
+        assert!(times.kernels.iter().all(|t| t.nanos > 0.0), "{times:?}");
+        assert!(
+            times.host_nanos > 0.0 && times.span_nanos > 0.0,
+            "{times:?}"
+        );
+        rec.timer = None;
+        for out in &outs {
+            let got = run_and_read(&d, &mut rec, out, n * hidden);
+            assert_eq!(got, untimed, "inside passes: {inside_passes}");
+        }
     }
 }
