@@ -186,7 +186,8 @@ struct ModelArgs {
     /// checking).
     #[arg(long, value_enum, default_value_t = QuantizeArg::Auto)]
     quantize: QuantizeArg,
-    /// KV cache format (default: q8_0 when head_dim is a multiple of 32, f32 otherwise).
+    /// KV cache format (default: q8_0 when head_dim is a multiple of 32, f32 otherwise; the GPU
+    /// backend's is f32, and `--backend auto` with another format runs on the CPU).
     #[arg(long, value_enum)]
     kv: Option<KvArg>,
     /// Worker threads (default: one per physical core).
@@ -524,10 +525,21 @@ impl Loaded {
         #[cfg(feature = "gpu")]
         {
             use sapient::gpu::{GpuModel, GpuOptions};
-            let software = match self.backend {
-                BackendArg::Cpu => return Ok(cpu()),
-                BackendArg::Gpu => true,
-                BackendArg::Auto => false,
+            // The GPU keeps its KV cache in f32: another format asked for keeps `auto` on the
+            // CPU, and `gpu` refuses it rather than ignore it.
+            let other_kv = self.kv.filter(|kv| !matches!(kv, KvArg::F32));
+            let software = match (self.backend, other_kv) {
+                (BackendArg::Cpu, _) => return Ok(cpu()),
+                (BackendArg::Gpu, Some(kv)) => {
+                    let name = kv.to_possible_value().map(|v| v.get_name().to_string());
+                    bail!(
+                        "--kv {}: the GPU backend keeps its KV cache in f32 (--kv f32, or --backend cpu)",
+                        name.unwrap_or_default()
+                    )
+                }
+                (BackendArg::Auto, Some(_)) => return Ok(cpu()),
+                (BackendArg::Gpu, None) => true,
+                (BackendArg::Auto, None) => false,
             };
             let opts = GpuOptions {
                 allow_software: software,

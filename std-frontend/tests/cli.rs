@@ -407,6 +407,26 @@ fn gpu_backend_from_the_cli() {
         "gpu",
     ]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("GPU: "));
+    // The GPU's KV cache is f32: another format is refused, not ignored.
+    let out = sapient(&[
+        "generate",
+        "-m",
+        &m,
+        "--prompt-ids",
+        "1,5",
+        "-n",
+        "2",
+        "--kv",
+        "q8_0",
+        "--backend",
+        "gpu",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--kv q8_0: the GPU backend keeps its KV cache in f32"),
+        "{err}"
+    );
     let bench = |backend: &str, extra: &[&str]| {
         let mut args = vec![
             "bench",
