@@ -395,32 +395,13 @@ fn gpu_backend_from_the_cli() {
             .clone()
     };
     assert_eq!(generate("gpu"), generate("cpu"));
-    let out = sapient(&[
-        "generate",
-        "-m",
-        &m,
-        "--prompt-ids",
-        "1,5",
-        "-n",
-        "2",
-        "--backend",
-        "gpu",
-    ]);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("GPU: "));
+    let two_tokens = |kv: &str| {
+        let args = ["generate", "-m", &m, "--prompt-ids", "1,5", "-n", "2"];
+        sapient(&[&args[..], &["--kv", kv, "--backend", "gpu"]].concat())
+    };
+    assert!(String::from_utf8_lossy(&two_tokens("f32").stderr).contains("GPU: "));
     // The GPU's KV cache is f32: another format is refused, not ignored.
-    let out = sapient(&[
-        "generate",
-        "-m",
-        &m,
-        "--prompt-ids",
-        "1,5",
-        "-n",
-        "2",
-        "--kv",
-        "q8_0",
-        "--backend",
-        "gpu",
-    ]);
+    let out = two_tokens("q8_0");
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
