@@ -186,8 +186,8 @@ struct ModelArgs {
     /// checking).
     #[arg(long, value_enum, default_value_t = QuantizeArg::Auto)]
     quantize: QuantizeArg,
-    /// KV cache format (default: q8_0 when head_dim is a multiple of 32, f32 otherwise; the GPU
-    /// backend's is f32, and `--backend auto` with another format runs on the CPU).
+    /// KV cache format (default: q8_0 when head_dim is a multiple of 32, f32 otherwise; on the
+    /// GPU f32, or f16 when asked; `--backend auto` with q8_0 runs on the CPU).
     #[arg(long, value_enum)]
     kv: Option<KvArg>,
     /// Worker threads (default: one per physical core).
@@ -524,25 +524,26 @@ impl Loaded {
         let cpu = || Engine::Cpu(CpuRunner::new(model, self.kv_format(model), &*self.exec));
         #[cfg(feature = "gpu")]
         {
-            use sapient::gpu::{GpuModel, GpuOptions};
-            // The GPU keeps its KV cache in f32: another format asked for keeps `auto` on the
-            // CPU, and `gpu` refuses it rather than ignore it.
-            let other_kv = self.kv.filter(|kv| !matches!(kv, KvArg::F32));
-            let software = match (self.backend, other_kv) {
+            use sapient::gpu::{GpuKv, GpuModel, GpuOptions};
+            // The GPU keeps its KV cache in f32 unless asked for f16; a Q8_0 cache keeps `auto`
+            // on the CPU, and `gpu` refuses it rather than ignore it.
+            let kv = match self.kv {
+                None | Some(KvArg::F32) => Some(GpuKv::F32),
+                Some(KvArg::F16) => Some(GpuKv::F16),
+                Some(KvArg::Q8_0) => None,
+            };
+            let software = match (self.backend, kv) {
                 (BackendArg::Cpu, _) => return Ok(cpu()),
-                (BackendArg::Gpu, Some(kv)) => {
-                    let name = kv.to_possible_value().map(|v| v.get_name().to_string());
-                    bail!(
-                        "--kv {}: the GPU backend keeps its KV cache in f32 (--kv f32, or --backend cpu)",
-                        name.unwrap_or_default()
-                    )
-                }
-                (BackendArg::Auto, Some(_)) => return Ok(cpu()),
-                (BackendArg::Gpu, None) => true,
-                (BackendArg::Auto, None) => false,
+                (BackendArg::Gpu, None) => bail!(
+                    "--kv q8_0: the GPU backend keeps its KV cache in f32 or f16 (--kv f32|f16, or --backend cpu)"
+                ),
+                (BackendArg::Auto, None) => return Ok(cpu()),
+                (BackendArg::Gpu, Some(_)) => true,
+                (BackendArg::Auto, Some(_)) => false,
             };
             let opts = GpuOptions {
                 allow_software: software,
+                kv: kv.unwrap_or_default(),
                 ..GpuOptions::default()
             };
             match GpuModel::new(model, &opts)? {

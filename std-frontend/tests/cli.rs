@@ -374,7 +374,7 @@ fn gpu_backend_from_the_cli() {
         return;
     }
     let m = fixture("qwen2");
-    let generate = |backend: &str| {
+    let generate = |backend: &str, kv: &str| {
         json(&sapient(&[
             "generate",
             "-m",
@@ -386,7 +386,7 @@ fn gpu_backend_from_the_cli() {
             "--temperature",
             "0",
             "--kv",
-            "f32",
+            kv,
             "--format",
             "json",
             "--backend",
@@ -394,18 +394,19 @@ fn gpu_backend_from_the_cli() {
         ]))["generated_ids"]
             .clone()
     };
-    assert_eq!(generate("gpu"), generate("cpu"));
+    assert_eq!(generate("gpu", "f32"), generate("cpu", "f32"));
+    assert_eq!(generate("gpu", "f16"), generate("cpu", "f16"));
     let two_tokens = |kv: &str| {
         let args = ["generate", "-m", &m, "--prompt-ids", "1,5", "-n", "2"];
         sapient(&[&args[..], &["--kv", kv, "--backend", "gpu"]].concat())
     };
     assert!(String::from_utf8_lossy(&two_tokens("f32").stderr).contains("GPU: "));
-    // The GPU's KV cache is f32: another format is refused, not ignored.
+    // The GPU's KV cache is f32 or f16: Q8_0 is refused, not ignored.
     let out = two_tokens("q8_0");
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("--kv q8_0: the GPU backend keeps its KV cache in f32"),
+        err.contains("--kv q8_0: the GPU backend keeps its KV cache in f32 or f16"),
         "{err}"
     );
     let bench = |backend: &str, extra: &[&str]| {

@@ -7,7 +7,7 @@
 use std::borrow::Cow;
 
 use sapient::convert::{matrix_format, Role, Target};
-use sapient::gpu::{GpuModel, GpuOptions};
+use sapient::gpu::{GpuKv, GpuModel, GpuOptions};
 use sapient::load::{LoadOptions, ModelFiles, Quantize};
 use sapient::run::{self, CpuRunner};
 use sapient_core::quant::Format;
@@ -26,11 +26,27 @@ const MAX_NMSE_QUANTIZED: f64 = 1e-6;
 /// values instead): Q16 rounds each input by up to 1/65278 of its block's largest, which
 /// SmolLM2's outlier channels make a larger share of the rest. Measured: at most 1.1e-6.
 const MAX_NMSE_Q16_INPUTS: f64 = 1e-5;
+/// The same with f16 KV caches on both, f32 weights: both round keys and values to f16, the same
+/// f16 where their f32 values agree, but the backends' last-bit differences flip the rounding of
+/// a value near the middle of two f16 steps to the other step, ~1e-3 of it. Measured on
+/// lavapipe: at most 2.8e-8 (an f16 cache against an f32 one on the same backend: ~4.6e-7).
+const MAX_NMSE_F16_KV: f64 = 1e-6;
 
 fn gpu(model: &Model<'_>, max_binding_bytes: Option<u64>) -> Option<GpuModel> {
+    gpu_with(
+        model,
+        GpuOptions {
+            max_binding_bytes,
+            ..GpuOptions::default()
+        },
+    )
+}
+
+/// The model on any adapter (a software one too), with `opts`' other choices.
+fn gpu_with(model: &Model<'_>, opts: GpuOptions) -> Option<GpuModel> {
     let opts = GpuOptions {
         allow_software: true,
-        max_binding_bytes,
+        ..opts
     };
     let g = GpuModel::new(model, &opts).expect("uploading the model");
     if g.is_none() {
@@ -106,9 +122,21 @@ fn q4_k_m(model: &Model<'_>) -> Model<'static> {
     })
 }
 
-/// Logits at every position and greedy continuations: GPU against CPU.
+/// Logits at every position and greedy continuations: GPU against CPU (with f32 KV caches).
 fn compare(name: &str, model: &Model<'_>, g: &GpuModel, seqs: &[Vec<u32>], max_nmse: f64) -> f64 {
-    let cpu = CpuRunner::new(model, KvFormat::F32, &Serial);
+    compare_kv(name, model, g, seqs, max_nmse, KvFormat::F32)
+}
+
+/// As `compare`, the CPU's KV cache in `cpu_kv`.
+fn compare_kv(
+    name: &str,
+    model: &Model<'_>,
+    g: &GpuModel,
+    seqs: &[Vec<u32>],
+    max_nmse: f64,
+    cpu_kv: KvFormat,
+) -> f64 {
+    let cpu = CpuRunner::new(model, cpu_kv, &Serial);
     let mut worst = 0f64;
     for seq in seqs {
         let want = run::logits(&cpu, seq, true).unwrap();
@@ -173,6 +201,28 @@ fn every_fixture_in_every_format_matches_the_cpu() {
         compared >= names.len() * 2,
         "compared {compared} model/format pairs"
     );
+}
+
+/// An f16 KV cache on the GPU against the CPU's f16 cache, every fixture with f32 weights.
+#[test]
+fn f16_kv_cache_matches_the_cpu() {
+    let mut compared = 0;
+    for name in tiny_names() {
+        let files = load(&name);
+        let model = files.model(Quantize::None).unwrap();
+        let f16 = GpuOptions {
+            kv: GpuKv::F16,
+            ..GpuOptions::default()
+        };
+        let Some(g) = gpu_with(&model, f16) else {
+            return;
+        };
+        let seqs = fixture_seqs(&name);
+        let worst = compare_kv(&name, &model, &g, &seqs, MAX_NMSE_F16_KV, KvFormat::F16);
+        eprintln!("{name}, f16 KV: worst NMSE {worst:.2e}");
+        compared += 1;
+    }
+    assert!(compared >= 8, "compared {compared} fixtures");
 }
 
 /// Linear and YaRN RoPE scaling (YaRN's attention factor scales the angles the GPU reads), and

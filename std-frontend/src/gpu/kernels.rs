@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use anyhow::{anyhow, Result};
 
 use super::weights::GpuFormat;
+use super::GpuKv;
 
 const MATMUL: &str = include_str!("shaders/matmul.wgsl");
 const FORMATS: &str = include_str!("shaders/formats.wgsl");
@@ -16,6 +17,14 @@ const LAYER: &str = include_str!("shaders/layer.wgsl");
 /// 16 threads to four rows, an H200 ran SmolLM2's mat-vecs at 35-52 µs and an 8B model's at 3-7%
 /// of its memory bandwidth, each thread walking a row's blocks one after another.
 const LANES: usize = 64;
+/// The lines that give layer.wgsl's modules which touch the KV cache its value type, `Kv`.
+fn kv_header(kv: GpuKv) -> &'static str {
+    match kv {
+        GpuKv::F32 => "alias Kv = f32;\n",
+        GpuKv::F16 => "enable f16;\nalias Kv = f16;\n",
+    }
+}
+
 /// Rows of a workgroup with f32 inputs. Every variant takes an even number: the SwiGLU epilogue
 /// finds each gate row's up row in its own workgroup.
 pub const FLOAT_ROWS: usize = 2;
@@ -209,12 +218,14 @@ fn matmul_source(
 
 impl Kernels {
     /// Compiles the kernels for weights in `formats`; `bias` adds Q|K|V biases to that mat-mul;
-    /// `packed_dot` (WGSL has `dot4I8Packed`) adds the Q16 mat-muls for integer weights.
+    /// `packed_dot` (WGSL has `dot4I8Packed`) adds the Q16 mat-muls for integer weights; RoPE's
+    /// store and attention keep the KV cache in `kv`.
     pub fn new(
         device: &wgpu::Device,
         formats: &[GpuFormat],
         bias: bool,
         packed_dot: bool,
+        kv: GpuKv,
     ) -> Result<Self> {
         use Binding::*;
         let matmul_layout = layout(
@@ -328,9 +339,10 @@ impl Kernels {
             })
         });
         let layer = |name: &str| format!("{}{}", header(LAYER), section(LAYER, name));
-        let attention_source = layer("attention");
+        let with_kv = |name: &str| format!("{}{}", kv_header(kv), layer(name));
+        let attention_source = with_kv("attention");
         Ok(Kernels {
-            rope_store: pipeline(device, &rope_layout, &layer("rope_store"), "rope_store"),
+            rope_store: pipeline(device, &rope_layout, &with_kv("rope_store"), "rope_store"),
             attention: pipeline(device, &attention_layout, &attention_source, "attention"),
             attention_reduce: pipeline(
                 device,
@@ -425,13 +437,16 @@ mod tests {
             let source = matmul_source(GpuFormat::F32, fused, 1, false, Inputs::Float);
             out.push((source, "quantize"));
         }
-        for entry in ["rope_store", "attention", "rms_norm", "argmax"] {
-            out.push((format!("{}{}", header(LAYER), section(LAYER, entry)), entry));
+        let layer = |name: &str| format!("{}{}", header(LAYER), section(LAYER, name));
+        for entry in ["rms_norm", "argmax"] {
+            out.push((layer(entry), entry));
         }
-        out.push((
-            format!("{}{}", header(LAYER), section(LAYER, "attention")),
-            "attention_reduce",
-        ));
+        for kv in [GpuKv::F32, GpuKv::F16] {
+            let with_kv = |name: &str| format!("{}{}", kv_header(kv), layer(name));
+            out.push((with_kv("rope_store"), "rope_store"));
+            out.push((with_kv("attention"), "attention"));
+            out.push((with_kv("attention"), "attention_reduce"));
+        }
         out
     }
 
@@ -463,6 +478,9 @@ mod tests {
             assert!(msl.contains("kernel void"), "{entry}: no kernel in\n{msl}");
             translated += 1;
         }
-        assert_eq!(translated, 6 * 4 * 2 * 2 + 4 * 4 * 2 * 2 + 6 + 2 + 5);
+        assert_eq!(
+            translated,
+            6 * 4 * 2 * 2 + 4 * 4 * 2 * 2 + 6 + 2 + 2 + 2 * 3
+        );
     }
 }

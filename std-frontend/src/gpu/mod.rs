@@ -25,10 +25,38 @@ use crate::run::{Runner, Session};
 /// workgroups of every mat-mul (`kernels::Q16_TILE_ROWS` at most).
 const PART_ROWS: usize = 4;
 
+/// How the KV cache holds keys and values on the device.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum GpuKv {
+    #[default]
+    F32,
+    /// Half the memory; needs f16 in shaders (wgpu's `SHADER_F16`).
+    F16,
+}
+
+impl GpuKv {
+    /// Bytes a cached value takes.
+    pub fn bytes(self) -> usize {
+        match self {
+            GpuKv::F32 => 4,
+            GpuKv::F16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            GpuKv::F32 => "f32",
+            GpuKv::F16 => "f16",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct GpuOptions {
     /// Accept a software adapter (lavapipe, WARP): `--backend gpu` does, `auto` does not.
     pub allow_software: bool,
+    /// The KV cache's format.
+    pub kv: GpuKv,
     /// Split matrices into parts of at most this many bytes (default: the adapter's limit).
     pub max_binding_bytes: Option<u64>,
 }
@@ -54,6 +82,7 @@ pub struct GpuModel {
     limits: wgpu::Limits,
     /// Timestamp queries (kernel times for `bench --profile`).
     timestamps: bool,
+    kv: GpuKv,
     config: Config,
     inv_freq: Vec<f32>,
     embed: GpuMatrix,
@@ -149,6 +178,8 @@ struct Device {
     packed_dot: bool,
     /// Timestamp queries (`bench --profile`).
     timestamps: bool,
+    /// f16 in shaders (an f16 KV cache).
+    shader_f16: bool,
     /// The first error the device reported outside an error scope.
     error: Arc<Mutex<Option<String>>>,
 }
@@ -170,8 +201,8 @@ impl Device {
         Ok(opened)
     }
 
-    /// The best adapter's device with every limit the adapter has, and timestamp queries (also
-    /// inside passes) where it has them (for `bench --profile`).
+    /// The best adapter's device with every limit the adapter has, timestamp queries (also
+    /// inside passes; for `bench --profile`) and f16 in shaders where it has them.
     fn open_new(allow_software: bool) -> Result<Option<Self>> {
         let Some((adapter, packed_dot)) = pick_adapter(allow_software) else {
             return Ok(None);
@@ -179,7 +210,9 @@ impl Device {
         let info = adapter.get_info();
         let limits = adapter.limits();
         let features = adapter.features()
-            & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES);
+            & (wgpu::Features::TIMESTAMP_QUERY
+                | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
+                | wgpu::Features::SHADER_F16);
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("sapient"),
             required_features: features,
@@ -200,6 +233,7 @@ impl Device {
             limits,
             packed_dot,
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            shader_f16: features.contains(wgpu::Features::SHADER_F16),
             error,
         }))
     }
@@ -215,11 +249,18 @@ impl GpuModel {
             limits,
             packed_dot,
             timestamps,
+            shader_f16,
             error,
         }) = Device::open(opts.allow_software)?
         else {
             return Ok(None);
         };
+        if opts.kv == GpuKv::F16 && !shader_f16 {
+            bail!(
+                "GPU {}: no f16 in its shaders, so no f16 KV cache (--kv f32)",
+                info.name
+            );
+        }
         let max_binding = opts
             .max_binding_bytes
             .unwrap_or(u64::MAX)
@@ -269,7 +310,7 @@ impl GpuModel {
             .collect();
         layouts.sort_by_key(|f| f.name());
         layouts.dedup();
-        let kernels = kernels::Kernels::new(&device, &layouts, c.qkv_bias, packed_dot)?;
+        let kernels = kernels::Kernels::new(&device, &layouts, c.qkv_bias, packed_dot, opts.kv)?;
         if let Some(e) = pollster::block_on(scope.pop()) {
             bail!("GPU {}: {e}", info.name);
         }
@@ -287,6 +328,7 @@ impl GpuModel {
             info,
             limits,
             timestamps,
+            kv: opts.kv,
             config: c.clone(),
             inv_freq: model.inv_freq().to_vec(),
             embed,
@@ -300,8 +342,8 @@ impl GpuModel {
         }))
     }
 
-    /// The adapter, its API, the weights' size and layouts on the device, and whether integer
-    /// weights meet Q16 inputs in packed 8-bit dot products.
+    /// The adapter, its API, the weights' size and layouts on the device, whether integer
+    /// weights meet Q16 inputs in packed 8-bit dot products, and the KV cache's format.
     pub fn summary(&self) -> String {
         let layouts: Vec<_> = self.layouts.iter().map(|f| f.name()).collect();
         let integer = if self.kernels.has_q16() {
@@ -310,10 +352,11 @@ impl GpuModel {
             ""
         };
         format!(
-            "{}, {:.1} MiB of weights ({}){integer}",
+            "{}, {:.1} MiB of weights ({}){integer}, {} KV cache",
             describe(&self.info),
             self.weight_bytes as f64 / (1 << 20) as f64,
-            layouts.join(", ")
+            layouts.join(", "),
+            self.kv.name()
         )
     }
 

@@ -456,6 +456,11 @@ impl<'m> GpuSession<'m> {
             anyhow::anyhow!("GPU: {slots} KV slots of {max_seq} positions overflow")
         })?;
         let (h, qd, kvd, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
+        // Each layer's keys (and values) in 4-byte words.
+        let cache_words = cache_rows
+            .checked_mul(kvd * model.kv.bytes())
+            .ok_or_else(|| anyhow::anyhow!("GPU: a KV cache of {cache_rows} rows overflows"))?
+            .div_ceil(4);
         let qkv_stride = qd + 2 * kvd;
         let limit = model
             .limits
@@ -550,8 +555,8 @@ impl<'m> GpuSession<'m> {
         };
         let mut layers = Vec::with_capacity(c.n_layers);
         for l in &model.layers {
-            let k_cache = storage("k cache", cache_rows * kvd, none)?;
-            let v_cache = storage("v cache", cache_rows * kvd, none)?;
+            let k_cache = storage("k cache", cache_words, none)?;
+            let v_cache = storage("v cache", cache_words, none)?;
             layers.push(LayerGroups {
                 qkv: matmul(
                     &l.qkv,

@@ -15,7 +15,7 @@ use super::session::{
     bind_group, embed_groups, matmul_groups, uniform, Place, Recorder, Rows, Shape,
 };
 use super::weights::GpuMatrix;
-use super::{map_read, Device};
+use super::{map_read, Device, GpuKv};
 
 fn device() -> Option<Device> {
     let d = Device::open(true).unwrap();
@@ -63,8 +63,12 @@ pub(super) fn random_matrix(
 }
 
 fn buffer(d: &Device, values: &[f32]) -> wgpu::Buffer {
-    let mut bytes = bytemuck::cast_slice::<f32, u8>(values).to_vec();
-    bytes.resize(bytes.len().max(16), 0);
+    bytes_buffer(d, bytemuck::cast_slice(values))
+}
+
+fn bytes_buffer(d: &Device, bytes: &[u8]) -> wgpu::Buffer {
+    let mut bytes = bytes.to_vec();
+    bytes.resize(bytes.len().next_multiple_of(4).max(16), 0);
     d.device
         .create_buffer_init(&wgpu::util::BufferInitDescriptor {
             label: None,
@@ -162,7 +166,7 @@ fn matmul_kernels_match_the_cpu() {
             &[false]
         };
         for (&packed_dot, bias) in packed.iter().flat_map(|p| [(p, false), (p, true)]) {
-            let k = Kernels::new(&d.device, &[gpu_format], bias, packed_dot).unwrap();
+            let k = Kernels::new(&d.device, &[gpu_format], bias, packed_dot, GpuKv::F32).unwrap();
             for fused in [
                 Fused::NormStore,
                 Fused::Add,
@@ -281,7 +285,7 @@ fn q16_lone_token_matches_its_batch() {
     let (rows_out, cols, n) = (20, 67 * 32, 11);
     for format in [Format::Q8_0, Format::Q4_0, Format::Q4_1, Format::Q5_1] {
         let gpu_format = super::weights::GpuFormat::of(format);
-        let k = Kernels::new(&d.device, &[gpu_format], true, true).unwrap();
+        let k = Kernels::new(&d.device, &[gpu_format], true, true, GpuKv::F32).unwrap();
         let values = random(&mut rng, rows_out * cols);
         let mat = Matrix::quantize(format, rows_out, cols, &values).unwrap();
         let m = GpuMatrix::upload(&d.device, "w", &[&mat], false, 4, u64::MAX).unwrap();
@@ -353,6 +357,7 @@ fn embedding_kernel_matches_the_cpu() {
             &[super::weights::GpuFormat::of(format)],
             false,
             false,
+            GpuKv::F32,
         )
         .unwrap();
         let g = GpuMatrix::upload(&d.device, "embed", &[&m], false, 4, 2048).unwrap();
@@ -403,12 +408,53 @@ fn shape(n_heads: usize, n_kv_heads: usize, hd: usize, window: usize, style: Rop
     }
 }
 
+/// `values` as a KV cache in `kv` holds them (f16 rounded to nearest even, as the CPU's is).
+fn kv_bytes(values: &[f32], kv: GpuKv) -> Vec<u8> {
+    match kv {
+        GpuKv::F32 => bytemuck::cast_slice(values).to_vec(),
+        GpuKv::F16 => values
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect(),
+    }
+}
+
+/// Reads the first `n` values of a KV cache in `kv` back, as f32.
+fn read_kv(d: &Device, rec: &mut Recorder, src: &wgpu::Buffer, n: usize, kv: GpuKv) -> Vec<f32> {
+    let words = run_and_read(d, rec, src, (n * kv.bytes()).div_ceil(4));
+    match kv {
+        GpuKv::F32 => words,
+        GpuKv::F16 => bytemuck::cast_slice::<f32, u8>(&words)
+            .chunks_exact(2)
+            .take(n)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+    }
+}
+
 /// RoPE (both pair styles) rotates Q in place and K into the cache, and V is copied, as the CPU's
-/// `ops::rope` does; the rows land in their KV slot (the second of two here).
+/// `ops::rope` does; the rows land in their KV slot (the second of two here). In an f16 cache
+/// too: there each value is within one f16 step of the CPU's, rounded.
 #[test]
 fn rope_store_kernel_matches_the_cpu() {
     let Some(d) = device() else { return };
-    let k = Kernels::new(&d.device, &[], false, false).unwrap();
+    for kv in kv_formats(&d) {
+        rope_store_matches_the_cpu(&d, kv);
+    }
+}
+
+/// The KV cache formats the adapter can hold.
+fn kv_formats(d: &Device) -> Vec<GpuKv> {
+    if d.shader_f16 {
+        vec![GpuKv::F32, GpuKv::F16]
+    } else {
+        eprintln!("SKIPPED: an f16 KV cache (the adapter has no f16 in shaders)");
+        vec![GpuKv::F32]
+    }
+}
+
+fn rope_store_matches_the_cpu(d: &Device, kv: GpuKv) {
+    let k = Kernels::new(&d.device, &[], false, false, kv).unwrap();
     let mut rng = Rng::new(3);
     for style in [RopeStyle::Halves, RopeStyle::Adjacent] {
         for (n_heads, n_kv, hd) in [(4, 2, 16), (7, 1, 48), (3, 3, 128)] {
@@ -425,14 +471,14 @@ fn rope_store_kernel_matches_the_cpu() {
                 let (c, s) = a.split_at_mut(hd / 2);
                 ops::rope_angles(pos, &inv_freq, 1.0, c, s);
             }
-            let (qb, ab) = (buffer(&d, &qkv), buffer(&d, &angles));
+            let (qb, ab) = (buffer(d, &qkv), buffer(d, &angles));
             let (kc, vc) = (
-                buffer(&d, &vec![0f32; 2 * max_seq * kvd]),
-                buffer(&d, &vec![0f32; 2 * max_seq * kvd]),
+                buffer(d, &vec![0f32; 2 * max_seq * kvd]),
+                buffer(d, &vec![0f32; 2 * max_seq * kvd]),
             );
             let rb = uniform(&d.device, "rows", bytemuck::bytes_of(&rows(0, n, 1)));
             let sb = uniform(&d.device, "shape", bytemuck::bytes_of(&sh));
-            let pb = places(&d, max_seq, pos0, n);
+            let pb = places(d, max_seq, pos0, n);
             let entries = [
                 (0, &rb),
                 (1, &sb),
@@ -452,9 +498,9 @@ fn rope_store_kernel_matches_the_cpu() {
                 &group,
                 [threads.div_ceil(64), n, 1],
             );
-            let got_q = run_and_read(&d, &mut rec, &qb, n * stride);
-            let got_k = run_and_read(&d, &mut rec, &kc, 2 * max_seq * kvd);
-            let got_v = run_and_read(&d, &mut rec, &vc, 2 * max_seq * kvd);
+            let got_q = run_and_read(d, &mut rec, &qb, n * stride);
+            let got_k = read_kv(d, &mut rec, &kc, 2 * max_seq * kvd, kv);
+            let got_v = read_kv(d, &mut rec, &vc, 2 * max_seq * kvd, kv);
             assert!(
                 got_k[..max_seq * kvd].iter().all(|v| *v == 0.0),
                 "the first slot is untouched"
@@ -466,27 +512,51 @@ fn rope_store_kernel_matches_the_cpu() {
                 let mut kk = row[qd..qd + kvd].to_vec();
                 ops::rope(&mut q, &a[..hd / 2], &a[hd / 2..], style).unwrap();
                 ops::rope(&mut kk, &a[..hd / 2], &a[hd / 2..], style).unwrap();
-                let close =
-                    |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(a, b)| (a - b).abs() < 1e-5);
+                let close = |x: &[f32], y: &[f32], tol: f32| {
+                    x.iter().zip(y).all(|(a, b)| (a - b).abs() < tol)
+                };
                 assert!(
-                    close(&got_q[t * stride..][..qd], &q),
+                    close(&got_q[t * stride..][..qd], &q, 1e-5),
                     "{style:?} hd {hd} q t{t}"
                 );
                 let p = (max_seq + pos0 + t) * kvd;
-                assert!(close(&got_k[p..p + kvd], &kk), "{style:?} hd {hd} k t{t}");
-                assert_eq!(&got_v[p..p + kvd], &row[qd + kvd..], "v t{t}");
+                let (v, cached) = (&row[qd + kvd..], &got_v[p..p + kvd]);
+                match kv {
+                    GpuKv::F32 => {
+                        assert!(
+                            close(&got_k[p..p + kvd], &kk, 1e-5),
+                            "{style:?} hd {hd} k t{t}"
+                        );
+                        assert_eq!(cached, v, "v t{t}");
+                    }
+                    GpuKv::F16 => {
+                        // Values below 2 in size: an f16 step is at most 2^-10.
+                        let f16 = |x: &[f32]| -> Vec<f32> {
+                            x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
+                        };
+                        let step = 1.0 / 1024.0 + 1e-6;
+                        assert!(close(&got_k[p..p + kvd], &f16(&kk), step), "f16 k t{t}");
+                        assert!(close(cached, &f16(v), step), "f16 v t{t}");
+                    }
+                }
             }
         }
     }
 }
 
-/// Attention against the CPU's on f32 caches: head sizes 16 to 128, one to seven query heads per
-/// KV head, sliding windows, prefill blocks, and decoding split into 1, 2 and 5 pieces over up
-/// to 700 positions; the sequence's KV slot starts after another's rows.
+/// Attention against the CPU's on f32 and f16 caches: head sizes 16 to 128, one to seven query
+/// heads per KV head, sliding windows, prefill blocks, and decoding split into 1, 2 and 5 pieces
+/// over up to 700 positions; the sequence's KV slot starts after another's rows.
 #[test]
 fn attention_kernel_matches_the_cpu() {
     let Some(d) = device() else { return };
-    let k = Kernels::new(&d.device, &[], false, false).unwrap();
+    for kv in kv_formats(&d) {
+        attention_matches_the_cpu(&d, kv);
+    }
+}
+
+fn attention_matches_the_cpu(d: &Device, kv: GpuKv) {
+    let k = Kernels::new(&d.device, &[], false, false, kv).unwrap();
     let mut rng = Rng::new(5);
     let mut checked = 0;
     for (n_heads, n_kv, hd) in [(4, 4, 16), (6, 2, 48), (7, 1, 128)] {
@@ -506,12 +576,16 @@ fn attention_kernel_matches_the_cpu() {
                     all
                 };
                 let (slot_k, slot_v) = (in_slot(&kv_k, &mut rng), in_slot(&kv_v, &mut rng));
-                let (qb, kb, vb) = (buffer(&d, &qkv), buffer(&d, &slot_k), buffer(&d, &slot_v));
-                let att = buffer(&d, &vec![0f32; n * qd]);
-                let partial = buffer(&d, &vec![0f32; n_heads * splits * (hd + 2)]);
+                let (kb, vb) = (
+                    bytes_buffer(d, &kv_bytes(&slot_k, kv)),
+                    bytes_buffer(d, &kv_bytes(&slot_v, kv)),
+                );
+                let qb = buffer(d, &qkv);
+                let att = buffer(d, &vec![0f32; n * qd]);
+                let partial = buffer(d, &vec![0f32; n_heads * splits * (hd + 2)]);
                 let rb = uniform(&d.device, "rows", bytemuck::bytes_of(&rows(0, n, splits)));
                 let sb = uniform(&d.device, "shape", bytemuck::bytes_of(&sh));
-                let pb = places(&d, other, pos0, n);
+                let pb = places(d, other, pos0, n);
                 let entries = [
                     (0, &rb),
                     (1, &sb),
@@ -540,18 +614,21 @@ fn attention_kernel_matches_the_cpu() {
                         [n_heads, 1, 1],
                     );
                 }
-                let got = run_and_read(&d, &mut rec, &att, n * qd);
+                let got = run_and_read(d, &mut rec, &att, n * qd);
 
                 let q: Vec<f32> = qkv
                     .chunks_exact(stride)
                     .flat_map(|r| r[..qd].to_vec())
                     .collect();
-                let (kbytes, vbytes) = (bytemuck::cast_slice(&kv_k), bytemuck::cast_slice(&kv_v));
-                let kv = LayerKv {
-                    k: kbytes,
-                    v: vbytes,
-                    format: Format::F32,
-                    row_bytes: hd * 4,
+                let (kbytes, vbytes) = (kv_bytes(&kv_k, kv), kv_bytes(&kv_v, kv));
+                let cpu_kv = LayerKv {
+                    k: &kbytes,
+                    v: &vbytes,
+                    format: match kv {
+                        GpuKv::F32 => Format::F32,
+                        GpuKv::F16 => Format::F16,
+                    },
+                    row_bytes: hd * kv.bytes(),
                     n_kv_heads: n_kv,
                 };
                 let cpu_shape = AttentionShape {
@@ -565,7 +642,7 @@ fn attention_kernel_matches_the_cpu() {
                     CpuKernels::scalar(),
                     &Serial,
                     &q,
-                    kv,
+                    cpu_kv,
                     pos0,
                     cpu_shape,
                     &mut want,
@@ -574,8 +651,8 @@ fn attention_kernel_matches_the_cpu() {
                 for (i, (a, b)) in got.iter().zip(&want).enumerate() {
                     assert!(
                         (a - b).abs() < 1e-4,
-                        "{n_heads}/{n_kv} hd {hd} window {window} n {n} pos0 {pos0} splits \
-                         {splits}: [{i}] {a} vs {b}"
+                        "{kv:?} {n_heads}/{n_kv} hd {hd} window {window} n {n} pos0 {pos0} \
+                         splits {splits}: [{i}] {a} vs {b}"
                     );
                 }
                 checked += 1;
@@ -590,7 +667,7 @@ fn attention_kernel_matches_the_cpu() {
 #[test]
 fn norm_and_argmax_kernels_match_the_cpu() {
     let Some(d) = device() else { return };
-    let k = Kernels::new(&d.device, &[], false, false).unwrap();
+    let k = Kernels::new(&d.device, &[], false, false, GpuKv::F32).unwrap();
     let mut rng = Rng::new(9);
     let (n, hidden, vocab) = (3, 200, 1001);
     let mut sh = shape(1, 1, 2, 0, RopeStyle::Halves);
@@ -652,7 +729,7 @@ fn kernel_timer_counts_each_dispatch_either_way() {
         eprintln!("SKIPPED: the adapter has no timestamp queries");
         return;
     }
-    let k = Kernels::new(&d.device, &[], false, false).unwrap();
+    let k = Kernels::new(&d.device, &[], false, false, GpuKv::F32).unwrap();
     let mut rng = Rng::new(4);
     let (n, hidden) = (2, 96);
     let mut sh = shape(1, 1, 2, 0, RopeStyle::Halves);

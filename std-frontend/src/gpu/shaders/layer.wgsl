@@ -1,7 +1,8 @@
 // The layer loop's steps that are not mat-muls: RoPE and the KV store, attention (one query head
 // of one token per workgroup, an online softmax over the cached keys, optionally split over the
 // context and combined by `attention_reduce`), the final RMSNorm, and greedy argmax. Each
-// `//#name` section is compiled with the lines above the first section, as its own module.
+// `//#name` section is compiled with the lines above the first section, as its own module;
+// those that touch the KV cache get the type of its values, `Kv` (f32 or f16), first.
 
 struct Rows { first: u32, count: u32, splits: u32, pad: u32 }
 // Where a row of the batch sits: the first cache row of its sequence's KV slot, and its position.
@@ -22,8 +23,8 @@ const NEG: f32 = -3.0e38;
 // RoPE on Q and K (in place in the QKV rows), K and V into the layer's cache.
 @group(0) @binding(2) var<storage, read_write> qkv: array<f32>;
 @group(0) @binding(3) var<storage, read> angles: array<f32>;
-@group(0) @binding(4) var<storage, read_write> k_cache: array<f32>;
-@group(0) @binding(5) var<storage, read_write> v_cache: array<f32>;
+@group(0) @binding(4) var<storage, read_write> k_cache: array<Kv>;
+@group(0) @binding(5) var<storage, read_write> v_cache: array<Kv>;
 @group(0) @binding(6) var<storage, read> places: array<Place>;
 
 @compute @workgroup_size(64)
@@ -61,20 +62,20 @@ fn rope_store(@builtin(global_invocation_id) gid: vec3<u32>) {
             // K heads follow the Q heads in the row; in the cache they start at 0.
             let ka = a - sh.q_dim;
             let kb = b - sh.q_dim;
-            k_cache[cached + ka] = r0;
-            k_cache[cached + kb] = r1;
+            k_cache[cached + ka] = Kv(r0);
+            k_cache[cached + kb] = Kv(r1);
         }
     } else if (i < q_pairs + k_pairs + sh.kv_dim) {
         let e = i - q_pairs - k_pairs;
-        v_cache[cached + e] = qkv[row + sh.q_dim + sh.kv_dim + e];
+        v_cache[cached + e] = Kv(qkv[row + sh.q_dim + sh.kv_dim + e]);
     }
 }
 
 //#attention
 // Attention.
 @group(0) @binding(2) var<storage, read> q_rows: array<f32>;
-@group(0) @binding(3) var<storage, read> k_read: array<f32>;
-@group(0) @binding(4) var<storage, read> v_read: array<f32>;
+@group(0) @binding(3) var<storage, read> k_read: array<Kv>;
+@group(0) @binding(4) var<storage, read> v_read: array<Kv>;
 @group(0) @binding(5) var<storage, read_write> att: array<f32>;
 // Per (head, split) of a decoded token: the weighted value sum, then its maximum and sum.
 @group(0) @binding(6) var<storage, read_write> partial: array<f32>;
@@ -123,16 +124,16 @@ fn attention(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) w
             var s = 0.0;
             var d = 0u;
             for (; d + 4u <= hd; d += 4u) {
-                let kd = vec4<f32>(
+                let kd = vec4<f32>(vec4<Kv>(
                     k_read[k + d], k_read[k + d + 1u], k_read[k + d + 2u], k_read[k + d + 3u]
-                );
+                ));
                 s += q_s[d] * kd.x;
                 s += q_s[d + 1u] * kd.y;
                 s += q_s[d + 2u] * kd.z;
                 s += q_s[d + 3u] * kd.w;
             }
             for (; d < hd; d++) {
-                s += q_s[d] * k_read[k + d];
+                s += q_s[d] * f32(k_read[k + d]);
             }
             score = s * sh.scale;
         }
@@ -162,17 +163,17 @@ fn attention(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) w
                 var jj = 0u;
                 for (; jj + 4u <= keys; jj += 4u) {
                     let v = v0 + jj * sh.kv_dim + d;
-                    let vs = vec4<f32>(
+                    let vs = vec4<f32>(vec4<Kv>(
                         v_read[v], v_read[v + sh.kv_dim], v_read[v + 2u * sh.kv_dim],
                         v_read[v + 3u * sh.kv_dim]
-                    );
+                    ));
                     a += p_s[jj] * vs.x;
                     a += p_s[jj + 1u] * vs.y;
                     a += p_s[jj + 2u] * vs.z;
                     a += p_s[jj + 3u] * vs.w;
                 }
                 for (; jj < keys; jj++) {
-                    a += p_s[jj] * v_read[v0 + jj * sh.kv_dim + d];
+                    a += p_s[jj] * f32(v_read[v0 + jj * sh.kv_dim + d]);
                 }
                 acc[i] = a;
             }
