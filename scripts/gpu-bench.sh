@@ -3,7 +3,8 @@
 # per run (tokens/s, dispatches per decoded token, peak memory; on the GPU each kernel's time too,
 # `--profile`), on models of real shapes with random weights, so that it runs where no model file
 # can be fetched; then eight sequences decoding together (`--parallel 8`, as `sapient serve` runs
-# them) on each backend.
+# them) on each backend; then the GPU decoding at a long context with its KV cache in f32 and in
+# f16.
 #
 #   scripts/gpu-bench.sh [sapient binary built with --features gpu] [reps]
 #
@@ -32,5 +33,11 @@ for backend in gpu cpu; do
     printf 'random:smollm2-135m:q8_0 %s --parallel 8: ' "$backend"
     "$sapient" bench -m random:smollm2-135m:q8_0 --backend "$backend" -p 0 -n 64 --parallel 8 \
         -r "$reps" --format json 2>&1 | grep -E '^\{|^error' | tr '\n' ' '
+    echo
+done
+for kv in f32 f16; do
+    printf 'random:smollm2-135m:q8_0 gpu -d 2048 --kv %s: ' "$kv"
+    "$sapient" bench -m random:smollm2-135m:q8_0 --backend gpu -p 0 -n 64 -d 2048 \
+        --kv "$kv" -r "$reps" --profile --format json 2>&1 | grep -E '^\{|^error' | tr '\n' ' '
     echo
 done
