@@ -527,23 +527,22 @@ impl Loaded {
             use sapient::gpu::{GpuKv, GpuModel, GpuOptions};
             // The GPU keeps its KV cache in f32 unless asked for f16; a Q8_0 cache keeps `auto`
             // on the CPU, and `gpu` refuses it rather than ignore it.
-            let kv = match self.kv {
-                None | Some(KvArg::F32) => Some(GpuKv::F32),
-                Some(KvArg::F16) => Some(GpuKv::F16),
-                Some(KvArg::Q8_0) => None,
-            };
-            let software = match (self.backend, kv) {
-                (BackendArg::Cpu, _) => return Ok(cpu()),
-                (BackendArg::Gpu, None) => bail!(
+            let kv = match (self.kv, self.backend) {
+                (None | Some(KvArg::F32), _) => GpuKv::F32,
+                (Some(KvArg::F16), _) => GpuKv::F16,
+                (Some(KvArg::Q8_0), BackendArg::Gpu) => bail!(
                     "--kv q8_0: the GPU backend keeps its KV cache in f32 or f16 (--kv f32|f16, or --backend cpu)"
                 ),
-                (BackendArg::Auto, None) => return Ok(cpu()),
-                (BackendArg::Gpu, Some(_)) => true,
-                (BackendArg::Auto, Some(_)) => false,
+                (Some(KvArg::Q8_0), _) => return Ok(cpu()),
+            };
+            let software = match self.backend {
+                BackendArg::Cpu => return Ok(cpu()),
+                BackendArg::Gpu => true,
+                BackendArg::Auto => false,
             };
             let opts = GpuOptions {
                 allow_software: software,
-                kv: kv.unwrap_or_default(),
+                kv,
                 ..GpuOptions::default()
             };
             match GpuModel::new(model, &opts)? {

@@ -17,14 +17,6 @@ const LAYER: &str = include_str!("shaders/layer.wgsl");
 /// 16 threads to four rows, an H200 ran SmolLM2's mat-vecs at 35-52 µs and an 8B model's at 3-7%
 /// of its memory bandwidth, each thread walking a row's blocks one after another.
 const LANES: usize = 64;
-/// The lines that give layer.wgsl's modules which touch the KV cache its value type, `Kv`.
-fn kv_header(kv: GpuKv) -> &'static str {
-    match kv {
-        GpuKv::F32 => "alias Kv = f32;\n",
-        GpuKv::F16 => "enable f16;\nalias Kv = f16;\n",
-    }
-}
-
 /// Rows of a workgroup with f32 inputs. Every variant takes an even number: the SwiGLU epilogue
 /// finds each gate row's up row in its own workgroup.
 pub const FLOAT_ROWS: usize = 2;
@@ -163,6 +155,14 @@ fn section<'s>(source: &'s str, name: &str) -> &'s str {
 /// `source`'s lines above its first section.
 fn header(source: &str) -> &str {
     &source[..source.find("\n//#").map_or(source.len(), |i| i + 1)]
+}
+
+/// The lines that give layer.wgsl's modules which touch the KV cache its value type, `Kv`.
+fn kv_header(kv: GpuKv) -> &'static str {
+    match kv {
+        GpuKv::F32 => "alias Kv = f32;\n",
+        GpuKv::F16 => "enable f16;\nalias Kv = f16;\n",
+    }
 }
 
 /// A mat-mul module's section of matmul.wgsl: f32 inputs, or (integer weights) Q16 ones.

@@ -43,6 +43,7 @@ impl GpuKv {
         }
     }
 
+    /// As `--kv` names it.
     pub fn name(self) -> &'static str {
         match self {
             GpuKv::F32 => "f32",
@@ -82,6 +83,7 @@ pub struct GpuModel {
     limits: wgpu::Limits,
     /// Timestamp queries (kernel times for `bench --profile`).
     timestamps: bool,
+    /// The KV cache's format (the kernels that touch it are compiled for it).
     kv: GpuKv,
     config: Config,
     inv_freq: Vec<f32>,
