@@ -3,7 +3,7 @@
 //! be fetched (a GPU machine with no network, a CI runner) and on shapes no small file has.
 use anyhow::{bail, Result};
 use rayon::prelude::*;
-use sapient_core::quant::Format;
+use sapient_core::quant::{self, Format};
 use sapient_core::sample::Rng;
 use sapient_core::{Config, LayerWeights, Matrix, Model, RopeStyle, Weights};
 
@@ -134,17 +134,24 @@ pub fn model(spec: &RandomSpec, progress: &(dyn Fn(usize) + Sync)) -> Result<Mod
 
 /// A `rows × cols` matrix in `format` of values uniform in ±0.05 from `seed`.
 fn matrix(seed: u64, rows: usize, cols: usize, format: Format) -> Result<Matrix<'static>> {
-    // Rows in parallel, each from its own stream, so the values do not depend on threads.
-    let mut values = vec![0f32; rows * cols];
-    values
-        .par_chunks_mut(cols)
+    // Rows in parallel, each from its own stream (so the values do not depend on threads) and
+    // quantized as it is made: an 8B shape took 46 s on 16 cores quantizing whole matrices.
+    let row_bytes = format.row_bytes(cols)?;
+    let mut bytes = vec![0u8; rows * row_bytes];
+    bytes
+        .par_chunks_mut(row_bytes.max(1))
         .enumerate()
-        .for_each(|(r, row)| {
-            let mut rng = Rng::new(seed.wrapping_mul(1 << 32).wrapping_add(r as u64));
-            row.iter_mut()
-                .for_each(|v| *v = (rng.next_f32() * 2.0 - 1.0) * 0.05);
-        });
-    Ok(Matrix::quantize(format, rows, cols, &values)?)
+        .try_for_each_init(
+            || vec![0f32; cols],
+            |values, (r, out)| {
+                let mut rng = Rng::new(seed.wrapping_mul(1 << 32).wrapping_add(r as u64));
+                values
+                    .iter_mut()
+                    .for_each(|v| *v = (rng.next_f32() * 2.0 - 1.0) * 0.05);
+                quant::quantize_row(format, values, out)
+            },
+        )?;
+    Ok(Matrix::new(format, rows, cols, bytes.into())?)
 }
 
 #[cfg(test)]
