@@ -23,8 +23,14 @@ pub const FLOAT_ROWS: usize = 2;
 /// Rows of a workgroup of a batch's Q16 mat-mul (`quantize` made the inputs; each block of them
 /// meets all four rows).
 pub const Q16_TILE_ROWS: usize = 4;
-/// Rows of a lone token's Q16 mat-vec (each thread quantizes its blocks of inputs for both).
-pub const Q16_VEC_ROWS: usize = 2;
+/// Rows of a lone token's Q16 mat-vec workgroup, narrow and wide. Each thread quantizes its
+/// blocks of inputs (and a normed mat-vec's workgroup its RMSNorm) once for all the rows: with
+/// two, an 8B model's gate|up read 235 MB of inputs for 132 MB of weights on an H200. The wide
+/// variant serves matrices with rows enough to keep `WIDE_VEC_GROUPS` workgroups busy; a small
+/// model's matrices stay narrow, spread over the GPU's cores (BENCHMARKS.md).
+pub const Q16_VEC_ROWS: [usize; 2] = [2, 8];
+/// Workgroups a part of a matrix must fill for its mat-vec to take the wide variant.
+pub const WIDE_VEC_GROUPS: usize = 512;
 /// Tokens per mat-mul workgroup when prefilling (decoding runs one).
 pub const PREFILL_TILE: usize = 8;
 
@@ -65,7 +71,16 @@ pub enum Binding {
 pub struct Q16Pipelines<'k> {
     pub quantize: &'k wgpu::ComputePipeline,
     pub matmul: &'k wgpu::ComputePipeline,
-    pub matvec: &'k wgpu::ComputePipeline,
+    /// The narrow and the wide mat-vec (`Q16_VEC_ROWS`).
+    matvec: [&'k wgpu::ComputePipeline; 2],
+}
+
+impl<'k> Q16Pipelines<'k> {
+    /// The mat-vec for a part of `rows` rows, and the rows a workgroup of it takes.
+    pub fn matvec(&self, rows: usize) -> (&'k wgpu::ComputePipeline, usize) {
+        let wide = rows.div_ceil(Q16_VEC_ROWS[1]) >= WIDE_VEC_GROUPS;
+        (self.matvec[wide as usize], Q16_VEC_ROWS[wide as usize])
+    }
 }
 
 pub struct Kernels {
@@ -79,8 +94,9 @@ pub struct Kernels {
     matmul: HashMap<(GpuFormat, Fused, usize), wgpu::ComputePipeline>,
     pub matmul_q16_layout: wgpu::BindGroupLayout,
     /// For integer weights where WGSL has `dot4I8Packed`: mat-muls over Q16 inputs, a tile
-    /// that `quantize` made and a lone token's mat-vec that makes them itself.
-    matmul_q16: HashMap<(GpuFormat, Fused, usize), wgpu::ComputePipeline>,
+    /// that `quantize` made, keyed by its tokens, and (tokens 1) a lone token's mat-vec that
+    /// makes them itself, keyed by its rows.
+    matmul_q16: HashMap<(GpuFormat, Fused, usize, usize), wgpu::ComputePipeline>,
     /// Activations to Q16 blocks: as they are, and RMSNorm'd.
     quantize: Option<[wgpu::ComputePipeline; 2]>,
     embed: HashMap<GpuFormat, wgpu::ComputePipeline>,
@@ -172,10 +188,11 @@ enum Inputs {
     Q16,
 }
 
+/// The source of a mat-mul of `tile` tokens, `rows` to a workgroup.
 fn matmul_source(
     format: GpuFormat,
     fused: Fused,
-    tile: usize,
+    (tile, rows): (usize, usize),
     bias: bool,
     inputs: Inputs,
 ) -> String {
@@ -186,13 +203,6 @@ fn matmul_source(
         Fused::Store => (false, 0),
     };
     let norm_after = norm && inputs == Inputs::Float;
-    // Each thread takes every row of its workgroup, which is LANES threads in every variant (so
-    // the RMSNorm prologue, whose sums run over the workgroup, is the same everywhere too).
-    let rows = match inputs {
-        Inputs::Float => FLOAT_ROWS,
-        Inputs::Q16 if tile == 1 => Q16_VEC_ROWS,
-        Inputs::Q16 => Q16_TILE_ROWS,
-    };
     let bias = bias && fused == Fused::NormStore;
     let quants = match format {
         GpuFormat::Q8_0 | GpuFormat::Q8Halves => section(FORMATS, "bytes"),
@@ -206,6 +216,8 @@ fn matmul_source(
             Inputs::Q16 => "q16",
         },
     );
+    // Each thread takes every row of its workgroup, which is LANES threads in every variant (so
+    // the RMSNorm prologue, whose sums run over the workgroup, is the same everywhere too).
     format!(
         "const ROWS: u32 = {rows}u;\nconst LANES: u32 = {LANES}u;\nconst TOK: u32 = {tile}u;\n\
          const NORM: bool = {norm};\nconst NORM_AFTER: bool = {norm_after};\n\
@@ -316,25 +328,30 @@ impl Kernels {
         for &format in formats {
             for fused in Fused::ALL {
                 for tile in [1, PREFILL_TILE] {
-                    let source = matmul_source(format, fused, tile, bias, Inputs::Float);
+                    let shape = (tile, FLOAT_ROWS);
+                    let source = matmul_source(format, fused, shape, bias, Inputs::Float);
                     let p = pipeline(device, &matmul_layout, &source, "matmul");
                     matmul.insert((format, fused, tile), p);
                 }
                 if packed_dot && format.is_integer() {
-                    let source = matmul_source(format, fused, PREFILL_TILE, bias, Inputs::Q16);
+                    let shape = (PREFILL_TILE, Q16_TILE_ROWS);
+                    let source = matmul_source(format, fused, shape, bias, Inputs::Q16);
                     let p = pipeline(device, &matmul_q16_layout, &source, "matmul");
-                    matmul_q16.insert((format, fused, PREFILL_TILE), p);
-                    let source = matmul_source(format, fused, 1, bias, Inputs::Q16);
-                    let p = pipeline(device, &matmul_layout, &source, "matvec");
-                    matmul_q16.insert((format, fused, 1), p);
+                    matmul_q16.insert((format, fused, PREFILL_TILE, Q16_TILE_ROWS), p);
+                    for rows in Q16_VEC_ROWS {
+                        let source = matmul_source(format, fused, (1, rows), bias, Inputs::Q16);
+                        let p = pipeline(device, &matmul_layout, &source, "matvec");
+                        matmul_q16.insert((format, fused, 1, rows), p);
+                    }
                 }
             }
-            let source = matmul_source(format, Fused::Store, 1, false, Inputs::Float);
+            let source = matmul_source(format, Fused::Store, (1, FLOAT_ROWS), false, Inputs::Float);
             embed.insert(format, pipeline(device, &embed_layout, &source, "embed"));
         }
         let quantize = (!matmul_q16.is_empty()).then(|| {
             [Fused::Add, Fused::NormStore].map(|fused| {
-                let source = matmul_source(GpuFormat::F32, fused, 1, false, Inputs::Float);
+                let shape = (1, FLOAT_ROWS);
+                let source = matmul_source(GpuFormat::F32, fused, shape, false, Inputs::Float);
                 pipeline(device, &quantize_layout, &source, "quantize")
             })
         });
@@ -386,10 +403,11 @@ impl Kernels {
             Fused::NormStore | Fused::NormSwiglu => norm,
             Fused::Add | Fused::Store => plain,
         };
+        let get = |tile, rows| self.matmul_q16.get(&(format, fused, tile, rows));
         Some(Q16Pipelines {
             quantize,
-            matmul: self.matmul_q16.get(&(format, fused, PREFILL_TILE))?,
-            matvec: self.matmul_q16.get(&(format, fused, 1))?,
+            matmul: get(PREFILL_TILE, Q16_TILE_ROWS)?,
+            matvec: [get(1, Q16_VEC_ROWS[0])?, get(1, Q16_VEC_ROWS[1])?],
         })
     }
 
@@ -416,25 +434,32 @@ mod tests {
             for fused in Fused::ALL {
                 for bias in [false, true] {
                     for tile in [1, PREFILL_TILE] {
+                        let shape = (tile, FLOAT_ROWS);
                         out.push((
-                            matmul_source(format, fused, tile, bias, Inputs::Float),
+                            matmul_source(format, fused, shape, bias, Inputs::Float),
                             "matmul",
                         ));
                     }
                     if format.is_integer() {
-                        let tile = matmul_source(format, fused, PREFILL_TILE, bias, Inputs::Q16);
+                        let shape = (PREFILL_TILE, Q16_TILE_ROWS);
+                        let tile = matmul_source(format, fused, shape, bias, Inputs::Q16);
                         out.push((tile, "matmul"));
-                        out.push((matmul_source(format, fused, 1, bias, Inputs::Q16), "matvec"));
+                        for rows in Q16_VEC_ROWS {
+                            let source = matmul_source(format, fused, (1, rows), bias, Inputs::Q16);
+                            out.push((source, "matvec"));
+                        }
                     }
                 }
             }
+            let shape = (1, FLOAT_ROWS);
             out.push((
-                matmul_source(format, Fused::Store, 1, false, Inputs::Float),
+                matmul_source(format, Fused::Store, shape, false, Inputs::Float),
                 "embed",
             ));
         }
         for fused in [Fused::Add, Fused::NormStore] {
-            let source = matmul_source(GpuFormat::F32, fused, 1, false, Inputs::Float);
+            let shape = (1, FLOAT_ROWS);
+            let source = matmul_source(GpuFormat::F32, fused, shape, false, Inputs::Float);
             out.push((source, "quantize"));
         }
         let layer = |name: &str| format!("{}{}", header(LAYER), section(LAYER, name));
@@ -480,7 +505,7 @@ mod tests {
         }
         assert_eq!(
             translated,
-            6 * 4 * 2 * 2 + 4 * 4 * 2 * 2 + 6 + 2 + 2 + 2 * 3
+            6 * 4 * 2 * 2 + 4 * 4 * 2 * 3 + 6 + 2 + 2 + 2 * 3
         );
     }
 }

@@ -12,9 +12,7 @@ use sapient_core::model::layer_loop;
 use sapient_core::{ops, Backend, Config, Segment, Want};
 use wgpu::util::DeviceExt;
 
-use super::kernels::{
-    Fused, Kernels, FLOAT_ROWS, PREFILL_TILE, Q16_TILE_ROWS, Q16_VEC_ROWS, Q16_WORDS,
-};
+use super::kernels::{Fused, Kernels, FLOAT_ROWS, PREFILL_TILE, Q16_TILE_ROWS, Q16_WORDS};
 use super::profile::KernelTimer;
 use super::weights::{GpuFormat, GpuMatrix, Part};
 use super::{map_read, GpuModel};
@@ -358,15 +356,19 @@ impl Recorder {
         count: usize,
     ) -> Result<()> {
         let tile = if count == 1 { 1 } else { PREFILL_TILE };
-        let (pipeline, parts, group_rows) = match (&mm.q16, k.q16(mm.format, mm.fused)) {
-            (Some(q), Some(p)) if count > 1 => {
-                self.dispatch(device, "quantize", p.quantize, &q.quantize, [1, count, 1]);
-                (p.matmul, &q.parts, Q16_TILE_ROWS)
-            }
-            (_, Some(p)) if count == 1 => (p.matvec, &mm.parts, Q16_VEC_ROWS),
-            _ => (k.matmul(mm.format, mm.fused, tile)?, &mm.parts, FLOAT_ROWS),
-        };
+        let q16 = k.q16(mm.format, mm.fused);
+        // A batch's tiles over Q16 inputs, which one `quantize` dispatch makes first.
+        let tiled = q16.as_ref().zip(mm.q16.as_ref()).filter(|_| count > 1);
+        if let Some((p, q)) = tiled {
+            self.dispatch(device, "quantize", p.quantize, &q.quantize, [1, count, 1]);
+        }
+        let parts = tiled.map_or(&mm.parts, |(_, q)| &q.parts);
         for (group, rows) in parts {
+            let (pipeline, group_rows) = match (&q16, tiled) {
+                (_, Some((p, _))) => (p.matmul, Q16_TILE_ROWS),
+                (Some(p), None) if count == 1 => p.matvec(*rows),
+                _ => (k.matmul(mm.format, mm.fused, tile)?, FLOAT_ROWS),
+            };
             let groups = rows.div_ceil(group_rows);
             let gx = groups.min(MAX_WORKGROUPS);
             let size = [gx, groups.div_ceil(gx), count.div_ceil(tile)];

@@ -9,7 +9,7 @@ use sapient_core::sample::{argmax, Rng};
 use sapient_core::{ops, Matrix, RopeStyle, Serial};
 use wgpu::util::DeviceExt;
 
-use super::kernels::{Fused, Kernels, Q16_WORDS};
+use super::kernels::{Fused, Kernels, Q16_VEC_ROWS, Q16_WORDS, WIDE_VEC_GROUPS};
 use super::profile::KernelTimer;
 use super::session::{
     bind_group, embed_groups, matmul_groups, uniform, Place, Recorder, Rows, Shape,
@@ -273,7 +273,8 @@ fn matmul_kernels_match_the_cpu() {
 
 /// With integer weights, a token's result is the same bits alone (the mat-vec quantizes its
 /// inputs as it reads them, 64 blocks at a time) as in a batch (one `quantize` dispatch, then the
-/// tiled mat-mul), on rows of 67 blocks.
+/// tiled mat-mul), on rows of 67 blocks: 20 rows (the narrow mat-vec) and rows enough for the
+/// wide one, not a whole number of its workgroups.
 #[test]
 fn q16_lone_token_matches_its_batch() {
     let Some(d) = device() else { return };
@@ -282,8 +283,12 @@ fn q16_lone_token_matches_its_batch() {
         return;
     }
     let mut rng = Rng::new(13);
-    let (rows_out, cols, n) = (20, 67 * 32, 11);
-    for format in [Format::Q8_0, Format::Q4_0, Format::Q4_1, Format::Q5_1] {
+    let (cols, n) = (67 * 32, 11);
+    let wide = Q16_VEC_ROWS[1] * WIDE_VEC_GROUPS + 6;
+    let cases = [Format::Q8_0, Format::Q4_0, Format::Q4_1, Format::Q5_1]
+        .into_iter()
+        .flat_map(|f| [(f, 20), (f, wide)]);
+    for (format, rows_out) in cases {
         let gpu_format = super::weights::GpuFormat::of(format);
         let k = Kernels::new(&d.device, &[gpu_format], true, true, GpuKv::F32).unwrap();
         let values = random(&mut rng, rows_out * cols);
@@ -293,6 +298,8 @@ fn q16_lone_token_matches_its_batch() {
         let mut aux = random(&mut rng, cols);
         aux.extend(random(&mut rng, rows_out));
         let auxb = buffer(&d, &aux);
+        let vec_rows = k.q16(gpu_format, Fused::Add).unwrap().matvec(rows_out).1;
+        assert_eq!(vec_rows, Q16_VEC_ROWS[(rows_out == wide) as usize]);
         for fused in [Fused::NormStore, Fused::Add, Fused::NormSwiglu] {
             let out_cols = if fused == Fused::NormSwiglu {
                 rows_out / 2
@@ -327,7 +334,7 @@ fn q16_lone_token_matches_its_batch() {
                 assert_eq!(
                     bits(&alone),
                     bits(&batch[t * out_cols..(t + 1) * out_cols]),
-                    "{format:?} {fused:?}: token {t}"
+                    "{format:?} {fused:?}, {rows_out} rows: token {t}"
                 );
             }
         }
