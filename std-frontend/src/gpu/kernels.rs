@@ -21,7 +21,10 @@ const LANES: usize = 64;
 /// finds each gate row's up row in its own workgroup.
 pub const FLOAT_ROWS: usize = 2;
 /// Rows of a workgroup of a batch's Q16 mat-mul (`quantize` made the inputs; each block of them
-/// meets all four rows).
+/// meets all four rows). With `PREFILL_TILE` tokens, a small tile: each thread keeps a sum per
+/// row and token, and on an H200 tiles of 4 rows × 2 tokens prefilled an 8B model 1.8x and
+/// SmolLM2 2.2x faster than 4 × 8 (of 4 × 4, 2 × 4, 2 × 2, 8 × 2, 8 × 8, 4 × 16 and 2 × 32 too,
+/// the larger the slower: BENCHMARKS.md).
 pub const Q16_TILE_ROWS: usize = 4;
 /// Rows of a lone token's Q16 mat-vec workgroup, narrow and wide. Each thread quantizes its
 /// blocks of inputs (and a normed mat-vec's workgroup its RMSNorm) once for all the rows: with
@@ -32,7 +35,7 @@ pub const Q16_VEC_ROWS: [usize; 2] = [2, 8];
 /// Workgroups a part of a matrix must fill for its mat-vec to take the wide variant.
 pub const WIDE_VEC_GROUPS: usize = 512;
 /// Tokens per mat-mul workgroup when prefilling (decoding runs one).
-pub const PREFILL_TILE: usize = 8;
+pub const PREFILL_TILE: usize = 2;
 
 /// Words of a Q16 block of activations (`Q16_WORDS` in matmul.wgsl).
 pub const Q16_WORDS: usize = 19;

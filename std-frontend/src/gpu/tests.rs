@@ -138,7 +138,7 @@ fn silu(v: f64) -> f64 {
     v / (1.0 + (-v).exp())
 }
 
-/// Every mat-mul variant (each fusion, bias or not, one token and tiles of 8 with a partial
+/// Every mat-mul variant (each fusion, bias or not, one token and tiles of 2 with a partial
 /// last tile, logits from a row offset) in every format, on 37 rows (not a multiple of the 4 a
 /// workgroup takes) of 96 columns (k-quants 256, floats 70), whole and split into parts of at
 /// most 2 KiB (k-quants 4 KiB); integer formats with f32 activations and with Q16 ones (packed
