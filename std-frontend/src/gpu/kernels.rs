@@ -11,21 +11,31 @@ const MATMUL: &str = include_str!("shaders/matmul.wgsl");
 const FORMATS: &str = include_str!("shaders/formats.wgsl");
 const LAYER: &str = include_str!("shaders/layer.wgsl");
 
-/// Threads of a mat-mul workgroup. They share its rows: thread `l` takes blocks l, l + LANES, ...
-/// of every row, and their sums are added in a tree, in the same order in every variant (a token
-/// gets the same bits alone and in a batch). Wide, so that a GPU has many loads in flight: with
-/// 16 threads to four rows, an H200 ran SmolLM2's mat-vecs at 35-52 µs and an 8B model's at 3-7%
-/// of its memory bandwidth, each thread walking a row's blocks one after another.
+/// Running sums of a row's dot product: the l-th adds blocks l, l + LANES, ... in turn, and they
+/// are added in a tree, in the same order in every variant (a token gets the same bits alone and
+/// in a batch). A mat-vec workgroup has LANES threads, one sum each of all its rows: wide, so
+/// that a GPU has many loads in flight (with 16 threads to four rows, an H200 ran SmolLM2's
+/// mat-vecs at 35-52 µs and an 8B model's at 3-7% of its memory bandwidth).
 const LANES: usize = 64;
 /// Rows of a workgroup with f32 inputs. Every variant takes an even number: the SwiGLU epilogue
 /// finds each gate row's up row in its own workgroup.
 pub const FLOAT_ROWS: usize = 2;
-/// Rows of a workgroup of a batch's Q16 mat-mul (`quantize` made the inputs; each block of them
-/// meets all four rows). With `PREFILL_TILE` tokens, a small tile: each thread keeps a sum per
-/// row and token, and on an H200 tiles of 4 rows × 2 tokens prefilled an 8B model 1.8x and
-/// SmolLM2 2.2x faster than 4 × 8 (of 4 × 4, 2 × 4, 2 × 2, 8 × 2, 8 × 8, 4 × 16 and 2 × 32 too,
-/// the larger the slower: BENCHMARKS.md).
-pub const Q16_TILE_ROWS: usize = 4;
+/// Rows and tokens of a workgroup of a batch's Q16 mat-mul (`quantize` made the inputs). Eight
+/// threads share each 4 rows × `Q16_THREAD_TOKENS` of it, each keeping eight of the LANES
+/// running sums in registers: 256 threads.
+pub const Q16_TILE: (usize, usize) = (32, 8);
+/// Tokens of each thread of the Q16 tile (with 4 rows: a sum per row and token; on an H200,
+/// threads with 4 × 2 sums prefilled fastest of nine shapes, BENCHMARKS.md).
+const Q16_THREAD_TOKENS: usize = 2;
+/// Threads of the Q16 tile.
+const Q16_TILE_THREADS: usize = 8 * (Q16_TILE.0 / 4) * (Q16_TILE.1 / Q16_THREAD_TOKENS);
+// The tile's code adds eight sums a thread (LANES 64), for whole groups of 4 rows × NT tokens.
+const _: () = assert!(
+    LANES == 64
+        && Q16_TILE.0.is_multiple_of(4)
+        && Q16_TILE.1.is_multiple_of(Q16_THREAD_TOKENS)
+        && Q16_TILE_THREADS <= 256
+);
 /// Rows of a lone token's Q16 mat-vec workgroup, narrow and wide. Each thread quantizes its
 /// blocks of inputs (and a normed mat-vec's workgroup its RMSNorm) once for all the rows: with
 /// two, an 8B model's gate|up read 235 MB of inputs for 132 MB of weights on an H200. The wide
@@ -34,7 +44,7 @@ pub const Q16_TILE_ROWS: usize = 4;
 pub const Q16_VEC_ROWS: [usize; 2] = [2, 8];
 /// Workgroups a part of a matrix must fill for its mat-vec to take the wide variant.
 pub const WIDE_VEC_GROUPS: usize = 512;
-/// Tokens per mat-mul workgroup when prefilling (decoding runs one).
+/// Tokens per mat-mul workgroup with f32 inputs when prefilling (decoding runs one).
 pub const PREFILL_TILE: usize = 2;
 
 /// Words of a Q16 block of activations (`Q16_WORDS` in matmul.wgsl).
@@ -212,17 +222,25 @@ fn matmul_source(
         GpuFormat::Q4_0 | GpuFormat::Q4_1 => section(FORMATS, "nibbles"),
         GpuFormat::F16 | GpuFormat::F32 => "",
     };
-    let inputs = section(
-        MATMUL,
-        match inputs {
-            Inputs::Float => "float",
-            Inputs::Q16 => "q16",
-        },
-    );
-    // Each thread takes every row of its workgroup, which is LANES threads in every variant (so
-    // the RMSNorm prologue, whose sums run over the workgroup, is the same everywhere too).
+    // The Q16 tile gives its threads eight of LANES running sums; every other kernel has LANES
+    // threads, each with one sum of every row and token (and its RMSNorm prologue sums over them).
+    let q16_tile = inputs == Inputs::Q16 && tile > 1;
+    let (threads, red_len, red_stride) = if q16_tile {
+        (Q16_TILE_THREADS, 8 * rows * tile, tile)
+    } else {
+        (LANES, rows * LANES * tile, LANES * tile)
+    };
+    let inputs = match inputs {
+        Inputs::Float => section(MATMUL, "float").to_string(),
+        Inputs::Q16 => {
+            let entry = if q16_tile { "q16_tile" } else { "q16_vec" };
+            format!("{}{}", section(MATMUL, "q16"), section(MATMUL, entry))
+        }
+    };
     format!(
         "const ROWS: u32 = {rows}u;\nconst LANES: u32 = {LANES}u;\nconst TOK: u32 = {tile}u;\n\
+         const THREADS: u32 = {threads}u;\nconst RED_LEN: u32 = {red_len}u;\n\
+         const RED_STRIDE: u32 = {red_stride}u;\nconst NT: u32 = {Q16_THREAD_TOKENS}u;\n\
          const NORM: bool = {norm};\nconst NORM_AFTER: bool = {norm_after};\n\
          const BIAS: bool = {bias};\nconst EPI: u32 = {epi}u;\n{}\n\
          {quants}\n{}{inputs}",
@@ -337,10 +355,10 @@ impl Kernels {
                     matmul.insert((format, fused, tile), p);
                 }
                 if packed_dot && format.is_integer() {
-                    let shape = (PREFILL_TILE, Q16_TILE_ROWS);
-                    let source = matmul_source(format, fused, shape, bias, Inputs::Q16);
+                    let (rows, tile) = Q16_TILE;
+                    let source = matmul_source(format, fused, (tile, rows), bias, Inputs::Q16);
                     let p = pipeline(device, &matmul_q16_layout, &source, "matmul");
-                    matmul_q16.insert((format, fused, PREFILL_TILE, Q16_TILE_ROWS), p);
+                    matmul_q16.insert((format, fused, tile, rows), p);
                     for rows in Q16_VEC_ROWS {
                         let source = matmul_source(format, fused, (1, rows), bias, Inputs::Q16);
                         let p = pipeline(device, &matmul_layout, &source, "matvec");
@@ -409,7 +427,7 @@ impl Kernels {
         let get = |tile, rows| self.matmul_q16.get(&(format, fused, tile, rows));
         Some(Q16Pipelines {
             quantize,
-            matmul: get(PREFILL_TILE, Q16_TILE_ROWS)?,
+            matmul: get(Q16_TILE.1, Q16_TILE.0)?,
             matvec: [get(1, Q16_VEC_ROWS[0])?, get(1, Q16_VEC_ROWS[1])?],
         })
     }
@@ -444,7 +462,7 @@ mod tests {
                         ));
                     }
                     if format.is_integer() {
-                        let shape = (PREFILL_TILE, Q16_TILE_ROWS);
+                        let shape = (Q16_TILE.1, Q16_TILE.0);
                         let tile = matmul_source(format, fused, shape, bias, Inputs::Q16);
                         out.push((tile, "matmul"));
                         for rows in Q16_VEC_ROWS {

@@ -22,7 +22,8 @@ use weights::{GpuFormat, GpuMatrix};
 use crate::run::{Runner, Session};
 
 /// Parts of a matrix hold whole multiples of this many rows: whole gate/up pairs, and whole
-/// workgroups of every mat-mul (`kernels::Q16_TILE_ROWS` at most).
+/// groups of the 4 rows a thread of the Q16 tile takes (a part's last workgroup may still be
+/// partial: the kernels check their rows).
 const PART_ROWS: usize = 4;
 
 /// How the KV cache holds keys and values on the device.

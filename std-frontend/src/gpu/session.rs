@@ -12,7 +12,7 @@ use sapient_core::model::layer_loop;
 use sapient_core::{ops, Backend, Config, Segment, Want};
 use wgpu::util::DeviceExt;
 
-use super::kernels::{Fused, Kernels, FLOAT_ROWS, PREFILL_TILE, Q16_TILE_ROWS, Q16_WORDS};
+use super::kernels::{Fused, Kernels, FLOAT_ROWS, PREFILL_TILE, Q16_TILE, Q16_WORDS};
 use super::profile::KernelTimer;
 use super::weights::{GpuFormat, GpuMatrix, Part};
 use super::{map_read, GpuModel};
@@ -360,7 +360,6 @@ impl Recorder {
         mm: &MatMul,
         count: usize,
     ) -> Result<()> {
-        let tile = if count == 1 { 1 } else { PREFILL_TILE };
         let q16 = k.q16(mm.format, mm.fused);
         // A batch's tiles over Q16 inputs, which one `quantize` dispatch makes first.
         let tiled = q16.as_ref().zip(mm.q16.as_ref()).filter(|_| count > 1);
@@ -369,10 +368,16 @@ impl Recorder {
         }
         let parts = tiled.map_or(&mm.parts, |(_, q)| &q.parts);
         for (group, rows) in parts {
-            let (pipeline, group_rows) = match (&q16, tiled) {
-                (_, Some((p, _))) => (p.matmul, Q16_TILE_ROWS),
-                (Some(p), None) if count == 1 => p.matvec(*rows),
-                _ => (k.matmul(mm.format, mm.fused, tile)?, FLOAT_ROWS),
+            let (pipeline, (group_rows, tile)) = match (&q16, tiled) {
+                (_, Some((p, _))) => (p.matmul, Q16_TILE),
+                (Some(p), None) if count == 1 => {
+                    let (pipeline, group_rows) = p.matvec(*rows);
+                    (pipeline, (group_rows, 1))
+                }
+                _ => {
+                    let tile = if count == 1 { 1 } else { PREFILL_TILE };
+                    (k.matmul(mm.format, mm.fused, tile)?, (FLOAT_ROWS, tile))
+                }
             };
             let groups = rows.div_ceil(group_rows);
             let gx = groups.min(MAX_WORKGROUPS);

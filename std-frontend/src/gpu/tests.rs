@@ -273,8 +273,9 @@ fn matmul_kernels_match_the_cpu() {
 
 /// With integer weights, a token's result is the same bits alone (the mat-vec quantizes its
 /// inputs as it reads them, 64 blocks at a time) as in a batch (one `quantize` dispatch, then the
-/// tiled mat-mul), on rows of 67 blocks: 20 rows (the narrow mat-vec) and rows enough for the
-/// wide one, not a whole number of its workgroups.
+/// tiled mat-mul), on rows of 67 blocks (some running sums take two, some one) and of 18 (most
+/// take none): 20 rows (the narrow mat-vec) and rows enough for the wide one, not a whole number
+/// of its workgroups nor of the tile's.
 #[test]
 fn q16_lone_token_matches_its_batch() {
     let Some(d) = device() else { return };
@@ -283,12 +284,12 @@ fn q16_lone_token_matches_its_batch() {
         return;
     }
     let mut rng = Rng::new(13);
-    let (cols, n) = (67 * 32, 11);
+    let n = 11;
     let wide = Q16_VEC_ROWS[1] * WIDE_VEC_GROUPS + 6;
     let cases = [Format::Q8_0, Format::Q4_0, Format::Q4_1, Format::Q5_1]
         .into_iter()
-        .flat_map(|f| [(f, 20), (f, wide)]);
-    for (format, rows_out) in cases {
+        .flat_map(|f| [(f, 20, 67 * 32), (f, wide, 67 * 32), (f, 20, 18 * 32)]);
+    for (format, rows_out, cols) in cases {
         let gpu_format = super::weights::GpuFormat::of(format);
         let k = Kernels::new(&d.device, &[gpu_format], true, true, GpuKv::F32).unwrap();
         let values = random(&mut rng, rows_out * cols);

@@ -1,12 +1,16 @@
 // Mat-vec and tiled mat-mat over one part of a weight matrix, with the layer loop's fusions:
 // an RMSNorm of the inputs (NORM), and an epilogue that stores (plus a bias), adds into the
 // residual stream, or multiplies SiLU(gate) by up for interleaved gate/up rows (EPI). The Rust
-// side prepends the constants ROWS, LANES, TOK, NORM, NORM_AFTER, BIAS, EPI and the
-// format's functions, and compiles the lines above the first section with one section: `float`
-// (f32 inputs; `quantize` too) or, for integer weights where WGSL has `dot4I8Packed`, `q16`.
+// side prepends the constants ROWS, LANES, TOK, THREADS, RED_LEN, RED_STRIDE, NORM, NORM_AFTER,
+// BIAS, EPI and the format's functions, and compiles the lines above the first section with one
+// section: `float` (f32 inputs; `quantize` too) or, for integer weights where WGSL has
+// `dot4I8Packed`, `q16`.
 //
-// A workgroup of LANES threads computes ROWS rows for TOK tokens: each thread strides over the
-// rows' 32-value blocks, then the threads' sums are added in a tree.
+// A workgroup computes ROWS rows for TOK tokens. A row's sum over its 32-value blocks has one
+// order everywhere: LANES running sums, the l-th over blocks l, l + LANES, ... in turn, then
+// those added in a tree (`add_lanes`). Most kernels give each of their LANES threads one running
+// sum of every row and token; the Q16 tile gives a thread eight of them, for its few rows and
+// tokens, and adds them as the tree's three lowest levels would.
 //
 // Integer weights meet activations quantized as the CPU's `quant::q16` does (d = amax / 32639,
 // quants rounded to nearest even; the block keeps the sum of each half's quants): in a batch,
@@ -38,7 +42,7 @@ const EPI_SWIGLU: u32 = 2u;
 const Q16_WORDS: u32 = 19u;
 const Q16_MAX: f32 = 32639.0;
 
-var<workgroup> red: array<f32, ROWS * LANES * TOK>;
+var<workgroup> red: array<f32, RED_LEN>;
 var<workgroup> inv_rms: array<f32, TOK>;
 
 fn silu(v: f32) -> f32 {
@@ -178,12 +182,12 @@ fn add_lanes(lid: u32, acc: array<f32, ROWS * TOK>) {
 }
 
 fn result(rr: u32, t: u32) -> f32 {
-    return red[rr * LANES * TOK + t];
+    return red[rr * RED_STRIDE + t];
 }
 
 // The epilogue, for the sum `result(rr, t)` of each row and token of the tile.
 fn epilogue(lid: u32, row_base: u32, tok_base: u32, tok_end: u32) {
-    for (var i = lid; i < ROWS * TOK; i += LANES) {
+    for (var i = lid; i < ROWS * TOK; i += THREADS) {
         let rr = i / TOK;
         let t = i % TOK;
         let out_row = row_base + rr;
@@ -327,7 +331,7 @@ fn quantize(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wi
 //#q16
 // Integer weights against Q16 inputs: per block, the quants' exact dot product in two packed
 // 8-bit ones per word (`dot4I8Packed`: one instruction where the GPU has one), then the scales.
-@group(0) @binding(7) var<storage, read> q16_in: array<u32>;
+// Compiled with one of the two sections below it: a batch's tile or a lone token's mat-vec.
 
 // The dot product of block `b` of `row`'s weights and a Q16 block.
 fn block_dot(row: u32, b: u32, q: Q16) -> f32 {
@@ -344,6 +348,10 @@ fn dot4(w: vec4<u32>, q: vec4<u32>) -> i32 {
         + dot4I8Packed(w.w, q.w);
 }
 
+//#q16_tile
+// A batch's tile over the Q16 blocks that `quantize` made.
+@group(0) @binding(7) var<storage, read> q16_in: array<u32>;
+
 // The Q16 block at word `o` of what `quantize` wrote.
 fn load_q16(o: u32) -> Q16 {
     return Q16(
@@ -357,8 +365,37 @@ fn load_q16(o: u32) -> Q16 {
     );
 }
 
-// A tile of tokens whose Q16 blocks `quantize` made.
-@compute @workgroup_size(LANES)
+// The Q16 tile: THREADS threads, eight to each group of 4 rows × NT tokens. Thread g of a group
+// keeps the running sums l = g, g + 8, ..., g + 56 of its rows and tokens, one after another, and
+// adds them as the tree's three lowest levels do (sum l meets l + 32, then l + 16's pair, then
+// l + 8's four); the eight threads' subtrees are then added as its last three levels. Its sums
+// live in registers, not in the workgroup's memory, and no thread idles on a short row.
+const ROW_GROUPS: u32 = ROWS / 4u;
+
+// The running sum of class `l` (blocks l, l + LANES, ...) of 4 rows from `row0` for each of NT
+// tokens from `tok0`: part[i * NT + t]. (Each product is added as the mat-vec adds it, so that
+// a GPU compiler contracts the same multiplies and adds in both.)
+var<private> part: array<f32, 4 * NT>;
+
+fn class_sums(l: u32, row0: u32, tok0: u32, tok_end: u32) {
+    for (var k = 0u; k < 4u * NT; k++) {
+        part[k] = 0.0;
+    }
+    for (var b = l; b < p.nb; b += LANES) {
+        for (var t = 0u; t < NT; t++) {
+            if (tok0 + t < tok_end) {
+                let q = load_q16(((tok0 + t) * p.nb + b) * Q16_WORDS);
+                for (var i = 0u; i < 4u; i++) {
+                    if (row0 + i < p.rows) {
+                        part[i * NT + t] += block_dot(row0 + i, b, q);
+                    }
+                }
+            }
+        }
+    }
+}
+
+@compute @workgroup_size(THREADS)
 fn matmul(
     @builtin(local_invocation_index) lid: u32,
     @builtin(workgroup_id) wid: vec3<u32>,
@@ -367,24 +404,63 @@ fn matmul(
     let row_base = (wid.x + wid.y * nwg.x) * ROWS;
     let tok_base = batch.first + wid.z * TOK;
     let tok_end = batch.first + batch.count;
-    var acc: array<f32, ROWS * TOK>;
-    for (var b = lid; b < p.nb; b += LANES) {
-        for (var t = 0u; t < TOK; t++) {
-            let tok = tok_base + t;
-            if (tok < tok_end) {
-                let q = load_q16((tok * p.nb + b) * Q16_WORDS);
-                for (var i = 0u; i < ROWS; i++) {
-                    if (row_base + i < p.rows) {
-                        acc[i * TOK + t] += block_dot(row_base + i, b, q);
-                    }
+    let g = lid % 8u;
+    let rr0 = (lid / 8u) % ROW_GROUPS * 4u;
+    let t0 = (lid / 8u) / ROW_GROUPS * NT;
+    let row0 = row_base + rr0;
+    let tok0 = tok_base + t0;
+
+    // The subtree over sums g, g + 32, g + 16, g + 48, g + 8, g + 40, g + 24, g + 56.
+    var s: array<f32, 4 * NT>;
+    var s2: array<f32, 4 * NT>;
+    var s4: array<f32, 4 * NT>;
+    class_sums(g, row0, tok0, tok_end);
+    s = part;
+    class_sums(g + 32u, row0, tok0, tok_end);
+    for (var k = 0u; k < 4u * NT; k++) {
+        s[k] += part[k];
+    }
+    class_sums(g + 16u, row0, tok0, tok_end);
+    s2 = part;
+    class_sums(g + 48u, row0, tok0, tok_end);
+    for (var k = 0u; k < 4u * NT; k++) {
+        s[k] += s2[k] + part[k];
+    }
+    class_sums(g + 8u, row0, tok0, tok_end);
+    s2 = part;
+    class_sums(g + 40u, row0, tok0, tok_end);
+    for (var k = 0u; k < 4u * NT; k++) {
+        s2[k] += part[k];
+    }
+    class_sums(g + 24u, row0, tok0, tok_end);
+    s4 = part;
+    class_sums(g + 56u, row0, tok0, tok_end);
+    for (var k = 0u; k < 4u * NT; k++) {
+        s[k] += s2[k] + (s4[k] + part[k]);
+    }
+
+    // red[g][row][token]; the threads' subtrees are added into g = 0, which `result` reads.
+    for (var i = 0u; i < 4u; i++) {
+        for (var t = 0u; t < NT; t++) {
+            red[(g * ROWS + rr0 + i) * TOK + t0 + t] = s[i * NT + t];
+        }
+    }
+    workgroupBarrier();
+    for (var span = 4u; span > 0u; span >>= 1u) {
+        if (g < span) {
+            for (var i = 0u; i < 4u; i++) {
+                for (var t = 0u; t < NT; t++) {
+                    let k = (g * ROWS + rr0 + i) * TOK + t0 + t;
+                    red[k] += red[k + span * ROWS * TOK];
                 }
             }
         }
+        workgroupBarrier();
     }
-    add_lanes(lid, acc);
     epilogue(lid, row_base, tok_base, tok_end);
 }
 
+//#q16_vec
 // One token, each block of its inputs quantized as it is read.
 @compute @workgroup_size(LANES)
 fn matvec(
