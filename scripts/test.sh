@@ -7,6 +7,9 @@ bash scripts/fetch-model.sh >/dev/null
 # llama.cpp's tokenizer test data (vocabulary-only GGUFs with expected ids), downloaded once.
 SAPIENT_LLAMA_CPP_SRC="$(bash scripts/fetch-llama-cpp.sh)"
 export SAPIENT_LLAMA_CPP_SRC
+# Mistral's Tekken vocabulary with mistral_common's ids for its cases, made once.
+SAPIENT_TEKKEN_VOCAB="$(bash scripts/fetch-tekken-vocab.sh)"
+export SAPIENT_TEKKEN_VOCAB
 # The GPU backend's tests run on any adapter wgpu finds (lavapipe will do) and skip, saying so,
 # where there is none.
 cargo test --workspace --features sapient-tests/gpu "$@"

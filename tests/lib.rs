@@ -170,6 +170,21 @@ pub fn llama_cpp_models() -> Option<PathBuf> {
     }
 }
 
+/// The directory where `scripts/fetch-tekken-vocab.sh` makes a Tekken vocabulary and its cases
+/// (`$SAPIENT_TEKKEN_VOCAB`, or its default cache).
+pub fn tekken_vocab() -> Option<PathBuf> {
+    match std::env::var("SAPIENT_TEKKEN_VOCAB") {
+        Ok(dir) => Some(PathBuf::from(dir)),
+        Err(_) => {
+            let home = std::env::var("HOME").ok()?;
+            let dir = PathBuf::from(home).join(".cache/sapient/tekken");
+            dir.join("ggml-vocab-tekken.gguf.out")
+                .is_file()
+                .then_some(dir)
+        }
+    }
+}
+
 /// llama.cpp's `test-tokenizer-0` cases of vocabulary `name` (`ggml-vocab-NAME.gguf.inp` and
 /// `.out` in `dir`): each input text and the ids llama.cpp gives it.
 pub fn llama_cpp_vocab_cases(dir: &Path, name: &str) -> Vec<(String, Vec<u32>)> {

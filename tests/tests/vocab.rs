@@ -3,7 +3,7 @@
 //! `\n__ggml_vocab_test__\n`) and the ids llama.cpp gives them (`.out`, one line per case, no BOS).
 //! The source is where `scripts/fetch-llama-cpp.sh` puts it (`$SAPIENT_LLAMA_CPP_SRC`; the test
 //! command sets it); without it these tests say SKIPPED.
-use sapient_tests::{llama_cpp_models, llama_cpp_vocab_cases as cases};
+use sapient_tests::{llama_cpp_models, llama_cpp_vocab_cases as cases, tekken_vocab};
 
 use sapient::load::gguf::Gguf;
 use sapient::tokenizer::Tokenizer;
@@ -64,6 +64,26 @@ fn llama_cpp_vocabularies_tokenize_as_llama_cpp_does() {
         failures.join("\n")
     );
     assert!(compared >= 400, "only {compared} cases compared");
+}
+
+/// Mistral's Tekken vocabulary (Mistral NeMo, Ministral, Mistral Small 3), for which llama.cpp
+/// ships no test file: `scripts/fetch-tekken-vocab.sh` writes one as llama.cpp's converter does,
+/// with the ids that mistral_common, Mistral's own tokenizer, gives 178 texts (llama.cpp's test
+/// inputs, paragraphs of the GPL, scripts, code, emoji). The test command sets
+/// `SAPIENT_TEKKEN_VOCAB`.
+#[test]
+fn tekken_tokenizes_as_mistral_common_does() {
+    let Some(dir) = tekken_vocab() else {
+        eprintln!("SKIPPED: no Tekken vocabulary (run scripts/fetch-tekken-vocab.sh)");
+        return;
+    };
+    let tok = load(&dir, "tekken").unwrap_or_else(|e| panic!("tekken: {e:#}"));
+    let cases = cases(&dir, "tekken");
+    assert!(cases.len() >= 150, "only {} cases", cases.len());
+    for (text, want) in cases {
+        assert_eq!(tok.encode(&text).unwrap(), want, "{text:?}");
+        assert_eq!(tok.decode(&want, true).unwrap(), text, "{text:?}");
+    }
 }
 
 #[test]

@@ -35,13 +35,16 @@ const DEEPSEEK_CODER_REGEXES: [&str; 5] = [
     r"\p{N}",
 ];
 const BLOOM_REGEX: &str = r" ?[^(\s|.,!?…。，、।۔،)]+";
+/// Mistral's Tekken (Mistral NeMo, Ministral, Mistral Small 3): the regex of its
+/// `tokenizer.json`, which llama.cpp rewrites for its own regex engine.
+const TEKKEN_REGEX: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// The GGUF `tokenizer.ggml.pre` names whose pre-tokenizer sapient builds, for error messages
 /// and the README.
 pub const BPE_PRE_TOKENIZERS: &str = "default, gpt2, gpt-2, phi-2, mpt, olmo, jais, trillion, \
     llama-bpe, llama3, llama-v3, dbrx, smaug-bpe, falcon3, qwen2, stablelm2, deepseek-r1-qwen, \
     qwen35, smollm, starcoder, refact, command-r, codeshell, exaone, minerva-7b, falcon, \
-    deepseek-coder, chatglm-bpe, bloom, gpt3-finnish, poro-chat, viking";
+    deepseek-coder, chatglm-bpe, bloom, gpt3-finnish, poro-chat, viking, tekken";
 
 pub struct Tokenizer {
     model: Model,
@@ -324,6 +327,7 @@ fn pre_tokenizer(pre: &str) -> Result<(PreTokenizerWrapper, bool)> {
         "chatglm-bpe" => &[LLAMA3_REGEX],
         "bloom" | "gpt3-finnish" | "poro-chat" => &[BLOOM_REGEX],
         "viking" => &[BLOOM_REGEX, r"\p{N}"],
+        "tekken" => &[TEKKEN_REGEX],
         other => bail!(
             "GGUF pre-tokenizer {other:?} is not supported (sapient knows: {BPE_PRE_TOKENIZERS}); put the model's tokenizer.json beside it"
         ),
@@ -339,7 +343,10 @@ fn pre_tokenizer(pre: &str) -> Result<(PreTokenizerWrapper, bool)> {
         steps.push(split.into());
     }
     steps.push(ByteLevel::new(false, true, false).into());
-    let ignore_merges = matches!(pre, "llama-bpe" | "llama3" | "llama-v3" | "falcon3");
+    let ignore_merges = matches!(
+        pre,
+        "llama-bpe" | "llama3" | "llama-v3" | "falcon3" | "tekken"
+    );
     Ok((Sequence::new(steps).into(), ignore_merges))
 }
 
