@@ -22,13 +22,13 @@ const SUPPORTED: &[&str] = &[
     "falcon",
     "command-r",
     "deepseek-coder",
+    "deepseek-llm",
 ];
 
 /// Vocabularies whose tokenizer model or pre-tokenizer sapient refuses, and the words its error
 /// must contain.
 const REFUSED: &[(&str, &str)] = &[
     ("bert-bge", "tokenizer model \"bert\""),
-    ("deepseek-llm", "pre-tokenizer \"deepseek-llm\""),
     ("gemma-4", "gemma4"),
 ];
 

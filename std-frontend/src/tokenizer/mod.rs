@@ -35,6 +35,34 @@ const DEEPSEEK_CODER_REGEXES: [&str; 5] = [
     r"\p{N}",
 ];
 const BLOOM_REGEX: &str = r" ?[^(\s|.,!?…。，、।۔،)]+";
+/// DeepSeek LLM's, with llama.cpp's character classes by code point: some of their Greek letters
+/// have canonical equivalents that a tool normalizing the text would swap in, breaking a range.
+const DEEPSEEK_LLM_REGEXES: [&str; 6] = [
+    r"[\r\n]",
+    concat!(
+        r"\s?[A-Za-z\u{b5}\u{c0}-\u{d6}\u{d8}-\u{f6}\u{f8}-\u{1ba}\u{1bc}-\u{1bf}",
+        r"\u{1c4}-\u{293}\u{295}-\u{2af}\u{370}-\u{373}\u{376}\u{377}\u{37b}-\u{37d}\u{37f}",
+        r"\u{386}\u{388}-\u{38a}\u{38c}\u{38e}-\u{3a1}\u{3a3}-\u{3f5}\u{3f7}-\u{481}",
+        r"\u{48a}-\u{52f}\u{531}-\u{556}\u{10a0}-\u{10c5}\u{13a0}-\u{13f5}\u{13f8}-\u{13fd}",
+        r"\u{1c90}-\u{1cba}\u{1cbd}-\u{1cbf}\u{1d00}-\u{1d2b}\u{1d6b}-\u{1d77}",
+        r"\u{1d79}-\u{1d9a}\u{1e00}-\u{1f15}\u{1f18}-\u{1f1d}\u{1f20}-\u{1f45}",
+        r"\u{1f48}-\u{1f4d}\u{1f50}-\u{1f57}\u{1f59}\u{1f5b}\u{1f5d}\u{1f5f}-\u{1f7d}",
+        r"\u{1f80}-\u{1fb4}\u{1fb6}-\u{1fbc}\u{1fbe}\u{1fc2}-\u{1fc4}\u{1fc6}-\u{1fcc}",
+        r"\u{1fd0}-\u{1fd3}\u{1fd6}-\u{1fdb}\u{1fe0}-\u{1fec}\u{1ff2}-\u{1ff4}",
+        r"\u{1ff6}-\u{1ffc}\u{2102}\u{2107}\u{210a}-\u{2113}\u{2115}\u{2119}-\u{211d}\u{2124}",
+        r"\u{2126}\u{2128}\u{212a}-\u{212d}\u{212f}-\u{2134}\u{2139}\u{213c}-\u{213f}",
+        r"\u{2145}-\u{2149}\u{214e}\u{2183}\u{2184}\u{2c00}-\u{2c7b}\u{2c7e}-\u{2ce4}",
+        r"\u{2ceb}-\u{2cee}\u{2cf2}\u{2cf3}\u{a640}-\u{a66d}\u{a680}-\u{a69b}\u{a722}-\u{a76f}",
+        r"\u{a771}-\u{a787}\u{a78b}-\u{a78e}\u{ab70}-\u{abbf}\u{fb00}-\u{fb06}",
+        r"\u{fb13}-\u{fb17}\u{ff21}-\u{ff3a}\u{ff41}-\u{ff5a}\u{10400}-\u{1044f}",
+        r"\u{104b0}-\u{104d3}\u{104d8}-\u{104fb}\u{10c80}-\u{10cb2}\u{10cc0}-\u{10cf2}",
+        r"\u{118a0}-\u{118df}\u{1e900}-\u{1e943}]+",
+    ),
+    r"\s?[!-/:-~\u{ff01}-\u{ff0f}\u{ff1a}-\u{ff5e}\u{2018}-\u{201f}\u{3000}-\u{3002}]+",
+    r"\s+$",
+    r"[\u{4e00}-\u{9fa5}\u{800}-\u{4e00}\u{ac00}-\u{d7ff}]+",
+    r"\p{N}+",
+];
 /// Mistral's Tekken (Mistral NeMo, Ministral, Mistral Small 3): the regex of its
 /// `tokenizer.json`, which llama.cpp rewrites for its own regex engine.
 const TEKKEN_REGEX: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -44,7 +72,7 @@ const TEKKEN_REGEX: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[
 pub const BPE_PRE_TOKENIZERS: &str = "default, gpt2, gpt-2, phi-2, mpt, olmo, jais, trillion, \
     llama-bpe, llama3, llama-v3, dbrx, smaug-bpe, falcon3, qwen2, stablelm2, deepseek-r1-qwen, \
     qwen35, smollm, starcoder, refact, command-r, codeshell, exaone, minerva-7b, falcon, \
-    deepseek-coder, chatglm-bpe, bloom, gpt3-finnish, poro-chat, viking, tekken";
+    deepseek-coder, deepseek-llm, chatglm-bpe, bloom, gpt3-finnish, poro-chat, viking, tekken";
 
 pub struct Tokenizer {
     model: Model,
@@ -324,6 +352,7 @@ fn pre_tokenizer(pre: &str) -> Result<(PreTokenizerWrapper, bool)> {
         | "minerva-7b" => &[r"\p{N}", GPT2_REGEX],
         "falcon" => &FALCON_REGEXES,
         "deepseek-coder" => &DEEPSEEK_CODER_REGEXES,
+        "deepseek-llm" => &DEEPSEEK_LLM_REGEXES,
         "chatglm-bpe" => &[LLAMA3_REGEX],
         "bloom" | "gpt3-finnish" | "poro-chat" => &[BLOOM_REGEX],
         "viking" => &[BLOOM_REGEX, r"\p{N}"],
