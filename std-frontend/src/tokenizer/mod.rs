@@ -63,6 +63,8 @@ const DEEPSEEK_LLM_REGEXES: [&str; 6] = [
     r"[\u{4e00}-\u{9fa5}\u{800}-\u{4e00}\u{ac00}-\u{d7ff}]+",
     r"\p{N}+",
 ];
+/// ByteDance's Seed-Coder.
+const SEED_CODER_REGEX: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// Mistral's Tekken (Mistral NeMo, Ministral, Mistral Small 3): the regex of its
 /// `tokenizer.json`, which llama.cpp rewrites for its own regex engine.
 const TEKKEN_REGEX: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
@@ -70,9 +72,10 @@ const TEKKEN_REGEX: &str = r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[
 /// The GGUF `tokenizer.ggml.pre` names whose pre-tokenizer sapient builds, for error messages
 /// and the README.
 pub const BPE_PRE_TOKENIZERS: &str = "default, gpt2, gpt-2, phi-2, mpt, olmo, jais, trillion, \
-    llama-bpe, llama3, llama-v3, dbrx, smaug-bpe, falcon3, qwen2, stablelm2, deepseek-r1-qwen, \
-    qwen35, smollm, starcoder, refact, command-r, codeshell, exaone, minerva-7b, falcon, \
-    deepseek-coder, deepseek-llm, chatglm-bpe, bloom, gpt3-finnish, poro-chat, viking, tekken";
+    gigachat, a.x-4.0, mellum, llama-bpe, llama3, llama-v3, dbrx, smaug-bpe, falcon3, pixtral, \
+    midm-2.0, qwen2, stablelm2, deepseek-r1-qwen, megrez, qwen35, smollm, starcoder, refact, \
+    command-r, codeshell, exaone, minerva-7b, falcon, deepseek-coder, deepseek-llm, chatglm-bpe, \
+    bloom, gpt3-finnish, poro-chat, viking, tekken, seed-coder";
 
 pub struct Tokenizer {
     model: Model,
@@ -342,11 +345,11 @@ fn strings<'g>(g: &'g Gguf, key: &str) -> Result<Vec<&'g str>> {
 /// is a whole vocabulary entry skips the merges (llama.cpp's `ignore_merges`).
 fn pre_tokenizer(pre: &str) -> Result<(PreTokenizerWrapper, bool)> {
     let regexes: &[&str] = match pre {
-        "default" | "gpt2" | "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "trillion" => {
-            &[GPT2_REGEX]
-        }
-        "llama-bpe" | "llama3" | "llama-v3" | "dbrx" | "smaug-bpe" | "falcon3" => &[LLAMA3_REGEX],
-        "qwen2" | "stablelm2" | "deepseek-r1-qwen" => &[QWEN2_REGEX],
+        "default" | "gpt2" | "gpt-2" | "phi-2" | "mpt" | "olmo" | "jais" | "trillion"
+        | "gigachat" | "a.x-4.0" | "mellum" => &[GPT2_REGEX],
+        "llama-bpe" | "llama3" | "llama-v3" | "dbrx" | "smaug-bpe" | "falcon3" | "pixtral"
+        | "midm-2.0" => &[LLAMA3_REGEX],
+        "qwen2" | "stablelm2" | "deepseek-r1-qwen" | "megrez" => &[QWEN2_REGEX],
         "qwen35" => &[QWEN35_REGEX],
         "smollm" | "starcoder" | "refact" | "command-r" | "codeshell" | "exaone"
         | "minerva-7b" => &[r"\p{N}", GPT2_REGEX],
@@ -357,6 +360,7 @@ fn pre_tokenizer(pre: &str) -> Result<(PreTokenizerWrapper, bool)> {
         "bloom" | "gpt3-finnish" | "poro-chat" => &[BLOOM_REGEX],
         "viking" => &[BLOOM_REGEX, r"\p{N}"],
         "tekken" => &[TEKKEN_REGEX],
+        "seed-coder" => &[SEED_CODER_REGEX],
         other => bail!(
             "GGUF pre-tokenizer {other:?} is not supported (sapient knows: {BPE_PRE_TOKENIZERS}); put the model's tokenizer.json beside it"
         ),
@@ -374,7 +378,7 @@ fn pre_tokenizer(pre: &str) -> Result<(PreTokenizerWrapper, bool)> {
     steps.push(ByteLevel::new(false, true, false).into());
     let ignore_merges = matches!(
         pre,
-        "llama-bpe" | "llama3" | "llama-v3" | "falcon3" | "tekken"
+        "llama-bpe" | "llama3" | "llama-v3" | "falcon3" | "pixtral" | "midm-2.0" | "tekken"
     );
     Ok((Sequence::new(steps).into(), ignore_merges))
 }
@@ -437,5 +441,25 @@ impl<'t> TextStream<'t> {
             .get(before.len()..)
             .filter(|s| !s.is_empty())
             .map(str::to_owned))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every name the error message and the README list builds its pre-tokenizer (each regex
+    /// compiles), and a name outside the list is refused by name.
+    #[test]
+    fn every_listed_pre_tokenizer_builds() {
+        let names: Vec<&str> = BPE_PRE_TOKENIZERS.split(',').map(str::trim).collect();
+        assert!(names.len() >= 40, "{names:?}");
+        for name in names {
+            if let Err(e) = pre_tokenizer(name) {
+                panic!("{name}: {e:#}");
+            }
+        }
+        let e = pre_tokenizer("gpt-4o").expect_err("gpt-4o is not supported");
+        assert!(format!("{e:#}").contains("\"gpt-4o\""), "{e:#}");
     }
 }
