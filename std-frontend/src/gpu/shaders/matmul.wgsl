@@ -395,6 +395,18 @@ fn class_sums(l: u32, row0: u32, tok0: u32, tok_end: u32) {
     }
 }
 
+// pair ← the running sums l and l + 32 added: the tree's lowest level.
+var<private> pair: array<f32, 4 * NT>;
+
+fn pair_sums(l: u32, row0: u32, tok0: u32, tok_end: u32) {
+    class_sums(l, row0, tok0, tok_end);
+    pair = part;
+    class_sums(l + 32u, row0, tok0, tok_end);
+    for (var k = 0u; k < 4u * NT; k++) {
+        pair[k] += part[k];
+    }
+}
+
 @compute @workgroup_size(THREADS)
 fn matmul(
     @builtin(local_invocation_index) lid: u32,
@@ -413,30 +425,17 @@ fn matmul(
     // The subtree over sums g, g + 32, g + 16, g + 48, g + 8, g + 40, g + 24, g + 56.
     var s: array<f32, 4 * NT>;
     var s2: array<f32, 4 * NT>;
-    var s4: array<f32, 4 * NT>;
-    class_sums(g, row0, tok0, tok_end);
-    s = part;
-    class_sums(g + 32u, row0, tok0, tok_end);
+    pair_sums(g, row0, tok0, tok_end);
+    s = pair;
+    pair_sums(g + 16u, row0, tok0, tok_end);
     for (var k = 0u; k < 4u * NT; k++) {
-        s[k] += part[k];
+        s[k] += pair[k];
     }
-    class_sums(g + 16u, row0, tok0, tok_end);
-    s2 = part;
-    class_sums(g + 48u, row0, tok0, tok_end);
+    pair_sums(g + 8u, row0, tok0, tok_end);
+    s2 = pair;
+    pair_sums(g + 24u, row0, tok0, tok_end);
     for (var k = 0u; k < 4u * NT; k++) {
-        s[k] += s2[k] + part[k];
-    }
-    class_sums(g + 8u, row0, tok0, tok_end);
-    s2 = part;
-    class_sums(g + 40u, row0, tok0, tok_end);
-    for (var k = 0u; k < 4u * NT; k++) {
-        s2[k] += part[k];
-    }
-    class_sums(g + 24u, row0, tok0, tok_end);
-    s4 = part;
-    class_sums(g + 56u, row0, tok0, tok_end);
-    for (var k = 0u; k < 4u * NT; k++) {
-        s[k] += s2[k] + (s4[k] + part[k]);
+        s[k] += s2[k] + pair[k];
     }
 
     // red[g][row][token]; the threads' subtrees are added into g = 0, which `result` reads.
