@@ -51,6 +51,9 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos: String,
     eos: String,
+    /// Whether the template renders a system message (llama.cpp's `supports_system_role`);
+    /// where it does not, the system prompt goes before the first user message instead.
+    system_role: bool,
 }
 
 impl ChatTemplate {
@@ -101,6 +104,10 @@ impl ChatTemplate {
 
     pub fn new(source: String, bos: String, eos: String) -> Result<Self> {
         let mut env = Environment::new();
+        // As transformers' `apply_chat_template` and llama.cpp render them: a block tag's
+        // newline and the indentation before it are not output.
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
         // A template is code from a file: bound its work, so that a loop ends in an error.
         env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -109,10 +116,47 @@ impl ChatTemplate {
         });
         env.add_template_owned("chat", source)
             .map_err(|e| anyhow!("the chat template does not parse: {e}"))?;
-        Ok(ChatTemplate { env, bos, eos })
+        let mut template = ChatTemplate {
+            env,
+            bos,
+            eos,
+            system_role: true,
+        };
+        // A template renders a system message if its text comes out; one that raises an error
+        // on it, or drops it, does not (the probe llama.cpp runs, to the same end).
+        let needle = "<System Needle 7f3a>";
+        let probe = [("system", needle), ("user", "User message")].map(|(role, content)| Message {
+            role: role.into(),
+            content: content.into(),
+        });
+        template.system_role = template
+            .render_as_is(&probe, true)
+            .is_ok_and(|text| text.contains(needle));
+        Ok(template)
     }
 
+    /// The prompt for `messages`, with the assistant's turn opened when `add_generation_prompt`.
+    /// A leading system message goes before the first user message's text (and a line break)
+    /// where the template has no system role, as llama.cpp does.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        match messages {
+            [system, first, rest @ ..] if !self.system_role && system.role == "system" => {
+                let mut merged = Vec::with_capacity(rest.len() + 1);
+                merged.push(Message {
+                    role: first.role.clone(),
+                    content: format!("{}\n{}", system.content, first.content),
+                });
+                merged.extend_from_slice(rest);
+                self.render_as_is(&merged, add_generation_prompt)
+            }
+            [system] if !self.system_role && system.role == "system" => {
+                self.render_as_is(&[], add_generation_prompt)
+            }
+            _ => self.render_as_is(messages, add_generation_prompt),
+        }
+    }
+
+    fn render_as_is(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
         let t = self.env.get_template("chat")?;
         let mut out = CappedWriter(Vec::new());
         t.render_captured_to(
@@ -177,6 +221,21 @@ mod tests {
         assert!(huge.contains("bytes"), "{huge}");
         let recursive = render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
         assert!(recursive.contains("chat template"), "{recursive}");
+    }
+
+    /// A template without a system role (it raises an error on one) gets the system prompt in
+    /// the first user turn, or not at all when no turn follows it.
+    #[test]
+    fn a_system_prompt_joins_the_first_turn_where_the_template_has_no_system_role() {
+        let src = "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}";
+        let t = ChatTemplate::new(src.into(), String::new(), String::new()).unwrap();
+        let message = |role: &str, content: &str| Message {
+            role: role.into(),
+            content: content.into(),
+        };
+        let two = [message("system", "Be brief."), message("user", "Hi")];
+        assert_eq!(t.render(&two, true).unwrap(), "[user] Be brief.\nHi\n");
+        assert_eq!(t.render(&two[..1], true).unwrap(), "");
     }
 
     #[test]
