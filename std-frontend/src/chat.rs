@@ -114,6 +114,14 @@ impl ChatTemplate {
         env.add_function("raise_exception", |msg: String| -> Result<String, Error> {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
+        // transformers gives templates the date (Llama 3.2 puts it in the system turn; Mistral
+        // Small 3.2 and Granite 3.3 need it).
+        env.add_function("strftime_now", |format: String| -> Result<String, Error> {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs());
+            strftime(&format, now).map_err(|e| Error::new(ErrorKind::InvalidOperation, e))
+        });
         env.add_template_owned("chat", source)
             .map_err(|e| anyhow!("the chat template does not parse: {e}"))?;
         let mut template = ChatTemplate {
@@ -181,6 +189,92 @@ impl ChatTemplate {
     }
 }
 
+/// `format` for the UTC time `unix_seconds`, with C's `strftime` directives for dates and times
+/// (`%Y %y %m %d %e %j %b %B %a %A %H %I %M %S %p %%`); another directive is an error naming it.
+fn strftime(format: &str, unix_seconds: u64) -> Result<String, String> {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = [
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+        "Thursday",
+        "Friday",
+        "Saturday",
+    ];
+    let days = unix_seconds / 86_400;
+    let secs = unix_seconds % 86_400;
+    let (year, month, day) = civil_date(days);
+    let day_of_year = days - days_before_year(year) + 1;
+    // 1 January 1970 was a Thursday.
+    let weekday = ((days + 4) % 7) as usize;
+    let (hour, minute, second) = (secs / 3600, secs / 60 % 60, secs % 60);
+    let mut out = String::with_capacity(format.len() + 16);
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        let part = match chars.next() {
+            Some('Y') => year.to_string(),
+            Some('y') => format!("{:02}", year % 100),
+            Some('m') => format!("{month:02}"),
+            Some('d') => format!("{day:02}"),
+            Some('e') => format!("{day:2}"),
+            Some('j') => format!("{day_of_year:03}"),
+            Some('b') => MONTHS[month as usize - 1][..3].to_string(),
+            Some('B') => MONTHS[month as usize - 1].to_string(),
+            Some('a') => DAYS[weekday][..3].to_string(),
+            Some('A') => DAYS[weekday].to_string(),
+            Some('H') => format!("{hour:02}"),
+            Some('I') => format!("{:02}", (hour + 11) % 12 + 1),
+            Some('M') => format!("{minute:02}"),
+            Some('S') => format!("{second:02}"),
+            Some('p') => if hour < 12 { "AM" } else { "PM" }.to_string(),
+            Some('%') => "%".to_string(),
+            Some(other) => return Err(format!("strftime_now: %{other} is not supported")),
+            None => return Err("strftime_now: the format ends in %".to_string()),
+        };
+        out.push_str(&part);
+    }
+    Ok(out)
+}
+
+/// The (year, month, day) of the day `days` after 1 January 1970 (Howard Hinnant's
+/// `civil_from_days`, for days on or after that date).
+fn civil_date(days: u64) -> (u64, u64, u64) {
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
+/// Days from 1 January 1970 to 1 January of `year` (1970 or later).
+fn days_before_year(year: u64) -> u64 {
+    let leap_days = |y: u64| y / 4 - y / 100 + y / 400;
+    (year - 1970) * 365 + leap_days(year - 1) - leap_days(1969)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,6 +330,37 @@ mod tests {
         let two = [message("system", "Be brief."), message("user", "Hi")];
         assert_eq!(t.render(&two, true).unwrap(), "[user] Be brief.\nHi\n");
         assert_eq!(t.render(&two[..1], true).unwrap(), "");
+    }
+
+    #[test]
+    fn strftime_formats_dates_as_c_does() {
+        // 26 July 2024, 13:05:09 UTC: a Friday, the 208th day of a leap year.
+        let t = 1_721_999_109;
+        assert_eq!(strftime("%d %b %Y", t).unwrap(), "26 Jul 2024");
+        assert_eq!(strftime("%Y-%m-%d", t).unwrap(), "2024-07-26");
+        assert_eq!(strftime("%B %d, %Y", t).unwrap(), "July 26, 2024");
+        assert_eq!(
+            strftime("%A %a %j %y %e %H:%M:%S %I%p %%", t).unwrap(),
+            "Friday Fri 208 24 26 13:05:09 01PM %"
+        );
+        assert_eq!(strftime("%Y-%m-%d %A", 0).unwrap(), "1970-01-01 Thursday");
+        // The last day of a leap year, and of a century that is not one.
+        assert_eq!(
+            strftime("%Y-%m-%d %j", 1_735_603_200).unwrap(),
+            "2024-12-31 366"
+        );
+        assert_eq!(
+            strftime("%Y-%m-%d %j", 4_107_456_000).unwrap(),
+            "2100-02-28 059"
+        );
+        assert!(strftime("%Q", t).unwrap_err().contains("%Q"));
+        let t = ChatTemplate::new(
+            "{{ strftime_now('%Y') }}".into(),
+            String::new(),
+            String::new(),
+        )
+        .unwrap();
+        assert!(t.render(&[], false).unwrap().parse::<u32>().unwrap() >= 2024);
     }
 
     #[test]

@@ -61,3 +61,60 @@ fn llama_cpp_chat_templates_render_as_llama_cpp_expects() {
         failures.join("\n")
     );
 }
+
+/// The templates llama.cpp keeps of Llama-family models (`models/templates/` of the source
+/// `scripts/fetch-llama-cpp.sh` fetches) render a conversation: every message's text comes out
+/// (the turns in order; the system prompt where the template puts it, which for Mistral NeMo is
+/// the last user turn), and the last user turn is followed by the assistant's.
+#[test]
+fn llama_family_templates_from_llama_cpp_render() {
+    let Some(models) = sapient_tests::llama_cpp_models() else {
+        eprintln!("SKIPPED: no llama.cpp source (run scripts/fetch-llama-cpp.sh)");
+        return;
+    };
+    let conversation = [
+        ("system", "You are a helpful assistant"),
+        ("user", "Hello"),
+        ("assistant", "Hi there"),
+        ("user", "Who are you"),
+    ]
+    .map(|(role, content)| Message {
+        role: role.into(),
+        content: content.into(),
+    });
+    for name in [
+        "meta-llama-Llama-3.1-8B-Instruct",
+        "meta-llama-Llama-3.2-3B-Instruct",
+        "meta-llama-Llama-3.3-70B-Instruct",
+        "mistralai-Mistral-Nemo-Instruct-2407",
+        "Mistral-Small-3.2-24B-Instruct-2506",
+        "unsloth-mistral-Devstral-Small-2507",
+        "mistralai-Ministral-3-14B-Reasoning-2512",
+        "deepseek-ai-DeepSeek-R1-Distill-Llama-8B",
+        "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use",
+        "NousResearch-Hermes-3-Llama-3.1-8B-tool_use",
+        "HuggingFaceTB-SmolLM3-3B",
+        "Qwen-Qwen2.5-7B-Instruct",
+        "ibm-granite-granite-3.3-2B-Instruct",
+        "microsoft-Phi-3.5-mini-instruct",
+    ] {
+        let path = models.join(format!("templates/{name}.jinja"));
+        let source = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let text = ChatTemplate::new(source, "<s>".into(), "</s>".into())
+            .and_then(|t| t.render(&conversation, true))
+            .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        assert!(
+            text.contains(&*conversation[0].content),
+            "{name}: no system prompt\n{text}"
+        );
+        let mut at = 0;
+        for m in &conversation[1..] {
+            let found = text[at..].find(m.content.as_str());
+            at += found.unwrap_or_else(|| panic!("{name}: {:?} missing in\n{text}", m.content));
+        }
+        assert!(
+            text.len() > at + "Who are you".len(),
+            "{name}: no assistant turn\n{text}"
+        );
+    }
+}
