@@ -144,9 +144,28 @@ impl ChatTemplate {
     }
 
     /// The prompt for `messages`, with the assistant's turn opened when `add_generation_prompt`.
-    /// A leading system message goes before the first user message's text (and a line break)
-    /// where the template has no system role, as llama.cpp does.
+    /// As llama.cpp does: OpenAI's `developer` role is the system role, and a leading system
+    /// message goes before the first user message's text (and a line break) where the template
+    /// has no system role.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        let with_system_roles: Vec<Message>;
+        let messages = if messages.iter().any(|m| m.role == "developer") {
+            with_system_roles = messages
+                .iter()
+                .map(|m| Message {
+                    role: if m.role == "developer" {
+                        "system"
+                    } else {
+                        &m.role
+                    }
+                    .to_owned(),
+                    content: m.content.clone(),
+                })
+                .collect();
+            &with_system_roles[..]
+        } else {
+            messages
+        };
         match messages {
             [system, first, rest @ ..] if !self.system_role && system.role == "system" => {
                 let mut merged = Vec::with_capacity(rest.len() + 1);
@@ -330,6 +349,23 @@ mod tests {
         let two = [message("system", "Be brief."), message("user", "Hi")];
         assert_eq!(t.render(&two, true).unwrap(), "[user] Be brief.\nHi\n");
         assert_eq!(t.render(&two[..1], true).unwrap(), "");
+        let developer = [message("developer", "Be brief."), message("user", "Hi")];
+        assert_eq!(
+            t.render(&developer, true).unwrap(),
+            "[user] Be brief.\nHi\n"
+        );
+    }
+
+    /// OpenAI's `developer` role reaches a template as `system`.
+    #[test]
+    fn the_developer_role_is_the_system_role() {
+        let src = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}";
+        let t = ChatTemplate::new(src.into(), String::new(), String::new()).unwrap();
+        let messages = ["developer", "user"].map(|role| Message {
+            role: role.into(),
+            content: "x".into(),
+        });
+        assert_eq!(t.render(&messages, true).unwrap(), "[system] x\n[user] x\n");
     }
 
     #[test]
