@@ -6,7 +6,9 @@
 # models: `base` (default) is SmolLM2-135M in Q8_0 and Q4_1; `kquants` is SmolLM2-135M Q4_K_M
 # (mostly Q5_0: its 576-wide rows are no multiple of 256) and, so that the k-quant kernels carry
 # the load, TinyLlama-1.1B's shape with random weights (scripts/random-gguf.py) in Q4_K_M, Q6_K and
-# Q2_K (mostly Q2_K, with Q3_K, Q4_K and Q6_K where llama-quantize gives those more bits).
+# Q2_K (mostly Q2_K, with Q3_K, Q4_K and Q6_K where llama-quantize gives those more bits);
+# `iquants` is SmolLM2-135M IQ4_XS (mostly IQ4_NL, the fallback for its 576-wide rows) and the
+# TinyLlama shape in IQ4_XS (with Q5_K for V and the first down projections, Q6_K output).
 #
 # Builds llama.cpp's llama-bench and llama-quantize (CPU only) from the source vendored in the
 # PyPI sdist of llama-cpp-python, cached in ~/.cache/sapient/llama.cpp; makes a Q8_0 GGUF from
@@ -68,8 +70,18 @@ kquants)
     quantize "$f16" models/random-tinyllama-1.1b.Q2_K.gguf Q2_K
     models="models/SmolLM2-135M-Instruct.Q4_K_M.gguf models/random-tinyllama-1.1b.Q4_K_M.gguf models/random-tinyllama-1.1b.Q6_K.gguf models/random-tinyllama-1.1b.Q2_K.gguf"
     ;;
+iquants)
+    quantize "$q4" models/SmolLM2-135M-Instruct.IQ4_XS.gguf IQ4_XS
+    f16=models/random-tinyllama-1.1b.F16.gguf
+    if [ ! -f "$f16" ]; then
+        python3 -m pip install --quiet numpy pyyaml tqdm >&2
+        PYTHONPATH="$(bash scripts/fetch-llama-cpp.sh)/gguf-py" python3 scripts/random-gguf.py "$f16"
+    fi
+    quantize "$f16" models/random-tinyllama-1.1b.IQ4_XS.gguf IQ4_XS
+    models="models/SmolLM2-135M-Instruct.IQ4_XS.gguf models/random-tinyllama-1.1b.IQ4_XS.gguf"
+    ;;
 *)
-    echo "unknown model set $set (base, kquants)" >&2
+    echo "unknown model set $set (base, kquants, iquants)" >&2
     exit 2
     ;;
 esac

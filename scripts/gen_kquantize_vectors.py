@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Writes core/tests/data/ggml_kquantize.txt: rows of test signals and the bytes ggml's own
-reference k-quant quantizers (`quantize_row_q4_K_ref`, `quantize_row_q6_K_ref` in libggml-base,
-what llama-quantize runs without an importance matrix) make of them.
+quantizers make of them, as llama-quantize runs them without an importance matrix: the reference
+k-quant ones (`quantize_row_q{4,5,6}_K_ref` in libggml-base) and the IQ4 ones
+(`quantize_iq4_xs`, `quantize_iq4_nl`, with no weights: their `_ref` twins search less).
 
 Each case is three lines: `name format n_values`, the values as f32 hex, the bytes as hex.
 Usage: scripts/gen_kquantize_vectors.py [LIBGGML_BASE_SO] [OUT]
@@ -17,10 +18,24 @@ lib_path = Path(sys.argv[1]) if len(sys.argv) > 1 else Path.home() / ".cache/sap
 out = Path(sys.argv[2] if len(sys.argv) > 2 else "core/tests/data/ggml_kquantize.txt")
 lib = ctypes.CDLL(str(lib_path))
 QK_K = 256
-formats = (("q4_k", lib.quantize_row_q4_K_ref, 144), ("q6_k", lib.quantize_row_q6_K_ref, 210))
-for _, f, _ in formats:
+
+def rows_of(quantize):
+    """`quantize(src, dst, nrow, n_per_row, quant_weights)` on one row, no weights."""
+    quantize.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
+    quantize.restype = ctypes.c_size_t
+    return lambda x, y, n: quantize(x, y, 1, n, None)
+
+
+for f in (lib.quantize_row_q4_K_ref, lib.quantize_row_q5_K_ref, lib.quantize_row_q6_K_ref):
     f.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
     f.restype = None
+formats = (
+    ("q4_k", lib.quantize_row_q4_K_ref, 144),
+    ("q6_k", lib.quantize_row_q6_K_ref, 210),
+    ("q5_k", lib.quantize_row_q5_K_ref, 176),
+    ("iq4_xs", rows_of(lib.quantize_iq4_xs), 136),
+    ("iq4_nl", rows_of(lib.quantize_iq4_nl), 18 * 8),
+)
 
 rng = np.random.default_rng(11)
 n = 2 * QK_K

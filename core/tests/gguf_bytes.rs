@@ -60,13 +60,12 @@ fn quantizers_match_gguf_py_bytes() {
     }
 }
 
-/// Our k-quant dequantizers give the `gguf` package's values exactly.
+/// Our k-quant and IQ4 dequantizers give the `gguf` package's values exactly.
 #[test]
 fn k_quant_dequantizers_match_gguf_py() {
-    use sapient_core::quant::k_quants::QK_K;
     let text = include_str!("data/gguf_kquants.txt");
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 15);
+    assert_eq!(lines.len(), 21);
     for case in lines.chunks(3) {
         let head: Vec<&str> = case[0].split(' ').collect();
         let format = match head[0] {
@@ -75,6 +74,8 @@ fn k_quant_dequantizers_match_gguf_py() {
             "q6_k" => Format::Q6K,
             "q3_k" => Format::Q3K,
             "q2_k" => Format::Q2K,
+            "iq4_xs" => Format::IQ4XS,
+            "iq4_nl" => Format::IQ4NL,
             f => panic!("unknown format {f}"),
         };
         let n: usize = head[1].parse().unwrap();
@@ -83,25 +84,28 @@ fn k_quant_dequantizers_match_gguf_py() {
             .chunks(4)
             .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
             .collect();
-        let mut ours = vec![0f32; n * QK_K];
+        let mut ours = vec![0f32; n * format.block_len()];
         dequantize_row(format, &bytes, &mut ours).unwrap();
         assert_eq!(ours, expected, "{format}");
     }
 }
 
-/// Our Q4_K and Q6_K quantizers make the bytes ggml's reference quantizers make (what
-/// llama-quantize writes without an importance matrix), on the rows
+/// Our Q4_K, Q5_K, Q6_K, IQ4_XS and IQ4_NL quantizers make the bytes ggml's quantizers make
+/// (what llama-quantize writes without an importance matrix), on the rows
 /// `scripts/gen_kquantize_vectors.py` had libggml-base quantize.
 #[test]
 fn k_quantizers_match_ggml_bytes() {
     let text = include_str!("data/ggml_kquantize.txt");
     let lines: Vec<&str> = text.lines().collect();
-    assert!(lines.len() >= 3 * 20, "test data is incomplete");
+    assert!(lines.len() >= 3 * 50, "test data is incomplete");
     for case in lines.chunks(3) {
         let head: Vec<&str> = case[0].split(' ').collect();
         let format = match head[1] {
             "q4_k" => Format::Q4K,
+            "q5_k" => Format::Q5K,
             "q6_k" => Format::Q6K,
+            "iq4_xs" => Format::IQ4XS,
+            "iq4_nl" => Format::IQ4NL,
             f => panic!("unknown format {f}"),
         };
         let x: Vec<f32> = hex(case[1])

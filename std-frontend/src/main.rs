@@ -150,8 +150,9 @@ enum Command {
         /// The GGUF file to write.
         output: PathBuf,
         /// f16 and q8_0: every matrix (as llama.cpp's convert_hf_to_gguf.py --outtype); q4_0,
-        /// q4_1, q4_k, q6_k, q4_k_m: as llama-quantize (the output matrix in Q6_K, Q4_K_M's mix,
-        /// its fallbacks for rows that are no whole number of blocks).
+        /// q4_1, q4_k, q6_k, q4_k_m, iq4_nl, iq4_xs: as llama-quantize without an importance
+        /// matrix (the output matrix in Q6_K, Q4_K_M's and IQ4's mixes, the fallbacks for rows
+        /// that are no whole number of blocks).
         #[arg(long = "type", value_enum)]
         target: TargetArg,
         /// Worker threads (default: one per physical core).
@@ -181,9 +182,9 @@ struct ModelArgs {
     #[arg(long)]
     config: Option<PathBuf>,
     /// Matrix formats at load: auto quantizes float matrices to Q8_0 and keeps quantized ones
-    /// (Q8_0, Q4_x, Q5_x, the k-quants) as the file has them; q8_0 converts every matrix to Q8_0,
-    /// quantized ones too; none keeps float matrices as f32; f32 widens every matrix (slow; for
-    /// checking).
+    /// (Q8_0, Q4_x, Q5_x, the k-quants, IQ4_NL, IQ4_XS) as the file has them; q8_0 converts
+    /// every matrix to Q8_0, quantized ones too; none keeps float matrices as f32; f32 widens
+    /// every matrix (slow; for checking).
     #[arg(long, value_enum, default_value_t = QuantizeArg::Auto)]
     quantize: QuantizeArg,
     /// KV cache format (default: q8_0 when head_dim is a multiple of 32, f32 otherwise; on the
@@ -371,6 +372,10 @@ enum TargetArg {
     Q6K,
     #[value(name = "q4_k_m")]
     Q4KM,
+    #[value(name = "iq4_nl")]
+    IQ4NL,
+    #[value(name = "iq4_xs")]
+    IQ4XS,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -1290,6 +1295,8 @@ fn cmd_quantize(
         TargetArg::Q4K => Target::Q4K,
         TargetArg::Q6K => Target::Q6K,
         TargetArg::Q4KM => Target::Q4KM,
+        TargetArg::IQ4NL => Target::IQ4NL,
+        TargetArg::IQ4XS => Target::IQ4XS,
     };
     let path = resolve::resolve(input)?;
     if output.exists() && std::fs::canonicalize(output)? == std::fs::canonicalize(&path)? {

@@ -6,7 +6,7 @@
 
 use std::borrow::Cow;
 
-use sapient::convert::{matrix_format, Role, Target};
+use sapient::convert::{matrix_format, Placement, Role, Target};
 use sapient::gpu::{GpuKv, GpuModel, GpuOptions};
 use sapient::load::{LoadOptions, ModelFiles, Quantize};
 use sapient::run::{self, CpuRunner};
@@ -116,9 +116,12 @@ fn converted(
 /// The model in llama-quantize's Q4_K_M mix: Q4_K, Q6_K for some V and down projections and
 /// the output, Q5_0 and Q8_0 where rows are no whole number of super-blocks.
 fn q4_k_m(model: &Model<'_>) -> Model<'static> {
-    let (n_layers, tied) = (model.config.n_layers, model.weights.lm_head.is_none());
+    let (c, tied) = (&model.config, model.weights.lm_head.is_none());
     converted(model, |role, layer, m| {
-        matrix_format(Target::Q4KM, role, layer, n_layers, m.cols, tied)
+        matrix_format(
+            Target::Q4KM,
+            Placement::in_model(c, tied, role, layer, m.cols),
+        )
     })
 }
 

@@ -169,9 +169,9 @@ fn k_quant_model_runs_as_its_f32_weights() {
 
 /// Files made by llama.cpp's own `llama-quantize` (`tests/data/tiny256.*.gguf`: a 2-layer Llama
 /// with rows of 256 and 512 values and random F16 weights from `scripts/random-gguf.py OUT
-/// tiny-256`, quantized to Q2_K (Q2_K, Q3_K, Q6_K), Q3_K_M (Q3_K, Q4_K, Q5_K, Q6_K) and Q5_K_M
-/// (Q5_K, Q6_K)): read in place, as llama.cpp laid them out, they run as their weights widened
-/// to f32.
+/// tiny-256`, quantized to Q2_K (Q2_K, Q3_K, Q6_K), Q3_K_M (Q3_K, Q4_K, Q5_K, Q6_K), Q5_K_M
+/// (Q5_K, Q6_K), IQ4_XS and IQ4_NL (each with a Q6_K output)): read in place, as llama.cpp
+/// laid them out, they run as their weights widened to f32.
 #[test]
 fn llama_cpp_quantized_files_run_as_their_f32_weights() {
     for (name, formats) in [
@@ -184,6 +184,8 @@ fn llama_cpp_quantized_files_run_as_their_f32_weights() {
             &[Format::Q3K, Format::Q4K, Format::Q5K, Format::Q6K][..],
         ),
         ("tiny256.Q5_K_M.gguf", &[Format::Q5K, Format::Q6K][..]),
+        ("tiny256.IQ4_XS.gguf", &[Format::IQ4XS, Format::Q6K][..]),
+        ("tiny256.IQ4_NL.gguf", &[Format::IQ4NL, Format::Q6K][..]),
     ] {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("data")

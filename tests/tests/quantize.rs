@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use sapient::convert::vocab::hf_tokenizer_metadata;
-use sapient::convert::{llama3_factors, matrix_format, write_model, Role, Target};
+use sapient::convert::{llama3_factors, matrix_format, write_model, Placement, Role, Target};
 use sapient::load::gguf::{Gguf, Value};
 use sapient::load::{LoadOptions, ModelFiles, Quantize};
 use sapient::run::{self, CpuRunner};
@@ -66,13 +66,10 @@ fn expected<'f>(files: &'f ModelFiles, target: Target) -> Model<'f> {
     if permute.is_some() {
         c.rope_style = RopeStyle::Adjacent;
     }
-    let (n, tied) = (c.n_layers, w.lm_head.is_none());
+    let tied = w.lm_head.is_none();
     let f = |m: &Matrix<'_>, role: Role, layer: usize, heads: Option<usize>| {
-        converted(
-            m,
-            matrix_format(target, role, layer, n, m.cols, tied),
-            heads,
-        )
+        let at = Placement::in_model(&c, tied, role, layer, m.cols);
+        converted(m, matrix_format(target, at), heads)
     };
     w.embed = f(&w.embed, Role::TokenEmbedding, 0, None);
     for (i, l) in w.layers.to_mut().iter_mut().enumerate() {
@@ -167,6 +164,54 @@ fn smollm2_gguf_keeps_its_formats_and_mixes_q4_k_m() {
         ("q8_0", 15),
     ];
     assert_eq!(counts, want.into_iter().collect());
+    let back_files = open(&out);
+    let back = back_files.model(Quantize::Auto).unwrap();
+    let tok = Tokenizer::load(&back_files).unwrap();
+    let ids = tok.encode("The capital of France is").unwrap();
+    let text = run::greedy(&CpuRunner::new(&back, KvFormat::F32, &Serial), &ids, 4, &[]).unwrap();
+    assert_eq!(tok.decode(&text, true).unwrap(), " Paris.\n\n");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// FNV-1a 64, as `scripts/gguf-tensor-hashes.py` hashes a tensor's bytes.
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// SmolLM2's Q4_1 file as iq4_xs is the file `llama-quantize --allow-requantize ... IQ4_XS`
+/// makes (llama.cpp 0.3.36), tensor for tensor, bit for bit (its types and hashes in
+/// `tests/data/smollm2_iq4_xs_tensors.json`, by `scripts/gguf-tensor-hashes.py`): IQ4_XS for the
+/// 1536-wide rows, its IQ4_NL fallback for the 576-wide ones, Q5_K for the first eighth's down
+/// projections, Q8_0 for the tied output. And it still knows the capital of France.
+#[test]
+fn smollm2_iq4_xs_is_the_file_llama_quantize_makes() {
+    let dir = temp_dir("iq4_xs");
+    let files = open(&smollm2_gguf());
+    let out = dir.join("iq4_xs.gguf");
+    write(&files, &out, Target::IQ4XS);
+    let want = read_json(
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("data")
+            .join("smollm2_iq4_xs_tensors.json"),
+    );
+    let bytes = std::fs::read(&out).unwrap();
+    let written = Gguf::parse(&bytes).unwrap();
+    assert_eq!(written.tensors.len(), want.as_object().unwrap().len());
+    for (name, t) in &written.tensors {
+        let w = &want[name.as_str()];
+        let ty = w[0]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}: not in llama-quantize's file"));
+        assert!(
+            t.ggml_type.name().eq_ignore_ascii_case(ty),
+            "{name}: {} vs {ty}",
+            t.ggml_type.name()
+        );
+        let hash = format!("{:016x}", fnv1a64(&bytes[t.start..t.start + t.len]));
+        assert_eq!(hash, w[1].as_str().unwrap(), "{name} ({ty}): bytes differ");
+    }
     let back_files = open(&out);
     let back = back_files.model(Quantize::Auto).unwrap();
     let tok = Tokenizer::load(&back_files).unwrap();

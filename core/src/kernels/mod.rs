@@ -171,6 +171,11 @@ pub struct Kernels {
     /// Q6_K weights · Q8K activations (an exact integer sum per super-block: every table
     /// gives the scalar one's bits).
     pub q6_k: QuantDots,
+    /// IQ4_NL weights · Q16 activations.
+    pub iq4_nl: QuantDots,
+    /// IQ4_XS weights · Q8K activations (an exact integer sum per super-block: every table
+    /// gives the scalar one's bits).
+    pub iq4_xs: QuantDots,
     /// f32 weights (little-endian bytes) · f32 activations.
     pub dot_f32: fn(&[u8], &[f32]) -> f32,
     /// `dot_f32` for `TILE` activation rows.
@@ -303,6 +308,8 @@ impl Kernels {
             Format::Q4K => Ok(&self.q4_k),
             Format::Q5K => Ok(&self.q5_k),
             Format::Q6K => Ok(&self.q6_k),
+            Format::IQ4NL => Ok(&self.iq4_nl),
+            Format::IQ4XS => Ok(&self.iq4_xs),
             _ => Err(Error::UnsupportedFormat {
                 what: "quantized dot product",
                 format,
@@ -552,7 +559,9 @@ impl Kernels {
             | Format::Q3K
             | Format::Q4K
             | Format::Q5K
-            | Format::Q6K => {
+            | Format::Q6K
+            | Format::IQ4NL
+            | Format::IQ4XS => {
                 let dots = self.dots(w.format)?;
                 let acts = activation_format(w.format)?;
                 let q = match acts {

@@ -7,8 +7,9 @@ use super::{Kernels, QuantDots};
 use crate::quant::k_quants::BLOCKS_PER_SUPER;
 use crate::quant::q8k::SUM_SPAN;
 use crate::quant::{
-    f16_at, q8k, quantize_blocks, Block, BlockQ16, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0,
-    BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, KBlock, QK,
+    f16_at, iq4_nl, q8k, quantize_blocks, Block, BlockIQ4NL, BlockIQ4XS, BlockQ16, BlockQ2K,
+    BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K,
+    BlockQ8_0, KBlock, QK,
 };
 
 /// The scalar table.
@@ -30,6 +31,8 @@ pub(super) const TABLE: Kernels = Kernels {
     q4_k: q8k_dots::<BlockQ4K>(),
     q5_k: q8k_dots::<BlockQ5K>(),
     q6_k: q8k_dots::<BlockQ6K>(),
+    iq4_nl: dots::<BlockIQ4NL>(),
+    iq4_xs: q8k_dots::<BlockIQ4XS>(),
     dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
     dot_f32_x4: dot_f32::<4>,
     dot_f16: |w, x| dot_f16::<1>(w, [x])[0],
@@ -161,6 +164,13 @@ impl Unpack for BlockQ5_1 {
     fn unpack(b: &[u8]) -> (f32, f32, [i32; QK]) {
         let q = Self::read(b);
         (f16_at(b), f16_at(&b[2..]), fives(&q.qh, &q.qs))
+    }
+}
+
+impl Unpack for BlockIQ4NL {
+    const BYTES: usize = Self::BYTES;
+    fn unpack(b: &[u8]) -> (f32, f32, [i32; QK]) {
+        (f16_at(b), 0.0, iq4_nl::grid_values(&b[2..]).map(i32::from))
     }
 }
 

@@ -44,6 +44,7 @@ fn quantized(format: Format, x: &[f32]) -> Vec<u8> {
             }
             Format::Q3K => sb[108..110].copy_from_slice(&d),
             Format::Q6K => sb[208..210].copy_from_slice(&d),
+            Format::IQ4XS => sb[..2].copy_from_slice(&d),
             _ => {
                 sb[..2].copy_from_slice(&d);
                 sb[2..4].copy_from_slice(&dmin);
@@ -186,6 +187,8 @@ fn abs_dot(format: Format, w: &[u8], x: &[u8], n: usize) -> f32 {
         Format::Q4K => k_terms::<quant::BlockQ4K>(w, &xs),
         Format::Q5K => k_terms::<quant::BlockQ5K>(w, &xs),
         Format::Q6K => k_terms::<quant::BlockQ6K>(w, &xs),
+        Format::IQ4NL => terms::<quant::BlockIQ4NL>(w, &xs),
+        Format::IQ4XS => k_terms::<quant::BlockIQ4XS>(w, &xs),
         other => unreachable!("{other} is not quantized"),
     }
 }
@@ -208,12 +211,13 @@ fn close(scalar: f32, simd: f32, bound: f32) -> Result<(), TestCaseError> {
 }
 
 /// The formats with a reference quantizer.
-const WRITABLE: [Format; 5] = [
+const WRITABLE: [Format; 6] = [
     Format::Q8_0,
     Format::Q4_0,
     Format::Q4_1,
     Format::Q5_0,
     Format::Q5_1,
+    Format::IQ4NL,
 ];
 
 use crate::quant::QUANTIZED;
@@ -379,6 +383,7 @@ proptest! {
                     Format::Q4_1 => panel::pack_ref::<quant::BlockQ4_1>(&panel, 0, &mut reference),
                     Format::Q5_0 => panel::pack_ref::<quant::BlockQ5_0>(&panel, 0, &mut reference),
                     Format::Q5_1 => panel::pack_ref::<quant::BlockQ5_1>(&panel, 0, &mut reference),
+                    Format::IQ4NL => panel::pack_ref::<quant::BlockIQ4NL>(&panel, 0, &mut reference),
                     other => unreachable!("{other} has no panel kernels"),
                 }
                 prop_assert!(packed == reference, "{format}: packing differs");
@@ -442,6 +447,7 @@ proptest! {
                             Format::Q4K => unpack_ref::<quant::BlockQ4K>(ws[r], s),
                             Format::Q5K => unpack_ref::<quant::BlockQ5K>(ws[r], s),
                             Format::Q6K => unpack_ref::<quant::BlockQ6K>(ws[r], s),
+                            Format::IQ4XS => unpack_ref::<quant::BlockIQ4XS>(ws[r], s),
                             other => unreachable!("{other} has no k-panel kernels"),
                         };
                         prop_assert!(*u == reference, "{}: row {} super-block {} unpacks differently", format, r, s);

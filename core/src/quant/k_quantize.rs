@@ -1,16 +1,16 @@
-//! Quantizing to Q4_K and Q6_K: ggml's reference quantizers (`quantize_row_q4_K_ref`,
-//! `quantize_row_q6_K_ref`, what `llama-quantize` runs without an importance matrix), step for
-//! step in the same float operations, so that a file written here holds the bytes llama.cpp
-//! would write.
+//! Quantizing to Q4_K, Q5_K and Q6_K: ggml's reference quantizers (`quantize_row_q4_K_ref`,
+//! `quantize_row_q5_K_ref`, `quantize_row_q6_K_ref`, what `llama-quantize` runs without an
+//! importance matrix), step for step in the same float operations, so that a file written here
+//! holds the bytes llama.cpp would write.
 use half::f16;
 
 use super::k_quants::QK_K;
 
 /// ggml's GROUP_MAX_EPS: a group whose largest magnitude is below this is all zeros.
-const GROUP_MAX_EPS: f32 = 1e-15;
+pub(super) const GROUP_MAX_EPS: f32 = 1e-15;
 
 /// Round to nearest, ties to even, as ggml's `nearest_int` does it (valid for |x| < 2^22).
-fn nearest_int(x: f32) -> i32 {
+pub(super) fn nearest_int(x: f32) -> i32 {
     let v = x + 12_582_912.0;
     (v.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
 }
@@ -157,8 +157,11 @@ fn make_qx_quants(nmax: i32, x: &[f32], l: &mut [i8]) -> f32 {
     scale
 }
 
-/// One Q4_K super-block (144 bytes) from 256 values.
-pub fn quantize_q4k(x: &[f32], y: &mut [u8]) {
+/// Q4_K's and Q5_K's header and levels from 256 values: eight blocks' scales and minimums
+/// searched by `make_qkx2_quants` (levels `0..=nmax`), packed to six bits each against the
+/// super-block's f16 `d` and `dmin`, and the levels taken again for them. Returns the header
+/// (`d`, `dmin`, the twelve scale bytes) and the levels.
+fn scales_mins_levels(x: &[f32], nmax: i32, rmin: f32, nstep: i32) -> ([u8; 16], [u8; QK_K]) {
     let mut l = [0u8; QK_K];
     let mut laux = [0u8; 32];
     let mut weights = [0f32; 32];
@@ -172,7 +175,8 @@ pub fn quantize_q4k(x: &[f32], y: &mut [u8]) {
             *w = av_x + v.abs();
         }
         let block = &mut l[32 * j..32 * (j + 1)];
-        (scales[j], mins[j]) = make_qkx2_quants(15, xs, &weights, block, &mut laux, -1.0, 0.1, 20);
+        (scales[j], mins[j]) =
+            make_qkx2_quants(nmax, xs, &weights, block, &mut laux, rmin, 0.1, nstep);
         max_scale = max_scale.max(scales[j]);
         max_min = max_min.max(mins[j]);
     }
@@ -182,7 +186,8 @@ pub fn quantize_q4k(x: &[f32], y: &mut [u8]) {
         0.0
     };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
-    let packed = &mut [0u8; 12];
+    let mut header = [0u8; 16];
+    let packed = &mut header[4..];
     for j in 0..8 {
         // ggml stores nearest_int's result in a u8 before taking the min with 63.
         let ls = (nearest_int(inv_scale * scales[j]) as u8).min(63);
@@ -198,24 +203,47 @@ pub fn quantize_q4k(x: &[f32], y: &mut [u8]) {
     }
     let d = to_f16(max_scale / 63.0);
     let dmin = to_f16(max_min / 63.0);
+    header[0..2].copy_from_slice(&d);
+    header[2..4].copy_from_slice(&dmin);
     for j in 0..8 {
-        let (sc, m) = super::k_quants::scale_min_k4(j, packed);
+        let (sc, m) = super::k_quants::scale_min_k4(j, &header[4..]);
         let d = f16_value(d) * sc as f32;
         if d == 0.0 {
             continue;
         }
         let dm = f16_value(dmin) * m as f32;
         for i in 0..32 {
-            l[32 * j + i] = nearest_int((x[32 * j + i] + dm) / d).clamp(0, 15) as u8;
+            l[32 * j + i] = nearest_int((x[32 * j + i] + dm) / d).clamp(0, nmax) as u8;
         }
     }
-    y[0..2].copy_from_slice(&d);
-    y[2..4].copy_from_slice(&dmin);
-    y[4..16].copy_from_slice(packed);
+    (header, l)
+}
+
+/// One Q4_K super-block (144 bytes) from 256 values.
+pub fn quantize_q4k(x: &[f32], y: &mut [u8]) {
+    let (header, l) = scales_mins_levels(x, 15, -1.0, 20);
+    y[..16].copy_from_slice(&header);
     for (c, q) in y[16..144].chunks_exact_mut(32).enumerate() {
         let j = 64 * c;
         for (i, b) in q.iter_mut().enumerate() {
             *b = l[j + i] | (l[j + i + 32] << 4);
+        }
+    }
+}
+
+/// One Q5_K super-block (176 bytes) from 256 values: Q4_K's with five-bit levels, the fifth
+/// bits in `qh` (bit `2c` for block `2c`, `2c + 1` for block `2c + 1`).
+pub fn quantize_q5k(x: &[f32], y: &mut [u8]) {
+    let (header, l) = scales_mins_levels(x, 31, -0.5, 15);
+    y[..16].copy_from_slice(&header);
+    let (qh, qs) = y[16..176].split_at_mut(32);
+    qh.fill(0);
+    for (c, q) in qs.chunks_exact_mut(32).enumerate() {
+        let j = 64 * c;
+        for (i, b) in q.iter_mut().enumerate() {
+            let (l1, l2) = (l[j + i], l[j + i + 32]);
+            qh[i] |= ((l1 >> 4) << (2 * c)) | ((l2 >> 4) << (2 * c + 1));
+            *b = (l1 & 0xf) | ((l2 & 0xf) << 4);
         }
     }
 }

@@ -39,6 +39,11 @@ pub trait KBlock {
     /// What each stored quant holds above the signed value it stands for (Q3_K: 4, Q6_K: 32):
     /// stored quants are unsigned, as `vpmaddubsw` wants them.
     const OFFSET: i32 = 0;
+    /// Whether stored quants reach above 127 (IQ4_XS: its grid's signed values plus 128): SIMD
+    /// kernels whose byte products take them as signed (`sdot`) or could saturate on them
+    /// (`vpmaddubsw`) multiply the signed values (stored less 128, within ±127) instead, and
+    /// add no offset term.
+    const WIDE: bool = false;
     /// Whether a block's two halves share their scale and minimum (Q4_K, Q5_K): a kernel may
     /// then scale a whole block's sum at once.
     const SHARED_HALVES: bool = false;

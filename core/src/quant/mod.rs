@@ -9,6 +9,8 @@ use core::fmt;
 use crate::error::{Error, Result};
 
 pub mod float;
+pub mod iq4_nl;
+pub mod iq4_xs;
 pub mod k_quantize;
 pub mod k_quants;
 pub mod q16;
@@ -19,6 +21,8 @@ pub mod q5_1;
 pub mod q8_0;
 pub mod q8k;
 
+pub use iq4_nl::BlockIQ4NL;
+pub use iq4_xs::BlockIQ4XS;
 pub use k_quants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, KBlock};
 pub use q16::BlockQ16;
 pub use q4_0::BlockQ4_0;
@@ -98,6 +102,11 @@ pub enum Format {
     Q5K,
     /// ggml's Q6_K: 256 6-bit values in 16 blocks with 8-bit scales (210 bytes).
     Q6K,
+    /// ggml's IQ4_NL: 32 4-bit indices into a fixed non-uniform grid and an f16 scale (18
+    /// bytes).
+    IQ4NL,
+    /// ggml's IQ4_XS: IQ4_NL's grid in 256 values, 8 blocks with 6-bit scales (136 bytes).
+    IQ4XS,
 }
 
 /// The quantized form of the activations a quantized weight multiplies.
@@ -140,8 +149,15 @@ impl Format {
     pub const fn block_len(self) -> usize {
         match self {
             Format::F32 | Format::F16 | Format::BF16 => 1,
-            Format::Q8_0 | Format::Q4_0 | Format::Q4_1 | Format::Q5_0 | Format::Q5_1 => QK,
-            Format::Q2K | Format::Q3K | Format::Q4K | Format::Q5K | Format::Q6K => k_quants::QK_K,
+            Format::Q8_0
+            | Format::Q4_0
+            | Format::Q4_1
+            | Format::Q5_0
+            | Format::Q5_1
+            | Format::IQ4NL => QK,
+            Format::Q2K | Format::Q3K | Format::Q4K | Format::Q5K | Format::Q6K | Format::IQ4XS => {
+                k_quants::QK_K
+            }
         }
     }
 
@@ -160,6 +176,8 @@ impl Format {
             Format::Q4K => <k_quants::BlockQ4K as KBlock>::BYTES,
             Format::Q5K => <k_quants::BlockQ5K as KBlock>::BYTES,
             Format::Q6K => <k_quants::BlockQ6K as KBlock>::BYTES,
+            Format::IQ4NL => BlockIQ4NL::BYTES,
+            Format::IQ4XS => <BlockIQ4XS as KBlock>::BYTES,
         }
     }
 
@@ -173,7 +191,7 @@ impl Format {
     pub const fn activation_format(self) -> Option<ActivationFormat> {
         match self {
             Format::F32 | Format::F16 | Format::BF16 => None,
-            Format::Q2K | Format::Q3K | Format::Q4K | Format::Q5K | Format::Q6K => {
+            Format::Q2K | Format::Q3K | Format::Q4K | Format::Q5K | Format::Q6K | Format::IQ4XS => {
                 Some(ActivationFormat::Q8K)
             }
             _ => Some(ActivationFormat::Q16),
@@ -185,7 +203,7 @@ impl Format {
     pub const fn scale_offsets(self) -> &'static [usize] {
         match self {
             Format::F32 | Format::F16 | Format::BF16 => &[],
-            Format::Q8_0 | Format::Q4_0 | Format::Q5_0 => &[0],
+            Format::Q8_0 | Format::Q4_0 | Format::Q5_0 | Format::IQ4NL | Format::IQ4XS => &[0],
             Format::Q4_1 | Format::Q5_1 | Format::Q4K | Format::Q5K => &[0, 2],
             Format::Q2K => &[80, 82],
             Format::Q3K => &[108],
@@ -243,6 +261,8 @@ impl Format {
             Format::Q4K => "q4_K",
             Format::Q5K => "q5_K",
             Format::Q6K => "q6_K",
+            Format::IQ4NL => "iq4_nl",
+            Format::IQ4XS => "iq4_xs",
         }
     }
 }
@@ -254,7 +274,7 @@ impl fmt::Display for Format {
 }
 
 /// Every quantized weight format (the block formats; all but F32, F16 and BF16).
-pub const QUANTIZED: [Format; 10] = [
+pub const QUANTIZED: [Format; 12] = [
     Format::Q8_0,
     Format::Q4_0,
     Format::Q4_1,
@@ -265,14 +285,16 @@ pub const QUANTIZED: [Format; 10] = [
     Format::Q4K,
     Format::Q5K,
     Format::Q6K,
+    Format::IQ4NL,
+    Format::IQ4XS,
 ];
 
-/// Quantizes (or converts) `x` into `out` in `format`, with the reference quantizer. The
-/// k-quants are read, never written, here: their quantizers are an error.
+/// Quantizes (or converts) `x` into `out` in `format`, as llama.cpp's quantizers do without an
+/// importance matrix. Q2_K and Q3_K are read, never written, here: an error.
 ///
 /// # Errors
 /// [`Error::NotBlockMultiple`] if `x` is not whole blocks, [`Error::Length`] if `out` is not
-/// their size, [`Error::UnsupportedFormat`] for the k-quants.
+/// their size, [`Error::UnsupportedFormat`] for Q2_K and Q3_K.
 pub fn quantize_row(format: Format, x: &[f32], out: &mut [u8]) -> Result<()> {
     check_row(format, x.len(), out.len())?;
     match format {
@@ -288,7 +310,16 @@ pub fn quantize_row(format: Format, x: &[f32], out: &mut [u8]) -> Result<()> {
             <k_quants::BlockQ6K as k_quants::KBlock>::BYTES,
             k_quantize::quantize_q6k,
         ),
-        Format::Q2K | Format::Q3K | Format::Q5K => {
+        Format::IQ4XS => {
+            k_quantize::quantize_blocks(x, out, <BlockIQ4XS as KBlock>::BYTES, iq4_xs::quantize)
+        }
+        Format::Q5K => k_quantize::quantize_blocks(
+            x,
+            out,
+            <k_quants::BlockQ5K as k_quants::KBlock>::BYTES,
+            k_quantize::quantize_q5k,
+        ),
+        Format::Q2K | Format::Q3K => {
             return Err(Error::UnsupportedFormat {
                 what: "quantizing to",
                 format,
@@ -302,6 +333,7 @@ pub fn quantize_row(format: Format, x: &[f32], out: &mut [u8]) -> Result<()> {
         Format::Q4_1 => quantize_blocks::<BlockQ4_1>(x, out),
         Format::Q5_0 => quantize_blocks::<BlockQ5_0>(x, out),
         Format::Q5_1 => quantize_blocks::<BlockQ5_1>(x, out),
+        Format::IQ4NL => quantize_blocks::<BlockIQ4NL>(x, out),
     }
     Ok(())
 }
@@ -327,6 +359,8 @@ pub fn dequantize_row(format: Format, bytes: &[u8], out: &mut [f32]) -> Result<(
         Format::Q4K => k_quants::dequantize_blocks::<k_quants::BlockQ4K>(bytes, out),
         Format::Q5K => k_quants::dequantize_blocks::<k_quants::BlockQ5K>(bytes, out),
         Format::Q6K => k_quants::dequantize_blocks::<k_quants::BlockQ6K>(bytes, out),
+        Format::IQ4NL => dequantize_blocks::<BlockIQ4NL>(bytes, out),
+        Format::IQ4XS => k_quants::dequantize_blocks::<BlockIQ4XS>(bytes, out),
     }
     Ok(())
 }
@@ -388,7 +422,10 @@ mod tests {
             Format::Q5_0,
             Format::Q5_1,
             Format::Q4K,
+            Format::Q5K,
             Format::Q6K,
+            Format::IQ4NL,
+            Format::IQ4XS,
         ] {
             let mut q = vec![0u8; format.row_bytes(x.len()).unwrap()];
             let mut y = vec![0f32; x.len()];

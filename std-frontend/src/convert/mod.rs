@@ -13,7 +13,7 @@ use std::path::Path;
 use anyhow::{bail, Result};
 use rayon::prelude::*;
 use sapient_core::weights::Matrix;
-use sapient_core::{Format, Llama3Scaling, Model, RopeScaling, RopeStyle};
+use sapient_core::{Config, Format, Llama3Scaling, Model, RopeScaling, RopeStyle};
 
 use crate::load::gguf::{GgmlType, Value};
 use crate::load::ModelFiles;
@@ -36,6 +36,10 @@ pub enum Target {
     Q6K,
     /// llama.cpp's Q4_K_M mixture.
     Q4KM,
+    /// llama.cpp's IQ4_NL mixture (IQ4_NL with some Q5_K and Q6_K).
+    IQ4NL,
+    /// llama.cpp's IQ4_XS mixture (IQ4_XS with some Q5_K and Q6_K).
+    IQ4XS,
 }
 
 impl Target {
@@ -50,6 +54,8 @@ impl Target {
             Target::Q4K => 14,
             Target::Q4KM => 15,
             Target::Q6K => 18,
+            Target::IQ4NL => 25,
+            Target::IQ4XS => 30,
         }
     }
 
@@ -62,6 +68,8 @@ impl Target {
             Target::Q4_1 => Format::Q4_1,
             Target::Q4K | Target::Q4KM => Format::Q4K,
             Target::Q6K => Format::Q6K,
+            Target::IQ4NL => Format::IQ4NL,
+            Target::IQ4XS => Format::IQ4XS,
         }
     }
 }
@@ -81,17 +89,47 @@ fn block_len(format: Format) -> usize {
     GgmlType::of(format).block().0
 }
 
-/// The format of a matrix with `cols` values per row, in layer `layer` of `n_layers`:
-/// llama.cpp's `llama_tensor_get_type` for the targets `llama-quantize` makes, one format for
-/// all for the others. `tied`: the token embedding is also the output matrix.
-pub fn matrix_format(
-    target: Target,
-    role: Role,
-    layer: usize,
-    n_layers: usize,
-    cols: usize,
-    tied: bool,
-) -> Format {
+/// Where a matrix sits in its model, as far as choosing its format goes.
+#[derive(Debug, Clone, Copy)]
+pub struct Placement {
+    pub role: Role,
+    /// Its layer (0 for the embedding and output matrices).
+    pub layer: usize,
+    pub n_layers: usize,
+    /// Values per row.
+    pub cols: usize,
+    /// The token embedding is also the output matrix.
+    pub tied: bool,
+    /// Query heads per key-value head.
+    pub gqa: usize,
+}
+
+impl Placement {
+    /// A matrix of `cols` values per row with `role` in layer `layer` of a model configured as
+    /// `c`, its token embedding also its output matrix where `tied`.
+    pub fn in_model(c: &Config, tied: bool, role: Role, layer: usize, cols: usize) -> Self {
+        Placement {
+            role,
+            layer,
+            n_layers: c.n_layers,
+            cols,
+            tied,
+            gqa: c.n_heads / c.n_kv_heads.max(1),
+        }
+    }
+}
+
+/// The format of a matrix placed at `at`: llama.cpp's `llama_tensor_get_type` (without an
+/// importance matrix) for the targets `llama-quantize` makes, one format for all for the others.
+pub fn matrix_format(target: Target, at: Placement) -> Format {
+    let Placement {
+        role,
+        layer,
+        n_layers,
+        cols,
+        tied,
+        gqa,
+    } = at;
     let fits = |f: Format| cols.is_multiple_of(block_len(f));
     let chosen = match target {
         Target::F16 => return Format::F16,
@@ -115,6 +153,14 @@ pub fn matrix_format(
                 {
                     Format::Q6K
                 }
+                Role::AttentionV if matches!(target, Target::IQ4NL | Target::IQ4XS) && gqa >= 4 => {
+                    Format::Q5K
+                }
+                Role::FeedForwardDown
+                    if matches!(target, Target::IQ4NL | Target::IQ4XS) && layer < n_layers / 8 =>
+                {
+                    Format::Q5K
+                }
                 _ => base,
             }
         }
@@ -128,6 +174,7 @@ pub fn matrix_format(
         Format::Q4K => Format::Q5_0,
         Format::Q5K => Format::Q5_1,
         Format::Q6K => Format::Q8_0,
+        Format::IQ4XS => Format::IQ4NL,
         other => other,
     };
     if fits(fallback) {
@@ -227,10 +274,9 @@ fn plan_tensors<'m>(
     let c = &model.config;
     let w = &model.weights;
     let tied = w.lm_head.is_none();
-    let n = c.n_layers;
     let mut plan = Vec::new();
     let mut matrix = |name: String, m: &'m Matrix<'m>, role: Role, layer: usize, heads: bool| {
-        let format = matrix_format(target, role, layer, n, m.cols, tied);
+        let format = matrix_format(target, Placement::in_model(c, tied, role, layer, m.cols));
         plan.push(Planned {
             entry: TensorEntry {
                 name,
@@ -510,15 +556,19 @@ mod tests {
     #[test]
     fn q4_k_m_matches_llama_quantize_on_smollm2_shapes() {
         let n = 30;
+        let at = |role: Role, layer: usize, cols: usize| Placement {
+            role,
+            layer,
+            n_layers: n,
+            cols,
+            tied: true,
+            gqa: 3,
+        };
         let mut counts = BTreeMap::new();
         let mut count = |f: Format| *counts.entry(f.to_string()).or_insert(0) += 1;
         count(matrix_format(
             Target::Q4KM,
-            Role::TokenEmbedding,
-            0,
-            n,
-            576,
-            true,
+            at(Role::TokenEmbedding, 0, 576),
         ));
         for i in 0..n {
             for (role, cols) in [
@@ -530,7 +580,7 @@ mod tests {
                 (Role::Other, 576),
                 (Role::FeedForwardDown, 1536),
             ] {
-                count(matrix_format(Target::Q4KM, role, i, n, cols, true));
+                count(matrix_format(Target::Q4KM, at(role, i, cols)));
             }
         }
         let want: BTreeMap<String, i32> = [("q5_0", 166), ("q4_K", 16), ("q6_K", 14), ("q8_0", 15)]

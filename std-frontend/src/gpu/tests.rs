@@ -268,7 +268,9 @@ fn matmul_kernels_match_the_cpu() {
             }
         }
     }
-    assert_eq!(checked, (13 + 10) * 2 * 2 * (3 * 2 + 3));
+    // The float formats once, the quantized ones with and without packed dot products.
+    let layouts = 3 + 2 * QUANTIZED.len();
+    assert_eq!(checked, layouts * 2 * 2 * (3 * 2 + 3));
 }
 
 /// With integer weights, a token's result is the same bits alone (the mat-vec quantizes its
@@ -355,6 +357,8 @@ fn embedding_kernel_matches_the_cpu() {
         Format::Q5_1,
         Format::Q4K,
         Format::Q6K,
+        Format::IQ4NL,
+        Format::IQ4XS,
         Format::F16,
         Format::F32,
     ] {

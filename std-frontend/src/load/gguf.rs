@@ -91,6 +91,8 @@ pub enum GgmlType {
     Q4K,
     Q5K,
     Q6K,
+    IQ4NL,
+    IQ4XS,
 }
 
 /// ggml's names of the types sapient does not read, for error messages.
@@ -101,10 +103,8 @@ fn ggml_type_name(id: u32) -> Option<&'static str> {
         17 => "IQ2_XS",
         18 => "IQ3_XXS",
         19 => "IQ1_S",
-        20 => "IQ4_NL",
         21 => "IQ3_S",
         22 => "IQ2_S",
-        23 => "IQ4_XS",
         24 => "I8",
         25 => "I16",
         26 => "I32",
@@ -133,6 +133,8 @@ impl GgmlType {
             12 => GgmlType::Q4K,
             13 => GgmlType::Q5K,
             14 => GgmlType::Q6K,
+            20 => GgmlType::IQ4NL,
+            23 => GgmlType::IQ4XS,
             30 => GgmlType::BF16,
             _ => return None,
         })
@@ -153,6 +155,8 @@ impl GgmlType {
             GgmlType::Q4K => 12,
             GgmlType::Q5K => 13,
             GgmlType::Q6K => 14,
+            GgmlType::IQ4NL => 20,
+            GgmlType::IQ4XS => 23,
             GgmlType::BF16 => 30,
         }
     }
@@ -173,6 +177,8 @@ impl GgmlType {
             GgmlType::Q4K => Format::Q4K,
             GgmlType::Q5K => Format::Q5K,
             GgmlType::Q6K => Format::Q6K,
+            GgmlType::IQ4NL => Format::IQ4NL,
+            GgmlType::IQ4XS => Format::IQ4XS,
         }
     }
 
@@ -192,6 +198,8 @@ impl GgmlType {
             Format::Q4K => GgmlType::Q4K,
             Format::Q5K => GgmlType::Q5K,
             Format::Q6K => GgmlType::Q6K,
+            Format::IQ4NL => GgmlType::IQ4NL,
+            Format::IQ4XS => GgmlType::IQ4XS,
         }
     }
 
@@ -210,6 +218,8 @@ impl GgmlType {
             GgmlType::Q4K => (256, 144),
             GgmlType::Q5K => (256, 176),
             GgmlType::Q6K => (256, 210),
+            GgmlType::IQ4NL => (32, 18),
+            GgmlType::IQ4XS => (256, 136),
         }
     }
 
@@ -228,6 +238,8 @@ impl GgmlType {
             GgmlType::Q4K => "q4_K",
             GgmlType::Q5K => "q5_K",
             GgmlType::Q6K => "q6_K",
+            GgmlType::IQ4NL => "iq4_nl",
+            GgmlType::IQ4XS => "iq4_xs",
         }
     }
 }

@@ -7,7 +7,7 @@ use sapient_core::quant::{self, Format};
 use sapient_core::sample::Rng;
 use sapient_core::{Config, LayerWeights, Matrix, Model, RopeStyle, Weights};
 
-use crate::convert::{matrix_format, Role, Target};
+use crate::convert::{matrix_format, Placement, Role, Target};
 
 /// The shapes `random:` knows, as (name, vocab, hidden, intermediate, layers, heads, kv heads,
 /// head_dim, tied embeddings).
@@ -57,11 +57,13 @@ pub fn parse(spec: &str) -> Result<Option<RandomSpec>> {
         "q4_k" => RandomFormat::All(Format::Q4K),
         "q6_k" => RandomFormat::All(Format::Q6K),
         "q4_k_m" => RandomFormat::Mix(Target::Q4KM),
+        "iq4_nl" => RandomFormat::Mix(Target::IQ4NL),
+        "iq4_xs" => RandomFormat::Mix(Target::IQ4XS),
         "f16" => RandomFormat::All(Format::F16),
         "f32" => RandomFormat::All(Format::F32),
         other => bail!(
             "random:{shape}:{other}: unknown format \
-             (q8_0, q4_0, q4_1, q4_k, q6_k, q4_k_m, f16, f32)"
+             (q8_0, q4_0, q4_1, q4_k, q6_k, q4_k_m, iq4_nl, iq4_xs, f16, f32)"
         ),
     };
     let config = Config {
@@ -96,7 +98,8 @@ pub fn model(spec: &RandomSpec, progress: &(dyn Fn(usize) + Sync)) -> Result<Mod
     let format = |role: Role, layer: usize, cols: usize| match spec.format {
         RandomFormat::All(f) => f,
         RandomFormat::Mix(target) => {
-            matrix_format(target, role, layer, c.n_layers, cols, c.tie_word_embeddings)
+            let at = Placement::in_model(c, c.tie_word_embeddings, role, layer, cols);
+            matrix_format(target, at)
         }
     };
     let mut layers = Vec::with_capacity(c.n_layers);

@@ -1,7 +1,7 @@
 //! The k-quants' many-token kernels (see `kernels::k_panel`) with `sdot`: a row's four unpacked
 //! bytes, duplicated, against four tokens' four values, one integer sum per token lane; four rows
 //! × eight tokens at a time, each half's (or block's) sums times its integer scale. Stored quants
-//! are at most 63, so also valid signed bytes. Tiles are transposed by the portable reference.
+//! are at most 63, so also valid signed bytes (`WIDE` ones are made signed). Tiles are transposed by the portable reference.
 use super::*;
 use crate::kernels::k_panel::{
     transpose_ref, unpack_factors, KPanelDots, KRow, KTokens, K_MICRO, K_TOKENS,
@@ -77,7 +77,12 @@ fn rows4x8<K: KBytes>(rs: &[KRow], x: &KTokens, t0: usize, acc: &mut [[f32; K_TO
                 let (x0, x1) = (vld1q_s8(p), vld1q_s8(p.add(16)));
                 for r in 0..R {
                     let w = vld1q_dup_s32(rs[r].codes.as_ptr().add(4 * g) as *const i32);
-                    let w = vreinterpretq_s8_s32(w);
+                    let w = if K::WIDE {
+                        // The signed values (see `KBlock::WIDE`).
+                        veorq_s8(vreinterpretq_s8_s32(w), vdupq_n_s8(i8::MIN))
+                    } else {
+                        vreinterpretq_s8_s32(w)
+                    };
                     core::arch::asm!(
                         "sdot {a0:v}.4s, {x0:v}.16b, {w:v}.16b",
                         "sdot {a1:v}.4s, {x1:v}.16b, {w:v}.16b",
@@ -98,7 +103,8 @@ fn rows4x8<K: KBytes>(rs: &[KRow], x: &KTokens, t0: usize, acc: &mut [[f32; K_TO
             }
         }
         let mut side = [[zero; 2]; R];
-        if K::HAS_MIN || K::OFFSET != 0 {
+        let offset = K::OFFSET != 0 && !K::WIDE;
+        if K::HAS_MIN || offset {
             for i in 0..HALVES_PER_SUPER / 2 {
                 let p = x.sums[i].as_ptr().add(4 * t0) as *const i16;
                 // Four tokens' pairs of sums per vector.
@@ -115,7 +121,7 @@ fn rows4x8<K: KBytes>(rs: &[KRow], x: &KTokens, t0: usize, acc: &mut [[f32; K_TO
         }
         for r in 0..R {
             for v in 0..2 {
-                let isum = if K::OFFSET != 0 {
+                let isum = if offset {
                     vmlsq_s32(scaled[r][v], side[r][v], vdupq_n_s32(K::OFFSET))
                 } else {
                     scaled[r][v]

@@ -4,6 +4,7 @@
 //! super-block, then the scalar `dot_q8k`'s float steps: the scalar kernel's bits.
 use super::*;
 use crate::kernels::scalar::q8k_step;
+use crate::quant::iq4_nl::IQ4_VALUES;
 use crate::quant::q8k::SUM_SPAN;
 use crate::quant::BlockQ8K;
 
@@ -44,6 +45,35 @@ impl KBytes for BlockQ5K {
         above(low, high, 4)
     }
 }
+
+impl KBytes for BlockIQ4XS {
+    /// Block `j`'s nibbles through the grid (`vqtbl1q`), stored quants as `KBlock::quants`.
+    #[inline(always)]
+    fn bytes(sb: &[u8], j: usize) -> (uint8x16_t, uint8x16_t) {
+        let qs = &sb[8 + 16 * j..][..16];
+        // SAFETY: `qs` holds 16 bytes, the table 16; the rest is register-only NEON arithmetic.
+        unsafe {
+            let table = vld1q_u8(IQ4_STORED.as_ptr());
+            let v = vld1q_u8(qs.as_ptr());
+            let low4 = vdupq_n_u8(0x0f);
+            (
+                vqtbl1q_u8(table, vandq_u8(v, low4)),
+                vqtbl1q_u8(table, vshrq_n_u8::<4>(v)),
+            )
+        }
+    }
+}
+
+/// IQ4_XS's stored quants by index.
+static IQ4_STORED: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        t[i] = (IQ4_VALUES[i] as i32 + BlockIQ4XS::OFFSET) as u8;
+        i += 1;
+    }
+    t
+};
 
 impl KBytes for BlockQ6K {
     /// Block `j` is quarter `c` of half `n` (see `KBlock for BlockQ6K`).
@@ -108,9 +138,16 @@ pub(super) fn dot_q8k<K: KBytes, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f
             core::array::from_fn(|t| &xs[t][s * BlockQ8K::BYTES..][..BlockQ8K::BYTES]);
         let mut isum = [0i32; N];
         for j in 0..BLOCKS_PER_SUPER {
-            // SAFETY: register-only; stored quants are at most 63, the same as signed bytes.
+            // SAFETY: register-only; stored quants are at most 63, the same as signed bytes,
+            // except `WIDE` ones, whose signed values are the stored quants less 128.
             let (w0, w1) = unsafe {
                 let (w0, w1) = K::bytes(sb, j);
+                let (w0, w1) = if K::WIDE {
+                    let flip = vdupq_n_u8(0x80);
+                    (veorq_u8(w0, flip), veorq_u8(w1, flip))
+                } else {
+                    (w0, w1)
+                };
                 (vreinterpretq_s8_u8(w0), vreinterpretq_s8_u8(w1))
             };
             for (sum, x) in isum.iter_mut().zip(&xb) {
@@ -131,7 +168,8 @@ pub(super) fn dot_q8k<K: KBytes, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f
                 offsets += ints.scales[k] as i32 * *sum as i32;
                 msum += ints.mins[k] as i32 * *sum as i32;
             }
-            *a += q8k_step(d, dmin, x.d, isum - K::OFFSET * offsets, msum);
+            let offset = if K::WIDE { 0 } else { K::OFFSET };
+            *a += q8k_step(d, dmin, x.d, isum - offset * offsets, msum);
         }
     }
     acc

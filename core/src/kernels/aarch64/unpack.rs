@@ -2,6 +2,7 @@
 //! `Unpack` trait and one impl per format), and the bit-twiddling helpers the formats share (the
 //! k-quants' bytes are in `kquants`).
 use super::*;
+use crate::quant::iq4_nl::IQ4_VALUES;
 
 /// A weight block's 32 quants as signed bytes (values 0..16, 16..32).
 pub(super) trait Unpack {
@@ -82,6 +83,19 @@ impl Unpack for BlockQ5_1 {
         let (lo, hi) = fives(&b[4..8], &b[8..]);
         // SAFETY: register-only; five-bit quants are 0..=31, so reinterpreting them as i8 keeps them.
         unsafe { (vreinterpretq_s8_u8(lo), vreinterpretq_s8_u8(hi)) }
+    }
+}
+
+impl Unpack for BlockIQ4NL {
+    const BYTES: usize = Self::BYTES;
+    #[inline(always)]
+    fn unpack(b: &[u8]) -> (int8x16_t, int8x16_t) {
+        let (lo, hi) = nibbles(&b[2..]);
+        // SAFETY: the grid is 16 bytes; the rest is register-only NEON arithmetic.
+        unsafe {
+            let grid = vld1q_s8(IQ4_VALUES.as_ptr());
+            (vqtbl1q_s8(grid, lo), vqtbl1q_s8(grid, hi))
+        }
     }
 }
 

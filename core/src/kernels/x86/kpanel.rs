@@ -249,8 +249,14 @@ unsafe fn dot_ymm<K: KBytes, const ISA: u8>(
                             _mm256_loadu_si256(x.codes[g].as_ptr().add(4 * t0) as *const __m256i);
                         for r in 0..R {
                             let w = rs[r0 + r].codes.as_ptr().add(4 * g) as *const i32;
-                            let pairs =
-                                _mm256_maddubs_epi16(_mm256_set1_epi32(w.read_unaligned()), xv);
+                            let w = _mm256_set1_epi32(w.read_unaligned());
+                            let pairs = if K::WIDE {
+                                // The signed values: |v| <= 127, no pair sum saturates.
+                                let v = _mm256_xor_si256(w, _mm256_set1_epi8(i8::MIN));
+                                _mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(xv, v))
+                            } else {
+                                _mm256_maddubs_epi16(w, xv)
+                            };
                             scaled[r] = match ISA {
                                 AVX_VNNI => dpwssd::<ISA>(scaled[r], pairs, scale[r]),
                                 _ => {
@@ -261,7 +267,8 @@ unsafe fn dot_ymm<K: KBytes, const ISA: u8>(
                     }
                 }
                 let mut side = [_mm256_setzero_si256(); R];
-                if K::HAS_MIN || K::OFFSET != 0 {
+                let offset = K::OFFSET != 0 && !K::WIDE;
+                if K::HAS_MIN || offset {
                     for i in 0..HALVES_PER_SUPER / 2 {
                         let sums =
                             _mm256_loadu_si256(x.sums[i].as_ptr().add(4 * t0) as *const __m256i);
@@ -273,7 +280,7 @@ unsafe fn dot_ymm<K: KBytes, const ISA: u8>(
                 }
                 let dx = _mm256_loadu_ps(x.d.as_ptr().add(t0));
                 for r in 0..R {
-                    let isum = if K::OFFSET != 0 {
+                    let isum = if offset {
                         let offsets = _mm256_mullo_epi32(side[r], _mm256_set1_epi32(K::OFFSET));
                         _mm256_sub_epi32(scaled[r], offsets)
                     } else {

@@ -4,6 +4,7 @@
 //! `dot_q8k`'s float steps. The integer sums are exact, so every tile shape and every table
 //! gives the scalar kernel's bits.
 use super::*;
+use crate::quant::iq4_nl::IQ4_VALUES;
 use crate::quant::k_quants::{k4_scales_mins, q3_scale_words};
 use crate::quant::q8k::SUM_SPAN;
 
@@ -135,6 +136,48 @@ impl KBytes for BlockQ6K {
         unsafe {
             let scales = _mm_loadu_si128(p.add(192) as *const __m128i);
             (scales, _mm_setzero_si128())
+        }
+    }
+}
+
+/// IQ4_XS's stored quants by index, twice: a table for `vpshufb` in each 128-bit lane.
+static IQ4_STORED: [u8; 32] = {
+    let mut t = [0u8; 32];
+    let mut i = 0;
+    while i < 32 {
+        t[i] = (IQ4_VALUES[i % 16] as i32 + BlockIQ4XS::OFFSET) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// `WIDE`: `vpmaddubsw`'s pair sums could saturate on the stored quants, so the kernels take
+/// the signed values' magnitudes and move their signs to the activations (`|v| <= 127`).
+impl KBytes for BlockIQ4XS {
+    #[inline(always)]
+    unsafe fn bytes(p: *const u8, j: usize) -> __m256i {
+        // SAFETY: block j's sixteen bytes of nibbles (at 8 + 16j) lie in the super-block; the
+        // table is 32 bytes.
+        unsafe {
+            let v = _mm_loadu_si128(p.add(8 + 16 * j) as *const __m128i);
+            let low4 = _mm_set1_epi8(0x0f);
+            let index = _mm256_set_m128i(
+                _mm_and_si128(_mm_srli_epi16(v, 4), low4),
+                _mm_and_si128(v, low4),
+            );
+            let table = _mm256_loadu_si256(IQ4_STORED.as_ptr() as *const __m256i);
+            _mm256_shuffle_epi8(table, index)
+        }
+    }
+    /// Each block's scale, twice.
+    #[inline(always)]
+    unsafe fn halves(p: *const u8) -> (__m128i, __m128i) {
+        // SAFETY: the scale bytes (2..8) lie in the super-block.
+        let ls = BlockIQ4XS::scale_bytes(unsafe { core::slice::from_raw_parts(p, 8) });
+        // SAFETY: register-only; the caller has AVX2.
+        unsafe {
+            let s = _mm_sub_epi8(_mm_cvtsi64_si128(ls as i64), _mm_set1_epi8(32));
+            (_mm_unpacklo_epi8(s, s), _mm_setzero_si128())
         }
     }
 }
@@ -381,7 +424,7 @@ unsafe fn q8k_steps<K: KBytes>(
         for l in 0..lanes {
             let sums = _mm256_loadu_si256(x[l].add(BlockQ8K::SUMS) as *const __m256i);
             v[l] = acc[l];
-            if K::OFFSET != 0 {
+            if K::OFFSET != 0 && !K::WIDE {
                 let offsets = _mm256_madd_epi16(f[l].by_half, sums);
                 let offsets = _mm256_mullo_epi32(offsets, _mm256_set1_epi32(K::OFFSET));
                 v[l] = _mm256_sub_epi32(v[l], offsets);
@@ -421,8 +464,8 @@ struct Step<const R: usize, const N: usize> {
 
 impl<const R: usize, const N: usize> Step<R, N> {
     /// Block `J` (a constant, so that its shifts and offsets are) of every (row, token): the
-    /// quants' bytes times the activations', pairs added (`vpmaddubsw`: at most 2·63·127, no
-    /// saturation), times the halves' scales and added in pairs (`vpmaddwd`) into `acc`; with
+    /// quants' bytes times the activations', pairs added (`vpmaddubsw`: at most 2·63·127, or
+    /// 2·127·127 for `WIDE` formats' signed values: no saturation), times the halves' scales and added in pairs (`vpmaddwd`) into `acc`; with
     /// either VNNI, one `vpdpwssd` for the last two steps.
     ///
     /// # Safety
@@ -436,6 +479,7 @@ impl<const R: usize, const N: usize> Step<R, N> {
         // SAFETY: as the caller guarantees.
         unsafe {
             let mut q = [_mm256_setzero_si256(); R];
+            let mut magnitude = [_mm256_setzero_si256(); R];
             let mut sc = [_mm256_setzero_si256(); R];
             for r in 0..R {
                 // One cache line per block (a super-block is at most four) of the same
@@ -446,12 +490,21 @@ impl<const R: usize, const N: usize> Step<R, N> {
                     _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
                 }
                 q[r] = K::bytes(self.wp[r], J);
+                if K::WIDE {
+                    // The signed values (see `KBlock::WIDE`).
+                    q[r] = _mm256_xor_si256(q[r], _mm256_set1_epi8(i8::MIN));
+                    magnitude[r] = _mm256_abs_epi8(q[r]);
+                }
                 sc[r] = block_scales(f[r].by_block, J);
             }
             for (t, xp) in self.xp.iter().enumerate() {
                 let x = _mm256_loadu_si256(xp.add(BlockQ8K::QUANTS + 32 * J) as *const __m256i);
                 for r in 0..R {
-                    let pairs = _mm256_maddubs_epi16(q[r], x);
+                    let pairs = if K::WIDE {
+                        _mm256_maddubs_epi16(magnitude[r], _mm256_sign_epi8(x, q[r]))
+                    } else {
+                        _mm256_maddubs_epi16(q[r], x)
+                    };
                     acc[r][t] = match ISA {
                         AVX512_VNNI | AVX_VNNI => dpwssd::<ISA>(acc[r][t], pairs, sc[r]),
                         _ => _mm256_add_epi32(acc[r][t], _mm256_madd_epi16(pairs, sc[r])),

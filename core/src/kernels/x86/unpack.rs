@@ -2,6 +2,7 @@
 //! `Unpack` trait and one impl per format), and the bit-twiddling helpers the formats share
 //! (the k-quants' bytes are in `kquants`).
 use super::*;
+use crate::quant::iq4_nl::IQ4_VALUES;
 
 /// A weight block's 32 quants as two vectors of 16 `i16` (values 0..16, 16..32).
 pub(super) trait Unpack {
@@ -144,6 +145,22 @@ impl Unpack for BlockQ5_1 {
     unsafe fn unpack(p: *const u8) -> (__m256i, __m256i) {
         // SAFETY: the fifth bits (4 bytes) follow the scale and minimum, the nibbles (16) them.
         unsafe { fives(p.add(4), p.add(8)) }
+    }
+}
+
+impl Unpack for BlockIQ4NL {
+    const BYTES: usize = Self::BYTES;
+    #[inline(always)]
+    unsafe fn unpack(p: *const u8) -> (__m256i, __m256i) {
+        // SAFETY: 16 bytes of nibbles follow the 2-byte scale; the grid is 16 bytes.
+        unsafe {
+            let grid = _mm_loadu_si128(IQ4_VALUES.as_ptr() as *const __m128i);
+            let v = _mm_loadu_si128(p.add(2) as *const __m128i);
+            let low4 = _mm_set1_epi8(0x0f);
+            let lo = _mm_shuffle_epi8(grid, _mm_and_si128(v, low4));
+            let hi = _mm_shuffle_epi8(grid, _mm_and_si128(_mm_srli_epi16(v, 4), low4));
+            (_mm256_cvtepi8_epi16(lo), _mm256_cvtepi8_epi16(hi))
+        }
     }
 }
 
