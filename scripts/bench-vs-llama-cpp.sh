@@ -53,6 +53,16 @@ q4=$(bash scripts/fetch-model.sh)
 quantize() {
     [ -f "$2" ] || "$bin/llama-quantize" --allow-requantize "$1" "$2" "$3" >/dev/null 2>&1
 }
+# random_1b TYPE: TinyLlama-1.1B's shape with random F16 weights (scripts/random-gguf.py, made
+# where a file is missing), through llama-quantize once.
+random_1b() {
+    local f16=models/random-tinyllama-1.1b.F16.gguf out="models/random-tinyllama-1.1b.$1.gguf"
+    if [ ! -f "$out" ] && [ ! -f "$f16" ]; then
+        python3 -m pip install --quiet numpy pyyaml tqdm >&2
+        PYTHONPATH="$(bash scripts/fetch-llama-cpp.sh)/gguf-py" python3 scripts/random-gguf.py "$f16"
+    fi
+    quantize "$f16" "$out" "$1"
+}
 case "$set" in
 base)
     quantize "$q4" models/SmolLM2-135M-Instruct.Q8_0.gguf Q8_0
@@ -60,24 +70,14 @@ base)
     ;;
 kquants)
     quantize "$q4" models/SmolLM2-135M-Instruct.Q4_K_M.gguf Q4_K_M
-    f16=models/random-tinyllama-1.1b.F16.gguf
-    if [ ! -f "$f16" ]; then
-        python3 -m pip install --quiet numpy pyyaml tqdm >&2
-        PYTHONPATH="$(bash scripts/fetch-llama-cpp.sh)/gguf-py" python3 scripts/random-gguf.py "$f16"
-    fi
-    quantize "$f16" models/random-tinyllama-1.1b.Q4_K_M.gguf Q4_K_M
-    quantize "$f16" models/random-tinyllama-1.1b.Q6_K.gguf Q6_K
-    quantize "$f16" models/random-tinyllama-1.1b.Q2_K.gguf Q2_K
+    random_1b Q4_K_M
+    random_1b Q6_K
+    random_1b Q2_K
     models="models/SmolLM2-135M-Instruct.Q4_K_M.gguf models/random-tinyllama-1.1b.Q4_K_M.gguf models/random-tinyllama-1.1b.Q6_K.gguf models/random-tinyllama-1.1b.Q2_K.gguf"
     ;;
 iquants)
     quantize "$q4" models/SmolLM2-135M-Instruct.IQ4_XS.gguf IQ4_XS
-    f16=models/random-tinyllama-1.1b.F16.gguf
-    if [ ! -f "$f16" ]; then
-        python3 -m pip install --quiet numpy pyyaml tqdm >&2
-        PYTHONPATH="$(bash scripts/fetch-llama-cpp.sh)/gguf-py" python3 scripts/random-gguf.py "$f16"
-    fi
-    quantize "$f16" models/random-tinyllama-1.1b.IQ4_XS.gguf IQ4_XS
+    random_1b IQ4_XS
     models="models/SmolLM2-135M-Instruct.IQ4_XS.gguf models/random-tinyllama-1.1b.IQ4_XS.gguf"
     ;;
 *)

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Prints a GGUF's tensors as JSON, name -> [ggml type name, FNV-1a 64 of its bytes as hex], the
-record tests compare `sapient quantize`'s output with (tests/data/smollm2_iq4_xs_tensors.json:
-llama-quantize --allow-requantize SmolLM2-135M-Instruct.Q4_1.gguf OUT IQ4_XS, llama.cpp 0.3.36).
+record tests compare `sapient quantize`'s output with (tests/data/smollm2_TYPE_tensors.json:
+llama-quantize --allow-requantize SmolLM2-135M-Instruct.Q4_1.gguf OUT TYPE, llama.cpp 0.3.36, for
+IQ4_XS and Q5_K_M).
 
     PYTHONPATH=$(scripts/fetch-llama-cpp.sh)/gguf-py python3 scripts/gguf-tensor-hashes.py FILE
 """

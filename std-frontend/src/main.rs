@@ -150,9 +150,9 @@ enum Command {
         /// The GGUF file to write.
         output: PathBuf,
         /// f16 and q8_0: every matrix (as llama.cpp's convert_hf_to_gguf.py --outtype); q4_0,
-        /// q4_1, q4_k, q6_k, q4_k_m, iq4_nl, iq4_xs: as llama-quantize without an importance
-        /// matrix (the output matrix in Q6_K, Q4_K_M's and IQ4's mixes, the fallbacks for rows
-        /// that are no whole number of blocks).
+        /// q4_1, q4_k, q6_k, q4_k_m, q5_k_m, iq4_nl, iq4_xs: as llama-quantize without an
+        /// importance matrix (the output matrix in Q6_K, the K_M and IQ4 mixes, the fallbacks
+        /// for rows that are no whole number of blocks).
         #[arg(long = "type", value_enum)]
         target: TargetArg,
         /// Worker threads (default: one per physical core).
@@ -372,6 +372,8 @@ enum TargetArg {
     Q6K,
     #[value(name = "q4_k_m")]
     Q4KM,
+    #[value(name = "q5_k_m")]
+    Q5KM,
     #[value(name = "iq4_nl")]
     IQ4NL,
     #[value(name = "iq4_xs")]
@@ -1295,6 +1297,7 @@ fn cmd_quantize(
         TargetArg::Q4K => Target::Q4K,
         TargetArg::Q6K => Target::Q6K,
         TargetArg::Q4KM => Target::Q4KM,
+        TargetArg::Q5KM => Target::Q5KM,
         TargetArg::IQ4NL => Target::IQ4NL,
         TargetArg::IQ4XS => Target::IQ4XS,
     };

@@ -180,21 +180,31 @@ fn fnv1a64(bytes: &[u8]) -> u64 {
     })
 }
 
-/// SmolLM2's Q4_1 file as iq4_xs is the file `llama-quantize --allow-requantize ... IQ4_XS`
-/// makes (llama.cpp 0.3.36), tensor for tensor, bit for bit (its types and hashes in
-/// `tests/data/smollm2_iq4_xs_tensors.json`, by `scripts/gguf-tensor-hashes.py`): IQ4_XS for the
-/// 1536-wide rows, its IQ4_NL fallback for the 576-wide ones, Q5_K for the first eighth's down
-/// projections, Q8_0 for the tied output. And it still knows the capital of France.
+/// SmolLM2's Q4_1 file as iq4_xs and as q5_k_m is the file `llama-quantize
+/// --allow-requantize` makes (llama.cpp 0.3.36), tensor for tensor, bit for bit (its types and
+/// hashes in `tests/data/smollm2_*_tensors.json`, by `scripts/gguf-tensor-hashes.py`). IQ4_XS:
+/// IQ4_XS for the 1536-wide rows, its IQ4_NL fallback for the 576-wide ones, Q5_K for the first
+/// eighth's down projections; Q5_K_M: Q5_K, Q6_K for some V and down projections, Q5_1 for the
+/// 576-wide rows; both Q8_0 for the tied output. And both still know the capital of France.
 #[test]
-fn smollm2_iq4_xs_is_the_file_llama_quantize_makes() {
-    let dir = temp_dir("iq4_xs");
+fn smollm2_iq4_xs_and_q5_k_m_are_the_files_llama_quantize_makes() {
+    for (target, record) in [
+        (Target::IQ4XS, "smollm2_iq4_xs_tensors.json"),
+        (Target::Q5KM, "smollm2_q5_k_m_tensors.json"),
+    ] {
+        is_the_file_llama_quantize_makes(target, record);
+    }
+}
+
+fn is_the_file_llama_quantize_makes(target: Target, record: &str) {
+    let dir = temp_dir(&format!("{target:?}"));
     let files = open(&smollm2_gguf());
-    let out = dir.join("iq4_xs.gguf");
-    write(&files, &out, Target::IQ4XS);
+    let out = dir.join("out.gguf");
+    write(&files, &out, target);
     let want = read_json(
         &Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("data")
-            .join("smollm2_iq4_xs_tensors.json"),
+            .join(record),
     );
     let bytes = std::fs::read(&out).unwrap();
     let written = Gguf::parse(&bytes).unwrap();

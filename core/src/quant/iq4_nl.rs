@@ -4,7 +4,7 @@
 use half::f16;
 
 use super::k_quantize::GROUP_MAX_EPS;
-use super::{Block, QK};
+use super::{Block, BlockQ4_0, QK};
 
 /// ggml's `kvalues_iq4nl`: the value each 4-bit quant stands for, denser near zero, where
 /// weights are.
@@ -25,8 +25,8 @@ pub struct BlockIQ4NL {
 const _: () = assert!(core::mem::size_of::<BlockIQ4NL>() == BlockIQ4NL::BYTES);
 
 impl BlockIQ4NL {
-    /// Bytes of a stored block.
-    pub const BYTES: usize = 2 + QK / 2;
+    /// Bytes of a stored block: Q4_0's layout.
+    pub const BYTES: usize = BlockQ4_0::BYTES;
 }
 
 impl Block for BlockIQ4NL {
@@ -48,15 +48,16 @@ impl Block for BlockIQ4NL {
     }
 
     fn read(b: &[u8]) -> Self {
-        BlockIQ4NL {
-            d: f16::from_bits(u16::from_le_bytes([b[0], b[1]])),
-            qs: b[2..Self::BYTES].try_into().unwrap(),
-        }
+        let BlockQ4_0 { d, qs } = BlockQ4_0::read(b);
+        BlockIQ4NL { d, qs }
     }
 
     fn write(&self, out: &mut [u8]) {
-        out[..2].copy_from_slice(&self.d.to_bits().to_le_bytes());
-        out[2..Self::BYTES].copy_from_slice(&self.qs);
+        BlockQ4_0 {
+            d: self.d,
+            qs: self.qs,
+        }
+        .write(out)
     }
 
     fn dequantize(&self, out: &mut [f32; QK]) {

@@ -36,6 +36,8 @@ pub enum Target {
     Q6K,
     /// llama.cpp's Q4_K_M mixture.
     Q4KM,
+    /// llama.cpp's Q5_K_M mixture (Q4_K_M's, on Q5_K).
+    Q5KM,
     /// llama.cpp's IQ4_NL mixture (IQ4_NL with some Q5_K and Q6_K).
     IQ4NL,
     /// llama.cpp's IQ4_XS mixture (IQ4_XS with some Q5_K and Q6_K).
@@ -53,6 +55,7 @@ impl Target {
             Target::Q8_0 => 7,
             Target::Q4K => 14,
             Target::Q4KM => 15,
+            Target::Q5KM => 17,
             Target::Q6K => 18,
             Target::IQ4NL => 25,
             Target::IQ4XS => 30,
@@ -67,6 +70,7 @@ impl Target {
             Target::Q4_0 => Format::Q4_0,
             Target::Q4_1 => Format::Q4_1,
             Target::Q4K | Target::Q4KM => Format::Q4K,
+            Target::Q5KM => Format::Q5K,
             Target::Q6K => Format::Q6K,
             Target::IQ4NL => Format::IQ4NL,
             Target::IQ4XS => Format::IQ4XS,
@@ -149,7 +153,8 @@ pub fn matrix_format(target: Target, at: Placement) -> Format {
                 Role::Output => output_format(base, fits(base)),
                 Role::TokenEmbedding if tied => output_format(base, fits(base)),
                 Role::AttentionV | Role::FeedForwardDown
-                    if target == Target::Q4KM && more_bits(layer, n_layers) =>
+                    if matches!(target, Target::Q4KM | Target::Q5KM)
+                        && more_bits(layer, n_layers) =>
                 {
                     Format::Q6K
                 }

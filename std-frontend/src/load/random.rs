@@ -57,13 +57,14 @@ pub fn parse(spec: &str) -> Result<Option<RandomSpec>> {
         "q4_k" => RandomFormat::All(Format::Q4K),
         "q6_k" => RandomFormat::All(Format::Q6K),
         "q4_k_m" => RandomFormat::Mix(Target::Q4KM),
+        "q5_k_m" => RandomFormat::Mix(Target::Q5KM),
         "iq4_nl" => RandomFormat::Mix(Target::IQ4NL),
         "iq4_xs" => RandomFormat::Mix(Target::IQ4XS),
         "f16" => RandomFormat::All(Format::F16),
         "f32" => RandomFormat::All(Format::F32),
         other => bail!(
             "random:{shape}:{other}: unknown format \
-             (q8_0, q4_0, q4_1, q4_k, q6_k, q4_k_m, iq4_nl, iq4_xs, f16, f32)"
+             (q8_0, q4_0, q4_1, q4_k, q6_k, q4_k_m, q5_k_m, iq4_nl, iq4_xs, f16, f32)"
         ),
     };
     let config = Config {
