@@ -8,7 +8,8 @@
 # the load, TinyLlama-1.1B's shape with random weights (scripts/random-gguf.py) in Q4_K_M, Q6_K and
 # Q2_K (mostly Q2_K, with Q3_K, Q4_K and Q6_K where llama-quantize gives those more bits);
 # `iquants` is SmolLM2-135M IQ4_XS (mostly IQ4_NL, the fallback for its 576-wide rows) and the
-# TinyLlama shape in IQ4_XS (with Q5_K for V and the first down projections, Q6_K output).
+# TinyLlama shape in IQ4_XS (with Q5_K for V and the first down projections, Q6_K output) and
+# IQ3_M (IQ3_S, with Q4_K for V, the first down projections and the attention output).
 #
 # Builds llama.cpp's llama-bench and llama-quantize (CPU only) from the source vendored in the
 # PyPI sdist of llama-cpp-python, cached in ~/.cache/sapient/llama.cpp; makes a Q8_0 GGUF from
@@ -78,7 +79,8 @@ kquants)
 iquants)
     quantize "$q4" models/SmolLM2-135M-Instruct.IQ4_XS.gguf IQ4_XS
     random_1b IQ4_XS
-    models="models/SmolLM2-135M-Instruct.IQ4_XS.gguf models/random-tinyllama-1.1b.IQ4_XS.gguf"
+    random_1b IQ3_M
+    models="models/SmolLM2-135M-Instruct.IQ4_XS.gguf models/random-tinyllama-1.1b.IQ4_XS.gguf models/random-tinyllama-1.1b.IQ3_M.gguf"
     ;;
 *)
     echo "unknown model set $set (base, kquants, iquants)" >&2

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes core/tests/data/gguf_kquants.txt: random Q4_K, Q5_K, Q6_K, Q3_K and Q2_K super-blocks,
-IQ4_XS super-blocks and IQ4_NL blocks, and the values the `gguf` Python package's dequantizers (gguf.quants.dequantize) give for them.
+IQ4_XS and IQ3_S super-blocks and IQ4_NL blocks, and the values the `gguf` Python package's dequantizers (gguf.quants.dequantize) give for them.
 
 Each case is three lines: `format n_blocks`, the block bytes as hex, the values as f32 hex.
 """
@@ -13,7 +13,7 @@ from gguf.quants import dequantize
 
 rng = np.random.default_rng(7)
 lines = []
-for fmt, t, size, scale_offsets in (("q4_k", T.Q4_K, 144, (0, 2)), ("q5_k", T.Q5_K, 176, (0, 2)), ("q6_k", T.Q6_K, 210, (208,)), ("q3_k", T.Q3_K, 110, (108,)), ("q2_k", T.Q2_K, 84, (80, 82)), ("iq4_xs", T.IQ4_XS, 136, (0,)), ("iq4_nl", T.IQ4_NL, 18, (0,))):
+for fmt, t, size, scale_offsets in (("q4_k", T.Q4_K, 144, (0, 2)), ("q5_k", T.Q5_K, 176, (0, 2)), ("q6_k", T.Q6_K, 210, (208,)), ("q3_k", T.Q3_K, 110, (108,)), ("q2_k", T.Q2_K, 84, (80, 82)), ("iq4_xs", T.IQ4_XS, 136, (0,)), ("iq4_nl", T.IQ4_NL, 18, (0,)), ("iq3_s", T.IQ3_S, 110, (0,))):
     n = 3
     blocks = rng.integers(0, 256, (n, size), dtype=np.uint8)
     for b in blocks:

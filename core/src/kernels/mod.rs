@@ -176,6 +176,9 @@ pub struct Kernels {
     /// IQ4_XS weights · Q8K activations (an exact integer sum per super-block: every table
     /// gives the scalar one's bits).
     pub iq4_xs: QuantDots,
+    /// IQ3_S weights · Q8K activations (an exact integer sum per super-block: every table
+    /// gives the scalar one's bits).
+    pub iq3_s: QuantDots,
     /// f32 weights (little-endian bytes) · f32 activations.
     pub dot_f32: fn(&[u8], &[f32]) -> f32,
     /// `dot_f32` for `TILE` activation rows.
@@ -310,6 +313,7 @@ impl Kernels {
             Format::Q6K => Ok(&self.q6_k),
             Format::IQ4NL => Ok(&self.iq4_nl),
             Format::IQ4XS => Ok(&self.iq4_xs),
+            Format::IQ3S => Ok(&self.iq3_s),
             _ => Err(Error::UnsupportedFormat {
                 what: "quantized dot product",
                 format,
@@ -561,7 +565,8 @@ impl Kernels {
             | Format::Q5K
             | Format::Q6K
             | Format::IQ4NL
-            | Format::IQ4XS => {
+            | Format::IQ4XS
+            | Format::IQ3S => {
                 let dots = self.dots(w.format)?;
                 let acts = activation_format(w.format)?;
                 let q = match acts {

@@ -7,9 +7,9 @@ use super::{Kernels, QuantDots};
 use crate::quant::k_quants::BLOCKS_PER_SUPER;
 use crate::quant::q8k::SUM_SPAN;
 use crate::quant::{
-    f16_at, iq4_nl, q8k, quantize_blocks, Block, BlockIQ4NL, BlockIQ4XS, BlockQ16, BlockQ2K,
-    BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K,
-    BlockQ8_0, KBlock, QK,
+    f16_at, iq4_nl, q8k, quantize_blocks, Block, BlockIQ3S, BlockIQ4NL, BlockIQ4XS, BlockQ16,
+    BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
+    BlockQ8K, BlockQ8_0, KBlock, QK,
 };
 
 /// The scalar table.
@@ -33,6 +33,7 @@ pub(super) const TABLE: Kernels = Kernels {
     q6_k: q8k_dots::<BlockQ6K>(),
     iq4_nl: dots::<BlockIQ4NL>(),
     iq4_xs: q8k_dots::<BlockIQ4XS>(),
+    iq3_s: q8k_dots::<BlockIQ3S>(),
     dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
     dot_f32_x4: dot_f32::<4>,
     dot_f16: |w, x| dot_f16::<1>(w, [x])[0],

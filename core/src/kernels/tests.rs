@@ -44,7 +44,7 @@ fn quantized(format: Format, x: &[f32]) -> Vec<u8> {
             }
             Format::Q3K => sb[108..110].copy_from_slice(&d),
             Format::Q6K => sb[208..210].copy_from_slice(&d),
-            Format::IQ4XS => sb[..2].copy_from_slice(&d),
+            Format::IQ4XS | Format::IQ3S => sb[..2].copy_from_slice(&d),
             _ => {
                 sb[..2].copy_from_slice(&d);
                 sb[2..4].copy_from_slice(&dmin);
@@ -189,6 +189,7 @@ fn abs_dot(format: Format, w: &[u8], x: &[u8], n: usize) -> f32 {
         Format::Q6K => k_terms::<quant::BlockQ6K>(w, &xs),
         Format::IQ4NL => terms::<quant::BlockIQ4NL>(w, &xs),
         Format::IQ4XS => k_terms::<quant::BlockIQ4XS>(w, &xs),
+        Format::IQ3S => k_terms::<quant::BlockIQ3S>(w, &xs),
         other => unreachable!("{other} is not quantized"),
     }
 }
@@ -448,6 +449,7 @@ proptest! {
                             Format::Q5K => unpack_ref::<quant::BlockQ5K>(ws[r], s),
                             Format::Q6K => unpack_ref::<quant::BlockQ6K>(ws[r], s),
                             Format::IQ4XS => unpack_ref::<quant::BlockIQ4XS>(ws[r], s),
+                            Format::IQ3S => unpack_ref::<quant::BlockIQ3S>(ws[r], s),
                             other => unreachable!("{other} has no k-panel kernels"),
                         };
                         prop_assert!(*u == reference, "{}: row {} super-block {} unpacks differently", format, r, s);

@@ -9,6 +9,7 @@ use core::fmt;
 use crate::error::{Error, Result};
 
 pub mod float;
+pub mod iq3_s;
 pub mod iq4_nl;
 pub mod iq4_xs;
 pub mod k_quantize;
@@ -21,6 +22,7 @@ pub mod q5_1;
 pub mod q8_0;
 pub mod q8k;
 
+pub use iq3_s::BlockIQ3S;
 pub use iq4_nl::BlockIQ4NL;
 pub use iq4_xs::BlockIQ4XS;
 pub use k_quants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, KBlock};
@@ -107,6 +109,9 @@ pub enum Format {
     IQ4NL,
     /// ggml's IQ4_XS: IQ4_NL's grid in 256 values, 8 blocks with 6-bit scales (136 bytes).
     IQ4XS,
+    /// ggml's IQ3_S: 256 values as groups of four from a fixed grid with sign bits, 8 blocks with
+    /// 4-bit scales (110 bytes).
+    IQ3S,
 }
 
 /// The quantized form of the activations a quantized weight multiplies.
@@ -155,9 +160,13 @@ impl Format {
             | Format::Q5_0
             | Format::Q5_1
             | Format::IQ4NL => QK,
-            Format::Q2K | Format::Q3K | Format::Q4K | Format::Q5K | Format::Q6K | Format::IQ4XS => {
-                k_quants::QK_K
-            }
+            Format::Q2K
+            | Format::Q3K
+            | Format::Q4K
+            | Format::Q5K
+            | Format::Q6K
+            | Format::IQ4XS
+            | Format::IQ3S => k_quants::QK_K,
         }
     }
 
@@ -178,6 +187,7 @@ impl Format {
             Format::Q6K => <k_quants::BlockQ6K as KBlock>::BYTES,
             Format::IQ4NL => BlockIQ4NL::BYTES,
             Format::IQ4XS => <BlockIQ4XS as KBlock>::BYTES,
+            Format::IQ3S => <BlockIQ3S as KBlock>::BYTES,
         }
     }
 
@@ -191,9 +201,13 @@ impl Format {
     pub const fn activation_format(self) -> Option<ActivationFormat> {
         match self {
             Format::F32 | Format::F16 | Format::BF16 => None,
-            Format::Q2K | Format::Q3K | Format::Q4K | Format::Q5K | Format::Q6K | Format::IQ4XS => {
-                Some(ActivationFormat::Q8K)
-            }
+            Format::Q2K
+            | Format::Q3K
+            | Format::Q4K
+            | Format::Q5K
+            | Format::Q6K
+            | Format::IQ4XS
+            | Format::IQ3S => Some(ActivationFormat::Q8K),
             _ => Some(ActivationFormat::Q16),
         }
     }
@@ -203,7 +217,12 @@ impl Format {
     pub const fn scale_offsets(self) -> &'static [usize] {
         match self {
             Format::F32 | Format::F16 | Format::BF16 => &[],
-            Format::Q8_0 | Format::Q4_0 | Format::Q5_0 | Format::IQ4NL | Format::IQ4XS => &[0],
+            Format::Q8_0
+            | Format::Q4_0
+            | Format::Q5_0
+            | Format::IQ4NL
+            | Format::IQ4XS
+            | Format::IQ3S => &[0],
             Format::Q4_1 | Format::Q5_1 | Format::Q4K | Format::Q5K => &[0, 2],
             Format::Q2K => &[80, 82],
             Format::Q3K => &[108],
@@ -263,6 +282,7 @@ impl Format {
             Format::Q6K => "q6_K",
             Format::IQ4NL => "iq4_nl",
             Format::IQ4XS => "iq4_xs",
+            Format::IQ3S => "iq3_s",
         }
     }
 }
@@ -274,7 +294,7 @@ impl fmt::Display for Format {
 }
 
 /// Every quantized weight format (the block formats; all but F32, F16 and BF16).
-pub const QUANTIZED: [Format; 12] = [
+pub const QUANTIZED: [Format; 13] = [
     Format::Q8_0,
     Format::Q4_0,
     Format::Q4_1,
@@ -287,14 +307,15 @@ pub const QUANTIZED: [Format; 12] = [
     Format::Q6K,
     Format::IQ4NL,
     Format::IQ4XS,
+    Format::IQ3S,
 ];
 
 /// Quantizes (or converts) `x` into `out` in `format`, as llama.cpp's quantizers do without an
-/// importance matrix. Q2_K and Q3_K are read, never written, here: an error.
+/// importance matrix. Q2_K, Q3_K and IQ3_S are read, never written, here: an error.
 ///
 /// # Errors
 /// [`Error::NotBlockMultiple`] if `x` is not whole blocks, [`Error::Length`] if `out` is not
-/// their size, [`Error::UnsupportedFormat`] for Q2_K and Q3_K.
+/// their size, [`Error::UnsupportedFormat`] for Q2_K, Q3_K and IQ3_S.
 pub fn quantize_row(format: Format, x: &[f32], out: &mut [u8]) -> Result<()> {
     check_row(format, x.len(), out.len())?;
     match format {
@@ -319,7 +340,7 @@ pub fn quantize_row(format: Format, x: &[f32], out: &mut [u8]) -> Result<()> {
             <k_quants::BlockQ5K as k_quants::KBlock>::BYTES,
             k_quantize::quantize_q5k,
         ),
-        Format::Q2K | Format::Q3K => {
+        Format::Q2K | Format::Q3K | Format::IQ3S => {
             return Err(Error::UnsupportedFormat {
                 what: "quantizing to",
                 format,
@@ -361,6 +382,7 @@ pub fn dequantize_row(format: Format, bytes: &[u8], out: &mut [f32]) -> Result<(
         Format::Q6K => k_quants::dequantize_blocks::<k_quants::BlockQ6K>(bytes, out),
         Format::IQ4NL => dequantize_blocks::<BlockIQ4NL>(bytes, out),
         Format::IQ4XS => k_quants::dequantize_blocks::<BlockIQ4XS>(bytes, out),
+        Format::IQ3S => k_quants::dequantize_blocks::<BlockIQ3S>(bytes, out),
     }
     Ok(())
 }

@@ -4,7 +4,7 @@
 use sapient_core::attention::{attend, AttentionShape};
 use sapient_core::kernels::Kernels as CpuKernels;
 use sapient_core::kv_cache::LayerKv;
-use sapient_core::quant::{BlockQ2K, BlockQ3K, BlockQ5K, Format, KBlock, QUANTIZED};
+use sapient_core::quant::{BlockIQ3S, BlockQ2K, BlockQ3K, Format, KBlock, QUANTIZED};
 use sapient_core::sample::{argmax, Rng};
 use sapient_core::{ops, Matrix, RopeStyle, Serial};
 use wgpu::util::DeviceExt;
@@ -48,7 +48,7 @@ pub(super) fn random_matrix(
     let f16_at = match format {
         Format::Q2K => BlockQ2K::F16_AT,
         Format::Q3K => BlockQ3K::F16_AT,
-        Format::Q5K => BlockQ5K::F16_AT,
+        Format::IQ3S => BlockIQ3S::F16_AT,
         _ => panic!("no random {format:?} matrix"),
     };
     let mut bytes: Vec<u8> = (0..rows * format.row_bytes(cols).unwrap())
@@ -359,11 +359,12 @@ fn embedding_kernel_matches_the_cpu() {
         Format::Q6K,
         Format::IQ4NL,
         Format::IQ4XS,
+        Format::IQ3S,
         Format::F16,
         Format::F32,
     ] {
         let (vocab, cols) = (77, 96.max(format.block_len()));
-        let m = Matrix::quantize(format, vocab, cols, &random(&mut rng, vocab * cols)).unwrap();
+        let m = random_matrix(&mut rng, format, vocab, cols);
         let k = Kernels::new(
             &d.device,
             &[super::weights::GpuFormat::of(format)],

@@ -5,8 +5,8 @@ use anyhow::{bail, Result};
 use half::{bf16, f16};
 use sapient_core::quant::k_quants::BLOCKS_PER_SUPER;
 use sapient_core::quant::{
-    iq4_nl, Block, BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1,
-    BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, Format, KBlock, QK,
+    iq4_nl, Block, BlockIQ3S, BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0,
+    BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, Format, KBlock, QK,
 };
 use sapient_core::Matrix;
 use wgpu::util::DeviceExt;
@@ -37,12 +37,14 @@ impl GpuFormat {
     ];
 
     /// The device layout for a core format, each value exact: Q5_0's quants less 16 are 8-bit
-    /// ones, and so are IQ4_NL's and IQ4_XS's grid values (IQ4_XS's block scale `d·(ls − 32)`
-    /// an f32); Q4_K's blocks are Q4_1's (scale `d·scale`, minimum `-dmin·min`), Q5_1 and the
+    /// ones, and so are IQ4_NL's, IQ4_XS's and IQ3_S's grid values (IQ4_XS's block scale
+    /// `d·(ls − 32)`, IQ3_S's `d·(1 + 2s)`, an f32); Q4_K's blocks are Q4_1's (scale `d·scale`, minimum `-dmin·min`), Q5_1 and the
     /// other k-quants take the halves layout; BF16 widens to F32.
     pub fn of(format: Format) -> Self {
         match format {
-            Format::Q8_0 | Format::Q5_0 | Format::IQ4NL | Format::IQ4XS => GpuFormat::Q8_0,
+            Format::Q8_0 | Format::Q5_0 | Format::IQ4NL | Format::IQ4XS | Format::IQ3S => {
+                GpuFormat::Q8_0
+            }
             Format::Q4_0 => GpuFormat::Q4_0,
             Format::Q4_1 | Format::Q4K => GpuFormat::Q4_1,
             Format::Q5_1 | Format::Q2K | Format::Q3K | Format::Q5K | Format::Q6K => {
@@ -366,6 +368,7 @@ fn int_blocks(format: Format, bytes: &[u8], out: &mut Vec<IntBlock>) {
             IntBlock::new(iq4_nl::grid_values(&b.qs), b.d.to_f32(), 0.0)
         })),
         Format::IQ4XS => k_blocks::<BlockIQ4XS>(bytes, out),
+        Format::IQ3S => k_blocks::<BlockIQ3S>(bytes, out),
         Format::F32 | Format::F16 | Format::BF16 => {
             unreachable!("{format:?} is not an integer format")
         }

@@ -93,6 +93,7 @@ pub enum GgmlType {
     Q6K,
     IQ4NL,
     IQ4XS,
+    IQ3S,
 }
 
 /// ggml's names of the types sapient does not read, for error messages.
@@ -103,7 +104,6 @@ fn ggml_type_name(id: u32) -> Option<&'static str> {
         17 => "IQ2_XS",
         18 => "IQ3_XXS",
         19 => "IQ1_S",
-        21 => "IQ3_S",
         22 => "IQ2_S",
         24 => "I8",
         25 => "I16",
@@ -135,6 +135,7 @@ impl GgmlType {
             14 => GgmlType::Q6K,
             20 => GgmlType::IQ4NL,
             23 => GgmlType::IQ4XS,
+            21 => GgmlType::IQ3S,
             30 => GgmlType::BF16,
             _ => return None,
         })
@@ -157,6 +158,7 @@ impl GgmlType {
             GgmlType::Q6K => 14,
             GgmlType::IQ4NL => 20,
             GgmlType::IQ4XS => 23,
+            GgmlType::IQ3S => 21,
             GgmlType::BF16 => 30,
         }
     }
@@ -179,6 +181,7 @@ impl GgmlType {
             GgmlType::Q6K => Format::Q6K,
             GgmlType::IQ4NL => Format::IQ4NL,
             GgmlType::IQ4XS => Format::IQ4XS,
+            GgmlType::IQ3S => Format::IQ3S,
         }
     }
 
@@ -200,6 +203,7 @@ impl GgmlType {
             Format::Q6K => GgmlType::Q6K,
             Format::IQ4NL => GgmlType::IQ4NL,
             Format::IQ4XS => GgmlType::IQ4XS,
+            Format::IQ3S => GgmlType::IQ3S,
         }
     }
 
@@ -220,6 +224,7 @@ impl GgmlType {
             GgmlType::Q6K => (256, 210),
             GgmlType::IQ4NL => (32, 18),
             GgmlType::IQ4XS => (256, 136),
+            GgmlType::IQ3S => (256, 110),
         }
     }
 
@@ -240,6 +245,7 @@ impl GgmlType {
             GgmlType::Q6K => "q6_K",
             GgmlType::IQ4NL => "iq4_nl",
             GgmlType::IQ4XS => "iq4_xs",
+            GgmlType::IQ3S => "iq3_s",
         }
     }
 }

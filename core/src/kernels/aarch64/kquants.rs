@@ -64,6 +64,32 @@ impl KBytes for BlockIQ4XS {
     }
 }
 
+impl KBytes for BlockIQ3S {
+    /// Eight grid entries, looked up one by one, their signs applied as byte masks.
+    #[inline(always)]
+    fn bytes(sb: &[u8], j: usize) -> (uint8x16_t, uint8x16_t) {
+        const BITS: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+        let magnitudes: [u32; 8] = core::array::from_fn(|g| Self::grid_entry(sb, j, g));
+        let signs = Self::signs(sb, j).to_le_bytes();
+        // SAFETY: `magnitudes` is 32 bytes, `BITS` 16; the rest is register-only NEON
+        // arithmetic.
+        unsafe {
+            let m = magnitudes.as_ptr() as *const u8;
+            let bits = vld1q_u8(BITS.as_ptr());
+            let offset = vdupq_n_u8(Self::OFFSET as u8);
+            let signed = |m: uint8x16_t, s0: u8, s1: u8| {
+                // 0xff where the value's sign bit is set; then `(m ^ neg) - neg`.
+                let negative = vtstq_u8(vcombine_u8(vdup_n_u8(s0), vdup_n_u8(s1)), bits);
+                vaddq_u8(vsubq_u8(veorq_u8(m, negative), negative), offset)
+            };
+            (
+                signed(vld1q_u8(m), signs[0], signs[1]),
+                signed(vld1q_u8(m.add(16)), signs[2], signs[3]),
+            )
+        }
+    }
+}
+
 /// IQ4_XS's stored quants by index.
 static IQ4_STORED: [u8; 16] = {
     let mut t = [0u8; 16];

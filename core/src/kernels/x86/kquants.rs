@@ -182,6 +182,44 @@ impl KBytes for BlockIQ4XS {
     }
 }
 
+impl KBytes for BlockIQ3S {
+    /// Eight grid entries, looked up one by one, their signs applied as byte masks.
+    #[inline(always)]
+    unsafe fn bytes(p: *const u8, j: usize) -> __m256i {
+        // SAFETY: the super-block's 110 bytes lie at `p`, `j < 8`.
+        let sb = unsafe { core::slice::from_raw_parts(p, Self::BYTES) };
+        let g = |g: usize| Self::grid_entry(sb, j, g) as i32;
+        let signs = Self::signs(sb, j) as i32;
+        // SAFETY: register-only; the caller has AVX2.
+        unsafe {
+            let magnitudes = _mm256_setr_epi32(g(0), g(1), g(2), g(3), g(4), g(5), g(6), g(7));
+            // Sign byte `v / 8` to byte `v`, then its bit `v % 8` tested.
+            let spread = _mm256_shuffle_epi8(
+                _mm256_set1_epi32(signs),
+                _mm256_setr_epi8(
+                    0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
+                    3, 3, 3, 3, 3, 3,
+                ),
+            );
+            let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+            let negative = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bits), bits);
+            let values = _mm256_sub_epi8(_mm256_xor_si256(magnitudes, negative), negative);
+            _mm256_add_epi8(values, _mm256_set1_epi8(Self::OFFSET as i8))
+        }
+    }
+    /// Each block's scale, twice.
+    #[inline(always)]
+    unsafe fn halves(p: *const u8) -> (__m128i, __m128i) {
+        // SAFETY: the super-block's 110 bytes lie at `p`.
+        let s = BlockIQ3S::scale_bytes(unsafe { core::slice::from_raw_parts(p, Self::BYTES) });
+        // SAFETY: register-only; the caller has AVX2.
+        unsafe {
+            let s = _mm_cvtsi64_si128(s as i64);
+            (_mm_unpacklo_epi8(s, s), _mm_setzero_si128())
+        }
+    }
+}
+
 /// `(byte >> shift) & mask` of each of the 32 bytes at `p`, kept as bytes. The shift runs on
 /// 16-bit lanes; the mask drops what crossed from the neighbouring byte, and a shift left by up
 /// to 4 of the result (at most 3 bits wide) stays inside each byte.

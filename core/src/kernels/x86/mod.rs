@@ -38,8 +38,8 @@ use super::panel::{
 use super::{Kernels, PanelAcc, PanelDots, PanelRows, QuantDots, X8Layout, PANEL_MIN_TOKENS, TILE};
 use crate::quant::k_quants::QK_K;
 use crate::quant::{
-    BlockIQ4NL, BlockIQ4XS, BlockQ16, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K,
-    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, KBlock, QK,
+    BlockIQ3S, BlockIQ4NL, BlockIQ4XS, BlockQ16, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0,
+    BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, KBlock, QK,
 };
 
 // cpufeatures also checks that the OS saves the AVX registers; it does not know F16C.
@@ -123,6 +123,7 @@ const fn table<const ISA: u8>(name: &'static str) -> Kernels {
         q6_k: q8k_dots::<BlockQ6K, ISA>(),
         iq4_nl: dots::<BlockIQ4NL, ISA>(),
         iq4_xs: q8k_dots::<BlockIQ4XS, ISA>(),
+        iq3_s: q8k_dots::<BlockIQ3S, ISA>(),
         dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
         dot_f32_x4: dot_f32::<TILE>,
         dot_f16: |w, x| dot_f16::<1>(w, [x])[0],
