@@ -11,18 +11,21 @@ use super::QK;
 /// IQ3_S, read in place.
 pub struct BlockIQ3S;
 
-/// Byte offsets of the parts of a super-block.
-const QS: usize = 2;
-const QH: usize = 66;
-const SIGNS: usize = 74;
-const SCALES: usize = 106;
-
 impl BlockIQ3S {
+    /// Byte offset of the grid indices' low eight bits (eight per block).
+    pub const QS: usize = 2;
+    /// Byte offset of their ninth bits (a byte per block).
+    pub const QH: usize = 66;
+    /// Byte offset of the sign bits (four bytes per block).
+    pub const SIGNS: usize = 74;
+    /// Byte offset of the scales (a nibble per block).
+    pub const SCALES: usize = 106;
+
     /// Each block's scale factor `1 + 2s` (1..=31), block `j` in byte `j`: the four scale bytes'
     /// nibbles spread to one byte each with shifts and masks.
     #[inline(always)]
     pub fn scale_bytes(sb: &[u8]) -> u64 {
-        let s = &sb[SCALES..SCALES + 4];
+        let s = &sb[Self::SCALES..Self::SCALES + 4];
         let n = u32::from_le_bytes([s[0], s[1], s[2], s[3]]) as u64;
         let n = (n | (n << 16)) & 0x0000_ffff_0000_ffff;
         let n = (n | (n << 8)) & 0x00ff_00ff_00ff_00ff;
@@ -33,14 +36,14 @@ impl BlockIQ3S {
     /// Group `g`'s (0..8) grid entry in block `j`: four magnitudes, one per byte.
     #[inline(always)]
     pub fn grid_entry(sb: &[u8], j: usize, g: usize) -> u32 {
-        let high = ((sb[QH + j] >> g) & 1) as usize;
-        IQ3S_GRID[sb[QS + 8 * j + g] as usize | (high << 8)]
+        let high = ((sb[Self::QH + j] >> g) & 1) as usize;
+        IQ3S_GRID[sb[Self::QS + 8 * j + g] as usize | (high << 8)]
     }
 
     /// Block `j`'s 32 sign bits, bit `v` for value `v` (set: negative).
     #[inline(always)]
     pub fn signs(sb: &[u8], j: usize) -> u32 {
-        let s = &sb[SIGNS + 4 * j..][..4];
+        let s = &sb[Self::SIGNS + 4 * j..][..4];
         u32::from_le_bytes([s[0], s[1], s[2], s[3]])
     }
 }
@@ -611,11 +614,12 @@ mod tests {
             let d = f16::from_le_bytes([sb[0], sb[1]]).to_f32();
             let mut at = 0;
             for ib32 in (0..8).step_by(2) {
-                let scale = sb[SCALES + ib32 / 2];
+                let scale = sb[BlockIQ3S::SCALES + ib32 / 2];
                 for (half, sc) in [(0, scale & 0xf), (1, scale >> 4)] {
                     let db = d * (1 + 2 * sc as i32) as f32;
-                    let (qs, qh) = (&sb[QS + 8 * (ib32 + half)..], sb[QH + ib32 + half]);
-                    let signs = &sb[SIGNS + 4 * (ib32 + half)..];
+                    let j = ib32 + half;
+                    let (qs, qh) = (&sb[BlockIQ3S::QS + 8 * j..], sb[BlockIQ3S::QH + j]);
+                    let signs = &sb[BlockIQ3S::SIGNS + 4 * j..];
                     for l in 0..4 {
                         let i1 = qs[2 * l] as usize | ((qh as usize) << (8 - 2 * l)) & 256;
                         let i2 = qs[2 * l + 1] as usize | ((qh as usize) << (7 - 2 * l)) & 256;

@@ -4,6 +4,7 @@
 //! `dot_q8k`'s float steps. The integer sums are exact, so every tile shape and every table
 //! gives the scalar kernel's bits.
 use super::*;
+use crate::quant::iq3_s::IQ3S_GRID;
 use crate::quant::iq4_nl::IQ4_VALUES;
 use crate::quant::k_quants::{k4_scales_mins, q3_scale_words};
 use crate::quant::q8k::SUM_SPAN;
@@ -183,16 +184,22 @@ impl KBytes for BlockIQ4XS {
 }
 
 impl KBytes for BlockIQ3S {
-    /// Eight grid entries, looked up one by one, their signs applied as byte masks.
+    /// Eight grid entries, gathered, their signs applied as byte masks.
     #[inline(always)]
     unsafe fn bytes(p: *const u8, j: usize) -> __m256i {
-        // SAFETY: the super-block's 110 bytes lie at `p`, `j < 8`.
-        let sb = unsafe { core::slice::from_raw_parts(p, Self::BYTES) };
-        let g = |g: usize| Self::grid_entry(sb, j, g) as i32;
-        let signs = Self::signs(sb, j) as i32;
-        // SAFETY: register-only; the caller has AVX2.
+        // SAFETY: block j's indices (8 bytes at 2 + 8j), ninth bits (the byte at 66 + j) and
+        // signs (4 bytes at 74 + 4j) lie in the super-block at `p`; the caller has AVX2.
         unsafe {
-            let magnitudes = _mm256_setr_epi32(g(0), g(1), g(2), g(3), g(4), g(5), g(6), g(7));
+            let low = _mm_loadl_epi64(p.add(BlockIQ3S::QS + 8 * j) as *const __m128i);
+            let qh = _mm256_set1_epi32(*p.add(BlockIQ3S::QH + j) as i32);
+            let ninth = _mm256_and_si256(
+                _mm256_srlv_epi32(qh, _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+                _mm256_set1_epi32(1),
+            );
+            let index = _mm256_or_si256(_mm256_cvtepu8_epi32(low), _mm256_slli_epi32(ninth, 8));
+            // Eight bits and a ninth index the grid's 512 entries.
+            let magnitudes = _mm256_i32gather_epi32::<4>(IQ3S_GRID.as_ptr() as *const i32, index);
+            let signs = (p.add(BlockIQ3S::SIGNS + 4 * j) as *const i32).read_unaligned();
             // Sign byte `v / 8` to byte `v`, then its bit `v % 8` tested.
             let spread = _mm256_shuffle_epi8(
                 _mm256_set1_epi32(signs),
