@@ -196,19 +196,14 @@ impl Format {
         self.block_len() > 1
     }
 
-    /// The format the activations of a quantized weight in this format take (see `q8k` for why
-    /// the k-quants differ); `None` for the float formats, which take f32.
+    /// The format the activations of a quantized weight in this format take: Q16 for the
+    /// 32-value blocks, Q8K for the 256-value super-blocks (see `q8k` for why they differ);
+    /// `None` for the float formats, which take f32.
     pub const fn activation_format(self) -> Option<ActivationFormat> {
-        match self {
-            Format::F32 | Format::F16 | Format::BF16 => None,
-            Format::Q2K
-            | Format::Q3K
-            | Format::Q4K
-            | Format::Q5K
-            | Format::Q6K
-            | Format::IQ4XS
-            | Format::IQ3S => Some(ActivationFormat::Q8K),
-            _ => Some(ActivationFormat::Q16),
+        match self.block_len() {
+            1 => None,
+            QK => Some(ActivationFormat::Q16),
+            _ => Some(ActivationFormat::Q8K),
         }
     }
 
