@@ -510,8 +510,9 @@ struct Step<const R: usize, const N: usize> {
 impl<const R: usize, const N: usize> Step<R, N> {
     /// Block `J` (a constant, so that its shifts and offsets are) of every (row, token): the
     /// quants' bytes times the activations', pairs added (`vpmaddubsw`: at most 2·63·127, or
-    /// 2·127·127 for `WIDE` formats' signed values: no saturation), times the halves' scales and added in pairs (`vpmaddwd`) into `acc`; with
-    /// either VNNI, one `vpdpwssd` for the last two steps.
+    /// 2·127·127 for `WIDE` formats' signed values: no saturation), times the halves' scales and
+    /// added in pairs (`vpmaddwd`) into `acc`; with either VNNI, one `vpdpwssd` for the last two
+    /// steps.
     ///
     /// # Safety
     /// As for `q8k_tile`, with the features of `ISA`; `J < 8`.
