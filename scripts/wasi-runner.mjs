@@ -1,6 +1,7 @@
 // Cargo's runner for wasm32-wasip1 test binaries: runs one under Node.js's WASI (preview 1),
 // with its arguments, the environment and the file system, and exits with its status.
-// CARGO_TARGET_WASM32_WASIP1_RUNNER="node --no-warnings $PWD/scripts/wasi-runner.mjs"
+// CARGO_TARGET_WASM32_WASIP1_RUNNER="node --no-warnings --no-wasm-tier-up $PWD/scripts/wasi-runner.mjs"
+// (--no-wasm-tier-up: see .ci/run)
 import { readFileSync } from 'node:fs';
 import { WASI } from 'node:wasi';
 
