@@ -233,11 +233,12 @@ impl Rows {
                     // As many bytes of the next call's rows (usually the rows right after
                     // these, one run of memory) as this block takes of these, in order: a tile
                     // load waits for every row it reads, and sixteen streams are more than the
-                    // hardware prefetcher follows.
+                    // hardware prefetcher follows. Into L2: into L1, eight sequences decoded
+                    // 7% slower on an Intel host with slow memory.
                     let next = base.wrapping_add(X8_ROWS * stride);
                     let from = next.wrapping_add(b * X8_ROWS * BlockQ8_0::BYTES);
                     for line in (0..X8_ROWS * BlockQ8_0::BYTES).step_by(64) {
-                        _mm_prefetch::<_MM_HINT_T0>(from.wrapping_add(line) as *const i8);
+                        _mm_prefetch::<_MM_HINT_T1>(from.wrapping_add(line) as *const i8);
                     }
                     (block_at::<BlockQ8_0>(base, b), stride)
                 }
