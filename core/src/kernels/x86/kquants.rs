@@ -531,9 +531,10 @@ impl<const R: usize, const N: usize> Step<R, N> {
                 // One cache line per block (a super-block is at most four) of the same
                 // super-block whole tiles on (`PREFETCH_AHEAD`): the tiles' rows are usually one
                 // run of memory, which a distance not a multiple of the tile would land inside.
+                // Into L2: 1.1B Q4_K_M and Q6_K decoded 11% faster so on an Intel host.
                 if 64 * J < K::BYTES {
                     let ahead = self.wp[r].wrapping_add(self.ahead + 64 * J);
-                    _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+                    _mm_prefetch::<_MM_HINT_T1>(ahead as *const i8);
                 }
                 q[r] = K::bytes(self.wp[r], J);
                 if K::WIDE {
