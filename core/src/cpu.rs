@@ -508,7 +508,12 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
         // four tiles or more; with fewer tokens (decode batches of many sequences), packing a
         // panel once for all of them wins (pp16 1.5x, pp32 1.45x, pp512 unchanged).
         if n_tok >= 8 * TILE * threads {
-            let per_chunk = n_tok.div_ceil(2 * threads).next_multiple_of(TILE);
+            let multiple = mats
+                .iter()
+                .map(|m| kernels.prefill_tokens_multiple(m.format))
+                .max()
+                .unwrap_or(TILE);
+            let per_chunk = n_tok.div_ceil(2 * threads).next_multiple_of(multiple);
             for (m, o) in mats.iter().zip(outs.iter_mut()) {
                 self.exec.for_each_chunk(o, per_chunk * m.rows, &|i, out| {
                     kernels.matmul_tokens(m, &acts, i * per_chunk, out)

@@ -104,7 +104,8 @@ pub struct PanelDots {
     /// them (a decode step of several sequences): `[token][row]`, the bits `rows` gives each.
     pub rows_x4: PanelRowsX4,
     /// Tokens from which a mat-mul packs panels (`PANEL_MIN_TOKENS`, or more where the
-    /// transposed tiles stay faster).
+    /// transposed tiles stay faster; `usize::MAX` where they are faster at every size, and
+    /// prefill too runs tiles of eight).
     pub pack_from: usize,
     /// The layout `transpose_x8` writes.
     pub x8_layout: X8Layout,
@@ -318,6 +319,22 @@ impl Kernels {
                 what: "quantized dot product",
                 format,
             }),
+        }
+    }
+
+    /// What a prefill's chunk of tokens for a `format` mat-mul is best a multiple of: `X8`
+    /// where the transposed tiles of eight take every size (a chunk's last few tokens would go
+    /// through the slower tiles of four), `TILE` otherwise.
+    pub fn prefill_tokens_multiple(&self, format: Format) -> usize {
+        let tiles_only = self
+            .dots(format)
+            .ok()
+            .and_then(|d| d.panel.as_ref())
+            .is_some_and(|p| p.pack_from == usize::MAX);
+        if tiles_only {
+            panel::X8
+        } else {
+            TILE
         }
     }
 
