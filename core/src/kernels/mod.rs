@@ -60,7 +60,7 @@ pub const PANEL_MIN_TOKENS: usize = 2 * panel::X8;
 /// Tokens whose Q16 rows a mat-mul of `n_tok` tokens keeps transposed for the transposed-tile
 /// kernels (`Kernels::transpose_tiles`): the one tile of a decode step of `X8` to
 /// `PANEL_MIN_TOKENS - 1` sequences, so that its threads do not each transpose it again. More
-/// tokens take the panel kernels.
+/// tokens take the panel kernels, or (`PanelDots::pack_from`) tiles each chunk transposes.
 pub const fn transposed_tokens(n_tok: usize) -> usize {
     if n_tok >= panel::X8 && n_tok < PANEL_MIN_TOKENS {
         panel::X8
