@@ -1040,11 +1040,12 @@ fn scalar_dots_are_the_dequantized_dots() {
 
 /// A token's mat-mul result does not depend on how many tokens go with it (one, a tile of four,
 /// transposed tiles of eight, panels from `PANEL_MIN_TOKENS` on), nor on the rows computed with
-/// it.
+/// it. Rows of 72 blocks: more than a transposed tile holds at once, so the tiles go by in chunks
+/// of blocks.
 #[test]
 #[cfg_attr(miri, ignore = "too slow under Miri; run natively")]
 fn batch_size_changes_no_result() {
-    let (rows, cols, n_tok) = (37, 256, 2 * PANEL_MIN_TOKENS + 3);
+    let (rows, cols, n_tok) = (37, 2304, 2 * PANEL_MIN_TOKENS + 3);
     let w: Vec<f32> = (0..rows * cols)
         .map(|i| libm::sinf(i as f32 * 0.37))
         .collect();
