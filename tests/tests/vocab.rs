@@ -113,3 +113,34 @@ fn spm_round_trips_text_through_decode() {
         assert_eq!(tok.decode(&ids, true).unwrap(), text, "{text:?}");
     }
 }
+
+/// Phi-3's special tokens drop the whitespace after them (but `<unk>`, `<s>` and
+/// `<|endoftext|>`), as llama.cpp and Phi-3's `tokenizer.json` have it: the newlines its chat
+/// template writes after each turn's tokens are not tokens. The ids are llama.cpp's
+/// (`llama-tokenize --ids --no-bos`).
+#[test]
+fn phi3_special_tokens_drop_the_whitespace_after_them() {
+    let Some(dir) = llama_cpp_models() else {
+        eprintln!("SKIPPED: no llama.cpp source (run scripts/fetch-llama-cpp.sh)");
+        return;
+    };
+    let tok = load(&dir, "phi-3").unwrap();
+    let cases: [(&str, &[u32]); 2] = [
+        (
+            "<|system|>\nBe brief.<|end|>\n<|user|>\n  Hi\t there <|end|>\n<|assistant|>\n",
+            &[
+                32006, 1522, 11473, 29889, 32007, 32010, 6324, 12, 727, 29871, 32007, 32001,
+            ],
+        ),
+        (
+            "<s> x</s> y<unk> z<|endoftext|> w",
+            &[1, 29871, 921, 2, 343, 0, 29871, 503, 32000, 29871, 281],
+        ),
+    ];
+    for (text, want) in cases {
+        assert_eq!(tok.encode(text).unwrap(), want, "{text:?}");
+    }
+    // Other SentencePiece vocabularies keep it.
+    let llama = load(&dir, "llama-spm").unwrap();
+    assert_eq!(llama.encode("</s>\nx").unwrap(), [2, 29871, 13, 29916]);
+}

@@ -311,13 +311,32 @@ fn spm_from_gguf(g: &Gguf, tokens: &[&str], types: Vec<TokenKind>) -> Result<Spm
         .get("tokenizer.ggml.add_space_prefix")
         .and_then(Value::as_bool)
         .unwrap_or(true);
+    let strip_after = phi3_strip_after(g.str("general.name"), tokens, &types);
     Spm::new(
         tokens.iter().map(|t| t.to_string()).collect(),
         scores,
         types,
         unknown,
         add_space_prefix,
+        &strip_after,
     )
+}
+
+/// The special tokens that drop the whitespace after them: in a Phi-3 model (by its
+/// `general.name`, as llama.cpp tells), all but `<unk>`, `<s>` and `<|endoftext|>`, as Phi-3's
+/// `tokenizer.json` marks them (`rstrip`). Its chat template writes a newline after each turn's
+/// tokens (`<|user|>`, `<|end|>`), which the model never saw.
+fn phi3_strip_after(name: Option<&str>, tokens: &[&str], types: &[TokenKind]) -> Vec<u32> {
+    let name = name.unwrap_or("").to_lowercase();
+    if !(name.contains("phi-3") || name.contains("phi3")) {
+        return Vec::new();
+    }
+    (0..tokens.len() as u32)
+        .filter(|&i| {
+            let (text, kind) = (tokens[i as usize], types[i as usize]);
+            kind.is_special() && !matches!(text, "<unk>" | "<s>" | "<|endoftext|>")
+        })
+        .collect()
 }
 
 fn integer(v: &Value) -> i64 {

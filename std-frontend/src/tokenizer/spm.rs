@@ -50,11 +50,18 @@ pub struct Spm {
     kinds: Vec<TokenKind>,
     ids: AHashMap<String, u32>,
     /// Special tokens, longest text first: matched in that order, as llama.cpp does.
-    specials: Vec<u32>,
+    specials: Vec<Special>,
     /// The `<0xNN>` token of each byte, or the unknown token where the vocabulary has none.
     bytes: [Option<u32>; 256],
     /// Whether a text that does not follow a special token gets a leading space.
     add_space_prefix: bool,
+}
+
+/// A special token the text is split at.
+struct Special {
+    id: u32,
+    /// Whether the ASCII whitespace right after it is dropped (llama.cpp's `RSTRIP`).
+    strips_after: bool,
 }
 
 /// A piece of the input: text to tokenize, or a special token matched in it.
@@ -64,14 +71,15 @@ enum Fragment<'t> {
 }
 
 impl Spm {
-    /// `tokens`, their `scores` and `kinds` (all as long), the unknown token, and whether texts
-    /// get a leading space.
+    /// `tokens`, their `scores` and `kinds` (all as long), the unknown token, whether texts get
+    /// a leading space, and the special tokens that drop the ASCII whitespace after them.
     pub fn new(
         tokens: Vec<String>,
         scores: Vec<f32>,
         kinds: Vec<TokenKind>,
         unknown: Option<u32>,
         add_space_prefix: bool,
+        strip_after: &[u32],
     ) -> Result<Spm> {
         if scores.len() != tokens.len() || kinds.len() != tokens.len() {
             bail!(
@@ -96,10 +104,15 @@ impl Spm {
             .enumerate()
             .map(|(i, t)| (t.clone(), i as u32))
             .collect();
-        let mut specials: Vec<u32> = (0..tokens.len() as u32)
+        let strip_after: ahash::AHashSet<u32> = strip_after.iter().copied().collect();
+        let mut specials: Vec<Special> = (0..tokens.len() as u32)
             .filter(|&i| kinds[i as usize].is_special() && !tokens[i as usize].is_empty())
+            .map(|id| Special {
+                id,
+                strips_after: strip_after.contains(&id),
+            })
             .collect();
-        specials.sort_by_key(|&i| std::cmp::Reverse(tokens[i as usize].len()));
+        specials.sort_by_key(|s| std::cmp::Reverse(tokens[s.id as usize].len()));
         let bytes = std::array::from_fn(|b| {
             ids.get(&format!("<0x{b:02X}>"))
                 .or_else(|| {
@@ -158,7 +171,7 @@ impl Spm {
             return Vec::new();
         }
         let mut fragments = vec![Fragment::Text(text)];
-        for &id in &self.specials {
+        for &Special { id, strips_after } in &self.specials {
             let special = self.tokens[id as usize].as_str();
             if !fragments
                 .iter()
@@ -178,6 +191,9 @@ impl Spm {
                     }
                     next.push(Fragment::Token(id));
                     t = &t[at + special.len()..];
+                    if strips_after {
+                        t = t.trim_start_matches(|c: char| c.is_ascii_whitespace() || c == '\x0b');
+                    }
                 }
                 if !t.is_empty() {
                     next.push(Fragment::Text(t));
@@ -379,6 +395,7 @@ mod tests {
             kinds.to_vec(),
             Some(0),
             true,
+            &[1],
         )
         .unwrap()
     }
@@ -393,6 +410,9 @@ mod tests {
         assert_eq!(v.encode("").unwrap(), Vec::<u32>::new());
         // A special token in the text; the text after it gets the space prefix again.
         assert_eq!(v.encode("<s>ab").unwrap(), vec![1, 8]);
+        // <s> drops the ASCII whitespace after it (here), <unk> does not.
+        assert_eq!(v.encode("<s> \n\tab").unwrap(), vec![1, 8]);
+        assert_eq!(v.encode("<unk> ab").unwrap(), vec![0, 7, 8]);
         assert_eq!(v.decode(&[8, 4, 9], true, true), "abcA");
         assert_eq!(v.decode(&[8, 4], true, false), " abc");
         assert_eq!(v.decode(&[1, 5], false, true), "<s>ab");
@@ -400,7 +420,7 @@ mod tests {
 
     #[test]
     fn rejects_inconsistent_vocabularies() {
-        let e = Spm::new(vec!["a".into()], vec![], vec![], None, true);
+        let e = Spm::new(vec!["a".into()], vec![], vec![], None, true, &[]);
         assert!(e.err().unwrap().to_string().contains("0 scores"));
         let e = Spm::new(
             vec!["a".into()],
@@ -408,6 +428,7 @@ mod tests {
             vec![TokenKind::Normal],
             Some(5),
             true,
+            &[],
         );
         assert!(e.err().unwrap().to_string().contains("unknown token id 5"));
     }
