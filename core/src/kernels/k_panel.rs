@@ -10,6 +10,9 @@
 //! from the tokens' 16-value sums, and the super-block ends with `q8k_step`'s float operations in
 //! each token's lane: the scalar kernel's exact integer sums and float order, so its bits.
 //!
+//! On AMX (x86-64, `x86::kpanel_amx`) unpacking also folds each half's scale into its values,
+//! and the tile unit multiplies sixteen rows by the tile at once.
+//!
 //! Unpacking costs once per block of `K_ROWS` rows, super-block and group of up to
 //! `K_GROUP_TOKENS` tokens; transposing once per tile, super-block and block of rows: each is
 //! small next to the arithmetic it feeds (BENCHMARKS.md).
@@ -22,9 +25,10 @@ pub const K_TOKENS: usize = 16;
 /// Weight rows a kernel call takes at a time: `dot` gets a multiple of this many.
 pub const K_MICRO: usize = 8;
 
-/// Weight rows unpacked at a time (a multiple of `K_MICRO`): 24 KiB, in L2 while the tiles pass.
-/// With the results waiting in float, 62 KiB of stack in all (docs/embedded.md); 128 rows
-/// measured the same.
+/// Weight rows unpacked at a time (a multiple of `K_MICRO`): 24 KiB (56 KiB on x86-64, whose
+/// rows also hold their scaled values), in L2 while the tiles pass. With the results waiting in
+/// float, 62 KiB of stack in all (93 KiB on x86-64; docs/embedded.md); 128 rows measured the
+/// same.
 pub const K_ROWS: usize = 64;
 
 /// Tokens whose results wait in float while the super-blocks go by: their unpacking is shared.
@@ -36,6 +40,15 @@ const K_GROUP_TOKENS: usize = 128;
 pub struct KRow {
     /// The stored quants (`KBlock::quants`, `OFFSET` above the signed ones), values in order.
     pub codes: [u8; QK_K],
+    /// Each value's code times its half's integer scale (at most 8,064 in size, Q6_K's 63·-128,
+    /// whatever the bits: an `i16`), as `256·high + low`: the low bytes, unsigned. Only tables
+    /// whose `unpack` folds the scales (`KPanelDots::folds_scales`, AMX) write these; AMX
+    /// multiplies them with the tokens'.
+    #[cfg(target_arch = "x86_64")]
+    pub scaled_low: [u8; QK_K],
+    /// The high bytes of those products (see `scaled_low`), signed.
+    #[cfg(target_arch = "x86_64")]
+    pub scaled_high: [i8; QK_K],
     /// Each half's integer scale (`KInts::scales`), widened.
     pub scales: [i32; HALVES_PER_SUPER],
     /// What multiplies the tokens' 16-value sums, as `i16` pairs (half `2i` low, `2i + 1` high):
@@ -52,6 +65,10 @@ impl KRow {
     /// A row of zeros: what a super-block missing from a short row unpacks to.
     pub const ZERO: KRow = KRow {
         codes: [0; QK_K],
+        #[cfg(target_arch = "x86_64")]
+        scaled_low: [0; QK_K],
+        #[cfg(target_arch = "x86_64")]
+        scaled_high: [0; QK_K],
         scales: [0; HALVES_PER_SUPER],
         side: [0; HALVES_PER_SUPER / 2],
         d: 0.0,
@@ -86,6 +103,9 @@ pub struct KPanelDots {
     /// Super-block `s` of each weight row into its `KRow`, as many as both hold (as
     /// `unpack_ref` does; a row too short for it gives `KRow::ZERO`).
     pub unpack: fn(&[&[u8]], usize, &mut [KRow]),
+    /// Whether `unpack` also writes each value times its scale (`KRow::scaled_low`,
+    /// `scaled_high`; x86-64's AMX table); other tables leave those bytes as they were.
+    pub folds_scales: bool,
     /// Super-block `s` of `K_TOKENS` Q8K activation rows, transposed (as `transpose_ref` does;
     /// a row too short for it gives a token of zeros).
     pub transpose: fn([&[u8]; K_TOKENS], usize, &mut KTokens),
@@ -94,9 +114,10 @@ pub struct KPanelDots {
     pub dot: fn(&[KRow], &KTokens, &mut [[f32; K_TOKENS]]),
 }
 
-/// Super-block `s` of one row in format `K`: the reference the SIMD unpackers are tested against.
+/// Super-block `s` of one row in format `K`, with the scaled values too where `folds_scales`:
+/// the reference the SIMD unpackers are tested against.
 #[cfg(test)]
-pub fn unpack_ref<K: KBlock>(row: &[u8], s: usize) -> KRow {
+pub fn unpack_ref<K: KBlock>(row: &[u8], s: usize, folds_scales: bool) -> KRow {
     let Some(sb) = row.get(s * K::BYTES..(s + 1) * K::BYTES) else {
         return KRow::ZERO;
     };
@@ -105,6 +126,16 @@ pub fn unpack_ref<K: KBlock>(row: &[u8], s: usize) -> KRow {
         ..KRow::ZERO
     };
     unpack_factors::<K>(sb, &mut out);
+    #[cfg(target_arch = "x86_64")]
+    if folds_scales {
+        for v in 0..QK_K {
+            let p = out.codes[v] as i32 * out.scales[v / crate::quant::q8k::SUM_SPAN];
+            out.scaled_low[v] = p as u8;
+            out.scaled_high[v] = (p >> 8) as i8;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = folds_scales;
     out
 }
 

@@ -441,15 +441,16 @@ proptest! {
                 for s in 0..supers {
                     let mut unpacked = vec![KRow::ZERO; padded];
                     (kernels.unpack)(&ws, s, &mut unpacked);
+                    let fold = kernels.folds_scales;
                     for (r, u) in unpacked.iter().enumerate() {
                         let reference = match format {
-                            Format::Q2K => unpack_ref::<quant::BlockQ2K>(ws[r], s),
-                            Format::Q3K => unpack_ref::<quant::BlockQ3K>(ws[r], s),
-                            Format::Q4K => unpack_ref::<quant::BlockQ4K>(ws[r], s),
-                            Format::Q5K => unpack_ref::<quant::BlockQ5K>(ws[r], s),
-                            Format::Q6K => unpack_ref::<quant::BlockQ6K>(ws[r], s),
-                            Format::IQ4XS => unpack_ref::<quant::BlockIQ4XS>(ws[r], s),
-                            Format::IQ3S => unpack_ref::<quant::BlockIQ3S>(ws[r], s),
+                            Format::Q2K => unpack_ref::<quant::BlockQ2K>(ws[r], s, fold),
+                            Format::Q3K => unpack_ref::<quant::BlockQ3K>(ws[r], s, fold),
+                            Format::Q4K => unpack_ref::<quant::BlockQ4K>(ws[r], s, fold),
+                            Format::Q5K => unpack_ref::<quant::BlockQ5K>(ws[r], s, fold),
+                            Format::Q6K => unpack_ref::<quant::BlockQ6K>(ws[r], s, fold),
+                            Format::IQ4XS => unpack_ref::<quant::BlockIQ4XS>(ws[r], s, fold),
+                            Format::IQ3S => unpack_ref::<quant::BlockIQ3S>(ws[r], s, fold),
                             other => unreachable!("{other} has no k-panel kernels"),
                         };
                         prop_assert!(*u == reference, "{}: row {} super-block {} unpacks differently", format, r, s);

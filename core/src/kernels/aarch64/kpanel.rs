@@ -14,6 +14,7 @@ use crate::quant::q8k::SUM_SPAN;
 pub(super) const fn k_panel<K: KBytes>() -> KPanelDots {
     KPanelDots {
         unpack: unpack::<K>,
+        folds_scales: false,
         transpose: |xs, s, out| *out = transpose_ref(xs, s),
         dot: dot::<K>,
     }

@@ -122,56 +122,59 @@ unsafe fn transpose_x8_avx512(nb: usize, xs: [*const u8; X8], b0: usize, out: *m
     }
 }
 
-/// The tiles: sums for even blocks (0) and odd ones (1), so that the next blocks' are multiplied
-/// while one block's are scaled; the weights of even and odd blocks (4, 5); the tokens'
-/// bytes of even and odd blocks (6, 7). Tiles 2 and 3 stay unused.
+/// A tile configuration (`ldtilecfg`'s 64 bytes).
 #[repr(C, align(64))]
-struct TileConfig([u8; 64]);
+pub(super) struct TileConfig([u8; 64]);
 
-const fn tile_config() -> TileConfig {
-    let mut c = [0u8; 64];
-    // Palette 1: eight tiles of up to 16 rows of 64 bytes.
-    c[0] = 1;
-    // (rows, bytes per row) of each tile.
-    let shapes: [(u8, u16); 8] = [
-        (16, TILE_ROW as u16),
-        (16, TILE_ROW as u16),
-        (0, 0),
-        (0, 0),
-        (16, QK as u16),
-        (16, QK as u16),
-        ((QK / 4) as u8, TILE_ROW as u16),
-        ((QK / 4) as u8, TILE_ROW as u16),
-    ];
-    let mut t = 0;
-    while t < 8 {
-        let bytes = shapes[t].1.to_le_bytes();
-        c[16 + 2 * t] = bytes[0];
-        c[17 + 2 * t] = bytes[1];
-        c[48 + t] = shapes[t].0;
-        t += 1;
+impl TileConfig {
+    /// Palette 1 (eight tiles of up to 16 rows of 64 bytes), tile `t` of `shapes[t]` (rows,
+    /// bytes per row).
+    pub(super) const fn new(shapes: [(u8, u16); 8]) -> TileConfig {
+        let mut c = [0u8; 64];
+        c[0] = 1;
+        let mut t = 0;
+        while t < 8 {
+            let bytes = shapes[t].1.to_le_bytes();
+            c[16 + 2 * t] = bytes[0];
+            c[17 + 2 * t] = bytes[1];
+            c[48 + t] = shapes[t].0;
+            t += 1;
+        }
+        TileConfig(c)
     }
-    TileConfig(c)
 }
 
-static TILES: TileConfig = tile_config();
+/// The tiles here: sums for even blocks (0) and odd ones (1), so that the next blocks' are
+/// multiplied while one block's are scaled; the weights of even and odd blocks (4, 5); the
+/// tokens' bytes of even and odd blocks (6, 7). Tiles 2 and 3 stay unused.
+static TILES: TileConfig = TileConfig::new([
+    (16, TILE_ROW as u16),
+    (16, TILE_ROW as u16),
+    (0, 0),
+    (0, 0),
+    (16, QK as u16),
+    (16, QK as u16),
+    ((QK / 4) as u8, TILE_ROW as u16),
+    ((QK / 4) as u8, TILE_ROW as u16),
+]);
 
-/// Loads `TILES` into this thread's tile configuration unless it holds it already (loading
-/// costs about ten times as much as reading it back).
+/// Loads `config` into this thread's tile configuration unless it holds it already (loading
+/// costs about ten times as much as reading it back; a thread switches only between mat-muls
+/// of different formats).
 ///
 /// # Safety
 /// The CPU has AMX and the OS granted it (`available`), and AVX-512 F/BW.
 #[inline(always)]
-unsafe fn configure_tiles() {
-    // SAFETY: AMX granted and AVX-512 as the caller guarantees; `now` and `TILES` are 64
+pub(super) unsafe fn configure_tiles(config: &TileConfig) {
+    // SAFETY: AMX granted and AVX-512 as the caller guarantees; `now` and `config` are 64
     // aligned bytes.
     unsafe {
         let mut now = TileConfig([0; 64]);
         core::arch::asm!("sttilecfg [{}]", in(reg) now.0.as_mut_ptr(), options(nostack));
         let a = _mm512_load_si512(now.0.as_ptr() as *const __m512i);
-        let b = _mm512_load_si512(TILES.0.as_ptr() as *const __m512i);
+        let b = _mm512_load_si512(config.0.as_ptr() as *const __m512i);
         if _mm512_cmpneq_epi64_mask(a, b) != 0 {
-            core::arch::asm!("ldtilecfg [{}]", in(reg) TILES.0.as_ptr(), options(nostack));
+            core::arch::asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack));
         }
     }
 }
@@ -336,7 +339,7 @@ unsafe fn rows_x8_amx(
     // SAFETY: as the caller guarantees; every pointer below is a block inside a row, a
     // transposed block inside `xt`, or a local buffer.
     unsafe {
-        configure_tiles();
+        configure_tiles(&TILES);
         let acc = acc.as_flattened_mut();
         let mut facc = [_mm512_setzero_ps(); X8_ROWS / 2];
         for (i, f) in facc.iter_mut().enumerate() {

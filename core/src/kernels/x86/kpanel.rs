@@ -11,17 +11,21 @@ use crate::quant::q8k::SUM_SPAN;
 /// The panel kernels of format `K` on instruction set `ISA`.
 pub(super) const fn k_panel<K: KBytes, const ISA: u8>() -> KPanelDots {
     KPanelDots {
-        unpack: unpack::<K>,
+        unpack: unpack::<K, false>,
+        folds_scales: false,
         transpose,
-        dot: dot::<K, ISA>,
+        dot: tile_dot::<K, ISA>,
     }
 }
 
-fn unpack<K: KBytes>(rows: &[&[u8]], s: usize, out: &mut [KRow]) {
+/// Super-block `s` of each row unpacked; with `FOLD` (the AMX table: AVX-512 BW) also each
+/// value times its scale (`KRow::scaled_low`, `scaled_high`).
+pub(super) fn unpack<K: KBytes, const FOLD: bool>(rows: &[&[u8]], s: usize, out: &mut [KRow]) {
     for (row, o) in rows.iter().zip(out) {
         match row.get(s * K::BYTES..(s + 1) * K::BYTES) {
             // SAFETY: the super-block lies in `sb`; every table, and so this entry, is handed
-            // out only on a CPU with AVX2 and F16C.
+            // out only on a CPU with AVX2 and F16C, the one that folds only with AVX-512.
+            Some(sb) if FOLD => unsafe { unpack_folded::<K>(sb.as_ptr(), o) },
             Some(sb) => unsafe { unpack_avx2::<K>(sb.as_ptr(), o) },
             None => *o = KRow::ZERO,
         }
@@ -32,6 +36,26 @@ fn unpack<K: KBytes>(rows: &[&[u8]], s: usize, out: &mut [KRow]) {
 /// `K::BYTES` readable bytes at `p`; AVX2 and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn unpack_avx2<K: KBytes>(p: *const u8, o: &mut KRow) {
+    // SAFETY: as the caller guarantees.
+    unsafe { unpack_row::<K, false>(p, o) }
+}
+
+/// # Safety
+/// `K::BYTES` readable bytes at `p`; AVX-512 F/BW/VL, F16C.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+unsafe fn unpack_folded<K: KBytes>(p: *const u8, o: &mut KRow) {
+    // SAFETY: as the caller guarantees.
+    unsafe { unpack_row::<K, true>(p, o) }
+}
+
+/// The super-block at `p` into `o`; with `FOLD`, `scale·code` of each value too, split in
+/// bytes: `256·high + low`.
+///
+/// # Safety
+/// `K::BYTES` readable bytes at `p`; the features of the function that inlines it: AVX2 and
+/// F16C, and AVX-512 F/BW/VL with `FOLD`.
+#[inline(always)]
+unsafe fn unpack_row<K: KBytes, const FOLD: bool>(p: *const u8, o: &mut KRow) {
     // SAFETY: as the caller guarantees; the stores stay inside `o`'s arrays.
     unsafe {
         // The row's next super-block, which the next `unpack` of this block of rows reads: a
@@ -41,11 +65,28 @@ unsafe fn unpack_avx2<K: KBytes>(p: *const u8, o: &mut KRow) {
             let ahead = p.wrapping_add(K::BYTES + line.min(K::BYTES - 1));
             _mm_prefetch::<_MM_HINT_T1>(ahead as *const i8);
         }
-        let codes = o.codes.as_mut_ptr() as *mut __m256i;
-        for j in 0..QK_K / QK {
-            _mm256_storeu_si256(codes.add(j), K::bytes(p, j));
-        }
         let (scales, mins) = K::halves(p);
+        let codes = o.codes.as_mut_ptr() as *mut __m256i;
+        if FOLD {
+            // Lanes 0..16 the scale of block j's first half, lanes 16..32 its second's.
+            let scale16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(scales));
+            let mut halves = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(1));
+            for j in 0..QK_K / QK {
+                let c = K::bytes(p, j);
+                _mm256_storeu_si256(codes.add(j), c);
+                let s = _mm512_permutexvar_epi16(halves, scale16);
+                let v = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(c), s);
+                let low = o.scaled_low.as_mut_ptr().add(QK * j) as *mut __m256i;
+                let high = o.scaled_high.as_mut_ptr().add(QK * j) as *mut __m256i;
+                _mm256_storeu_si256(low, _mm512_cvtepi16_epi8(v));
+                _mm256_storeu_si256(high, _mm512_cvtepi16_epi8(_mm512_srai_epi16::<8>(v)));
+                halves = _mm512_add_epi16(halves, _mm512_set1_epi16(2));
+            }
+        } else {
+            for j in 0..QK_K / QK {
+                _mm256_storeu_si256(codes.add(j), K::bytes(p, j));
+            }
+        }
         let wide = o.scales.as_mut_ptr() as *mut __m256i;
         _mm256_storeu_si256(wide, _mm256_cvtepi8_epi32(scales));
         let high = _mm_unpackhi_epi64(scales, scales);
@@ -63,7 +104,7 @@ unsafe fn unpack_avx2<K: KBytes>(p: *const u8, o: &mut KRow) {
     }
 }
 
-fn transpose(xs: [&[u8]; K_TOKENS], s: usize, out: &mut KTokens) {
+pub(super) fn transpose(xs: [&[u8]; K_TOKENS], s: usize, out: &mut KTokens) {
     let block = s * BlockQ8K::BYTES..(s + 1) * BlockQ8K::BYTES;
     if xs.iter().any(|x| x.get(block.clone()).is_none()) {
         *out = transpose_ref(xs, s);
@@ -141,7 +182,11 @@ unsafe fn transpose8x8(r: [__m256i; 8]) -> [__m256i; 8] {
     }
 }
 
-fn dot<K: KBytes, const ISA: u8>(rows: &[KRow], x: &KTokens, acc: &mut [[f32; K_TOKENS]]) {
+pub(super) fn tile_dot<K: KBytes, const ISA: u8>(
+    rows: &[KRow],
+    x: &KTokens,
+    acc: &mut [[f32; K_TOKENS]],
+) {
     let n = rows.len().min(acc.len()) / K_MICRO * K_MICRO;
     let rows = rows[..n].chunks_exact(K_MICRO);
     for (rs, acc) in rows.zip(acc[..n].chunks_exact_mut(K_MICRO)) {
@@ -188,6 +233,26 @@ unsafe fn dot_avx512<K: KBytes>(rs: &[KRow; K_MICRO], x: &KTokens, acc: &mut [[f
                 scaled[r] = _mm512_add_epi32(scaled[r], _mm512_mullo_epi32(raw[r], scale));
             }
         }
+        finish_zmm::<K>(rs, scaled, x, acc);
+    }
+}
+
+/// The end of a super-block on 512-bit vectors, for `K_MICRO` rows whose integer sums
+/// `Σ scale·code·x` are `scaled` (one lane per token): the minimums' or offsets' terms from the
+/// tokens' 16-value sums, then `q8k_step` in each token's lane, added to `acc`.
+///
+/// # Safety
+/// Register arithmetic on the features of the function that inlines it: AVX-512 F/BW/VL with
+/// VNNI; `acc` holds `K_MICRO` rows.
+#[inline(always)]
+pub(super) unsafe fn finish_zmm<K: KBytes>(
+    rs: &[KRow; K_MICRO],
+    scaled: [__m512i; K_MICRO],
+    x: &KTokens,
+    acc: &mut [[f32; K_TOKENS]],
+) {
+    // SAFETY: as the caller guarantees; every read and write stays inside `rs`, `x` and `acc`.
+    unsafe {
         let mut side = [_mm512_setzero_si512(); K_MICRO];
         if K::HAS_MIN || K::OFFSET != 0 {
             for i in 0..HALVES_PER_SUPER / 2 {

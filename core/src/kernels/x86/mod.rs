@@ -10,7 +10,7 @@
 //! the k-quants' bytes and their dots with Q8K activations; `kpanel` their many-token kernels
 //! (unpacking, transposing, the tile kernel); `panel` the
 //! packing, the many-token panel kernels and their decoding twin; `amx` Q8_0's transposed tiles
-//! on the tile unit; `axpy` attention's sum over V; `float` the f32/f16 dots and element-wise
+//! on the tile unit, `kpanel_amx` the k-quants' tile kernel there; `axpy` attention's sum over V; `float` the f32/f16 dots and element-wise
 //! kernels. A new format is an `Unpack` impl (a
 //! k-quant: a `KBytes` impl) and a table entry.
 use core::arch::x86_64::*;
@@ -19,6 +19,7 @@ mod amx;
 mod axpy;
 mod float;
 mod kpanel;
+mod kpanel_amx;
 mod kquants;
 mod panel;
 mod quants;
@@ -65,8 +66,9 @@ pub fn avx512_available() -> bool {
     available() && cpuid_avx512::get() && __cpuid_count(7, 0).ecx & (1 << 11) != 0
 }
 
-/// Whether this CPU also has AMX-INT8 and the OS lets this process use it: Q8_0's decode steps
-/// of eight sequences or more then run on the tile unit (`amx`).
+/// Whether this CPU also has AMX-INT8 and the OS lets this process use it: Q8_0's mat-muls of
+/// eight tokens or more (`amx`) and the k-quants' prefill (`kpanel_amx`) then run on the tile
+/// unit.
 pub fn amx_available() -> bool {
     amx::available()
 }
@@ -86,8 +88,8 @@ pub(super) static KERNELS_AVX512: Kernels = table::<AVX512_VNNI>("avx2+avx512vl"
 
 pub(super) static KERNELS_AMX: Kernels = amx_table();
 
-/// The AVX-512 table with Q8_0's transposed tiles on AMX: the same integer sums, scaled in the
-/// same float steps, so the same bits.
+/// The AVX-512 table with Q8_0's transposed tiles and the k-quants' tile kernel on AMX: the same
+/// integer sums, scaled in the same float steps, so the same bits.
 const fn amx_table() -> Kernels {
     let mut k = table::<AVX512_VNNI>("avx2+avx512vl+amx");
     if let Some(p) = &mut k.q8_0.panel {
@@ -100,6 +102,14 @@ const fn amx_table() -> Kernels {
         p.transpose_x8 = amx::transpose_x8;
         p.rows_x8 = amx::rows_x8_q8_0;
     }
+    // The k-quants' prefill: 512 tokens of TinyLlama-1.1B's shape, see BENCHMARKS.md.
+    k.q2_k.k_panel = Some(kpanel_amx::k_panel::<BlockQ2K>());
+    k.q3_k.k_panel = Some(kpanel_amx::k_panel::<BlockQ3K>());
+    k.q4_k.k_panel = Some(kpanel_amx::k_panel::<BlockQ4K>());
+    k.q5_k.k_panel = Some(kpanel_amx::k_panel::<BlockQ5K>());
+    k.q6_k.k_panel = Some(kpanel_amx::k_panel::<BlockQ6K>());
+    k.iq4_xs.k_panel = Some(kpanel_amx::k_panel::<BlockIQ4XS>());
+    k.iq3_s.k_panel = Some(kpanel_amx::k_panel::<BlockIQ3S>());
     k
 }
 
