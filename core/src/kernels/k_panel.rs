@@ -40,10 +40,10 @@ const K_GROUP_TOKENS: usize = 128;
 pub struct KRow {
     /// The stored quants (`KBlock::quants`, `OFFSET` above the signed ones), values in order.
     pub codes: [u8; QK_K],
-    /// Each value's code times its half's integer scale (at most 8,064 in size, Q6_K's 63·-128,
-    /// whatever the bits: an `i16`), as `256·high + low`: the low bytes, unsigned. Only tables
-    /// whose `unpack` folds the scales (`KPanelDots::folds_scales`, AMX) write these; AMX
-    /// multiplies them with the tokens'.
+    /// Each value (its code less `OFFSET`) times its half's integer scale (at most 4,096 in
+    /// size, Q6_K's -32·-128, whatever the bits: an `i16`), as `256·high + low`: the low bytes,
+    /// unsigned. Only tables whose `unpack` folds the scales (`KPanelDots::folds_scales`, AMX)
+    /// write these; AMX multiplies them with the tokens'.
     #[cfg(target_arch = "x86_64")]
     pub scaled_low: [u8; QK_K],
     /// The high bytes of those products (see `scaled_low`), signed.
@@ -129,7 +129,8 @@ pub fn unpack_ref<K: KBlock>(row: &[u8], s: usize, folds_scales: bool) -> KRow {
     #[cfg(target_arch = "x86_64")]
     if folds_scales {
         for v in 0..QK_K {
-            let p = out.codes[v] as i32 * out.scales[v / crate::quant::q8k::SUM_SPAN];
+            let value = out.codes[v] as i32 - K::OFFSET;
+            let p = value * out.scales[v / crate::quant::q8k::SUM_SPAN];
             out.scaled_low[v] = p as u8;
             out.scaled_high[v] = (p >> 8) as i8;
         }

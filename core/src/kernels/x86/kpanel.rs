@@ -48,8 +48,8 @@ unsafe fn unpack_folded<K: KBytes>(p: *const u8, o: &mut KRow) {
     unsafe { unpack_row::<K, true>(p, o) }
 }
 
-/// The super-block at `p` into `o`; with `FOLD`, `scale·code` of each value too, split in
-/// bytes: `256·high + low`.
+/// The super-block at `p` into `o`; with `FOLD`, `scale·(code - OFFSET)` of each value too,
+/// split in bytes: `256·high + low`.
 ///
 /// # Safety
 /// `K::BYTES` readable bytes at `p`; the features of the function that inlines it: AVX2 and
@@ -75,7 +75,9 @@ unsafe fn unpack_row<K: KBytes, const FOLD: bool>(p: *const u8, o: &mut KRow) {
                 let c = K::bytes(p, j);
                 _mm256_storeu_si256(codes.add(j), c);
                 let s = _mm512_permutexvar_epi16(halves, scale16);
-                let v = _mm512_mullo_epi16(_mm512_cvtepu8_epi16(c), s);
+                let v =
+                    _mm512_sub_epi16(_mm512_cvtepu8_epi16(c), _mm512_set1_epi16(K::OFFSET as i16));
+                let v = _mm512_mullo_epi16(v, s);
                 let low = o.scaled_low.as_mut_ptr().add(QK * j) as *mut __m256i;
                 let high = o.scaled_high.as_mut_ptr().add(QK * j) as *mut __m256i;
                 _mm256_storeu_si256(low, _mm512_cvtepi16_epi8(v));
@@ -233,19 +235,20 @@ unsafe fn dot_avx512<K: KBytes>(rs: &[KRow; K_MICRO], x: &KTokens, acc: &mut [[f
                 scaled[r] = _mm512_add_epi32(scaled[r], _mm512_mullo_epi32(raw[r], scale));
             }
         }
-        finish_zmm::<K>(rs, scaled, x, acc);
+        finish_zmm::<K, false>(rs, scaled, x, acc);
     }
 }
 
 /// The end of a super-block on 512-bit vectors, for `K_MICRO` rows whose integer sums
-/// `Σ scale·code·x` are `scaled` (one lane per token): the minimums' or offsets' terms from the
-/// tokens' 16-value sums, then `q8k_step` in each token's lane, added to `acc`.
+/// `Σ scale·code·x` (`OFFSET_FOLDED`: `Σ scale·(code - OFFSET)·x`) are `scaled`, one lane per
+/// token: the minimums' or offsets' terms from the tokens' 16-value sums (the offsets' only
+/// when not folded), then `q8k_step` in each token's lane, added to `acc`.
 ///
 /// # Safety
 /// Register arithmetic on the features of the function that inlines it: AVX-512 F/BW/VL with
 /// VNNI; `acc` holds `K_MICRO` rows.
 #[inline(always)]
-pub(super) unsafe fn finish_zmm<K: KBytes>(
+pub(super) unsafe fn finish_zmm<K: KBytes, const OFFSET_FOLDED: bool>(
     rs: &[KRow; K_MICRO],
     scaled: [__m512i; K_MICRO],
     x: &KTokens,
@@ -254,7 +257,8 @@ pub(super) unsafe fn finish_zmm<K: KBytes>(
     // SAFETY: as the caller guarantees; every read and write stays inside `rs`, `x` and `acc`.
     unsafe {
         let mut side = [_mm512_setzero_si512(); K_MICRO];
-        if K::HAS_MIN || K::OFFSET != 0 {
+        let offset = K::OFFSET != 0 && !OFFSET_FOLDED;
+        if K::HAS_MIN || offset {
             for i in 0..HALVES_PER_SUPER / 2 {
                 let sums = _mm512_loadu_si512(x.sums[i].as_ptr() as *const __m512i);
                 for r in 0..K_MICRO {
@@ -265,7 +269,7 @@ pub(super) unsafe fn finish_zmm<K: KBytes>(
         }
         let dx = _mm512_loadu_ps(x.d.as_ptr());
         for r in 0..K_MICRO {
-            let isum = if K::OFFSET != 0 {
+            let isum = if offset {
                 let offsets = _mm512_mullo_epi32(side[r], _mm512_set1_epi32(K::OFFSET));
                 _mm512_sub_epi32(scaled[r], offsets)
             } else {

@@ -2,14 +2,15 @@
 //! transposed tile of sixteen tokens, sixteen rows at a time.
 //!
 //! A tile product sums 64 values at once, across four halves with their own integer scales, so
-//! the scales go into the values before it: unpacking stores each value's `scale·code` (an
-//! `i16`) as two bytes, `256·high + low` (`KRow::scaled_low`, `scaled_high`; `kpanel::unpack`
-//! with `FOLD`). Per super-block
-//! of sixteen rows, four `tdpbusd` multiply the low bytes (unsigned) and four `tdpbssd` the
-//! high ones (signed) with the tokens' quants, and `256·high + low` of the two sums is the
-//! scaled integer sum the 512-bit kernel builds half by half: exact, no overflow (at most
-//! 256 · 8,064 · 128 in size), so `finish_zmm` ends the super-block in the same float steps,
-//! with the same bits.
+//! the scales go into the values before it: unpacking stores each value's signed value times
+//! its scale, `scale·(code - OFFSET)` (an `i16`), as two bytes, `256·high + low`
+//! (`KRow::scaled_low`, `scaled_high`; `kpanel::unpack` with `FOLD`). Per super-block of
+//! sixteen rows, four `tdpbusd` multiply the low bytes (unsigned) and four `tdpbssd` the high
+//! ones (signed) with the tokens' quants, and `256·high + low` of the two sums is exactly the
+//! integer the 512-bit kernel builds half by half and then corrects for the offset with the
+//! tokens' 16-value sums (at most 256 · 4,096 · 128 in size: no overflow). The formats with an
+//! offset thus skip that correction; those with minimums still take theirs from the sums, and
+//! `finish_zmm` ends the super-block in the same float steps: the same bits.
 use super::amx::{configure_tiles, TileConfig};
 use super::kpanel::{finish_zmm, tile_dot, transpose, unpack};
 use super::*;
@@ -126,7 +127,7 @@ unsafe fn dot_amx<K: KBytes>(rows: &[KRow], x: &KTokens, acc: &mut [[f32; K_TOKE
                 }
                 let rs = <&[KRow; K_MICRO]>::try_from(&rs[K_MICRO * half..][..K_MICRO]);
                 if let Ok(rs) = rs {
-                    finish_zmm::<K>(rs, scaled, x, acc);
+                    finish_zmm::<K, true>(rs, scaled, x, acc);
                 }
             }
         }
