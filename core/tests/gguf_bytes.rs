@@ -60,12 +60,12 @@ fn quantizers_match_gguf_py_bytes() {
     }
 }
 
-/// Our k-quant, IQ4 and IQ3_S dequantizers give the `gguf` package's values exactly.
+/// Our k-quant, IQ4, IQ3, IQ2 and IQ1_S dequantizers give the `gguf` package's values exactly.
 #[test]
 fn k_quant_dequantizers_match_gguf_py() {
     let text = include_str!("data/gguf_kquants.txt");
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 24);
+    assert_eq!(lines.len(), 39);
     for case in lines.chunks(3) {
         let head: Vec<&str> = case[0].split(' ').collect();
         let format = match head[0] {
@@ -77,6 +77,11 @@ fn k_quant_dequantizers_match_gguf_py() {
             "iq4_xs" => Format::IQ4XS,
             "iq4_nl" => Format::IQ4NL,
             "iq3_s" => Format::IQ3S,
+            "iq3_xxs" => Format::IQ3XXS,
+            "iq2_xxs" => Format::IQ2XXS,
+            "iq2_xs" => Format::IQ2XS,
+            "iq2_s" => Format::IQ2S,
+            "iq1_s" => Format::IQ1S,
             f => panic!("unknown format {f}"),
         };
         let n: usize = head[1].parse().unwrap();

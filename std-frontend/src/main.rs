@@ -182,7 +182,7 @@ struct ModelArgs {
     #[arg(long)]
     config: Option<PathBuf>,
     /// Matrix formats at load: auto quantizes float matrices to Q8_0 and keeps quantized ones
-    /// (Q8_0, Q4_x, Q5_x, the k-quants, IQ4_NL, IQ4_XS) as the file has them; q8_0 converts
+    /// (Q8_0, Q4_x, Q5_x, the k-quants, the IQ formats) as the file has them; q8_0 converts
     /// every matrix to Q8_0, quantized ones too; none keeps float matrices as f32; f32 widens
     /// every matrix (slow; for checking).
     #[arg(long, value_enum, default_value_t = QuantizeArg::Auto)]

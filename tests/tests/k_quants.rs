@@ -171,8 +171,10 @@ fn k_quant_model_runs_as_its_f32_weights() {
 /// Files made by llama.cpp's own `llama-quantize` (`tests/data/tiny256.*.gguf`: a 2-layer Llama
 /// with rows of 256 and 512 values and random F16 weights from `scripts/random-gguf.py OUT
 /// tiny-256`, quantized to Q2_K (Q2_K, Q3_K, Q6_K), Q3_K_M (Q3_K, Q4_K, Q5_K, Q6_K), Q5_K_M
-/// (Q5_K, Q6_K), IQ4_XS and IQ4_NL (each with a Q6_K output)): read in place, as llama.cpp
-/// laid them out, they run as their weights widened to f32.
+/// (Q5_K, Q6_K), IQ4_XS and IQ4_NL (each with a Q6_K output), and with an importance matrix
+/// from `llama-imatrix` to IQ2_XXS with each kind of matrix given another of IQ1_S, IQ2_XXS,
+/// IQ2_XS, IQ2_S and IQ3_XXS (`--tensor-type`, README)): read in place, as llama.cpp laid them
+/// out, they run as their weights widened to f32.
 #[test]
 fn llama_cpp_quantized_files_run_as_their_f32_weights() {
     for (name, formats) in [
@@ -187,6 +189,16 @@ fn llama_cpp_quantized_files_run_as_their_f32_weights() {
         ("tiny256.Q5_K_M.gguf", &[Format::Q5K, Format::Q6K][..]),
         ("tiny256.IQ4_XS.gguf", &[Format::IQ4XS, Format::Q6K][..]),
         ("tiny256.IQ4_NL.gguf", &[Format::IQ4NL, Format::Q6K][..]),
+        (
+            "tiny256.IQ1_S-IQ3_XXS.gguf",
+            &[
+                Format::IQ1S,
+                Format::IQ2XXS,
+                Format::IQ2XS,
+                Format::IQ2S,
+                Format::IQ3XXS,
+            ][..],
+        ),
     ] {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("data")

@@ -17,7 +17,7 @@
 //! `K_GROUP_TOKENS` tokens; transposing once per tile, super-block and block of rows: each is
 //! small next to the arithmetic it feeds (BENCHMARKS.md).
 use crate::quant::k_quants::{HALVES_PER_SUPER, QK_K};
-use crate::quant::{f16_at, BlockQ8K, KBlock};
+use crate::quant::{BlockQ8K, KBlock};
 
 /// Tokens of a transposed tile: one per 32-bit lane of a 512-bit vector.
 pub const K_TOKENS: usize = 16;
@@ -151,8 +151,7 @@ pub fn unpack_factors<K: KBlock>(sb: &[u8], out: &mut KRow) {
         true => pair(side[2 * i], side[2 * i + 1]),
         false => 0,
     });
-    out.d = f16_at(&sb[K::F16_AT.0..]);
-    out.dmin = f16_at(&sb[K::F16_AT.1..]);
+    (out.d, out.dmin) = K::d_dmin(sb);
 }
 
 /// Super-block `s` of `K_TOKENS` Q8K rows, transposed: the reference the SIMD transposers are

@@ -180,6 +180,21 @@ pub struct Kernels {
     /// IQ3_S weights · Q8K activations (an exact integer sum per super-block: every table
     /// gives the scalar one's bits).
     pub iq3_s: QuantDots,
+    /// IQ3_XXS weights · Q8K activations (an exact integer sum per super-block: every table
+    /// gives the scalar one's bits).
+    pub iq3_xxs: QuantDots,
+    /// IQ2_XXS weights · Q8K activations (an exact integer sum per super-block: every table
+    /// gives the scalar one's bits).
+    pub iq2_xxs: QuantDots,
+    /// IQ2_XS weights · Q8K activations (an exact integer sum per super-block: every table
+    /// gives the scalar one's bits).
+    pub iq2_xs: QuantDots,
+    /// IQ2_S weights · Q8K activations (an exact integer sum per super-block: every table
+    /// gives the scalar one's bits).
+    pub iq2_s: QuantDots,
+    /// IQ1_S weights · Q8K activations (an exact integer sum per super-block: every table
+    /// gives the scalar one's bits).
+    pub iq1_s: QuantDots,
     /// f32 weights (little-endian bytes) · f32 activations.
     pub dot_f32: fn(&[u8], &[f32]) -> f32,
     /// `dot_f32` for `TILE` activation rows.
@@ -315,6 +330,11 @@ impl Kernels {
             Format::IQ4NL => Ok(&self.iq4_nl),
             Format::IQ4XS => Ok(&self.iq4_xs),
             Format::IQ3S => Ok(&self.iq3_s),
+            Format::IQ3XXS => Ok(&self.iq3_xxs),
+            Format::IQ2XXS => Ok(&self.iq2_xxs),
+            Format::IQ2XS => Ok(&self.iq2_xs),
+            Format::IQ2S => Ok(&self.iq2_s),
+            Format::IQ1S => Ok(&self.iq1_s),
             _ => Err(Error::UnsupportedFormat {
                 what: "quantized dot product",
                 format,
@@ -583,7 +603,12 @@ impl Kernels {
             | Format::Q6K
             | Format::IQ4NL
             | Format::IQ4XS
-            | Format::IQ3S => {
+            | Format::IQ3S
+            | Format::IQ3XXS
+            | Format::IQ2XXS
+            | Format::IQ2XS
+            | Format::IQ2S
+            | Format::IQ1S => {
                 let dots = self.dots(w.format)?;
                 let acts = activation_format(w.format)?;
                 let q = match acts {

@@ -7,9 +7,10 @@ use super::{Kernels, QuantDots};
 use crate::quant::k_quants::BLOCKS_PER_SUPER;
 use crate::quant::q8k::SUM_SPAN;
 use crate::quant::{
-    f16_at, iq4_nl, q8k, quantize_blocks, Block, BlockIQ3S, BlockIQ4NL, BlockIQ4XS, BlockQ16,
-    BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K,
-    BlockQ8K, BlockQ8_0, KBlock, QK,
+    f16_at, iq4_nl, q8k, quantize_blocks, Block, BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS,
+    BlockIQ3S, BlockIQ3XXS, BlockIQ4NL, BlockIQ4XS, BlockQ16, BlockQ2K, BlockQ3K, BlockQ4K,
+    BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, KBlock,
+    QK,
 };
 
 /// The scalar table.
@@ -34,6 +35,11 @@ pub(super) const TABLE: Kernels = Kernels {
     iq4_nl: dots::<BlockIQ4NL>(),
     iq4_xs: q8k_dots::<BlockIQ4XS>(),
     iq3_s: q8k_dots::<BlockIQ3S>(),
+    iq3_xxs: q8k_dots::<BlockIQ3XXS>(),
+    iq2_xxs: q8k_dots::<BlockIQ2XXS>(),
+    iq2_xs: q8k_dots::<BlockIQ2XS>(),
+    iq2_s: q8k_dots::<BlockIQ2S>(),
+    iq1_s: q8k_dots::<BlockIQ1S>(),
     dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
     dot_f32_x4: dot_f32::<4>,
     dot_f16: |w, x| dot_f16::<1>(w, [x])[0],
@@ -78,7 +84,7 @@ pub fn dot_q8k<K: KBlock, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f32; N] 
         .fold(w.len() / K::BYTES, |n, x| n.min(x.len() / BlockQ8K::BYTES));
     let mut acc = [0f32; N];
     for (s, sb) in w.chunks_exact(K::BYTES).take(ns).enumerate() {
-        let (d, dmin) = (f16_at(&sb[K::F16_AT.0..]), f16_at(&sb[K::F16_AT.1..]));
+        let (d, dmin) = K::d_dmin(sb);
         let ints = K::ints(sb);
         let quants: [[u8; QK]; BLOCKS_PER_SUPER] = core::array::from_fn(|j| K::quants(sb, j));
         for (a, x) in acc.iter_mut().zip(&xs) {

@@ -44,7 +44,13 @@ fn quantized(format: Format, x: &[f32]) -> Vec<u8> {
             }
             Format::Q3K => sb[108..110].copy_from_slice(&d),
             Format::Q6K => sb[208..210].copy_from_slice(&d),
-            Format::IQ4XS | Format::IQ3S => sb[..2].copy_from_slice(&d),
+            Format::IQ4XS
+            | Format::IQ3S
+            | Format::IQ3XXS
+            | Format::IQ2XXS
+            | Format::IQ2XS
+            | Format::IQ2S
+            | Format::IQ1S => sb[..2].copy_from_slice(&d),
             _ => {
                 sb[..2].copy_from_slice(&d);
                 sb[2..4].copy_from_slice(&dmin);
@@ -149,11 +155,11 @@ fn values(len: usize) -> impl Strategy<Value = Vec<f32>> {
 /// `m`, the scaled sum and `m·Σx` can nearly cancel, so Σ|w·x| alone would understate them).
 fn abs_dot(format: Format, w: &[u8], x: &[u8], n: usize) -> f32 {
     use super::scalar::Unpack;
-    use crate::quant::{f16_at, KBlock};
+    use crate::quant::KBlock;
     fn k_terms<K: KBlock>(w: &[u8], x: &[f32]) -> f32 {
         let mut sum = 0f32;
         for (sb, xs) in w.chunks_exact(K::BYTES).zip(x.chunks_exact(256)) {
-            let (d, dmin) = (f16_at(&sb[K::F16_AT.0..]), f16_at(&sb[K::F16_AT.1..]));
+            let (d, dmin) = K::d_dmin(sb);
             let ints = K::ints(sb);
             for (j, xb) in xs.chunks_exact(QK).enumerate() {
                 for (l, (q, x)) in K::quants(sb, j).iter().zip(xb).enumerate() {
@@ -190,6 +196,11 @@ fn abs_dot(format: Format, w: &[u8], x: &[u8], n: usize) -> f32 {
         Format::IQ4NL => terms::<quant::BlockIQ4NL>(w, &xs),
         Format::IQ4XS => k_terms::<quant::BlockIQ4XS>(w, &xs),
         Format::IQ3S => k_terms::<quant::BlockIQ3S>(w, &xs),
+        Format::IQ3XXS => k_terms::<quant::BlockIQ3XXS>(w, &xs),
+        Format::IQ2XXS => k_terms::<quant::BlockIQ2XXS>(w, &xs),
+        Format::IQ2XS => k_terms::<quant::BlockIQ2XS>(w, &xs),
+        Format::IQ2S => k_terms::<quant::BlockIQ2S>(w, &xs),
+        Format::IQ1S => k_terms::<quant::BlockIQ1S>(w, &xs),
         other => unreachable!("{other} is not quantized"),
     }
 }
@@ -451,6 +462,11 @@ proptest! {
                             Format::Q6K => unpack_ref::<quant::BlockQ6K>(ws[r], s, fold),
                             Format::IQ4XS => unpack_ref::<quant::BlockIQ4XS>(ws[r], s, fold),
                             Format::IQ3S => unpack_ref::<quant::BlockIQ3S>(ws[r], s, fold),
+                            Format::IQ3XXS => unpack_ref::<quant::BlockIQ3XXS>(ws[r], s, fold),
+                            Format::IQ2XXS => unpack_ref::<quant::BlockIQ2XXS>(ws[r], s, fold),
+                            Format::IQ2XS => unpack_ref::<quant::BlockIQ2XS>(ws[r], s, fold),
+                            Format::IQ2S => unpack_ref::<quant::BlockIQ2S>(ws[r], s, fold),
+                            Format::IQ1S => unpack_ref::<quant::BlockIQ1S>(ws[r], s, fold),
                             other => unreachable!("{other} has no k-panel kernels"),
                         };
                         prop_assert!(*u == reference, "{}: row {} super-block {} unpacks differently", format, r, s);

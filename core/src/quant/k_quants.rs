@@ -50,6 +50,20 @@ pub trait KBlock {
     /// Byte offsets of the super-block's f16 scale `d` and f16 minimum scale `dmin` (formats
     /// without minimums give `d`'s twice).
     const F16_AT: (usize, usize);
+    /// What the stored `d` is multiplied by, a power of two (so exactly): ggml scales IQ2_XXS's
+    /// blocks by `d·(0.5 + s)·0.25`, which is `(d/8)·(1 + 2s)` with an integer scale.
+    const D_SCALE: f32 = 1.0;
+    /// The super-block's `d` (times `D_SCALE`) and `dmin`.
+    #[inline(always)]
+    fn d_dmin(sb: &[u8]) -> (f32, f32) {
+        let d = f16_at(&sb[Self::F16_AT.0..]);
+        let d = if Self::D_SCALE == 1.0 {
+            d
+        } else {
+            d * Self::D_SCALE
+        };
+        (d, f16_at(&sb[Self::F16_AT.1..]))
+    }
     /// The integer scales and minimums of the super-block at the start of `sb`.
     fn ints(sb: &[u8]) -> KInts;
     /// Block `j`'s (0..8) stored quants, values in order: `OFFSET` above the signed quants.
@@ -232,7 +246,7 @@ impl KBlock for BlockQ6K {
 /// Dequantizes whole super-blocks of `bytes` into `out` (as many as both hold).
 pub fn dequantize_blocks<K: KBlock>(bytes: &[u8], out: &mut [f32]) {
     for (sb, y) in bytes.chunks_exact(K::BYTES).zip(out.chunks_exact_mut(QK_K)) {
-        let (d, dmin) = (f16_at(&sb[K::F16_AT.0..]), f16_at(&sb[K::F16_AT.1..]));
+        let (d, dmin) = K::d_dmin(sb);
         let ints = K::ints(sb);
         for (j, y) in y.chunks_exact_mut(QK).enumerate() {
             let q = K::quants(sb, j);

@@ -9,9 +9,15 @@ use core::fmt;
 use crate::error::{Error, Result};
 
 pub mod float;
+pub mod iq1_s;
+pub mod iq2_s;
+pub mod iq2_xs;
+pub mod iq2_xxs;
 pub mod iq3_s;
+pub mod iq3_xxs;
 pub mod iq4_nl;
 pub mod iq4_xs;
+pub mod iq_grids;
 pub mod k_quantize;
 pub mod k_quants;
 pub mod q16;
@@ -22,7 +28,12 @@ pub mod q5_1;
 pub mod q8_0;
 pub mod q8k;
 
+pub use iq1_s::BlockIQ1S;
+pub use iq2_s::BlockIQ2S;
+pub use iq2_xs::BlockIQ2XS;
+pub use iq2_xxs::BlockIQ2XXS;
 pub use iq3_s::BlockIQ3S;
+pub use iq3_xxs::BlockIQ3XXS;
 pub use iq4_nl::BlockIQ4NL;
 pub use iq4_xs::BlockIQ4XS;
 pub use k_quants::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, KBlock};
@@ -112,6 +123,19 @@ pub enum Format {
     /// ggml's IQ3_S: 256 values as groups of four from a fixed grid with sign bits, 8 blocks with
     /// 4-bit scales (110 bytes).
     IQ3S,
+    /// ggml's IQ3_XXS: 256 values as groups of four from a fixed grid of 256 with sign bits, 8
+    /// blocks with 4-bit scales (98 bytes).
+    IQ3XXS,
+    /// ggml's IQ2_XXS: 256 values as groups of eight from a fixed grid of 256 with sign bits, 8
+    /// blocks with 4-bit scales (66 bytes).
+    IQ2XXS,
+    /// ggml's IQ2_XS: IQ2_XXS with a grid of 512 and 4-bit scales per 16 values (74 bytes).
+    IQ2XS,
+    /// ggml's IQ2_S: a grid of 1024, explicit sign bits, 4-bit scales per 16 values (82 bytes).
+    IQ2S,
+    /// ggml's IQ1_S: 256 values as groups of eight from a fixed grid of 2048 of -1, 0 and 1, 8
+    /// blocks with 3-bit scales and shifts (50 bytes).
+    IQ1S,
 }
 
 /// The quantized form of the activations a quantized weight multiplies.
@@ -166,7 +190,12 @@ impl Format {
             | Format::Q5K
             | Format::Q6K
             | Format::IQ4XS
-            | Format::IQ3S => k_quants::QK_K,
+            | Format::IQ3S
+            | Format::IQ3XXS
+            | Format::IQ2XXS
+            | Format::IQ2XS
+            | Format::IQ2S
+            | Format::IQ1S => k_quants::QK_K,
         }
     }
 
@@ -188,6 +217,11 @@ impl Format {
             Format::IQ4NL => BlockIQ4NL::BYTES,
             Format::IQ4XS => <BlockIQ4XS as KBlock>::BYTES,
             Format::IQ3S => <BlockIQ3S as KBlock>::BYTES,
+            Format::IQ3XXS => <BlockIQ3XXS as KBlock>::BYTES,
+            Format::IQ2XXS => <BlockIQ2XXS as KBlock>::BYTES,
+            Format::IQ2XS => <BlockIQ2XS as KBlock>::BYTES,
+            Format::IQ2S => <BlockIQ2S as KBlock>::BYTES,
+            Format::IQ1S => <BlockIQ1S as KBlock>::BYTES,
         }
     }
 
@@ -217,7 +251,12 @@ impl Format {
             | Format::Q5_0
             | Format::IQ4NL
             | Format::IQ4XS
-            | Format::IQ3S => &[0],
+            | Format::IQ3S
+            | Format::IQ3XXS
+            | Format::IQ2XXS
+            | Format::IQ2XS
+            | Format::IQ2S
+            | Format::IQ1S => &[0],
             Format::Q4_1 | Format::Q5_1 | Format::Q4K | Format::Q5K => &[0, 2],
             Format::Q2K => &[80, 82],
             Format::Q3K => &[108],
@@ -278,6 +317,11 @@ impl Format {
             Format::IQ4NL => "iq4_nl",
             Format::IQ4XS => "iq4_xs",
             Format::IQ3S => "iq3_s",
+            Format::IQ3XXS => "iq3_xxs",
+            Format::IQ2XXS => "iq2_xxs",
+            Format::IQ2XS => "iq2_xs",
+            Format::IQ2S => "iq2_s",
+            Format::IQ1S => "iq1_s",
         }
     }
 }
@@ -289,7 +333,7 @@ impl fmt::Display for Format {
 }
 
 /// Every quantized weight format (the block formats; all but F32, F16 and BF16).
-pub const QUANTIZED: [Format; 13] = [
+pub const QUANTIZED: [Format; 18] = [
     Format::Q8_0,
     Format::Q4_0,
     Format::Q4_1,
@@ -303,14 +347,20 @@ pub const QUANTIZED: [Format; 13] = [
     Format::IQ4NL,
     Format::IQ4XS,
     Format::IQ3S,
+    Format::IQ3XXS,
+    Format::IQ2XXS,
+    Format::IQ2XS,
+    Format::IQ2S,
+    Format::IQ1S,
 ];
 
 /// Quantizes (or converts) `x` into `out` in `format`, as llama.cpp's quantizers do without an
-/// importance matrix. Q2_K, Q3_K and IQ3_S are read, never written, here: an error.
+/// importance matrix. Q2_K, Q3_K and the grid i-quants (IQ3_S, IQ3_XXS, IQ2_XXS, IQ2_XS, IQ2_S,
+/// IQ1_S) are read, never written, here: an error.
 ///
 /// # Errors
 /// [`Error::NotBlockMultiple`] if `x` is not whole blocks, [`Error::Length`] if `out` is not
-/// their size, [`Error::UnsupportedFormat`] for Q2_K, Q3_K and IQ3_S.
+/// their size, [`Error::UnsupportedFormat`] for the formats read, never written.
 pub fn quantize_row(format: Format, x: &[f32], out: &mut [u8]) -> Result<()> {
     check_row(format, x.len(), out.len())?;
     match format {
@@ -335,7 +385,14 @@ pub fn quantize_row(format: Format, x: &[f32], out: &mut [u8]) -> Result<()> {
             <k_quants::BlockQ5K as k_quants::KBlock>::BYTES,
             k_quantize::quantize_q5k,
         ),
-        Format::Q2K | Format::Q3K | Format::IQ3S => {
+        Format::Q2K
+        | Format::Q3K
+        | Format::IQ3S
+        | Format::IQ3XXS
+        | Format::IQ2XXS
+        | Format::IQ2XS
+        | Format::IQ2S
+        | Format::IQ1S => {
             return Err(Error::UnsupportedFormat {
                 what: "quantizing to",
                 format,
@@ -378,6 +435,11 @@ pub fn dequantize_row(format: Format, bytes: &[u8], out: &mut [f32]) -> Result<(
         Format::IQ4NL => dequantize_blocks::<BlockIQ4NL>(bytes, out),
         Format::IQ4XS => k_quants::dequantize_blocks::<BlockIQ4XS>(bytes, out),
         Format::IQ3S => k_quants::dequantize_blocks::<BlockIQ3S>(bytes, out),
+        Format::IQ3XXS => k_quants::dequantize_blocks::<BlockIQ3XXS>(bytes, out),
+        Format::IQ2XXS => k_quants::dequantize_blocks::<BlockIQ2XXS>(bytes, out),
+        Format::IQ2XS => k_quants::dequantize_blocks::<BlockIQ2XS>(bytes, out),
+        Format::IQ2S => k_quants::dequantize_blocks::<BlockIQ2S>(bytes, out),
+        Format::IQ1S => k_quants::dequantize_blocks::<BlockIQ1S>(bytes, out),
     }
     Ok(())
 }

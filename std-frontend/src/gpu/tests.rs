@@ -4,7 +4,10 @@
 use sapient_core::attention::{attend, AttentionShape};
 use sapient_core::kernels::Kernels as CpuKernels;
 use sapient_core::kv_cache::LayerKv;
-use sapient_core::quant::{BlockIQ3S, BlockQ2K, BlockQ3K, Format, KBlock, QUANTIZED};
+use sapient_core::quant::{
+    BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS, BlockQ2K, BlockQ3K,
+    Format, KBlock, QUANTIZED,
+};
 use sapient_core::sample::{argmax, Rng};
 use sapient_core::{ops, Matrix, RopeStyle, Serial};
 use wgpu::util::DeviceExt;
@@ -34,7 +37,8 @@ fn random(rng: &mut Rng, n: usize) -> Vec<f32> {
 }
 
 /// A `rows × cols` matrix of `format` with random values: quantized where the core quantizes
-/// to it, else (Q2_K, Q3_K, Q5_K) random super-blocks whose scales `d` and `dmin` are 2⁻¹⁰.
+/// to it, else (Q2_K, Q3_K, the grid i-quants) random super-blocks whose scales `d` and `dmin`
+/// are 2⁻¹⁰.
 pub(super) fn random_matrix(
     rng: &mut Rng,
     format: Format,
@@ -49,6 +53,11 @@ pub(super) fn random_matrix(
         Format::Q2K => BlockQ2K::F16_AT,
         Format::Q3K => BlockQ3K::F16_AT,
         Format::IQ3S => BlockIQ3S::F16_AT,
+        Format::IQ3XXS => BlockIQ3XXS::F16_AT,
+        Format::IQ2XXS => BlockIQ2XXS::F16_AT,
+        Format::IQ2XS => BlockIQ2XS::F16_AT,
+        Format::IQ2S => BlockIQ2S::F16_AT,
+        Format::IQ1S => BlockIQ1S::F16_AT,
         _ => panic!("no random {format:?} matrix"),
     };
     let mut bytes: Vec<u8> = (0..rows * format.row_bytes(cols).unwrap())
@@ -360,6 +369,9 @@ fn embedding_kernel_matches_the_cpu() {
         Format::IQ4NL,
         Format::IQ4XS,
         Format::IQ3S,
+        Format::IQ3XXS,
+        Format::IQ2XS,
+        Format::IQ1S,
         Format::F16,
         Format::F32,
     ] {

@@ -5,8 +5,9 @@ use anyhow::{bail, Result};
 use half::{bf16, f16};
 use sapient_core::quant::k_quants::BLOCKS_PER_SUPER;
 use sapient_core::quant::{
-    iq4_nl, Block, BlockIQ3S, BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0,
-    BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, Format, KBlock, QK,
+    iq4_nl, Block, BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS,
+    BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K,
+    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, Format, KBlock, QK,
 };
 use sapient_core::Matrix;
 use wgpu::util::DeviceExt;
@@ -37,19 +38,30 @@ impl GpuFormat {
     ];
 
     /// The device layout for a core format, each value exact: Q5_0's quants less 16 are 8-bit
-    /// ones, and so are IQ4_NL's, IQ4_XS's and IQ3_S's grid values (IQ4_XS's block scale
-    /// `d·(ls − 32)`, IQ3_S's `d·(1 + 2s)`, an f32); Q4_K's blocks are Q4_1's (scale `d·scale`, minimum `-dmin·min`), Q5_1 and the
-    /// other k-quants take the halves layout; BF16 widens to F32.
+    /// ones, and so are the i-quants' grid values whose blocks have one scale (IQ4_XS's block
+    /// scale `d·(ls − 32)`, IQ3_S's `d·(1 + 2s)`, IQ1_S's values `8g ± 1` under `d/8·(2s + 1)`,
+    /// an f32); Q4_K's blocks are Q4_1's (scale `d·scale`, minimum `-dmin·min`); Q5_1, the other
+    /// k-quants and the i-quants with a scale per half (IQ2_XS, IQ2_S) take the halves layout;
+    /// BF16 widens to F32.
     pub fn of(format: Format) -> Self {
         match format {
-            Format::Q8_0 | Format::Q5_0 | Format::IQ4NL | Format::IQ4XS | Format::IQ3S => {
-                GpuFormat::Q8_0
-            }
+            Format::Q8_0
+            | Format::Q5_0
+            | Format::IQ4NL
+            | Format::IQ4XS
+            | Format::IQ3S
+            | Format::IQ3XXS
+            | Format::IQ2XXS
+            | Format::IQ1S => GpuFormat::Q8_0,
             Format::Q4_0 => GpuFormat::Q4_0,
             Format::Q4_1 | Format::Q4K => GpuFormat::Q4_1,
-            Format::Q5_1 | Format::Q2K | Format::Q3K | Format::Q5K | Format::Q6K => {
-                GpuFormat::Q8Halves
-            }
+            Format::Q5_1
+            | Format::Q2K
+            | Format::Q3K
+            | Format::Q5K
+            | Format::Q6K
+            | Format::IQ2XS
+            | Format::IQ2S => GpuFormat::Q8Halves,
             Format::F16 => GpuFormat::F16,
             Format::F32 | Format::BF16 => GpuFormat::F32,
         }
@@ -369,6 +381,11 @@ fn int_blocks(format: Format, bytes: &[u8], out: &mut Vec<IntBlock>) {
         })),
         Format::IQ4XS => k_blocks::<BlockIQ4XS>(bytes, out),
         Format::IQ3S => k_blocks::<BlockIQ3S>(bytes, out),
+        Format::IQ3XXS => k_blocks::<BlockIQ3XXS>(bytes, out),
+        Format::IQ2XXS => k_blocks::<BlockIQ2XXS>(bytes, out),
+        Format::IQ2XS => k_blocks::<BlockIQ2XS>(bytes, out),
+        Format::IQ2S => k_blocks::<BlockIQ2S>(bytes, out),
+        Format::IQ1S => k_blocks::<BlockIQ1S>(bytes, out),
         Format::F32 | Format::F16 | Format::BF16 => {
             unreachable!("{format:?} is not an integer format")
         }
@@ -390,8 +407,7 @@ fn nibbles(qs: &[u8; QK / 2]) -> [u8; QK] {
 /// (`k_quants::dequantize_blocks`).
 fn k_blocks<K: KBlock>(bytes: &[u8], out: &mut Vec<IntBlock>) {
     for sb in bytes.chunks_exact(K::BYTES) {
-        let f16_at = |i: usize| f16::from_le_bytes([sb[i], sb[i + 1]]).to_f32();
-        let (d, dmin) = (f16_at(K::F16_AT.0), f16_at(K::F16_AT.1));
+        let (d, dmin) = K::d_dmin(sb);
         let ints = K::ints(sb);
         for j in 0..BLOCKS_PER_SUPER {
             let half = |h: usize| {

@@ -94,17 +94,17 @@ pub enum GgmlType {
     IQ4NL,
     IQ4XS,
     IQ3S,
+    IQ3XXS,
+    IQ2XXS,
+    IQ2XS,
+    IQ2S,
+    IQ1S,
 }
 
 /// ggml's names of the types sapient does not read, for error messages.
 fn ggml_type_name(id: u32) -> Option<&'static str> {
     Some(match id {
         15 => "Q8_K",
-        16 => "IQ2_XXS",
-        17 => "IQ2_XS",
-        18 => "IQ3_XXS",
-        19 => "IQ1_S",
-        22 => "IQ2_S",
         24 => "I8",
         25 => "I16",
         26 => "I32",
@@ -136,6 +136,11 @@ impl GgmlType {
             20 => GgmlType::IQ4NL,
             23 => GgmlType::IQ4XS,
             21 => GgmlType::IQ3S,
+            18 => GgmlType::IQ3XXS,
+            16 => GgmlType::IQ2XXS,
+            17 => GgmlType::IQ2XS,
+            22 => GgmlType::IQ2S,
+            19 => GgmlType::IQ1S,
             30 => GgmlType::BF16,
             _ => return None,
         })
@@ -159,6 +164,11 @@ impl GgmlType {
             GgmlType::IQ4NL => 20,
             GgmlType::IQ4XS => 23,
             GgmlType::IQ3S => 21,
+            GgmlType::IQ3XXS => 18,
+            GgmlType::IQ2XXS => 16,
+            GgmlType::IQ2XS => 17,
+            GgmlType::IQ2S => 22,
+            GgmlType::IQ1S => 19,
             GgmlType::BF16 => 30,
         }
     }
@@ -182,6 +192,11 @@ impl GgmlType {
             GgmlType::IQ4NL => Format::IQ4NL,
             GgmlType::IQ4XS => Format::IQ4XS,
             GgmlType::IQ3S => Format::IQ3S,
+            GgmlType::IQ3XXS => Format::IQ3XXS,
+            GgmlType::IQ2XXS => Format::IQ2XXS,
+            GgmlType::IQ2XS => Format::IQ2XS,
+            GgmlType::IQ2S => Format::IQ2S,
+            GgmlType::IQ1S => Format::IQ1S,
         }
     }
 
@@ -204,6 +219,11 @@ impl GgmlType {
             Format::IQ4NL => GgmlType::IQ4NL,
             Format::IQ4XS => GgmlType::IQ4XS,
             Format::IQ3S => GgmlType::IQ3S,
+            Format::IQ3XXS => GgmlType::IQ3XXS,
+            Format::IQ2XXS => GgmlType::IQ2XXS,
+            Format::IQ2XS => GgmlType::IQ2XS,
+            Format::IQ2S => GgmlType::IQ2S,
+            Format::IQ1S => GgmlType::IQ1S,
         }
     }
 
@@ -225,6 +245,11 @@ impl GgmlType {
             GgmlType::IQ4NL => (32, 18),
             GgmlType::IQ4XS => (256, 136),
             GgmlType::IQ3S => (256, 110),
+            GgmlType::IQ3XXS => (256, 98),
+            GgmlType::IQ2XXS => (256, 66),
+            GgmlType::IQ2XS => (256, 74),
+            GgmlType::IQ2S => (256, 82),
+            GgmlType::IQ1S => (256, 50),
         }
     }
 
@@ -246,6 +271,11 @@ impl GgmlType {
             GgmlType::IQ4NL => "iq4_nl",
             GgmlType::IQ4XS => "iq4_xs",
             GgmlType::IQ3S => "iq3_s",
+            GgmlType::IQ3XXS => "iq3_xxs",
+            GgmlType::IQ2XXS => "iq2_xxs",
+            GgmlType::IQ2XS => "iq2_xs",
+            GgmlType::IQ2S => "iq2_s",
+            GgmlType::IQ1S => "iq1_s",
         }
     }
 }
@@ -563,6 +593,27 @@ pub(crate) mod tests {
         assert_eq!(g.str("general.architecture"), Some("llama"));
         assert_eq!(g.tensors["w"].dims, vec![32, 2]);
         assert_eq!(g.tensors["w"].len, 68);
+    }
+
+    /// The grid i-quants are read with ggml's block sizes; a type sapient does not read is an
+    /// error naming it.
+    #[test]
+    fn i_quant_types_parse_and_iq1_m_is_named() {
+        for (id, format, bytes) in [
+            (16, Format::IQ2XXS, 66),
+            (17, Format::IQ2XS, 74),
+            (18, Format::IQ3XXS, 98),
+            (19, Format::IQ1S, 50),
+            (22, Format::IQ2S, 82),
+        ] {
+            let data = vec![0u8; 2 * bytes];
+            let f = write(&[], &[("w", &[256, 2], id, &data)]);
+            let g = Gguf::parse(&f).unwrap();
+            assert_eq!(g.tensors["w"].ggml_type.format(), format);
+            assert_eq!(g.tensors["w"].len, 2 * bytes, "{format}");
+        }
+        let f = write(&[], &[("w", &[256, 2], 29, &[0u8; 112])]);
+        assert!(err(&f).contains("IQ1_M"), "{}", err(&f));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The k-quants' many-token kernels (see `kernels::k_panel`) with `sdot`: a row's four unpacked
 //! bytes, duplicated, against four tokens' four values, one integer sum per token lane; four rows
 //! × eight tokens at a time, each half's (or block's) sums times its integer scale. Stored quants
-//! are at most 63, so also valid signed bytes (`WIDE` ones are made signed). Tiles are
+//! are at most 127, so also valid signed bytes (`WIDE` ones are made signed). Tiles are
 //! transposed by the portable reference.
 use super::*;
 use crate::kernels::k_panel::{

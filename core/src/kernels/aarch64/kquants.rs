@@ -1,5 +1,5 @@
 //! The k-quants, which take Q8K activations (see `quant::q8k`): each block's stored quants as
-//! unsigned bytes (at most 63, so also valid signed ones) against the activations' bytes (one
+//! unsigned bytes (at most 127, so also valid signed ones) against the activations' bytes (one
 //! `sdot` per 16, or widening multiplies), times the halves' integer scales, one integer sum per
 //! super-block, then the scalar `dot_q8k`'s float steps: the scalar kernel's bits.
 use super::*;
@@ -90,6 +90,49 @@ impl KBytes for BlockIQ3S {
     }
 }
 
+/// A block's stored quants from `KBlock::quants`: the grid i-quants whose entries are looked up
+/// one by one anyway.
+#[inline(always)]
+fn from_quants(q: [u8; QK]) -> (uint8x16_t, uint8x16_t) {
+    // SAFETY: `q` is 32 bytes.
+    unsafe { (vld1q_u8(q.as_ptr()), vld1q_u8(q.as_ptr().add(16))) }
+}
+
+impl KBytes for BlockIQ3XXS {
+    #[inline(always)]
+    fn bytes(sb: &[u8], j: usize) -> (uint8x16_t, uint8x16_t) {
+        from_quants(Self::quants(sb, j))
+    }
+}
+
+impl KBytes for BlockIQ2XXS {
+    #[inline(always)]
+    fn bytes(sb: &[u8], j: usize) -> (uint8x16_t, uint8x16_t) {
+        from_quants(Self::quants(sb, j))
+    }
+}
+
+impl KBytes for BlockIQ2XS {
+    #[inline(always)]
+    fn bytes(sb: &[u8], j: usize) -> (uint8x16_t, uint8x16_t) {
+        from_quants(Self::quants(sb, j))
+    }
+}
+
+impl KBytes for BlockIQ2S {
+    #[inline(always)]
+    fn bytes(sb: &[u8], j: usize) -> (uint8x16_t, uint8x16_t) {
+        from_quants(Self::quants(sb, j))
+    }
+}
+
+impl KBytes for BlockIQ1S {
+    #[inline(always)]
+    fn bytes(sb: &[u8], j: usize) -> (uint8x16_t, uint8x16_t) {
+        from_quants(Self::quants(sb, j))
+    }
+}
+
 /// IQ4_XS's stored quants by index.
 static IQ4_STORED: [u8; 16] = {
     let mut t = [0u8; 16];
@@ -158,13 +201,13 @@ pub(super) fn dot_q8k<K: KBytes, const N: usize>(w: &[u8], xs: [&[u8]; N]) -> [f
         .fold(w.len() / K::BYTES, |n, x| n.min(x.len() / BlockQ8K::BYTES));
     let mut acc = [0f32; N];
     for (s, sb) in w.chunks_exact(K::BYTES).take(ns).enumerate() {
-        let (d, dmin) = (f16_at(&sb[K::F16_AT.0..]), f16_at(&sb[K::F16_AT.1..]));
+        let (d, dmin) = K::d_dmin(sb);
         let ints = K::ints(sb);
         let xb: [&[u8]; N] =
             core::array::from_fn(|t| &xs[t][s * BlockQ8K::BYTES..][..BlockQ8K::BYTES]);
         let mut isum = [0i32; N];
         for j in 0..BLOCKS_PER_SUPER {
-            // SAFETY: register-only; stored quants are at most 63, the same as signed bytes,
+            // SAFETY: register-only; stored quants are at most 127, the same as signed bytes,
             // except `WIDE` ones, whose signed values are the stored quants less 128.
             let (w0, w1) = unsafe {
                 let (w0, w1) = K::bytes(sb, j);

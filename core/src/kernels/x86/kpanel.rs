@@ -101,8 +101,7 @@ unsafe fn unpack_row<K: KBytes, const FOLD: bool>(p: *const u8, o: &mut KRow) {
             _mm256_setzero_si256()
         };
         _mm256_storeu_si256(o.side.as_mut_ptr() as *mut __m256i, side);
-        o.d = f16_at(p.add(K::F16_AT.0));
-        o.dmin = f16_at(p.add(K::F16_AT.1));
+        (o.d, o.dmin) = K::d_dmin(core::slice::from_raw_parts(p, K::BYTES));
     }
 }
 

@@ -4,8 +4,10 @@
 //! `dot_q8k`'s float steps. The integer sums are exact, so every tile shape and every table
 //! gives the scalar kernel's bits.
 use super::*;
+use crate::quant::iq2_xxs::sign_byte;
 use crate::quant::iq3_s::IQ3S_GRID;
 use crate::quant::iq4_nl::IQ4_VALUES;
+use crate::quant::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3XXS_GRID};
 use crate::quant::k_quants::{k4_scales_mins, q3_scale_words};
 use crate::quant::q8k::SUM_SPAN;
 
@@ -199,19 +201,8 @@ impl KBytes for BlockIQ3S {
             let index = _mm256_or_si256(_mm256_cvtepu8_epi32(low), _mm256_slli_epi32(ninth, 8));
             // Eight bits and a ninth index the grid's 512 entries.
             let magnitudes = _mm256_i32gather_epi32::<4>(IQ3S_GRID.as_ptr() as *const i32, index);
-            let signs = (p.add(BlockIQ3S::SIGNS + 4 * j) as *const i32).read_unaligned();
-            // Sign byte `v / 8` to byte `v`, then its bit `v % 8` tested.
-            let spread = _mm256_shuffle_epi8(
-                _mm256_set1_epi32(signs),
-                _mm256_setr_epi8(
-                    0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3,
-                    3, 3, 3, 3, 3, 3,
-                ),
-            );
-            let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
-            let negative = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bits), bits);
-            let values = _mm256_sub_epi8(_mm256_xor_si256(magnitudes, negative), negative);
-            _mm256_add_epi8(values, _mm256_set1_epi8(Self::OFFSET as i8))
+            let signs = (p.add(BlockIQ3S::SIGNS + 4 * j) as *const u32).read_unaligned();
+            signed::<Self>(magnitudes, signs)
         }
     }
     /// Each block's scale, twice.
@@ -221,6 +212,252 @@ impl KBytes for BlockIQ3S {
         let s = BlockIQ3S::scale_bytes(unsafe { core::slice::from_raw_parts(p, Self::BYTES) });
         // SAFETY: register-only; the caller has AVX2.
         unsafe {
+            let s = _mm_cvtsi64_si128(s as i64);
+            (_mm_unpacklo_epi8(s, s), _mm_setzero_si128())
+        }
+    }
+}
+
+/// The stored quants of 32 magnitudes with their sign bits (bit `v` set: value `v` negative):
+/// the signed values plus `K::OFFSET`.
+///
+/// # Safety
+/// register-only: the CPU has AVX2.
+#[inline(always)]
+unsafe fn signed<K: KBlock>(magnitudes: __m256i, signs: u32) -> __m256i {
+    // SAFETY: register-only; the caller has AVX2.
+    unsafe {
+        // Sign byte `v / 8` to byte `v`, then its bit `v % 8` tested.
+        let spread = _mm256_shuffle_epi8(
+            _mm256_set1_epi32(signs as i32),
+            _mm256_setr_epi8(
+                0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3,
+                3, 3, 3, 3,
+            ),
+        );
+        let bits = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+        let negative = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bits), bits);
+        negated::<K>(magnitudes, negative)
+    }
+}
+
+/// The stored quants of 32 magnitudes, those under a 0xff byte of `negative` negated: the
+/// signed values plus `K::OFFSET`.
+///
+/// # Safety
+/// register-only: the CPU has AVX2.
+#[inline(always)]
+unsafe fn negated<K: KBlock>(magnitudes: __m256i, negative: __m256i) -> __m256i {
+    // SAFETY: register-only; the caller has AVX2.
+    unsafe {
+        let values = _mm256_sub_epi8(_mm256_xor_si256(magnitudes, negative), negative);
+        _mm256_add_epi8(values, _mm256_set1_epi8(K::OFFSET as i8))
+    }
+}
+
+/// `sign_byte` of each seven-bit index as eight byte masks (0xff: negative), ggml's
+/// `keven_signs_q2xs`: one load per group of eight values.
+static SIGN_MASKS: [u64; 128] = {
+    let mut t = [0u64; 128];
+    let mut i = 0;
+    while i < 128 {
+        let signs = sign_byte(i as u32);
+        let mut v = 0;
+        while v < 8 {
+            if signs >> v & 1 == 1 {
+                t[i] |= 0xff << (8 * v);
+            }
+            v += 1;
+        }
+        i += 1;
+    }
+    t
+};
+
+/// The byte masks of the four seven-bit sign indices in bits `7l..7l + 7` of `word` (`l` the
+/// group of eight values).
+///
+/// # Safety
+/// register-only: the CPU has AVX2.
+#[inline(always)]
+unsafe fn sign_masks(word: u32) -> __m256i {
+    let masks: [u64; 4] = core::array::from_fn(|l| SIGN_MASKS[(word >> (7 * l)) as usize & 127]);
+    // SAFETY: `masks` is 32 bytes; the caller has AVX2.
+    unsafe { _mm256_loadu_si256(masks.as_ptr() as *const __m256i) }
+}
+
+/// Block scales `1 + 2s` from the top four bits of the eight words at `p + stride·j`, byte `j`
+/// each, and then each byte twice (both halves of a block share it).
+///
+/// # Safety
+/// `7·stride + 4` readable bytes at `p`; AVX2.
+#[inline(always)]
+unsafe fn top_nibble_scales(p: *const u8, stride: usize) -> (__m128i, __m128i) {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        let s = (0..8).fold(0u64, |s, j| {
+            let word = (p.add(stride * j) as *const u32).read_unaligned();
+            s | ((1 + 2 * (word >> 28)) as u64) << (8 * j)
+        });
+        let s = _mm_cvtsi64_si128(s as i64);
+        (_mm_unpacklo_epi8(s, s), _mm_setzero_si128())
+    }
+}
+
+/// Half scales `1 + 2s` from the eight bytes at `p`, nibble `h` of byte `j` for half `2j + h`.
+///
+/// # Safety
+/// 8 readable bytes at `p`; AVX2.
+#[inline(always)]
+unsafe fn nibble_scales(p: *const u8) -> (__m128i, __m128i) {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        let v = _mm_loadl_epi64(p as *const __m128i);
+        let low4 = _mm_set1_epi8(0x0f);
+        let halves = _mm_unpacklo_epi8(
+            _mm_and_si128(v, low4),
+            _mm_and_si128(_mm_srli_epi16(v, 4), low4),
+        );
+        let scales = _mm_add_epi8(_mm_add_epi8(halves, halves), _mm_set1_epi8(1));
+        (scales, _mm_setzero_si128())
+    }
+}
+
+impl KBytes for BlockIQ2XXS {
+    /// Four grid entries of eight magnitudes, gathered, their signs applied as byte masks.
+    #[inline(always)]
+    unsafe fn bytes(p: *const u8, j: usize) -> __m256i {
+        // SAFETY: block j's eight bytes (at 2 + 8j) lie in the super-block at `p`; the caller
+        // has AVX2.
+        unsafe {
+            let at = p.add(BlockIQ2XXS::QS + 8 * j);
+            let index = _mm_cvtepu8_epi32(_mm_cvtsi32_si128((at as *const i32).read_unaligned()));
+            let magnitudes = _mm256_i32gather_epi64::<8>(IQ2XXS_GRID.as_ptr() as *const i64, index);
+            let aux = (at.add(4) as *const u32).read_unaligned();
+            negated::<Self>(magnitudes, sign_masks(aux))
+        }
+    }
+    #[inline(always)]
+    unsafe fn halves(p: *const u8) -> (__m128i, __m128i) {
+        // SAFETY: the eight sign-and-scale words (at 6 + 8j) lie in the super-block.
+        unsafe { top_nibble_scales(p.add(BlockIQ2XXS::QS + 4), 8) }
+    }
+}
+
+impl KBytes for BlockIQ2XS {
+    /// Four grid entries of eight magnitudes (nine bits of each word), gathered, their signs
+    /// (the words' top seven bits) applied as byte masks.
+    #[inline(always)]
+    unsafe fn bytes(p: *const u8, j: usize) -> __m256i {
+        // SAFETY: block j's four words (at 2 + 8j) lie in the super-block at `p`; the caller
+        // has AVX2.
+        unsafe {
+            let at = p.add(BlockIQ2XS::QS + 8 * j);
+            let words = (at as *const u64).read_unaligned();
+            let index = _mm_and_si128(
+                _mm_cvtepu16_epi32(_mm_cvtsi64_si128(words as i64)),
+                _mm_set1_epi32(511),
+            );
+            let magnitudes = _mm256_i32gather_epi64::<8>(IQ2XS_GRID.as_ptr() as *const i64, index);
+            let masks: [u64; 4] =
+                core::array::from_fn(|l| SIGN_MASKS[(words >> (16 * l + 9)) as usize & 127]);
+            let negative = _mm256_loadu_si256(masks.as_ptr() as *const __m256i);
+            negated::<Self>(magnitudes, negative)
+        }
+    }
+    #[inline(always)]
+    unsafe fn halves(p: *const u8) -> (__m128i, __m128i) {
+        // SAFETY: the eight scale bytes (at 66) lie in the super-block.
+        unsafe { nibble_scales(p.add(BlockIQ2XS::SCALES)) }
+    }
+}
+
+impl KBytes for BlockIQ2S {
+    /// Four grid entries of eight magnitudes (eight bits and two of `qh`), gathered, their sign
+    /// bytes applied as byte masks.
+    #[inline(always)]
+    unsafe fn bytes(p: *const u8, j: usize) -> __m256i {
+        // SAFETY: block j's indices (4 bytes at 2 + 4j), high bits (the byte at 66 + j) and
+        // signs (4 bytes at 34 + 4j) lie in the super-block at `p`; the caller has AVX2.
+        unsafe {
+            let low = (p.add(BlockIQ2S::QS + 4 * j) as *const i32).read_unaligned();
+            let qh = _mm_set1_epi32(*p.add(BlockIQ2S::QH + j) as i32);
+            let high = _mm_and_si128(
+                _mm_srlv_epi32(qh, _mm_setr_epi32(0, 2, 4, 6)),
+                _mm_set1_epi32(3),
+            );
+            let index = _mm_or_si128(
+                _mm_cvtepu8_epi32(_mm_cvtsi32_si128(low)),
+                _mm_slli_epi32(high, 8),
+            );
+            let magnitudes = _mm256_i32gather_epi64::<8>(IQ2S_GRID.as_ptr() as *const i64, index);
+            let signs = (p.add(BlockIQ2S::SIGNS + 4 * j) as *const u32).read_unaligned();
+            signed::<Self>(magnitudes, signs)
+        }
+    }
+    #[inline(always)]
+    unsafe fn halves(p: *const u8) -> (__m128i, __m128i) {
+        // SAFETY: the eight scale bytes (at 74) lie in the super-block.
+        unsafe { nibble_scales(p.add(BlockIQ2S::SCALES)) }
+    }
+}
+
+impl KBytes for BlockIQ3XXS {
+    /// Eight grid entries of four magnitudes, gathered, their signs applied as byte masks.
+    #[inline(always)]
+    unsafe fn bytes(p: *const u8, j: usize) -> __m256i {
+        // SAFETY: block j's indices (8 bytes at 2 + 8j) and sign-and-scale word (at 66 + 4j)
+        // lie in the super-block at `p`; the caller has AVX2.
+        unsafe {
+            let low = _mm_loadl_epi64(p.add(BlockIQ3XXS::QS + 8 * j) as *const __m128i);
+            let index = _mm256_cvtepu8_epi32(low);
+            let magnitudes = _mm256_i32gather_epi32::<4>(IQ3XXS_GRID.as_ptr() as *const i32, index);
+            let aux = (p.add(BlockIQ3XXS::SIGNS + 4 * j) as *const u32).read_unaligned();
+            negated::<Self>(magnitudes, sign_masks(aux))
+        }
+    }
+    #[inline(always)]
+    unsafe fn halves(p: *const u8) -> (__m128i, __m128i) {
+        // SAFETY: the eight sign-and-scale words (at 66) lie in the super-block.
+        unsafe { top_nibble_scales(p.add(BlockIQ3XXS::SIGNS), 4) }
+    }
+}
+
+impl KBytes for BlockIQ1S {
+    /// Four grid entries of eight values -1, 0 or 1 (eight bits and three of the block's word),
+    /// gathered, times 8, plus the block's shift ±1 and the offset.
+    #[inline(always)]
+    unsafe fn bytes(p: *const u8, j: usize) -> __m256i {
+        // SAFETY: block j's indices (4 bytes at 2 + 4j) and word (at 34 + 2j) lie in the
+        // super-block at `p`; the caller has AVX2.
+        unsafe {
+            let low = (p.add(BlockIQ1S::QS + 4 * j) as *const i32).read_unaligned();
+            let word = (p.add(BlockIQ1S::QH + 2 * j) as *const u16).read_unaligned();
+            let high = _mm_and_si128(
+                _mm_srlv_epi32(_mm_set1_epi32(word as i32), _mm_setr_epi32(0, 3, 6, 9)),
+                _mm_set1_epi32(7),
+            );
+            let index = _mm_or_si128(
+                _mm_cvtepu8_epi32(_mm_cvtsi32_si128(low)),
+                _mm_slli_epi32(high, 8),
+            );
+            let g = _mm256_i32gather_epi64::<8>(IQ1S_GRID.as_ptr() as *const i64, index);
+            let shift = if word & 0x8000 != 0 { -1 } else { 1 };
+            _mm256_add_epi8(
+                _mm256_sign_epi8(_mm256_set1_epi8(8), g),
+                _mm256_set1_epi8((shift + Self::OFFSET) as i8),
+            )
+        }
+    }
+    /// Each block's scale `2s + 1`, twice.
+    #[inline(always)]
+    unsafe fn halves(p: *const u8) -> (__m128i, __m128i) {
+        // SAFETY: the eight words (at 34) lie in the super-block.
+        unsafe {
+            let s = (0..8).fold(0u64, |s, j| {
+                let word = (p.add(BlockIQ1S::QH + 2 * j) as *const u16).read_unaligned();
+                s | ((2 * ((word >> 12) & 7) + 1) as u64) << (8 * j)
+            });
             let s = _mm_cvtsi64_si128(s as i64);
             (_mm_unpacklo_epi8(s, s), _mm_setzero_si128())
         }
@@ -489,6 +726,11 @@ unsafe fn q8k_steps<K: KBytes>(
             _mm256_castps256_ps128(scales),
             _mm256_extractf128_ps(scales, 1),
         );
+        let d = if K::D_SCALE == 1.0 {
+            d
+        } else {
+            _mm_mul_ps(d, _mm_set1_ps(K::D_SCALE))
+        };
         // `q8k_step` in each lane, the same operations in the same order.
         let dx = _mm_loadu_ps(dx.as_ptr());
         let a = _mm_mul_ps(_mm_mul_ps(d, dx), _mm256_castps256_ps128(isum_msum));
@@ -509,7 +751,7 @@ struct Step<const R: usize, const N: usize> {
 
 impl<const R: usize, const N: usize> Step<R, N> {
     /// Block `J` (a constant, so that its shifts and offsets are) of every (row, token): the
-    /// quants' bytes times the activations', pairs added (`vpmaddubsw`: at most 2·63·127, or
+    /// quants' bytes times the activations', pairs added (`vpmaddubsw`: at most 2·126·127, or
     /// 2·127·127 for `WIDE` formats' signed values: no saturation), times the halves' scales and
     /// added in pairs (`vpmaddwd`) into `acc`; with either VNNI, one `vpdpwssd` for the last two
     /// steps.

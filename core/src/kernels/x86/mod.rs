@@ -39,8 +39,9 @@ use super::panel::{
 use super::{Kernels, PanelAcc, PanelDots, PanelRows, QuantDots, X8Layout, PANEL_MIN_TOKENS, TILE};
 use crate::quant::k_quants::QK_K;
 use crate::quant::{
-    BlockIQ3S, BlockIQ4NL, BlockIQ4XS, BlockQ16, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0,
-    BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, KBlock, QK,
+    BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS, BlockIQ4NL, BlockIQ4XS,
+    BlockQ16, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
+    BlockQ6K, BlockQ8K, BlockQ8_0, KBlock, QK,
 };
 
 // cpufeatures also checks that the OS saves the AVX registers; it does not know F16C.
@@ -110,6 +111,11 @@ const fn amx_table() -> Kernels {
     k.q6_k.k_panel = Some(kpanel_amx::k_panel::<BlockQ6K>());
     k.iq4_xs.k_panel = Some(kpanel_amx::k_panel::<BlockIQ4XS>());
     k.iq3_s.k_panel = Some(kpanel_amx::k_panel::<BlockIQ3S>());
+    k.iq3_xxs.k_panel = Some(kpanel_amx::k_panel::<BlockIQ3XXS>());
+    k.iq2_xxs.k_panel = Some(kpanel_amx::k_panel::<BlockIQ2XXS>());
+    k.iq2_xs.k_panel = Some(kpanel_amx::k_panel::<BlockIQ2XS>());
+    k.iq2_s.k_panel = Some(kpanel_amx::k_panel::<BlockIQ2S>());
+    k.iq1_s.k_panel = Some(kpanel_amx::k_panel::<BlockIQ1S>());
     k
 }
 
@@ -135,6 +141,11 @@ const fn table<const ISA: u8>(name: &'static str) -> Kernels {
         iq4_nl: dots::<BlockIQ4NL, ISA>(),
         iq4_xs: q8k_dots::<BlockIQ4XS, ISA>(),
         iq3_s: q8k_dots::<BlockIQ3S, ISA>(),
+        iq3_xxs: q8k_dots::<BlockIQ3XXS, ISA>(),
+        iq2_xxs: q8k_dots::<BlockIQ2XXS, ISA>(),
+        iq2_xs: q8k_dots::<BlockIQ2XS, ISA>(),
+        iq2_s: q8k_dots::<BlockIQ2S, ISA>(),
+        iq1_s: q8k_dots::<BlockIQ1S, ISA>(),
         dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
         dot_f32_x4: dot_f32::<TILE>,
         dot_f16: |w, x| dot_f16::<1>(w, [x])[0],
