@@ -9,7 +9,10 @@
 # Q2_K (mostly Q2_K, with Q3_K, Q4_K and Q6_K where llama-quantize gives those more bits);
 # `iquants` is SmolLM2-135M IQ4_XS (mostly IQ4_NL, the fallback for its 576-wide rows) and the
 # TinyLlama shape in IQ4_XS (with Q5_K for V and the first down projections, Q6_K output) and
-# IQ3_M (IQ3_S, with Q4_K for V, the first down projections and the attention output).
+# IQ3_M (IQ3_S, with Q4_K for V, the first down projections and the attention output);
+# `lowbit` is the TinyLlama shape in IQ3_XXS, IQ2_M (mostly IQ2_S), IQ2_XXS and IQ1_S, quantized
+# with an importance matrix (llama-imatrix over tests/fixtures/text/GPL-3.txt: those types need
+# one, whatever the weights).
 #
 # Builds llama.cpp's llama-bench and llama-quantize (CPU only) from the source vendored in the
 # PyPI sdist of llama-cpp-python, cached in ~/.cache/sapient/llama.cpp; makes a Q8_0 GGUF from
@@ -39,14 +42,15 @@ fi
 cache="${SAPIENT_LLAMA_CPP_CACHE:-$HOME/.cache/sapient/llama.cpp}/$isa"
 bin="$cache/build/bin"
 
-if [ ! -x "$bin/llama-bench" ] || [ ! -x "$bin/llama-quantize" ]; then
+if [ ! -x "$bin/llama-bench" ] || [ ! -x "$bin/llama-quantize" ] || [ ! -x "$bin/llama-imatrix" ]; then
     command -v cmake >/dev/null || { apt-get update -q && apt-get install -y -q cmake; } >&2
     src=$(bash scripts/fetch-llama-cpp.sh)
     echo "building llama.cpp ($isa) in $cache" >&2
     # shellcheck disable=SC2086 # $flags is a list of options
     cmake -S "$src" -B "$cache/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF $flags \
         -DLLAMA_CURL=OFF -DGGML_METAL=OFF -DGGML_CUDA=OFF -DLLAMA_BUILD_TESTS=OFF >&2
-    cmake --build "$cache/build" -j "$(nproc)" --target llama-bench llama-quantize >&2
+    cmake --build "$cache/build" -j "$(nproc)" --target llama-bench llama-quantize \
+        llama-imatrix >&2
 fi
 
 q4=$(bash scripts/fetch-model.sh)
@@ -56,13 +60,28 @@ quantize() {
 }
 # random_1b TYPE: TinyLlama-1.1B's shape with random F16 weights (scripts/random-gguf.py, made
 # where a file is missing), through llama-quantize once.
-random_1b() {
-    local f16=models/random-tinyllama-1.1b.F16.gguf out="models/random-tinyllama-1.1b.$1.gguf"
-    if [ ! -f "$out" ] && [ ! -f "$f16" ]; then
+f16=models/random-tinyllama-1.1b.F16.gguf
+random_1b_f16() {
+    if [ ! -f "$f16" ]; then
         python3 -m pip install --quiet numpy pyyaml tqdm >&2
         PYTHONPATH="$(bash scripts/fetch-llama-cpp.sh)/gguf-py" python3 scripts/random-gguf.py "$f16"
     fi
+}
+random_1b() {
+    local out="models/random-tinyllama-1.1b.$1.gguf"
+    [ -f "$out" ] || random_1b_f16
     quantize "$f16" "$out" "$1"
+}
+# random_1b_imatrix TYPE: as random_1b, with an importance matrix (made once).
+random_1b_imatrix() {
+    local out="models/random-tinyllama-1.1b.$1.gguf" imatrix=models/random-tinyllama-1.1b.imatrix.gguf
+    [ -f "$out" ] && return
+    random_1b_f16
+    if [ ! -f "$imatrix" ]; then
+        "$bin/llama-imatrix" -m "$f16" -f "${SAPIENT_FIXTURES:-tests/fixtures}/text/GPL-3.txt" \
+            -o "$imatrix" -c 128 --chunks 8 -t "$threads" >/dev/null 2>&1
+    fi
+    "$bin/llama-quantize" --imatrix "$imatrix" "$f16" "$out" "$1" >/dev/null 2>&1
 }
 case "$set" in
 base)
@@ -82,8 +101,14 @@ iquants)
     random_1b IQ3_M
     models="models/SmolLM2-135M-Instruct.IQ4_XS.gguf models/random-tinyllama-1.1b.IQ4_XS.gguf models/random-tinyllama-1.1b.IQ3_M.gguf"
     ;;
+lowbit)
+    for t in IQ3_XXS IQ2_M IQ2_XXS IQ1_S; do
+        random_1b_imatrix "$t"
+    done
+    models="models/random-tinyllama-1.1b.IQ3_XXS.gguf models/random-tinyllama-1.1b.IQ2_M.gguf models/random-tinyllama-1.1b.IQ2_XXS.gguf models/random-tinyllama-1.1b.IQ1_S.gguf"
+    ;;
 *)
-    echo "unknown model set $set (base, kquants, iquants)" >&2
+    echo "unknown model set $set (base, kquants, iquants, lowbit)" >&2
     exit 2
     ;;
 esac
