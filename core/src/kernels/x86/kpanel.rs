@@ -101,7 +101,12 @@ unsafe fn unpack_row<K: KBytes, const FOLD: bool>(p: *const u8, o: &mut KRow) {
             _mm256_setzero_si256()
         };
         _mm256_storeu_si256(o.side.as_mut_ptr() as *mut __m256i, side);
-        (o.d, o.dmin) = K::d_dmin(core::slice::from_raw_parts(p, K::BYTES));
+        // `KBlock::d_dmin`, with F16C's conversion.
+        o.d = f16_at(p.add(K::F16_AT.0));
+        if K::D_SCALE != 1.0 {
+            o.d *= K::D_SCALE;
+        }
+        o.dmin = f16_at(p.add(K::F16_AT.1));
     }
 }
 
