@@ -5,9 +5,9 @@
 //! has scale `s`, nibble `h` of `scales[j]`. ggml's value is `d·(0.5 + s)·0.25·magnitude·sign`;
 //! read as a k-quant: `d/8` (`D_SCALE`), halves scaled by `1 + 2s`, stored quants the signed
 //! values plus 64. IQ2_S and IQ2_M files are mostly this.
-use super::iq2_xxs::signed_quants;
+use super::iq2_xxs::{nibble_half_scales, signed_quants};
 use super::iq_grids::IQ2S_GRID;
-use super::k_quants::{KBlock, KInts, HALVES_PER_SUPER};
+use super::k_quants::{KBlock, KInts};
 use super::QK;
 
 /// IQ2_S, read in place.
@@ -40,12 +40,7 @@ impl KBlock for BlockIQ2S {
     const D_SCALE: f32 = 0.125;
     #[inline(always)]
     fn ints(sb: &[u8]) -> KInts {
-        KInts {
-            scales: core::array::from_fn(|k| {
-                (1 + 2 * ((sb[Self::SCALES + k / 2] >> (4 * (k % 2))) & 0x0f)) as i8
-            }),
-            mins: [0; HALVES_PER_SUPER],
-        }
+        nibble_half_scales(sb, Self::SCALES)
     }
     fn quants(sb: &[u8], j: usize) -> [u8; QK] {
         let entries: [u64; 4] = core::array::from_fn(|l| IQ2S_GRID[Self::grid_index(sb, j, l)]);

@@ -5,9 +5,9 @@
 //! nibble `h` of `scales[j]`. ggml's value is `d·(0.5 + s)·0.25·magnitude·sign`; read as a
 //! k-quant: `d/8` (`D_SCALE`), halves scaled by `1 + 2s`, stored quants the signed values plus
 //! 64. IQ2_XS files are mostly this.
-use super::iq2_xxs::{sign_byte, signed_quants};
+use super::iq2_xxs::{nibble_half_scales, sign_byte, signed_quants};
 use super::iq_grids::IQ2XS_GRID;
-use super::k_quants::{KBlock, KInts, HALVES_PER_SUPER};
+use super::k_quants::{KBlock, KInts};
 use super::QK;
 
 /// IQ2_XS, read in place.
@@ -36,12 +36,7 @@ impl KBlock for BlockIQ2XS {
     const D_SCALE: f32 = 0.125;
     #[inline(always)]
     fn ints(sb: &[u8]) -> KInts {
-        KInts {
-            scales: core::array::from_fn(|k| {
-                (1 + 2 * ((sb[Self::SCALES + k / 2] >> (4 * (k % 2))) & 0x0f)) as i8
-            }),
-            mins: [0; HALVES_PER_SUPER],
-        }
+        nibble_half_scales(sb, Self::SCALES)
     }
     fn quants(sb: &[u8], j: usize) -> [u8; QK] {
         let words: [u16; 4] = core::array::from_fn(|l| Self::group_word(sb, j, l));

@@ -34,6 +34,18 @@ pub(crate) fn signed_quants(magnitudes: [u8; QK], signs: [u8; 4], offset: i32) -
     })
 }
 
+/// Half scales `1 + 2s`, `s` nibble `k % 2` of byte `k / 2` of `sb[at..at + 8]` for half `k`
+/// (IQ2_XS's and IQ2_S's scales).
+#[inline(always)]
+pub(crate) fn nibble_half_scales(sb: &[u8], at: usize) -> KInts {
+    KInts {
+        scales: core::array::from_fn(|k| {
+            (1 + 2 * ((sb[at + k / 2] >> (4 * (k % 2))) & 0x0f)) as i8
+        }),
+        mins: [0; HALVES_PER_SUPER],
+    }
+}
+
 impl BlockIQ2XXS {
     /// Byte offset of the blocks' eight bytes each.
     pub const QS: usize = 2;

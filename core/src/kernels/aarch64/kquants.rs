@@ -98,40 +98,19 @@ fn from_quants(q: [u8; QK]) -> (uint8x16_t, uint8x16_t) {
     unsafe { (vld1q_u8(q.as_ptr()), vld1q_u8(q.as_ptr().add(16))) }
 }
 
-impl KBytes for BlockIQ3XXS {
-    #[inline(always)]
-    fn bytes(sb: &[u8], j: usize) -> (uint8x16_t, uint8x16_t) {
-        from_quants(Self::quants(sb, j))
-    }
+/// The grid i-quants' blocks through `from_quants`.
+macro_rules! bytes_from_quants {
+    ($($block:ty),*) => {$(
+        impl KBytes for $block {
+            #[inline(always)]
+            fn bytes(sb: &[u8], j: usize) -> (uint8x16_t, uint8x16_t) {
+                from_quants(Self::quants(sb, j))
+            }
+        }
+    )*};
 }
 
-impl KBytes for BlockIQ2XXS {
-    #[inline(always)]
-    fn bytes(sb: &[u8], j: usize) -> (uint8x16_t, uint8x16_t) {
-        from_quants(Self::quants(sb, j))
-    }
-}
-
-impl KBytes for BlockIQ2XS {
-    #[inline(always)]
-    fn bytes(sb: &[u8], j: usize) -> (uint8x16_t, uint8x16_t) {
-        from_quants(Self::quants(sb, j))
-    }
-}
-
-impl KBytes for BlockIQ2S {
-    #[inline(always)]
-    fn bytes(sb: &[u8], j: usize) -> (uint8x16_t, uint8x16_t) {
-        from_quants(Self::quants(sb, j))
-    }
-}
-
-impl KBytes for BlockIQ1S {
-    #[inline(always)]
-    fn bytes(sb: &[u8], j: usize) -> (uint8x16_t, uint8x16_t) {
-        from_quants(Self::quants(sb, j))
-    }
-}
+bytes_from_quants!(BlockIQ3XXS, BlockIQ2XXS, BlockIQ2XS, BlockIQ2S, BlockIQ1S);
 
 /// IQ4_XS's stored quants by index.
 static IQ4_STORED: [u8; 16] = {
