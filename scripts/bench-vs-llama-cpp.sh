@@ -10,7 +10,7 @@
 # `iquants` is SmolLM2-135M IQ4_XS (mostly IQ4_NL, the fallback for its 576-wide rows) and the
 # TinyLlama shape in IQ4_XS (with Q5_K for V and the first down projections, Q6_K output) and
 # IQ3_M (IQ3_S, with Q4_K for V, the first down projections and the attention output);
-# `lowbit` is the TinyLlama shape in IQ3_XXS, IQ2_M (mostly IQ2_S), IQ2_XXS and IQ1_S, quantized
+# `lowbit` is the TinyLlama shape in IQ3_XXS, IQ2_M (mostly IQ2_S), IQ2_XXS, IQ1_S and IQ1_M, quantized
 # with an importance matrix (llama-imatrix over tests/fixtures/text/GPL-3.txt: those types need
 # one, whatever the weights).
 #
@@ -102,10 +102,10 @@ iquants)
     models="models/SmolLM2-135M-Instruct.IQ4_XS.gguf models/random-tinyllama-1.1b.IQ4_XS.gguf models/random-tinyllama-1.1b.IQ3_M.gguf"
     ;;
 lowbit)
-    for t in IQ3_XXS IQ2_M IQ2_XXS IQ1_S; do
+    for t in IQ3_XXS IQ2_M IQ2_XXS IQ1_S IQ1_M; do
         random_1b_imatrix "$t"
     done
-    models="models/random-tinyllama-1.1b.IQ3_XXS.gguf models/random-tinyllama-1.1b.IQ2_M.gguf models/random-tinyllama-1.1b.IQ2_XXS.gguf models/random-tinyllama-1.1b.IQ1_S.gguf"
+    models="models/random-tinyllama-1.1b.IQ3_XXS.gguf models/random-tinyllama-1.1b.IQ2_M.gguf models/random-tinyllama-1.1b.IQ2_XXS.gguf models/random-tinyllama-1.1b.IQ1_S.gguf models/random-tinyllama-1.1b.IQ1_M.gguf"
     ;;
 *)
     echo "unknown model set $set (base, kquants, iquants, lowbit)" >&2

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 
 use sapient::load::{LoadOptions, ModelFiles, Quantize};
 use sapient::run::{self, Arenas, CpuRunner};
-use sapient_core::quant::{BlockIQ3S, KBlock};
+use sapient_core::quant::{BlockIQ1M, BlockIQ3S, KBlock};
 use sapient_core::{
     Config, Format, KvFormat, LayerWeights, Matrix, Model, RopeStyle, Serial, Want, Weights,
 };
@@ -221,18 +221,22 @@ fn llama_cpp_quantized_files_run_as_their_f32_weights() {
     }
 }
 
-/// `m` (IQ3_S) rewritten exactly as Q6_K: the same `d`, each half's scale `1 + 2s` as its 8-bit
-/// scale, each signed value `v` (within ±15) stored as `v + 32` in Q6_K's layout. The same
+/// `m` (IQ3_S or IQ1_M) rewritten exactly as Q6_K: the same `d` (IQ1_M's times its `D_SCALE`
+/// 1/8, which the files' scales hold exactly in f16), each half's integer scale (`1 + 2s`) as its
+/// 8-bit scale, each signed value `v` (within ±15) stored as `v + 32` in Q6_K's layout. The same
 /// integers, so the same exact sums against Q8K activations, in a format whose kernels were
 /// written and tested apart.
-fn iq3_s_as_q6_k(m: &Matrix<'_>) -> Matrix<'static> {
+fn as_q6_k<K: KBlock>(m: &Matrix<'_>) -> Matrix<'static> {
+    assert!(!K::HAS_MIN);
     let mut bytes = Vec::with_capacity(m.rows * Format::Q6K.row_bytes(m.cols).unwrap());
-    for sb in m.bytes().chunks_exact(BlockIQ3S::BYTES) {
-        let ints = BlockIQ3S::ints(sb);
+    for sb in m.bytes().chunks_exact(K::BYTES) {
+        let ints = K::ints(sb);
         let mut q = [0u8; 256];
         for (j, block) in q.chunks_exact_mut(32).enumerate() {
-            for (q, stored) in block.iter_mut().zip(BlockIQ3S::quants(sb, j)) {
-                *q = (stored as i32 - BlockIQ3S::OFFSET + 32) as u8;
+            for (q, stored) in block.iter_mut().zip(K::quants(sb, j)) {
+                let v = stored as i32 - K::OFFSET;
+                assert!((-32..32).contains(&v), "{v} does not fit Q6_K");
+                *q = (v + 32) as u8;
             }
         }
         let mut y = [0u8; 210];
@@ -250,40 +254,51 @@ fn iq3_s_as_q6_k(m: &Matrix<'_>) -> Matrix<'static> {
         for (s, scale) in rest[..16].iter_mut().zip(ints.scales) {
             *s = scale as u8;
         }
-        rest[16..18].copy_from_slice(&sb[..2]);
+        let (d, _) = K::d_dmin(sb);
+        let d16 = half::f16::from_f32(d);
+        assert_eq!(d16.to_f32(), d, "d is no f16");
+        rest[16..18].copy_from_slice(&d16.to_le_bytes());
         bytes.extend_from_slice(&y);
     }
     Matrix::new(Format::Q6K, m.rows, m.cols, Cow::Owned(bytes)).unwrap()
 }
 
 /// llama.cpp's IQ3_M file (`tests/data/tiny256.IQ3_M.gguf`, made as the others: IQ3_S, Q4_K for
-/// V, the down projections' first eighth and the attention output, Q6_K output) and its IQ3_S
-/// file, read in place, give the logits their IQ3_S matrices rewritten as Q6_K give, bit for
-/// bit. (Against the weights widened to f32 the logits' error is 1.0e-3 where the other files'
-/// is 8.1e-4 to 8.7e-4: the same 8-bit activations, times coarser weights.)
+/// V, the down projections' first eighth and the attention output, Q6_K output), its IQ3_S file
+/// and its IQ1_M file (with an importance matrix: IQ1_M, IQ2_XXS for the attention output, Q2_K
+/// for V and the embeddings), read in place, give the logits their IQ3_S or IQ1_M matrices
+/// rewritten as Q6_K give, bit for bit. (Against the weights widened to f32 the logits' error is
+/// 1.0e-3 (IQ3_M, IQ1_M) where the other files' is 8.1e-4 to 8.7e-4: the same 8-bit
+/// activations, times coarser weights.)
 #[test]
-fn llama_cpp_iq3_files_run_as_their_q6_k_rewrite() {
-    for name in ["tiny256.IQ3_M.gguf", "tiny256.IQ3_S.gguf"] {
+fn llama_cpp_iq3_and_iq1_m_files_run_as_their_q6_k_rewrite() {
+    for (name, format) in [
+        ("tiny256.IQ3_M.gguf", Format::IQ3S),
+        ("tiny256.IQ3_S.gguf", Format::IQ3S),
+        ("tiny256.IQ1_M.gguf", Format::IQ1M),
+    ] {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("data")
             .join(name);
         let files = ModelFiles::open(&path, &LoadOptions::default()).unwrap();
-        let iq3 = files.model(Quantize::Auto).unwrap();
+        let iq = files.model(Quantize::Auto).unwrap();
         let rewrite = |m: &Matrix<'_>| -> Matrix<'static> {
-            if m.format == Format::IQ3S {
-                iq3_s_as_q6_k(m)
-            } else {
-                Matrix::new(m.format, m.rows, m.cols, Cow::Owned(m.bytes().to_vec())).unwrap()
+            match m.format {
+                f if f != format => {
+                    Matrix::new(f, m.rows, m.cols, Cow::Owned(m.bytes().to_vec())).unwrap()
+                }
+                Format::IQ3S => as_q6_k::<BlockIQ3S>(m),
+                _ => as_q6_k::<BlockIQ1M>(m),
             }
         };
-        let w = &iq3.weights;
-        let mut rewritten = (w.embed.format == Format::IQ3S) as usize;
+        let w = &iq.weights;
+        let mut rewritten = (w.embed.format == format) as usize;
         let layers: Vec<LayerWeights<'static>> = w
             .layers
             .iter()
             .map(|l| {
                 for m in [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down] {
-                    rewritten += (m.format == Format::IQ3S) as usize;
+                    rewritten += (m.format == format) as usize;
                 }
                 LayerWeights {
                     attn_norm: l.attn_norm.to_vec().into(),
@@ -301,7 +316,7 @@ fn llama_cpp_iq3_files_run_as_their_q6_k_rewrite() {
                 }
             })
             .collect();
-        assert!(rewritten >= 11, "{name}: {rewritten} IQ3_S matrices");
+        assert!(rewritten >= 9, "{name}: {rewritten} {format} matrices");
         let weights = Weights {
             embed: rewrite(&w.embed),
             layers: layers.into(),
@@ -309,9 +324,9 @@ fn llama_cpp_iq3_files_run_as_their_q6_k_rewrite() {
             lm_head: w.lm_head.as_ref().map(rewrite),
             rope_freq_factors: None,
         };
-        let q6 = Model::new(iq3.config.clone(), weights).unwrap();
+        let q6 = Model::new(iq.config.clone(), weights).unwrap();
         let seq = prompt();
-        let a = run::logits(&CpuRunner::new(&iq3, KvFormat::F32, &Serial), &seq, true).unwrap();
+        let a = run::logits(&CpuRunner::new(&iq, KvFormat::F32, &Serial), &seq, true).unwrap();
         let b = run::logits(&CpuRunner::new(&q6, KvFormat::F32, &Serial), &seq, true).unwrap();
         let bits =
             |v: &[Vec<f32>]| -> Vec<u32> { v.iter().flatten().map(|f| f.to_bits()).collect() };

@@ -195,6 +195,9 @@ pub struct Kernels {
     /// IQ1_S weights · Q8K activations (an exact integer sum per super-block: every table
     /// gives the scalar one's bits).
     pub iq1_s: QuantDots,
+    /// IQ1_M weights · Q8K activations (an exact integer sum per super-block: every table
+    /// gives the scalar one's bits).
+    pub iq1_m: QuantDots,
     /// f32 weights (little-endian bytes) · f32 activations.
     pub dot_f32: fn(&[u8], &[f32]) -> f32,
     /// `dot_f32` for `TILE` activation rows.
@@ -335,6 +338,7 @@ impl Kernels {
             Format::IQ2XS => Ok(&self.iq2_xs),
             Format::IQ2S => Ok(&self.iq2_s),
             Format::IQ1S => Ok(&self.iq1_s),
+            Format::IQ1M => Ok(&self.iq1_m),
             _ => Err(Error::UnsupportedFormat {
                 what: "quantized dot product",
                 format,
@@ -608,7 +612,8 @@ impl Kernels {
             | Format::IQ2XXS
             | Format::IQ2XS
             | Format::IQ2S
-            | Format::IQ1S => {
+            | Format::IQ1S
+            | Format::IQ1M => {
                 let dots = self.dots(w.format)?;
                 let acts = activation_format(w.format)?;
                 let q = match acts {

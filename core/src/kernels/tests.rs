@@ -51,6 +51,7 @@ fn quantized(format: Format, x: &[f32]) -> Vec<u8> {
             | Format::IQ2XS
             | Format::IQ2S
             | Format::IQ1S => sb[..2].copy_from_slice(&d),
+            Format::IQ1M => quant::BlockIQ1M::set_d_bits(sb, u16::from_le_bytes(d)),
             _ => {
                 sb[..2].copy_from_slice(&d);
                 sb[2..4].copy_from_slice(&dmin);
@@ -201,6 +202,7 @@ fn abs_dot(format: Format, w: &[u8], x: &[u8], n: usize) -> f32 {
         Format::IQ2XS => k_terms::<quant::BlockIQ2XS>(w, &xs),
         Format::IQ2S => k_terms::<quant::BlockIQ2S>(w, &xs),
         Format::IQ1S => k_terms::<quant::BlockIQ1S>(w, &xs),
+        Format::IQ1M => k_terms::<quant::BlockIQ1M>(w, &xs),
         other => unreachable!("{other} is not quantized"),
     }
 }
@@ -467,6 +469,7 @@ proptest! {
                             Format::IQ2XS => unpack_ref::<quant::BlockIQ2XS>(ws[r], s, fold),
                             Format::IQ2S => unpack_ref::<quant::BlockIQ2S>(ws[r], s, fold),
                             Format::IQ1S => unpack_ref::<quant::BlockIQ1S>(ws[r], s, fold),
+                            Format::IQ1M => unpack_ref::<quant::BlockIQ1M>(ws[r], s, fold),
                             other => unreachable!("{other} has no k-panel kernels"),
                         };
                         prop_assert!(*u == reference, "{}: row {} super-block {} unpacks differently", format, r, s);

@@ -5,7 +5,7 @@
 //! sign of its shift `δ = ±1/8`. ggml's value is `d·(2s + 1)·(g + δ)`; read as a k-quant: `d/8`
 //! (`D_SCALE`), both halves scaled by `2s + 1`, stored quants `8g ± 1` plus 16.
 use super::iq_grids::IQ1S_GRID;
-use super::k_quants::{KBlock, KInts, HALVES_PER_SUPER};
+use super::k_quants::{u16_at, KBlock, KInts, HALVES_PER_SUPER};
 use super::QK;
 
 /// IQ1_S, read in place.
@@ -30,7 +30,11 @@ impl KBlock for BlockIQ1S {
     /// The values `8g ± 1` lie in -9..=9.
     const OFFSET: i32 = 16;
     const SHARED_HALVES: bool = true;
-    const F16_AT: (usize, usize) = (0, 0);
+    #[inline(always)]
+    fn f16_bits(sb: &[u8]) -> [u16; 2] {
+        let d = u16_at(sb, 0);
+        [d, d]
+    }
     const D_SCALE: f32 = 0.125;
     #[inline(always)]
     fn ints(sb: &[u8]) -> KInts {

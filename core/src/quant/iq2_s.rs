@@ -7,7 +7,7 @@
 //! values plus 64. IQ2_S and IQ2_M files are mostly this.
 use super::iq2_xxs::{nibble_half_scales, signed_quants};
 use super::iq_grids::IQ2S_GRID;
-use super::k_quants::{KBlock, KInts};
+use super::k_quants::{u16_at, KBlock, KInts};
 use super::QK;
 
 /// IQ2_S, read in place.
@@ -36,7 +36,11 @@ impl KBlock for BlockIQ2S {
     const HAS_MIN: bool = false;
     /// The signed values lie in -43..=43.
     const OFFSET: i32 = 64;
-    const F16_AT: (usize, usize) = (0, 0);
+    #[inline(always)]
+    fn f16_bits(sb: &[u8]) -> [u16; 2] {
+        let d = u16_at(sb, 0);
+        [d, d]
+    }
     const D_SCALE: f32 = 0.125;
     #[inline(always)]
     fn ints(sb: &[u8]) -> KInts {

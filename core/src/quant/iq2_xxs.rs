@@ -5,7 +5,7 @@
 //! value is `d·(0.5 + s)·0.25·magnitude·sign`; read as a k-quant: `d/8` (`D_SCALE`), both halves
 //! scaled by `1 + 2s`, stored quants the signed values plus 64. IQ2_XXS files are mostly this.
 use super::iq_grids::IQ2XXS_GRID;
-use super::k_quants::{KBlock, KInts, HALVES_PER_SUPER};
+use super::k_quants::{u16_at, KBlock, KInts, HALVES_PER_SUPER};
 use super::QK;
 
 /// IQ2_XXS, read in place.
@@ -67,7 +67,11 @@ impl KBlock for BlockIQ2XXS {
     /// The signed values lie in -43..=43.
     const OFFSET: i32 = 64;
     const SHARED_HALVES: bool = true;
-    const F16_AT: (usize, usize) = (0, 0);
+    #[inline(always)]
+    fn f16_bits(sb: &[u8]) -> [u16; 2] {
+        let d = u16_at(sb, 0);
+        [d, d]
+    }
     const D_SCALE: f32 = 0.125;
     #[inline(always)]
     fn ints(sb: &[u8]) -> KInts {

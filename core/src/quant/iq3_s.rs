@@ -5,7 +5,7 @@
 //! `signs`; block `j`'s scale is `d · (1 + 2·s)`, `s` nibble `j % 2` of `scales[j / 2]`. Read as
 //! a k-quant: halves with scales `1 + 2s`, stored quants the signed values plus 16. IQ3_M files
 //! are mostly IQ3_S.
-use super::k_quants::{KBlock, KInts, HALVES_PER_SUPER};
+use super::k_quants::{u16_at, KBlock, KInts, HALVES_PER_SUPER};
 use super::QK;
 
 /// IQ3_S, read in place.
@@ -54,7 +54,11 @@ impl KBlock for BlockIQ3S {
     /// The signed values lie in -15..=15.
     const OFFSET: i32 = 16;
     const SHARED_HALVES: bool = true;
-    const F16_AT: (usize, usize) = (0, 0);
+    #[inline(always)]
+    fn f16_bits(sb: &[u8]) -> [u16; 2] {
+        let d = u16_at(sb, 0);
+        [d, d]
+    }
     #[inline(always)]
     fn ints(sb: &[u8]) -> KInts {
         let scales = Self::scale_bytes(sb).to_le_bytes();

@@ -7,7 +7,7 @@
 //! and IQ3_XS files are mostly this.
 use super::iq2_xxs::{sign_byte, signed_quants};
 use super::iq_grids::IQ3XXS_GRID;
-use super::k_quants::{KBlock, KInts, HALVES_PER_SUPER};
+use super::k_quants::{u16_at, KBlock, KInts, HALVES_PER_SUPER};
 use super::QK;
 
 /// IQ3_XXS, read in place.
@@ -33,7 +33,11 @@ impl KBlock for BlockIQ3XXS {
     /// The signed values lie in -62..=62.
     const OFFSET: i32 = 64;
     const SHARED_HALVES: bool = true;
-    const F16_AT: (usize, usize) = (0, 0);
+    #[inline(always)]
+    fn f16_bits(sb: &[u8]) -> [u16; 2] {
+        let d = u16_at(sb, 0);
+        [d, d]
+    }
     const D_SCALE: f32 = 0.25;
     #[inline(always)]
     fn ints(sb: &[u8]) -> KInts {

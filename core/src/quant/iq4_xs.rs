@@ -7,7 +7,7 @@ use half::f16;
 
 use super::iq4_nl::{best_scale, nearest_value, pack_nibbles, IQ4_VALUES};
 use super::k_quantize::nearest_int;
-use super::k_quants::{KBlock, KInts, BLOCKS_PER_SUPER, HALVES_PER_SUPER, QK_K};
+use super::k_quants::{u16_at, KBlock, KInts, BLOCKS_PER_SUPER, HALVES_PER_SUPER, QK_K};
 use super::QK;
 
 /// IQ4_XS, read in place.
@@ -47,7 +47,11 @@ impl KBlock for BlockIQ4XS {
     const OFFSET: i32 = 128;
     const WIDE: bool = true;
     const SHARED_HALVES: bool = true;
-    const F16_AT: (usize, usize) = (0, 0);
+    #[inline(always)]
+    fn f16_bits(sb: &[u8]) -> [u16; 2] {
+        let d = u16_at(sb, 0);
+        [d, d]
+    }
     #[inline(always)]
     fn ints(sb: &[u8]) -> KInts {
         let scales = Self::block_scales(sb);

@@ -8,7 +8,7 @@
 //! minimums. Dequantizing in that form gives ggml's `dequantize_row_q{2,3,4,5,6}_K` bit for bit;
 //! the kernels take the same integers against Q8K activations (see `q8k`), whose sums over 16
 //! values are what a half's minimum and offset multiply.
-use super::{f16_at, QK};
+use super::QK;
 
 /// Values per super-block.
 pub const QK_K: usize = 256;
@@ -47,22 +47,22 @@ pub trait KBlock {
     /// Whether a block's two halves share their scale and minimum (Q4_K, Q5_K): a kernel may
     /// then scale a whole block's sum at once.
     const SHARED_HALVES: bool = false;
-    /// Byte offsets of the super-block's f16 scale `d` and f16 minimum scale `dmin` (formats
-    /// without minimums give `d`'s twice).
-    const F16_AT: (usize, usize);
     /// What the stored `d` is multiplied by, a power of two (so exactly): ggml scales IQ2_XXS's
     /// blocks by `d·(0.5 + s)·0.25`, which is `(d/8)·(1 + 2s)` with an integer scale.
     const D_SCALE: f32 = 1.0;
+    /// The bits of the super-block's f16 scale `d` and f16 minimum scale `dmin` (formats
+    /// without minimums give `d`'s twice).
+    fn f16_bits(sb: &[u8]) -> [u16; 2];
     /// The super-block's `d` (times `D_SCALE`) and `dmin`.
     #[inline(always)]
     fn d_dmin(sb: &[u8]) -> (f32, f32) {
-        let d = f16_at(&sb[Self::F16_AT.0..]);
+        let [d, dmin] = Self::f16_bits(sb).map(|b| half::f16::from_bits(b).to_f32());
         let d = if Self::D_SCALE == 1.0 {
             d
         } else {
             d * Self::D_SCALE
         };
-        (d, f16_at(&sb[Self::F16_AT.1..]))
+        (d, dmin)
     }
     /// The integer scales and minimums of the super-block at the start of `sb`.
     fn ints(sb: &[u8]) -> KInts;
@@ -144,6 +144,12 @@ pub fn q3_scale_words(sb: &[u8]) -> [u32; 4] {
     ]
 }
 
+/// The little-endian `u16` at byte `at`.
+#[inline(always)]
+pub fn u16_at(sb: &[u8], at: usize) -> u16 {
+    u16::from_le_bytes([sb[at], sb[at + 1]])
+}
+
 /// `(bytes[l] >> shift) & mask` of 32 bytes.
 #[inline(always)]
 fn bits(bytes: &[u8], shift: usize, mask: u8) -> [u8; QK] {
@@ -153,7 +159,10 @@ fn bits(bytes: &[u8], shift: usize, mask: u8) -> [u8; QK] {
 impl KBlock for BlockQ2K {
     const BYTES: usize = 84;
     const HAS_MIN: bool = true;
-    const F16_AT: (usize, usize) = (80, 82);
+    #[inline(always)]
+    fn f16_bits(sb: &[u8]) -> [u16; 2] {
+        [u16_at(sb, 80), u16_at(sb, 82)]
+    }
     #[inline(always)]
     fn ints(sb: &[u8]) -> KInts {
         KInts {
@@ -172,7 +181,11 @@ impl KBlock for BlockQ3K {
     const BYTES: usize = 110;
     const HAS_MIN: bool = false;
     const OFFSET: i32 = 4;
-    const F16_AT: (usize, usize) = (108, 108);
+    #[inline(always)]
+    fn f16_bits(sb: &[u8]) -> [u16; 2] {
+        let d = u16_at(sb, 108);
+        [d, d]
+    }
     #[inline(always)]
     fn ints(sb: &[u8]) -> KInts {
         let words = q3_scale_words(sb);
@@ -195,7 +208,10 @@ impl KBlock for BlockQ4K {
     const BYTES: usize = 144;
     const HAS_MIN: bool = true;
     const SHARED_HALVES: bool = true;
-    const F16_AT: (usize, usize) = (0, 2);
+    #[inline(always)]
+    fn f16_bits(sb: &[u8]) -> [u16; 2] {
+        [u16_at(sb, 0), u16_at(sb, 2)]
+    }
     #[inline(always)]
     fn ints(sb: &[u8]) -> KInts {
         k4_ints(sb)
@@ -209,7 +225,10 @@ impl KBlock for BlockQ5K {
     const BYTES: usize = 176;
     const HAS_MIN: bool = true;
     const SHARED_HALVES: bool = true;
-    const F16_AT: (usize, usize) = (0, 2);
+    #[inline(always)]
+    fn f16_bits(sb: &[u8]) -> [u16; 2] {
+        [u16_at(sb, 0), u16_at(sb, 2)]
+    }
     #[inline(always)]
     fn ints(sb: &[u8]) -> KInts {
         k4_ints(sb)
@@ -225,7 +244,11 @@ impl KBlock for BlockQ6K {
     const BYTES: usize = 210;
     const HAS_MIN: bool = false;
     const OFFSET: i32 = 32;
-    const F16_AT: (usize, usize) = (208, 208);
+    #[inline(always)]
+    fn f16_bits(sb: &[u8]) -> [u16; 2] {
+        let d = u16_at(sb, 208);
+        [d, d]
+    }
     #[inline(always)]
     fn ints(sb: &[u8]) -> KInts {
         KInts {

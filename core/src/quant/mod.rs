@@ -9,6 +9,7 @@ use core::fmt;
 use crate::error::{Error, Result};
 
 pub mod float;
+pub mod iq1_m;
 pub mod iq1_s;
 pub mod iq2_s;
 pub mod iq2_xs;
@@ -28,6 +29,7 @@ pub mod q5_1;
 pub mod q8_0;
 pub mod q8k;
 
+pub use iq1_m::BlockIQ1M;
 pub use iq1_s::BlockIQ1S;
 pub use iq2_s::BlockIQ2S;
 pub use iq2_xs::BlockIQ2XS;
@@ -136,6 +138,9 @@ pub enum Format {
     /// ggml's IQ1_S: 256 values as groups of eight from a fixed grid of 2048 of -1, 0 and 1, 8
     /// blocks with 3-bit scales and shifts (50 bytes).
     IQ1S,
+    /// ggml's IQ1_M: IQ1_S's grid with a shift per eight values and 3-bit scales per 16 values,
+    /// `d` spread over the scales' top bits (56 bytes).
+    IQ1M,
 }
 
 /// The quantized form of the activations a quantized weight multiplies.
@@ -195,7 +200,8 @@ impl Format {
             | Format::IQ2XXS
             | Format::IQ2XS
             | Format::IQ2S
-            | Format::IQ1S => k_quants::QK_K,
+            | Format::IQ1S
+            | Format::IQ1M => k_quants::QK_K,
         }
     }
 
@@ -222,6 +228,7 @@ impl Format {
             Format::IQ2XS => <BlockIQ2XS as KBlock>::BYTES,
             Format::IQ2S => <BlockIQ2S as KBlock>::BYTES,
             Format::IQ1S => <BlockIQ1S as KBlock>::BYTES,
+            Format::IQ1M => <BlockIQ1M as KBlock>::BYTES,
         }
     }
 
@@ -242,10 +249,11 @@ impl Format {
     }
 
     /// Byte offsets of the f16 scales (and minimums) in each block of a quantized format; the
-    /// rest of a block is small integers, finite whatever its bits.
+    /// rest of a block is small integers, finite whatever its bits. IQ1_M has none: its `d` is
+    /// four nibbles apart (`BlockIQ1M::d_bits`).
     pub const fn scale_offsets(self) -> &'static [usize] {
         match self {
-            Format::F32 | Format::F16 | Format::BF16 => &[],
+            Format::F32 | Format::F16 | Format::BF16 | Format::IQ1M => &[],
             Format::Q8_0
             | Format::Q4_0
             | Format::Q5_0
@@ -276,6 +284,9 @@ impl Format {
             Format::BF16 => bytes
                 .chunks_exact(2)
                 .position(|b| u16::from_le_bytes([b[0], b[1]]) & 0x7f80 == 0x7f80),
+            Format::IQ1M => bytes
+                .chunks_exact(self.block_bytes())
+                .position(|b| f16_bad(&BlockIQ1M::d_bits(BlockIQ1M::scale_words(b)).to_le_bytes())),
             _ => bytes
                 .chunks_exact(self.block_bytes())
                 .position(|b| self.scale_offsets().iter().any(|&o| f16_bad(&b[o..]))),
@@ -322,6 +333,7 @@ impl Format {
             Format::IQ2XS => "iq2_xs",
             Format::IQ2S => "iq2_s",
             Format::IQ1S => "iq1_s",
+            Format::IQ1M => "iq1_m",
         }
     }
 }
@@ -333,7 +345,7 @@ impl fmt::Display for Format {
 }
 
 /// Every quantized weight format (the block formats; all but F32, F16 and BF16).
-pub const QUANTIZED: [Format; 18] = [
+pub const QUANTIZED: [Format; 19] = [
     Format::Q8_0,
     Format::Q4_0,
     Format::Q4_1,
@@ -352,6 +364,7 @@ pub const QUANTIZED: [Format; 18] = [
     Format::IQ2XS,
     Format::IQ2S,
     Format::IQ1S,
+    Format::IQ1M,
 ];
 
 /// Quantizes (or converts) `x` into `out` in `format`, as llama.cpp's quantizers do without an
@@ -392,7 +405,8 @@ pub fn quantize_row(format: Format, x: &[f32], out: &mut [u8]) -> Result<()> {
         | Format::IQ2XXS
         | Format::IQ2XS
         | Format::IQ2S
-        | Format::IQ1S => {
+        | Format::IQ1S
+        | Format::IQ1M => {
             return Err(Error::UnsupportedFormat {
                 what: "quantizing to",
                 format,
@@ -440,6 +454,7 @@ pub fn dequantize_row(format: Format, bytes: &[u8], out: &mut [f32]) -> Result<(
         Format::IQ2XS => k_quants::dequantize_blocks::<BlockIQ2XS>(bytes, out),
         Format::IQ2S => k_quants::dequantize_blocks::<BlockIQ2S>(bytes, out),
         Format::IQ1S => k_quants::dequantize_blocks::<BlockIQ1S>(bytes, out),
+        Format::IQ1M => k_quants::dequantize_blocks::<BlockIQ1M>(bytes, out),
     }
     Ok(())
 }
@@ -533,6 +548,12 @@ mod tests {
                     );
                 }
             }
+        }
+        let iq1m = alloc::vec![0x3cu8; 2 * Format::IQ1M.block_bytes()];
+        for bits in [0x7e00u16, 0x7c00, 0xfc00] {
+            let mut bad = iq1m.clone();
+            BlockIQ1M::set_d_bits(&mut bad[Format::IQ1M.block_bytes()..], bits);
+            assert_eq!(Format::IQ1M.first_non_finite(&bad), Some(1), "{bits:x}");
         }
         let f32s: alloc::vec::Vec<u8> = [1.0f32, f32::NAN]
             .iter()

@@ -4,10 +4,7 @@
 use sapient_core::attention::{attend, AttentionShape};
 use sapient_core::kernels::Kernels as CpuKernels;
 use sapient_core::kv_cache::LayerKv;
-use sapient_core::quant::{
-    BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS, BlockQ2K, BlockQ3K,
-    Format, KBlock, QUANTIZED,
-};
+use sapient_core::quant::{BlockIQ1M, Format, QUANTIZED};
 use sapient_core::sample::{argmax, Rng};
 use sapient_core::{ops, Matrix, RopeStyle, Serial};
 use wgpu::util::DeviceExt;
@@ -49,24 +46,17 @@ pub(super) fn random_matrix(
     if let Ok(m) = Matrix::quantize(format, rows, cols, &values) {
         return m;
     }
-    let f16_at = match format {
-        Format::Q2K => BlockQ2K::F16_AT,
-        Format::Q3K => BlockQ3K::F16_AT,
-        Format::IQ3S => BlockIQ3S::F16_AT,
-        Format::IQ3XXS => BlockIQ3XXS::F16_AT,
-        Format::IQ2XXS => BlockIQ2XXS::F16_AT,
-        Format::IQ2XS => BlockIQ2XS::F16_AT,
-        Format::IQ2S => BlockIQ2S::F16_AT,
-        Format::IQ1S => BlockIQ1S::F16_AT,
-        _ => panic!("no random {format:?} matrix"),
-    };
     let mut bytes: Vec<u8> = (0..rows * format.row_bytes(cols).unwrap())
         .map(|_| (rng.next_u64() >> 56) as u8)
         .collect();
-    let scale = half::f16::from_f32(1.0 / 1024.0).to_le_bytes();
+    let scale = half::f16::from_f32(1.0 / 1024.0);
     for sb in bytes.chunks_exact_mut(format.block_bytes()) {
-        sb[f16_at.0..f16_at.0 + 2].copy_from_slice(&scale);
-        sb[f16_at.1..f16_at.1 + 2].copy_from_slice(&scale);
+        if format == Format::IQ1M {
+            BlockIQ1M::set_d_bits(sb, scale.to_bits());
+        }
+        for &at in format.scale_offsets() {
+            sb[at..at + 2].copy_from_slice(&scale.to_le_bytes());
+        }
     }
     Matrix::new(format, rows, cols, std::borrow::Cow::Owned(bytes)).unwrap()
 }
@@ -372,6 +362,7 @@ fn embedding_kernel_matches_the_cpu() {
         Format::IQ3XXS,
         Format::IQ2XS,
         Format::IQ1S,
+        Format::IQ1M,
         Format::F16,
         Format::F32,
     ] {

@@ -5,9 +5,9 @@ use anyhow::{bail, Result};
 use half::{bf16, f16};
 use sapient_core::quant::k_quants::BLOCKS_PER_SUPER;
 use sapient_core::quant::{
-    iq4_nl, Block, BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS,
-    BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K,
-    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, Format, KBlock, QK,
+    iq4_nl, Block, BlockIQ1M, BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S,
+    BlockIQ3XXS, BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1,
+    BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, Format, KBlock, QK,
 };
 use sapient_core::Matrix;
 use wgpu::util::DeviceExt;
@@ -41,7 +41,8 @@ impl GpuFormat {
     /// ones, and so are the i-quants' grid values whose blocks have one scale (IQ4_XS's block
     /// scale `d·(ls − 32)`, IQ3_S's `d·(1 + 2s)`, IQ1_S's values `8g ± 1` under `d/8·(2s + 1)`,
     /// an f32); Q4_K's blocks are Q4_1's (scale `d·scale`, minimum `-dmin·min`); Q5_1, the other
-    /// k-quants and the i-quants with a scale per half (IQ2_XS, IQ2_S) take the halves layout;
+    /// k-quants and the i-quants with a scale per half (IQ2_XS, IQ2_S, IQ1_M) take the halves
+    /// layout;
     /// BF16 widens to F32.
     pub fn of(format: Format) -> Self {
         match format {
@@ -61,7 +62,8 @@ impl GpuFormat {
             | Format::Q5K
             | Format::Q6K
             | Format::IQ2XS
-            | Format::IQ2S => GpuFormat::Q8Halves,
+            | Format::IQ2S
+            | Format::IQ1M => GpuFormat::Q8Halves,
             Format::F16 => GpuFormat::F16,
             Format::F32 | Format::BF16 => GpuFormat::F32,
         }
@@ -386,6 +388,7 @@ fn int_blocks(format: Format, bytes: &[u8], out: &mut Vec<IntBlock>) {
         Format::IQ2XS => k_blocks::<BlockIQ2XS>(bytes, out),
         Format::IQ2S => k_blocks::<BlockIQ2S>(bytes, out),
         Format::IQ1S => k_blocks::<BlockIQ1S>(bytes, out),
+        Format::IQ1M => k_blocks::<BlockIQ1M>(bytes, out),
         Format::F32 | Format::F16 | Format::BF16 => {
             unreachable!("{format:?} is not an integer format")
         }

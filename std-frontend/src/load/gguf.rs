@@ -99,6 +99,7 @@ pub enum GgmlType {
     IQ2XS,
     IQ2S,
     IQ1S,
+    IQ1M,
 }
 
 /// ggml's names of the types sapient does not read, for error messages.
@@ -110,7 +111,6 @@ fn ggml_type_name(id: u32) -> Option<&'static str> {
         26 => "I32",
         27 => "I64",
         28 => "F64",
-        29 => "IQ1_M",
         34 => "TQ1_0",
         35 => "TQ2_0",
         39 => "MXFP4",
@@ -141,6 +141,7 @@ impl GgmlType {
             17 => GgmlType::IQ2XS,
             22 => GgmlType::IQ2S,
             19 => GgmlType::IQ1S,
+            29 => GgmlType::IQ1M,
             30 => GgmlType::BF16,
             _ => return None,
         })
@@ -169,6 +170,7 @@ impl GgmlType {
             GgmlType::IQ2XS => 17,
             GgmlType::IQ2S => 22,
             GgmlType::IQ1S => 19,
+            GgmlType::IQ1M => 29,
             GgmlType::BF16 => 30,
         }
     }
@@ -197,6 +199,7 @@ impl GgmlType {
             GgmlType::IQ2XS => Format::IQ2XS,
             GgmlType::IQ2S => Format::IQ2S,
             GgmlType::IQ1S => Format::IQ1S,
+            GgmlType::IQ1M => Format::IQ1M,
         }
     }
 
@@ -224,6 +227,7 @@ impl GgmlType {
             Format::IQ2XS => GgmlType::IQ2XS,
             Format::IQ2S => GgmlType::IQ2S,
             Format::IQ1S => GgmlType::IQ1S,
+            Format::IQ1M => GgmlType::IQ1M,
         }
     }
 
@@ -250,6 +254,7 @@ impl GgmlType {
             GgmlType::IQ2XS => (256, 74),
             GgmlType::IQ2S => (256, 82),
             GgmlType::IQ1S => (256, 50),
+            GgmlType::IQ1M => (256, 56),
         }
     }
 
@@ -276,6 +281,7 @@ impl GgmlType {
             GgmlType::IQ2XS => "iq2_xs",
             GgmlType::IQ2S => "iq2_s",
             GgmlType::IQ1S => "iq1_s",
+            GgmlType::IQ1M => "iq1_m",
         }
     }
 }
@@ -598,12 +604,13 @@ pub(crate) mod tests {
     /// The grid i-quants are read with ggml's block sizes; a type sapient does not read is an
     /// error naming it.
     #[test]
-    fn i_quant_types_parse_and_iq1_m_is_named() {
+    fn i_quant_types_parse_and_ternary_types_are_named() {
         for (id, format, bytes) in [
             (16, Format::IQ2XXS, 66),
             (17, Format::IQ2XS, 74),
             (18, Format::IQ3XXS, 98),
             (19, Format::IQ1S, 50),
+            (29, Format::IQ1M, 56),
             (22, Format::IQ2S, 82),
         ] {
             let data = vec![0u8; 2 * bytes];
@@ -612,8 +619,8 @@ pub(crate) mod tests {
             assert_eq!(g.tensors["w"].ggml_type.format(), format);
             assert_eq!(g.tensors["w"].len, 2 * bytes, "{format}");
         }
-        let f = write(&[], &[("w", &[256, 2], 29, &[0u8; 112])]);
-        assert!(err(&f).contains("IQ1_M"), "{}", err(&f));
+        let f = write(&[], &[("w", &[256, 2], 34, &[0u8; 108])]);
+        assert!(err(&f).contains("TQ1_0"), "{}", err(&f));
     }
 
     #[test]

@@ -110,7 +110,14 @@ macro_rules! bytes_from_quants {
     )*};
 }
 
-bytes_from_quants!(BlockIQ3XXS, BlockIQ2XXS, BlockIQ2XS, BlockIQ2S, BlockIQ1S);
+bytes_from_quants!(
+    BlockIQ3XXS,
+    BlockIQ2XXS,
+    BlockIQ2XS,
+    BlockIQ2S,
+    BlockIQ1S,
+    BlockIQ1M
+);
 
 /// IQ4_XS's stored quants by index.
 static IQ4_STORED: [u8; 16] = {

@@ -102,11 +102,12 @@ unsafe fn unpack_row<K: KBytes, const FOLD: bool>(p: *const u8, o: &mut KRow) {
         };
         _mm256_storeu_si256(o.side.as_mut_ptr() as *mut __m256i, side);
         // `KBlock::d_dmin`, with F16C's conversion.
-        o.d = f16_at(p.add(K::F16_AT.0));
+        let [d, dmin] = K::f16_bits(core::slice::from_raw_parts(p, K::BYTES));
+        o.d = f16_to_f32(d);
         if K::D_SCALE != 1.0 {
             o.d *= K::D_SCALE;
         }
-        o.dmin = f16_at(p.add(K::F16_AT.1));
+        o.dmin = f16_to_f32(dmin);
     }
 }
 

@@ -464,6 +464,67 @@ impl KBytes for BlockIQ1S {
     }
 }
 
+impl KBytes for BlockIQ1M {
+    /// Four grid entries of eight values -1, 0 or 1 (eight bits and a nibble's three), gathered,
+    /// times 8, plus each group's shift ±1 and the offset.
+    #[inline(always)]
+    unsafe fn bytes(p: *const u8, j: usize) -> __m256i {
+        // SAFETY: block j's indices (4 bytes at 4j) and nibbles (2 bytes at 32 + 2j) lie in the
+        // super-block at `p`; the caller has AVX2.
+        unsafe {
+            let low = (p.add(4 * j) as *const i32).read_unaligned();
+            let nibbles = (p.add(BlockIQ1M::QH + 2 * j) as *const u16).read_unaligned();
+            let nibbles =
+                _mm_srlv_epi32(_mm_set1_epi32(nibbles as i32), _mm_setr_epi32(0, 4, 8, 12));
+            let index = _mm_or_si128(
+                _mm_cvtepu8_epi32(_mm_cvtsi32_si128(low)),
+                _mm_slli_epi32(_mm_and_si128(nibbles, _mm_set1_epi32(7)), 8),
+            );
+            let g = _mm256_i32gather_epi64::<8>(IQ1S_GRID.as_ptr() as *const i64, index);
+            // Each group's stored shift: OFFSET + 1, less 2 where its sign bit is set; byte 0 of
+            // each 64-bit lane spread over the lane's eight.
+            let negative = _mm_and_si128(_mm_srli_epi32(nibbles, 3), _mm_set1_epi32(1));
+            let shift = _mm_sub_epi32(
+                _mm_set1_epi32(Self::OFFSET + 1),
+                _mm_add_epi32(negative, negative),
+            );
+            let shift = _mm256_shuffle_epi8(
+                _mm256_cvtepu32_epi64(shift),
+                _mm256_setr_epi8(
+                    0, 0, 0, 0, 0, 0, 0, 0, 8, 8, 8, 8, 8, 8, 8, 8, 0, 0, 0, 0, 0, 0, 0, 0, 8, 8,
+                    8, 8, 8, 8, 8, 8,
+                ),
+            );
+            _mm256_add_epi8(_mm256_sign_epi8(_mm256_set1_epi8(8), g), shift)
+        }
+    }
+    /// Half `k`'s scale `2s + 1` in byte `k` (`BlockIQ1M::half_scales`): word `k / 4` in 16-bit
+    /// lane `k`, multiplied so that its field `k % 4` lands in bits 9..12.
+    #[inline(always)]
+    unsafe fn halves(p: *const u8) -> (__m128i, __m128i) {
+        // SAFETY: the four words (at 48) lie in the super-block; the caller has AVX2.
+        unsafe {
+            let words = (p.add(BlockIQ1M::SCALES) as *const i64).read_unaligned();
+            let lanes = _mm256_shuffle_epi8(
+                _mm256_set1_epi64x(words),
+                _mm256_setr_epi8(
+                    0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7,
+                    6, 7, 6, 7, 6, 7,
+                ),
+            );
+            let fields = _mm256_mullo_epi16(
+                lanes,
+                _mm256_setr_epi16(512, 64, 8, 1, 512, 64, 8, 1, 512, 64, 8, 1, 512, 64, 8, 1),
+            );
+            let s = _mm256_and_si256(_mm256_srli_epi16::<9>(fields), _mm256_set1_epi16(7));
+            let s = _mm256_add_epi16(_mm256_add_epi16(s, s), _mm256_set1_epi16(1));
+            let bytes =
+                _mm_packus_epi16(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+            (bytes, _mm_setzero_si128())
+        }
+    }
+}
+
 /// `(byte >> shift) & mask` of each of the 32 bytes at `p`, kept as bytes. The shift runs on
 /// 16-bit lanes; the mask drops what crossed from the neighbouring byte, and a shift left by up
 /// to 4 of the result (at most 3 bits wide) stays inside each byte.
@@ -520,10 +581,9 @@ unsafe fn factors<K: KBytes>(p: *const u8) -> Factors {
             scales,
             _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15),
         );
-        let (d_at, dmin_at) = K::F16_AT;
-        let bits = |at: usize| (p.add(at) as *const u16).read_unaligned() as i32;
+        let [d, dmin] = K::f16_bits(core::slice::from_raw_parts(p, K::BYTES));
         Factors {
-            f16s: bits(d_at) | (bits(dmin_at) << 16),
+            f16s: d as i32 | ((dmin as i32) << 16),
             by_block: _mm256_cvtepi8_epi16(by_block),
             by_half: _mm256_cvtepi8_epi16(scales),
             mins: if K::HAS_MIN {

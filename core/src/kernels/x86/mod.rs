@@ -39,9 +39,9 @@ use super::panel::{
 use super::{Kernels, PanelAcc, PanelDots, PanelRows, QuantDots, X8Layout, PANEL_MIN_TOKENS, TILE};
 use crate::quant::k_quants::QK_K;
 use crate::quant::{
-    BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS, BlockIQ4NL, BlockIQ4XS,
-    BlockQ16, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1,
-    BlockQ6K, BlockQ8K, BlockQ8_0, KBlock, QK,
+    BlockIQ1M, BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS, BlockIQ4NL,
+    BlockIQ4XS, BlockQ16, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0,
+    BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, KBlock, QK,
 };
 
 // cpufeatures also checks that the OS saves the AVX registers; it does not know F16C.
@@ -116,6 +116,7 @@ const fn amx_table() -> Kernels {
     k.iq2_xs.k_panel = Some(kpanel_amx::k_panel::<BlockIQ2XS>());
     k.iq2_s.k_panel = Some(kpanel_amx::k_panel::<BlockIQ2S>());
     k.iq1_s.k_panel = Some(kpanel_amx::k_panel::<BlockIQ1S>());
+    k.iq1_m.k_panel = Some(kpanel_amx::k_panel::<BlockIQ1M>());
     k
 }
 
@@ -146,6 +147,7 @@ const fn table<const ISA: u8>(name: &'static str) -> Kernels {
         iq2_xs: q8k_dots::<BlockIQ2XS, ISA>(),
         iq2_s: q8k_dots::<BlockIQ2S, ISA>(),
         iq1_s: q8k_dots::<BlockIQ1S, ISA>(),
+        iq1_m: q8k_dots::<BlockIQ1M, ISA>(),
         dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
         dot_f32_x4: dot_f32::<TILE>,
         dot_f16: |w, x| dot_f16::<1>(w, [x])[0],
@@ -199,10 +201,15 @@ const fn q8k_dots<K: KBytes, const ISA: u8>() -> QuantDots {
 #[inline(always)]
 unsafe fn f16_at(p: *const u8) -> f32 {
     // SAFETY: the caller guarantees two readable bytes at `p` and F16C.
-    unsafe {
-        let bits = (p as *const u16).read_unaligned();
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
-    }
+    unsafe { f16_to_f32((p as *const u16).read_unaligned()) }
+}
+
+/// # Safety
+/// register-only: the CPU has F16C.
+#[inline(always)]
+unsafe fn f16_to_f32(bits: u16) -> f32 {
+    // SAFETY: register-only; the caller has F16C.
+    unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32))) }
 }
 
 /// # Safety
