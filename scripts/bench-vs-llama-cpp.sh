@@ -12,7 +12,8 @@
 # IQ3_M (IQ3_S, with Q4_K for V, the first down projections and the attention output);
 # `lowbit` is the TinyLlama shape in IQ3_XXS, IQ2_M (mostly IQ2_S), IQ2_XXS, IQ1_S and IQ1_M, quantized
 # with an importance matrix (llama-imatrix over tests/fixtures/text/GPL-3.txt: those types need
-# one, whatever the weights).
+# one, whatever the weights); `ternary` is the TinyLlama shape in TQ1_0 and TQ2_0 (ternary weights
+# times a scale per 256, as llama-quantize rounds them).
 #
 # Builds llama.cpp's llama-bench and llama-quantize (CPU only) from the source vendored in the
 # PyPI sdist of llama-cpp-python, cached in ~/.cache/sapient/llama.cpp; makes a Q8_0 GGUF from
@@ -107,8 +108,13 @@ lowbit)
     done
     models="models/random-tinyllama-1.1b.IQ3_XXS.gguf models/random-tinyllama-1.1b.IQ2_M.gguf models/random-tinyllama-1.1b.IQ2_XXS.gguf models/random-tinyllama-1.1b.IQ1_S.gguf models/random-tinyllama-1.1b.IQ1_M.gguf"
     ;;
+ternary)
+    random_1b TQ1_0
+    random_1b TQ2_0
+    models="models/random-tinyllama-1.1b.TQ1_0.gguf models/random-tinyllama-1.1b.TQ2_0.gguf"
+    ;;
 *)
-    echo "unknown model set $set (base, kquants, iquants, lowbit)" >&2
+    echo "unknown model set $set (base, kquants, iquants, lowbit, ternary)" >&2
     exit 2
     ;;
 esac

@@ -60,12 +60,12 @@ fn quantizers_match_gguf_py_bytes() {
     }
 }
 
-/// Our k-quant, IQ4, IQ3, IQ2 and IQ1 dequantizers give the `gguf` package's values exactly.
+/// Our k-quant, IQ4, IQ3, IQ2, IQ1 and ternary dequantizers give the `gguf` package's values exactly.
 #[test]
 fn k_quant_dequantizers_match_gguf_py() {
     let text = include_str!("data/gguf_kquants.txt");
     let lines: Vec<&str> = text.lines().collect();
-    assert_eq!(lines.len(), 42);
+    assert_eq!(lines.len(), 48);
     for case in lines.chunks(3) {
         let head: Vec<&str> = case[0].split(' ').collect();
         let format = match head[0] {
@@ -83,6 +83,8 @@ fn k_quant_dequantizers_match_gguf_py() {
             "iq2_s" => Format::IQ2S,
             "iq1_s" => Format::IQ1S,
             "iq1_m" => Format::IQ1M,
+            "tq1_0" => Format::TQ1_0,
+            "tq2_0" => Format::TQ2_0,
             f => panic!("unknown format {f}"),
         };
         let n: usize = head[1].parse().unwrap();

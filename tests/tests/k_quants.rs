@@ -7,7 +7,7 @@ use std::borrow::Cow;
 
 use sapient::load::{LoadOptions, ModelFiles, Quantize};
 use sapient::run::{self, Arenas, CpuRunner};
-use sapient_core::quant::{BlockIQ1M, BlockIQ3S, KBlock};
+use sapient_core::quant::{BlockIQ1M, BlockIQ3S, BlockTQ1_0, BlockTQ2_0, KBlock};
 use sapient_core::{
     Config, Format, KvFormat, LayerWeights, Matrix, Model, RopeStyle, Serial, Want, Weights,
 };
@@ -221,9 +221,40 @@ fn llama_cpp_quantized_files_run_as_their_f32_weights() {
     }
 }
 
-/// `m` (IQ3_S or IQ1_M) rewritten exactly as Q6_K: the same `d` (IQ1_M's times its `D_SCALE`
-/// 1/8, which the files' scales hold exactly in f16), each half's integer scale (`1 + 2s`) as its
-/// 8-bit scale, each signed value `v` (within ±15) stored as `v + 32` in Q6_K's layout. The same
+/// llama.cpp's TQ1_0 and TQ2_0 files of the same weights (`llama-quantize OUT FILE TQ1_0`, and
+/// `TQ2_0`: both round each weight to `d·t`, `t` in -1, 0, 1, with the same `d`) hold the same
+/// values in two packings (five base-3 digits a byte against two bits a value), so they give the
+/// same logits, bit for bit.
+#[test]
+fn llama_cpp_ternary_files_give_the_same_logits() {
+    let logits = |name: &str| {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("data")
+            .join(name);
+        let files = ModelFiles::open(&path, &LoadOptions::default()).unwrap();
+        let m = files.model(Quantize::Auto).unwrap();
+        let layers = &m.weights.layers;
+        let format = if name.contains("TQ1_0") {
+            Format::TQ1_0
+        } else {
+            Format::TQ2_0
+        };
+        assert!(layers
+            .iter()
+            .all(|l| l.wq.format == format && l.w_down.format == format));
+        let v = run::logits(&CpuRunner::new(&m, KvFormat::F32, &Serial), &prompt(), true).unwrap();
+        v.iter()
+            .flatten()
+            .map(|f| f.to_bits())
+            .collect::<Vec<u32>>()
+    };
+    assert!(logits("tiny256.TQ1_0.gguf") == logits("tiny256.TQ2_0.gguf"));
+}
+
+/// `m` (IQ3_S, IQ1_M, TQ1_0 or TQ2_0) rewritten exactly as Q6_K: the same `d` (IQ1_M's times its
+/// `D_SCALE` 1/8, which the files' scales hold exactly in f16), each half's integer scale
+/// (`1 + 2s`, the ternary formats' 1) as its 8-bit scale, each signed value `v` (within ±15)
+/// stored as `v + 32` in Q6_K's layout. The same
 /// integers, so the same exact sums against Q8K activations, in a format whose kernels were
 /// written and tested apart.
 fn as_q6_k<K: KBlock>(m: &Matrix<'_>) -> Matrix<'static> {
@@ -264,18 +295,21 @@ fn as_q6_k<K: KBlock>(m: &Matrix<'_>) -> Matrix<'static> {
 }
 
 /// llama.cpp's IQ3_M file (`tests/data/tiny256.IQ3_M.gguf`, made as the others: IQ3_S, Q4_K for
-/// V, the down projections' first eighth and the attention output, Q6_K output), its IQ3_S file
-/// and its IQ1_M file (with an importance matrix: IQ1_M, IQ2_XXS for the attention output, Q2_K
-/// for V and the embeddings), read in place, give the logits their IQ3_S or IQ1_M matrices
-/// rewritten as Q6_K give, bit for bit. (Against the weights widened to f32 the logits' error is
-/// 1.0e-3 (IQ3_M, IQ1_M) where the other files' is 8.1e-4 to 8.7e-4: the same 8-bit
+/// V, the down projections' first eighth and the attention output, Q6_K output), its IQ3_S file,
+/// its IQ1_M file (with an importance matrix: IQ1_M, IQ2_XXS for the attention output, Q2_K for
+/// V and the embeddings) and its TQ1_0 and TQ2_0 files (Q4_K embeddings, Q6_K output), read in
+/// place, give the logits their IQ3_S, IQ1_M or ternary matrices rewritten as Q6_K give, bit for
+/// bit. (Against the weights widened to f32 the logits' error is 1.0e-3 (IQ3_M, IQ1_M) and
+/// 1.16e-3 (TQ1_0, TQ2_0) where the other files' is 8.1e-4 to 8.7e-4: the same 8-bit
 /// activations, times coarser weights.)
 #[test]
-fn llama_cpp_iq3_and_iq1_m_files_run_as_their_q6_k_rewrite() {
+fn llama_cpp_iq3_iq1_m_and_ternary_files_run_as_their_q6_k_rewrite() {
     for (name, format) in [
         ("tiny256.IQ3_M.gguf", Format::IQ3S),
         ("tiny256.IQ3_S.gguf", Format::IQ3S),
         ("tiny256.IQ1_M.gguf", Format::IQ1M),
+        ("tiny256.TQ1_0.gguf", Format::TQ1_0),
+        ("tiny256.TQ2_0.gguf", Format::TQ2_0),
     ] {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("data")
@@ -288,7 +322,9 @@ fn llama_cpp_iq3_and_iq1_m_files_run_as_their_q6_k_rewrite() {
                     Matrix::new(f, m.rows, m.cols, Cow::Owned(m.bytes().to_vec())).unwrap()
                 }
                 Format::IQ3S => as_q6_k::<BlockIQ3S>(m),
-                _ => as_q6_k::<BlockIQ1M>(m),
+                Format::IQ1M => as_q6_k::<BlockIQ1M>(m),
+                Format::TQ1_0 => as_q6_k::<BlockTQ1_0>(m),
+                _ => as_q6_k::<BlockTQ2_0>(m),
             }
         };
         let w = &iq.weights;

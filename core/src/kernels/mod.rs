@@ -198,6 +198,12 @@ pub struct Kernels {
     /// IQ1_M weights · Q8K activations (an exact integer sum per super-block: every table
     /// gives the scalar one's bits).
     pub iq1_m: QuantDots,
+    /// TQ1_0 weights · Q8K activations (an exact integer sum per super-block: every table
+    /// gives the scalar one's bits).
+    pub tq1_0: QuantDots,
+    /// TQ2_0 weights · Q8K activations (an exact integer sum per super-block: every table
+    /// gives the scalar one's bits).
+    pub tq2_0: QuantDots,
     /// f32 weights (little-endian bytes) · f32 activations.
     pub dot_f32: fn(&[u8], &[f32]) -> f32,
     /// `dot_f32` for `TILE` activation rows.
@@ -339,6 +345,8 @@ impl Kernels {
             Format::IQ2S => Ok(&self.iq2_s),
             Format::IQ1S => Ok(&self.iq1_s),
             Format::IQ1M => Ok(&self.iq1_m),
+            Format::TQ1_0 => Ok(&self.tq1_0),
+            Format::TQ2_0 => Ok(&self.tq2_0),
             _ => Err(Error::UnsupportedFormat {
                 what: "quantized dot product",
                 format,
@@ -613,7 +621,9 @@ impl Kernels {
             | Format::IQ2XS
             | Format::IQ2S
             | Format::IQ1S
-            | Format::IQ1M => {
+            | Format::IQ1M
+            | Format::TQ1_0
+            | Format::TQ2_0 => {
                 let dots = self.dots(w.format)?;
                 let acts = activation_format(w.format)?;
                 let q = match acts {

@@ -10,7 +10,7 @@ use crate::quant::{
     f16_at, iq4_nl, q8k, quantize_blocks, Block, BlockIQ1M, BlockIQ1S, BlockIQ2S, BlockIQ2XS,
     BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS, BlockIQ4NL, BlockIQ4XS, BlockQ16, BlockQ2K, BlockQ3K,
     BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0,
-    KBlock, QK,
+    BlockTQ1_0, BlockTQ2_0, KBlock, QK,
 };
 
 /// The scalar table.
@@ -41,6 +41,8 @@ pub(super) const TABLE: Kernels = Kernels {
     iq2_s: q8k_dots::<BlockIQ2S>(),
     iq1_s: q8k_dots::<BlockIQ1S>(),
     iq1_m: q8k_dots::<BlockIQ1M>(),
+    tq1_0: q8k_dots::<BlockTQ1_0>(),
+    tq2_0: q8k_dots::<BlockTQ2_0>(),
     dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
     dot_f32_x4: dot_f32::<4>,
     dot_f16: |w, x| dot_f16::<1>(w, [x])[0],

@@ -52,6 +52,8 @@ fn quantized(format: Format, x: &[f32]) -> Vec<u8> {
             | Format::IQ2S
             | Format::IQ1S => sb[..2].copy_from_slice(&d),
             Format::IQ1M => quant::BlockIQ1M::set_d_bits(sb, u16::from_le_bytes(d)),
+            Format::TQ1_0 => sb[52..54].copy_from_slice(&d),
+            Format::TQ2_0 => sb[64..66].copy_from_slice(&d),
             _ => {
                 sb[..2].copy_from_slice(&d);
                 sb[2..4].copy_from_slice(&dmin);
@@ -203,6 +205,8 @@ fn abs_dot(format: Format, w: &[u8], x: &[u8], n: usize) -> f32 {
         Format::IQ2S => k_terms::<quant::BlockIQ2S>(w, &xs),
         Format::IQ1S => k_terms::<quant::BlockIQ1S>(w, &xs),
         Format::IQ1M => k_terms::<quant::BlockIQ1M>(w, &xs),
+        Format::TQ1_0 => k_terms::<quant::BlockTQ1_0>(w, &xs),
+        Format::TQ2_0 => k_terms::<quant::BlockTQ2_0>(w, &xs),
         other => unreachable!("{other} is not quantized"),
     }
 }
@@ -470,6 +474,8 @@ proptest! {
                             Format::IQ2S => unpack_ref::<quant::BlockIQ2S>(ws[r], s, fold),
                             Format::IQ1S => unpack_ref::<quant::BlockIQ1S>(ws[r], s, fold),
                             Format::IQ1M => unpack_ref::<quant::BlockIQ1M>(ws[r], s, fold),
+                            Format::TQ1_0 => unpack_ref::<quant::BlockTQ1_0>(ws[r], s, fold),
+                            Format::TQ2_0 => unpack_ref::<quant::BlockTQ2_0>(ws[r], s, fold),
                             other => unreachable!("{other} has no k-panel kernels"),
                         };
                         prop_assert!(*u == reference, "{}: row {} super-block {} unpacks differently", format, r, s);

@@ -28,6 +28,8 @@ pub mod q5_0;
 pub mod q5_1;
 pub mod q8_0;
 pub mod q8k;
+pub mod tq1_0;
+pub mod tq2_0;
 
 pub use iq1_m::BlockIQ1M;
 pub use iq1_s::BlockIQ1S;
@@ -46,6 +48,8 @@ pub use q5_0::BlockQ5_0;
 pub use q5_1::BlockQ5_1;
 pub use q8_0::BlockQ8_0;
 pub use q8k::BlockQ8K;
+pub use tq1_0::BlockTQ1_0;
+pub use tq2_0::BlockTQ2_0;
 
 /// Values per block of every quantized format here.
 pub const QK: usize = 32;
@@ -141,6 +145,10 @@ pub enum Format {
     /// ggml's IQ1_M: IQ1_S's grid with a shift per eight values and 3-bit scales per 16 values,
     /// `d` spread over the scales' top bits (56 bytes).
     IQ1M,
+    /// ggml's TQ1_0: 256 ternary values, five base-3 digits a byte, one f16 scale (54 bytes).
+    TQ1_0,
+    /// ggml's TQ2_0: 256 ternary values in two bits each, one f16 scale (66 bytes).
+    TQ2_0,
 }
 
 /// The quantized form of the activations a quantized weight multiplies.
@@ -201,7 +209,9 @@ impl Format {
             | Format::IQ2XS
             | Format::IQ2S
             | Format::IQ1S
-            | Format::IQ1M => k_quants::QK_K,
+            | Format::IQ1M
+            | Format::TQ1_0
+            | Format::TQ2_0 => k_quants::QK_K,
         }
     }
 
@@ -229,6 +239,8 @@ impl Format {
             Format::IQ2S => <BlockIQ2S as KBlock>::BYTES,
             Format::IQ1S => <BlockIQ1S as KBlock>::BYTES,
             Format::IQ1M => <BlockIQ1M as KBlock>::BYTES,
+            Format::TQ1_0 => <BlockTQ1_0 as KBlock>::BYTES,
+            Format::TQ2_0 => <BlockTQ2_0 as KBlock>::BYTES,
         }
     }
 
@@ -269,6 +281,8 @@ impl Format {
             Format::Q2K => &[80, 82],
             Format::Q3K => &[108],
             Format::Q6K => &[208],
+            Format::TQ1_0 => &[52],
+            Format::TQ2_0 => &[64],
         }
     }
 
@@ -334,6 +348,8 @@ impl Format {
             Format::IQ2S => "iq2_s",
             Format::IQ1S => "iq1_s",
             Format::IQ1M => "iq1_m",
+            Format::TQ1_0 => "tq1_0",
+            Format::TQ2_0 => "tq2_0",
         }
     }
 }
@@ -345,7 +361,7 @@ impl fmt::Display for Format {
 }
 
 /// Every quantized weight format (the block formats; all but F32, F16 and BF16).
-pub const QUANTIZED: [Format; 19] = [
+pub const QUANTIZED: [Format; 21] = [
     Format::Q8_0,
     Format::Q4_0,
     Format::Q4_1,
@@ -365,6 +381,8 @@ pub const QUANTIZED: [Format; 19] = [
     Format::IQ2S,
     Format::IQ1S,
     Format::IQ1M,
+    Format::TQ1_0,
+    Format::TQ2_0,
 ];
 
 /// Quantizes (or converts) `x` into `out` in `format`, as llama.cpp's quantizers do without an
@@ -406,7 +424,9 @@ pub fn quantize_row(format: Format, x: &[f32], out: &mut [u8]) -> Result<()> {
         | Format::IQ2XS
         | Format::IQ2S
         | Format::IQ1S
-        | Format::IQ1M => {
+        | Format::IQ1M
+        | Format::TQ1_0
+        | Format::TQ2_0 => {
             return Err(Error::UnsupportedFormat {
                 what: "quantizing to",
                 format,
@@ -455,6 +475,8 @@ pub fn dequantize_row(format: Format, bytes: &[u8], out: &mut [f32]) -> Result<(
         Format::IQ2S => k_quants::dequantize_blocks::<BlockIQ2S>(bytes, out),
         Format::IQ1S => k_quants::dequantize_blocks::<BlockIQ1S>(bytes, out),
         Format::IQ1M => k_quants::dequantize_blocks::<BlockIQ1M>(bytes, out),
+        Format::TQ1_0 => k_quants::dequantize_blocks::<BlockTQ1_0>(bytes, out),
+        Format::TQ2_0 => k_quants::dequantize_blocks::<BlockTQ2_0>(bytes, out),
     }
     Ok(())
 }

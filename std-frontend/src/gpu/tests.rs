@@ -363,6 +363,7 @@ fn embedding_kernel_matches_the_cpu() {
         Format::IQ2XS,
         Format::IQ1S,
         Format::IQ1M,
+        Format::TQ1_0,
         Format::F16,
         Format::F32,
     ] {

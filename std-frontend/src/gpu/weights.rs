@@ -7,7 +7,8 @@ use sapient_core::quant::k_quants::BLOCKS_PER_SUPER;
 use sapient_core::quant::{
     iq4_nl, Block, BlockIQ1M, BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S,
     BlockIQ3XXS, BlockIQ4NL, BlockIQ4XS, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1,
-    BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, Format, KBlock, QK,
+    BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, BlockTQ1_0, BlockTQ2_0, Format, KBlock,
+    QK,
 };
 use sapient_core::Matrix;
 use wgpu::util::DeviceExt;
@@ -40,7 +41,7 @@ impl GpuFormat {
     /// The device layout for a core format, each value exact: Q5_0's quants less 16 are 8-bit
     /// ones, and so are the i-quants' grid values whose blocks have one scale (IQ4_XS's block
     /// scale `d·(ls − 32)`, IQ3_S's `d·(1 + 2s)`, IQ1_S's values `8g ± 1` under `d/8·(2s + 1)`,
-    /// an f32); Q4_K's blocks are Q4_1's (scale `d·scale`, minimum `-dmin·min`); Q5_1, the other
+    /// an f32; TQ1_0's and TQ2_0's ternary values under `d`); Q4_K's blocks are Q4_1's (scale `d·scale`, minimum `-dmin·min`); Q5_1, the other
     /// k-quants and the i-quants with a scale per half (IQ2_XS, IQ2_S, IQ1_M) take the halves
     /// layout;
     /// BF16 widens to F32.
@@ -53,7 +54,9 @@ impl GpuFormat {
             | Format::IQ3S
             | Format::IQ3XXS
             | Format::IQ2XXS
-            | Format::IQ1S => GpuFormat::Q8_0,
+            | Format::IQ1S
+            | Format::TQ1_0
+            | Format::TQ2_0 => GpuFormat::Q8_0,
             Format::Q4_0 => GpuFormat::Q4_0,
             Format::Q4_1 | Format::Q4K => GpuFormat::Q4_1,
             Format::Q5_1
@@ -389,6 +392,8 @@ fn int_blocks(format: Format, bytes: &[u8], out: &mut Vec<IntBlock>) {
         Format::IQ2S => k_blocks::<BlockIQ2S>(bytes, out),
         Format::IQ1S => k_blocks::<BlockIQ1S>(bytes, out),
         Format::IQ1M => k_blocks::<BlockIQ1M>(bytes, out),
+        Format::TQ1_0 => k_blocks::<BlockTQ1_0>(bytes, out),
+        Format::TQ2_0 => k_blocks::<BlockTQ2_0>(bytes, out),
         Format::F32 | Format::F16 | Format::BF16 => {
             unreachable!("{format:?} is not an integer format")
         }

@@ -100,6 +100,8 @@ pub enum GgmlType {
     IQ2S,
     IQ1S,
     IQ1M,
+    TQ1_0,
+    TQ2_0,
 }
 
 /// ggml's names of the types sapient does not read, for error messages.
@@ -111,8 +113,6 @@ fn ggml_type_name(id: u32) -> Option<&'static str> {
         26 => "I32",
         27 => "I64",
         28 => "F64",
-        34 => "TQ1_0",
-        35 => "TQ2_0",
         39 => "MXFP4",
         _ => return None,
     })
@@ -142,6 +142,8 @@ impl GgmlType {
             22 => GgmlType::IQ2S,
             19 => GgmlType::IQ1S,
             29 => GgmlType::IQ1M,
+            34 => GgmlType::TQ1_0,
+            35 => GgmlType::TQ2_0,
             30 => GgmlType::BF16,
             _ => return None,
         })
@@ -171,6 +173,8 @@ impl GgmlType {
             GgmlType::IQ2S => 22,
             GgmlType::IQ1S => 19,
             GgmlType::IQ1M => 29,
+            GgmlType::TQ1_0 => 34,
+            GgmlType::TQ2_0 => 35,
             GgmlType::BF16 => 30,
         }
     }
@@ -200,6 +204,8 @@ impl GgmlType {
             GgmlType::IQ2S => Format::IQ2S,
             GgmlType::IQ1S => Format::IQ1S,
             GgmlType::IQ1M => Format::IQ1M,
+            GgmlType::TQ1_0 => Format::TQ1_0,
+            GgmlType::TQ2_0 => Format::TQ2_0,
         }
     }
 
@@ -228,6 +234,8 @@ impl GgmlType {
             Format::IQ2S => GgmlType::IQ2S,
             Format::IQ1S => GgmlType::IQ1S,
             Format::IQ1M => GgmlType::IQ1M,
+            Format::TQ1_0 => GgmlType::TQ1_0,
+            Format::TQ2_0 => GgmlType::TQ2_0,
         }
     }
 
@@ -255,6 +263,8 @@ impl GgmlType {
             GgmlType::IQ2S => (256, 82),
             GgmlType::IQ1S => (256, 50),
             GgmlType::IQ1M => (256, 56),
+            GgmlType::TQ1_0 => (256, 54),
+            GgmlType::TQ2_0 => (256, 66),
         }
     }
 
@@ -282,6 +292,8 @@ impl GgmlType {
             GgmlType::IQ2S => "iq2_s",
             GgmlType::IQ1S => "iq1_s",
             GgmlType::IQ1M => "iq1_m",
+            GgmlType::TQ1_0 => "tq1_0",
+            GgmlType::TQ2_0 => "tq2_0",
         }
     }
 }
@@ -604,13 +616,15 @@ pub(crate) mod tests {
     /// The grid i-quants are read with ggml's block sizes; a type sapient does not read is an
     /// error naming it.
     #[test]
-    fn i_quant_types_parse_and_ternary_types_are_named() {
+    fn i_quant_and_ternary_types_parse_and_mxfp4_is_named() {
         for (id, format, bytes) in [
             (16, Format::IQ2XXS, 66),
             (17, Format::IQ2XS, 74),
             (18, Format::IQ3XXS, 98),
             (19, Format::IQ1S, 50),
             (29, Format::IQ1M, 56),
+            (34, Format::TQ1_0, 54),
+            (35, Format::TQ2_0, 66),
             (22, Format::IQ2S, 82),
         ] {
             let data = vec![0u8; 2 * bytes];
@@ -619,8 +633,8 @@ pub(crate) mod tests {
             assert_eq!(g.tensors["w"].ggml_type.format(), format);
             assert_eq!(g.tensors["w"].len, 2 * bytes, "{format}");
         }
-        let f = write(&[], &[("w", &[256, 2], 34, &[0u8; 108])]);
-        assert!(err(&f).contains("TQ1_0"), "{}", err(&f));
+        let f = write(&[], &[("w", &[32, 2], 39, &[0u8; 34])]);
+        assert!(err(&f).contains("MXFP4"), "{}", err(&f));
     }
 
     #[test]

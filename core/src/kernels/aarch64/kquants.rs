@@ -21,6 +21,13 @@ impl KBytes for BlockQ2K {
     }
 }
 
+impl KBytes for BlockTQ2_0 {
+    #[inline(always)]
+    fn bytes(sb: &[u8], j: usize) -> (uint8x16_t, uint8x16_t) {
+        bits32(&sb[32 * (j / 4)..], 2 * (j % 4), 3)
+    }
+}
+
 impl KBytes for BlockQ3K {
     #[inline(always)]
     fn bytes(sb: &[u8], j: usize) -> (uint8x16_t, uint8x16_t) {
@@ -116,7 +123,8 @@ bytes_from_quants!(
     BlockIQ2XS,
     BlockIQ2S,
     BlockIQ1S,
-    BlockIQ1M
+    BlockIQ1M,
+    BlockTQ1_0
 );
 
 /// IQ4_XS's stored quants by index.

@@ -31,7 +31,7 @@ use crate::quant::k_quants::BLOCKS_PER_SUPER;
 use crate::quant::{
     f16_at, BlockIQ1M, BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS,
     BlockIQ4NL, BlockIQ4XS, BlockQ16, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K,
-    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, KBlock, QK,
+    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, BlockTQ1_0, BlockTQ2_0, KBlock, QK,
 };
 
 pub(super) static KERNELS: Kernels = Kernels {
@@ -62,6 +62,8 @@ pub(super) static KERNELS: Kernels = Kernels {
     iq2_s: q8k_dots::<BlockIQ2S>(),
     iq1_s: q8k_dots::<BlockIQ1S>(),
     iq1_m: q8k_dots::<BlockIQ1M>(),
+    tq1_0: q8k_dots::<BlockTQ1_0>(),
+    tq2_0: q8k_dots::<BlockTQ2_0>(),
     dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
     dot_f32_x4: dot_f32::<TILE>,
     // NEON's f16 conversions need `float16x4_t`, still unstable in Rust: the scalar loop.

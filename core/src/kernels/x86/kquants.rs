@@ -10,6 +10,7 @@ use crate::quant::iq4_nl::IQ4_VALUES;
 use crate::quant::iq_grids::{IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3XXS_GRID};
 use crate::quant::k_quants::{k4_scales_mins, q3_scale_words};
 use crate::quant::q8k::SUM_SPAN;
+use crate::quant::tq1_0::POW3;
 
 /// A k-quant's blocks as unsigned bytes.
 pub(super) trait KBytes: KBlock {
@@ -522,6 +523,78 @@ impl KBytes for BlockIQ1M {
                 _mm_packus_epi16(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
             (bytes, _mm_setzero_si128())
         }
+    }
+}
+
+impl KBytes for BlockTQ2_0 {
+    #[inline(always)]
+    unsafe fn bytes(p: *const u8, j: usize) -> __m256i {
+        // SAFETY: block j's 32 bytes of quants (at 32(j / 4)) lie in the super-block.
+        unsafe { bytes32(p.add(32 * (j / 4)), 2 * (j % 4), 3) }
+    }
+    /// Every half's scale 1.
+    #[inline(always)]
+    unsafe fn halves(_: *const u8) -> (__m128i, __m128i) {
+        // SAFETY: register-only; the caller has AVX2.
+        unsafe { (_mm_set1_epi8(1), _mm_setzero_si128()) }
+    }
+}
+
+impl KBytes for BlockTQ1_0 {
+    /// The block's bytes, each with the power of three of the digit it gives
+    /// (`BlockTQ1_0::digit_of`), through `trits`.
+    #[inline(always)]
+    unsafe fn bytes(p: *const u8, j: usize) -> __m256i {
+        // SAFETY: the 48 bytes of five digits (at 0) and four of four (at 48) lie in the
+        // super-block; the caller has AVX2.
+        unsafe {
+            let pow3 = |n: usize| _mm_set1_epi16(POW3[n] as i16);
+            let tail = _mm_loadu_si128(p.add(BlockTQ1_0::QS_TAIL) as *const __m128i);
+            let (v, pow3) = match j {
+                0..5 => (
+                    _mm256_loadu_si256(p as *const __m256i),
+                    _mm256_set1_epi16(POW3[j] as i16),
+                ),
+                5 | 6 => (
+                    _mm256_set_m128i(tail, tail),
+                    _mm256_set_m128i(pow3(2 * (j - 5) + 1), pow3(2 * (j - 5))),
+                ),
+                _ => {
+                    let qh = (p.add(BlockTQ1_0::QH) as *const i32).read_unaligned();
+                    (
+                        _mm256_set_m128i(_mm_set1_epi32(qh), tail),
+                        _mm256_setr_epi16(81, 81, 81, 81, 81, 81, 81, 81, 1, 1, 3, 3, 9, 9, 27, 27),
+                    )
+                }
+            };
+            trits(v, pow3)
+        }
+    }
+    /// Every half's scale 1.
+    #[inline(always)]
+    unsafe fn halves(_: *const u8) -> (__m128i, __m128i) {
+        // SAFETY: register-only; the caller has AVX2.
+        unsafe { (_mm_set1_epi8(1), _mm_setzero_si128()) }
+    }
+}
+
+/// TQ1_0's digit of each byte of `v` (`tq1_0::trit`), both bytes of 16-bit lane `i` by the power
+/// of three in lane `i` of `pow3`: a byte in a lane's high half times it keeps `u8(b·3ⁿ)` there,
+/// and the high half of that times 3 is the digit.
+///
+/// # Safety
+/// register-only: the CPU has the features of the function that inlines it (AVX2).
+#[inline(always)]
+unsafe fn trits(v: __m256i, pow3: __m256i) -> __m256i {
+    // SAFETY: register-only; the caller has AVX2.
+    unsafe {
+        let three = _mm256_set1_epi16(3);
+        let even = _mm256_mullo_epi16(_mm256_slli_epi16::<8>(v), pow3);
+        let odd = _mm256_mullo_epi16(_mm256_and_si256(v, _mm256_set1_epi16(-256)), pow3);
+        _mm256_or_si256(
+            _mm256_mulhi_epu16(even, three),
+            _mm256_slli_epi16::<8>(_mm256_mulhi_epu16(odd, three)),
+        )
     }
 }
 

@@ -41,7 +41,7 @@ use crate::quant::k_quants::QK_K;
 use crate::quant::{
     BlockIQ1M, BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS, BlockIQ4NL,
     BlockIQ4XS, BlockQ16, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0,
-    BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, KBlock, QK,
+    BlockQ5_1, BlockQ6K, BlockQ8K, BlockQ8_0, BlockTQ1_0, BlockTQ2_0, KBlock, QK,
 };
 
 // cpufeatures also checks that the OS saves the AVX registers; it does not know F16C.
@@ -117,6 +117,8 @@ const fn amx_table() -> Kernels {
     k.iq2_s.k_panel = Some(kpanel_amx::k_panel::<BlockIQ2S>());
     k.iq1_s.k_panel = Some(kpanel_amx::k_panel::<BlockIQ1S>());
     k.iq1_m.k_panel = Some(kpanel_amx::k_panel::<BlockIQ1M>());
+    k.tq1_0.k_panel = Some(kpanel_amx::k_panel::<BlockTQ1_0>());
+    k.tq2_0.k_panel = Some(kpanel_amx::k_panel::<BlockTQ2_0>());
     k
 }
 
@@ -148,6 +150,8 @@ const fn table<const ISA: u8>(name: &'static str) -> Kernels {
         iq2_s: q8k_dots::<BlockIQ2S, ISA>(),
         iq1_s: q8k_dots::<BlockIQ1S, ISA>(),
         iq1_m: q8k_dots::<BlockIQ1M, ISA>(),
+        tq1_0: q8k_dots::<BlockTQ1_0, ISA>(),
+        tq2_0: q8k_dots::<BlockTQ2_0, ISA>(),
         dot_f32: |w, x| dot_f32::<1>(w, [x])[0],
         dot_f32_x4: dot_f32::<TILE>,
         dot_f16: |w, x| dot_f16::<1>(w, [x])[0],
