@@ -30,6 +30,12 @@ pub struct KInts {
     pub mins: [i8; HALVES_PER_SUPER],
 }
 
+/// Every half's scale 1 and no minimums: the ternary formats, whose one scale is `d`.
+pub const UNIT_INTS: KInts = KInts {
+    scales: [1; HALVES_PER_SUPER],
+    mins: [0; HALVES_PER_SUPER],
+};
+
 /// A k-quant format, read super-block by super-block.
 pub trait KBlock {
     /// Bytes of one super-block.

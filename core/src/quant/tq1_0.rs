@@ -4,7 +4,7 @@
 //! of `qs[32..48]` (16 each), digits 0..4 of `qh` (4 each). Digit `n` of a byte `b` is ggml's
 //! `(u8(b·3ⁿ)·3) >> 8`: the bytes hold the digits as a fraction of 243, rounded up. Read as a
 //! k-quant: every half's scale 1, stored quants `t` with the offset 1.
-use super::k_quants::{u16_at, KBlock, KInts, HALVES_PER_SUPER};
+use super::k_quants::{u16_at, KBlock, KInts, UNIT_INTS};
 use super::QK;
 
 /// TQ1_0, read in place.
@@ -49,10 +49,7 @@ impl KBlock for BlockTQ1_0 {
     }
     #[inline(always)]
     fn ints(_: &[u8]) -> KInts {
-        KInts {
-            scales: [1; HALVES_PER_SUPER],
-            mins: [0; HALVES_PER_SUPER],
-        }
+        UNIT_INTS
     }
     fn quants(sb: &[u8], j: usize) -> [u8; QK] {
         core::array::from_fn(|v| {

@@ -1,7 +1,7 @@
 //! TQ2_0: 256 ternary values as `{ qs: [u8; 64], d: f16 }` (66 bytes), two bits each in Q2_K's
 //! order (block `j` in bits `2(j % 4)` of `qs[32(j / 4)..]`); ggml's value is `d·(q − 1)`. Read
 //! as a k-quant: every half's scale 1, stored quants `q` (0..=3) with the offset 1.
-use super::k_quants::{u16_at, KBlock, KInts, HALVES_PER_SUPER};
+use super::k_quants::{u16_at, KBlock, KInts, UNIT_INTS};
 use super::QK;
 
 /// TQ2_0, read in place.
@@ -19,10 +19,7 @@ impl KBlock for BlockTQ2_0 {
     }
     #[inline(always)]
     fn ints(_: &[u8]) -> KInts {
-        KInts {
-            scales: [1; HALVES_PER_SUPER],
-            mins: [0; HALVES_PER_SUPER],
-        }
+        UNIT_INTS
     }
     fn quants(sb: &[u8], j: usize) -> [u8; QK] {
         core::array::from_fn(|m| (sb[32 * (j / 4) + m] >> (2 * (j % 4))) & 3)
