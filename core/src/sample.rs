@@ -483,6 +483,51 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// Log-probabilities of the model's own distribution: the softmax of the logits as they come
+/// from the model, before penalties, biases or temperature (what OpenAI's `logprobs` report).
+#[derive(Debug, Clone, Copy)]
+pub struct LogSoftmax {
+    /// The largest logit plus the log of the sum of `exp(logit - max)`.
+    log_norm: f32,
+}
+
+impl LogSoftmax {
+    /// The largest logit is subtracted first, so no term overflows; the terms are added in
+    /// f64, so a vocabulary of any size loses nothing to rounding.
+    pub fn of(logits: &[f32]) -> Self {
+        let max = logits.get(argmax(logits) as usize).copied().unwrap_or(0.0);
+        let sum: f64 = logits.iter().map(|&l| f64::from(libm::expf(l - max))).sum();
+        LogSoftmax {
+            log_norm: max + libm::log(sum) as f32,
+        }
+    }
+
+    /// The log-probability of a token whose logit is `logit`.
+    pub fn log_prob(&self, logit: f32) -> f32 {
+        logit - self.log_norm
+    }
+}
+
+/// The ids of the `n` largest logits, largest first (the lower id first on ties; NaN never
+/// counts as large), into `out`.
+pub fn top_ids(logits: &[f32], n: usize, out: &mut Vec<u32>) {
+    out.clear();
+    if n == 0 {
+        return;
+    }
+    for (i, &l) in logits.iter().enumerate() {
+        if l.is_nan() || (out.len() == n && l <= logits[out[n - 1] as usize]) {
+            continue;
+        }
+        // Insert after every kept id whose logit is at least `l`: ties keep the lower id first.
+        let at = out.partition_point(|&t| logits[t as usize] >= l);
+        if out.len() == n {
+            out.pop();
+        }
+        out.insert(at, i as u32);
+    }
+}
+
 /// `lanes[i] = values[i]` where that is larger (`>`: NaN never is).
 #[inline(always)]
 fn keep_larger(lanes: &mut [f32], values: &[f32]) {
@@ -601,6 +646,39 @@ mod tests {
                 prop_assert!(pr[t] >= best * m * (1.0 - 1e-4), "p {} best {} min_p {}", pr[t], best, m);
             }
         }
+    }
+
+    proptest! {
+        #[test]
+        fn log_probs_are_the_log_of_the_softmax(l in logits()) {
+            let lp = LogSoftmax::of(&l);
+            let p = probs(&l);
+            let total: f64 = l.iter().map(|&v| libm::exp(f64::from(lp.log_prob(v)))).sum();
+            prop_assert!((total - 1.0).abs() < 1e-4, "probabilities add up to {total}");
+            for (&v, &q) in l.iter().zip(&p) {
+                prop_assert!((libm::expf(lp.log_prob(v)) - q).abs() < 1e-5);
+            }
+        }
+
+        #[test]
+        fn top_ids_are_the_first_n_of_a_stable_sort(l in logits(), n in 0usize..40) {
+            let mut top = Vec::new();
+            top_ids(&l, n, &mut top);
+            let mut sorted: Vec<u32> = (0..l.len() as u32).collect();
+            sorted.sort_by(|&a, &b| l[b as usize].total_cmp(&l[a as usize]));
+            sorted.truncate(n);
+            prop_assert_eq!(top, sorted);
+        }
+    }
+
+    #[test]
+    fn top_ids_keep_the_lower_id_on_ties_and_skip_nan() {
+        let l = [1.0, f32::NAN, 3.0, 1.0, 3.0, 2.0];
+        let mut top = Vec::new();
+        top_ids(&l, 4, &mut top);
+        assert_eq!(top, [2, 4, 5, 0]);
+        top_ids(&l, 0, &mut top);
+        assert!(top.is_empty());
     }
 
     /// Pearson's chi-square of `counts` against the distribution `p`.

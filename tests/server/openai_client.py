@@ -12,6 +12,7 @@ bounded.
 """
 import concurrent.futures
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -127,6 +128,62 @@ try:
     check(metrics(port)['sapient:request_success_total{finished_reason="stop"}'] == stops_before + 1,
           "a request a stop string ended counts as stopped (/metrics)")
 
+    # logprobs: the log-softmax of the model's own logits at each generated position, as
+    # `sapient logits` gives them for the prompt and the tokens before.
+    gen = cli("generate", "-p", prompt, "-n", "4", "--temperature", "0")
+    out = subprocess.run([BIN, "logits", "-m", MODEL, "--all-positions", "--prompt-ids",
+                          ",".join(map(str, gen["prompt_ids"] + gen["generated_ids"][:3]))],
+                         capture_output=True, text=True, timeout=120)
+    rows = json.loads(out.stdout)["logits"][-4:]
+
+    def log_softmax(row):
+        top = max(row)
+        norm = top + math.log(sum(math.exp(v - top) for v in row))
+        return [v - norm for v in row]
+
+    want_lp = [log_softmax(r) for r in rows]
+    lp = client.completions.create(model=NAME, prompt=prompt, max_tokens=4, temperature=0, logprobs=3).choices[0]
+    check(lp.text == gen["text"] and "".join(lp.logprobs.tokens) == lp.text,
+          "completion logprobs: the tokens put together are the text")
+    check(all(abs(got - want_lp[i][t]) < 1e-4 for i, (got, t) in
+              enumerate(zip(lp.logprobs.token_logprobs, gen["generated_ids"]))),
+          f"completion logprobs equal the log-softmax of sapient logits ({lp.logprobs.token_logprobs})")
+    check(all(len(top) == 3 and max(top.values()) == top[tok] and abs(top[tok] - got) < 1e-6
+              for top, tok, got in zip(lp.logprobs.top_logprobs, lp.logprobs.tokens, lp.logprobs.token_logprobs)),
+          "completion top_logprobs: three, the greedy token the likeliest")
+    check(lp.logprobs.text_offset == [len("".join(lp.logprobs.tokens[:i])) for i in range(4)],
+          "completion text_offset: where each token starts")
+    streamed = [c.choices[0].logprobs for c in client.completions.create(
+        model=NAME, prompt=prompt, max_tokens=4, temperature=0, logprobs=3, stream=True)
+        if c.choices and c.choices[0].logprobs]
+    check(sum((s.token_logprobs for s in streamed), []) == lp.logprobs.token_logprobs,
+          "streamed completion logprobs equal the whole answer's")
+    chat = client.chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=8,
+                                          logprobs=True, top_logprobs=2).choices[0]
+    content = chat.logprobs.content
+    check("".join(t.token for t in content) == chat.message.content and
+          all(bytes(t.bytes) == t.token.encode() and len(t.top_logprobs) == 2 and
+              t.top_logprobs[0].token == t.token and t.top_logprobs[0].logprob == t.logprob and
+              t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob for t in content),
+          "chat logprobs: tokens, bytes and top_logprobs of the reply")
+    streamed = [t for c in client.chat.completions.create(
+        model=NAME, messages=messages, temperature=0, max_tokens=8, logprobs=True, top_logprobs=2, stream=True)
+        if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+    check([(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in content],
+          "streamed chat logprobs equal the whole answer's")
+    stopped = client.chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=24,
+                                             stop=["Paris"], logprobs=True).choices[0]
+    tokens = [t.token for t in stopped.logprobs.content]
+    check("".join(tokens).startswith(stopped.message.content) and
+          len("".join(tokens[:-1])) < len(stopped.message.content) and "Paris" not in "".join(tokens[:-1]),
+          f"logprobs end with the token the stop string starts in ({tokens[-2:]})")
+    for route, body in [("/v1/chat/completions", {"messages": messages, "logprobs": True, "top_logprobs": 21}),
+                        ("/v1/chat/completions", {"messages": messages, "top_logprobs": 2}),
+                        ("/v1/chat/completions", {"messages": messages, "logprobs": 5}),
+                        ("/v1/completions", {"prompt": "x", "logprobs": True})]:
+        status, err, _ = raw(port, route, json.dumps({"model": NAME, **body}).encode())
+        check(status == 400 and "logprobs" in err["error"]["message"], f"{route} {body}: 400 naming logprobs")
+
     emb = client.embeddings.create(model=NAME, input=["Hello world", prompt])
     mine = cli("embed", "-p", prompt, "--normalize")["embedding"]
     check(len(emb.data) == 2 and max(abs(a - b) for a, b in zip(emb.data[1].embedding, mine)) < 1e-5,
@@ -138,7 +195,7 @@ try:
     check(status == 400 and "messages" in body["error"]["message"], "missing messages: 400")
     status, body, _ = raw(port, "/v1/completions", json.dumps({"model": NAME, "prompt": "x", "temperature": 9}).encode())
     check(status == 400 and "temperature" in body["error"]["message"], "bad temperature: 400")
-    for field, value in [("logprobs", True), ("tools", [{"type": "function", "function": {"name": "f"}}]),
+    for field, value in [("echo", True), ("tools", [{"type": "function", "function": {"name": "f"}}]),
                          ("response_format", {"type": "json_object"}), ("logit_bias", {"99999999": 1})]:
         status, body, _ = raw(port, "/v1/completions", json.dumps({"model": NAME, "prompt": "x", field: value}).encode())
         check(status == 400 and field in body["error"]["message"], f"{field} it cannot honour: 400 naming it")

@@ -66,6 +66,32 @@ fn llama_cpp_vocabularies_tokenize_as_llama_cpp_does() {
     assert!(compared >= 400, "only {compared} cases compared");
 }
 
+/// A text's tokens, each taken as its bytes (what the server's `logprobs` report for a token)
+/// and put end to end, are the text's bytes: byte tokens and pieces of characters included.
+#[test]
+fn token_bytes_put_end_to_end_are_the_text() {
+    let Some(dir) = llama_cpp_models() else {
+        eprintln!("SKIPPED: no llama.cpp source (run scripts/fetch-llama-cpp.sh, set SAPIENT_LLAMA_CPP_SRC)");
+        return;
+    };
+    let mut compared = 0;
+    for name in SUPPORTED {
+        let tok = load(&dir, name).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        for (text, _) in cases(&dir, name) {
+            let ids = tok.encode(&text).unwrap();
+            let bytes: Vec<u8> = ids.iter().flat_map(|&id| tok.token_bytes(id)).collect();
+            let want = tok.decode_continuation(&ids, false).unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&bytes),
+                want,
+                "{name}: {text:?} as {ids:?}"
+            );
+            compared += 1;
+        }
+    }
+    assert!(compared >= 400, "only {compared} cases compared");
+}
+
 /// Mistral's Tekken vocabulary (Mistral NeMo, Ministral, Mistral Small 3), for which llama.cpp
 /// ships no test file: `scripts/fetch-tekken-vocab.sh` writes one as llama.cpp's converter does,
 /// with the ids that mistral_common, Mistral's own tokenizer, gives 178 texts (llama.cpp's test

@@ -19,6 +19,7 @@ use sapient_core::sample::SamplerConfig;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
+use super::detokenize::{chat_logprobs, completion_logprobs, Detokenizer, Reported};
 use super::engine::{Event, Finish, Job, Request};
 use super::metrics::Metrics;
 use crate::chat::{ChatTemplate, Message};
@@ -192,8 +193,6 @@ fn refuse_unsupported(body: &Value) -> ApiResult<()> {
         Some(_) => true,
     };
     for (key, what) in [
-        ("logprobs", ""),
-        ("top_logprobs", ""),
         ("tools", " (function calling)"),
         ("functions", " (function calling)"),
         ("echo", ""),
@@ -275,9 +274,48 @@ struct Generation {
     stop: Vec<String>,
     stream: bool,
     include_usage: bool,
+    /// `Some(n)`: each token's log-probability and the `n` likeliest tokens' with it.
+    logprobs: Option<usize>,
 }
 
-fn generation(body: &Value, vocab_size: usize) -> ApiResult<Generation> {
+/// The most likely tokens a request may ask for at each position (OpenAI's limit).
+const MAX_TOP_LOGPROBS: usize = 20;
+
+/// Whether (and with how many likeliest tokens) `kind`'s request asks for log-probabilities:
+/// chat has `logprobs: true` and `top_logprobs: n`, completions `logprobs: n`.
+fn logprobs(body: &Value, kind: Kind) -> ApiResult<Option<usize>> {
+    let top = |key: &str| match body.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .filter(|n| *n as usize <= MAX_TOP_LOGPROBS)
+            .map(|n| Some(n as usize))
+            .ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "{key} must be a whole number from 0 to {MAX_TOP_LOGPROBS}"
+                ))
+            }),
+    };
+    match kind {
+        Kind::Completion => top("logprobs"),
+        Kind::Chat => {
+            let on = match body.get("logprobs") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => return Err(ApiError::bad_request("logprobs must be a boolean")),
+            };
+            match (on, top("top_logprobs")?) {
+                (true, n) => Ok(Some(n.unwrap_or(0))),
+                (false, Some(n)) if n > 0 => {
+                    Err(ApiError::bad_request("top_logprobs needs logprobs: true"))
+                }
+                (false, _) => Ok(None),
+            }
+        }
+    }
+}
+
+fn generation(body: &Value, kind: Kind, vocab_size: usize) -> ApiResult<Generation> {
     refuse_unsupported(body)?;
     let seed = match body.get("seed") {
         None | Some(Value::Null) => SystemTime::now()
@@ -350,6 +388,7 @@ fn generation(body: &Value, vocab_size: usize) -> ApiResult<Generation> {
         stop,
         stream,
         include_usage,
+        logprobs: logprobs(body, kind)?,
     })
 }
 
@@ -437,6 +476,7 @@ fn start(
             logit_bias: g.logit_bias.clone(),
             max_tokens,
             stop: stop_tokens.to_vec(),
+            logprobs: g.logprobs,
             events,
             stopped_by_text: stopped_by_text.clone(),
             arrived: Instant::now(),
@@ -445,77 +485,35 @@ fn start(
     Ok((receiver, stopped_by_text))
 }
 
-/// Text of generated tokens as it grows, with stop strings applied.
-struct Detokenizer {
-    tokenizer: Arc<Tokenizer>,
-    ids: Vec<u32>,
-    /// Bytes of text already handed out.
-    sent: usize,
-    stop: Vec<String>,
-    /// Set when a stop string ends the text (the engine counts the request as stopped).
-    stopped: Arc<AtomicBool>,
+/// The whole answer of a request that does not stream.
+struct Whole {
+    text: String,
+    finish: &'static str,
+    completion_tokens: usize,
+    /// The tokens' log-probabilities, when asked for.
+    logprobs: Vec<Reported>,
 }
 
-impl Detokenizer {
-    /// The next piece of text that is safe to hand out (no half character, nothing that may
-    /// become a stop string), and whether a stop string was reached.
-    fn push(&mut self, id: u32) -> (String, bool) {
-        self.ids.push(id);
-        let text = self
-            .tokenizer
-            .decode_continuation(&self.ids, true)
-            .unwrap_or_default();
-        if let Some(at) = self.stop.iter().filter_map(|s| text.find(s.as_str())).min() {
-            self.stopped.store(true, Ordering::Relaxed);
-            let piece = text.get(self.sent..at).unwrap_or_default().to_owned();
-            self.sent = at;
-            return (piece, true);
-        }
-        // Hold back a half-decoded character, and the longest tail that could start a stop
-        // string (it starts at a character boundary, as the stop string does).
-        let complete = text.trim_end_matches('\u{fffd}').len();
-        let mut hold = 0;
-        for s in &self.stop {
-            if let Some(k) = (1..s.len())
-                .rev()
-                .find(|&k| s.is_char_boundary(k) && text[..complete].ends_with(&s[..k]))
-            {
-                hold = hold.max(k);
-            }
-        }
-        let safe = (complete - hold).max(self.sent);
-        let piece = text.get(self.sent..safe).unwrap_or_default().to_owned();
-        self.sent = safe;
-        (piece, false)
-    }
-
-    /// Whatever was held back, at the end.
-    fn finish(&mut self) -> String {
-        let text = self
-            .tokenizer
-            .decode_continuation(&self.ids, true)
-            .unwrap_or_default();
-        let piece = text.get(self.sent..).unwrap_or_default().to_owned();
-        self.sent = text.len();
-        piece
-    }
-}
-
-/// The whole answer of a request that does not stream: its text, why it ended, its usage.
 async fn collect(
     mut events: mpsc::UnboundedReceiver<Event>,
     mut text: Detokenizer,
-) -> ApiResult<(String, &'static str, usize)> {
+) -> ApiResult<Whole> {
     let mut out = String::new();
+    let mut logprobs = Vec::new();
     while let Some(event) = events.recv().await {
         match event {
-            Event::Token(id) => {
-                let (piece, stopped) = text.push(id);
+            Event::Token { id, logprobs: lp } => {
+                let (piece, stopped) = text.push(id, lp);
                 out += &piece;
+                logprobs.extend(text.reported());
                 if stopped {
-                    let completion = text.ids.len();
                     // Dropping the receiver frees the request's slot.
-                    return Ok((out, "stop", completion));
+                    return Ok(Whole {
+                        text: out,
+                        finish: "stop",
+                        completion_tokens: text.tokens(),
+                        logprobs,
+                    });
                 }
             }
             Event::Done {
@@ -524,7 +522,13 @@ async fn collect(
                 ..
             } => {
                 out += &text.finish();
-                return Ok((out, finish_reason(finish), completion_tokens));
+                logprobs.extend(text.reported());
+                return Ok(Whole {
+                    text: out,
+                    finish: finish_reason(finish),
+                    completion_tokens,
+                    logprobs,
+                });
             }
             Event::Failed(e) => return Err(ApiError::server(e)),
         }
@@ -541,14 +545,22 @@ fn finish_reason(f: Finish) -> &'static str {
     }
 }
 
-/// Server-sent events of a streaming request: `chunk(text, finish_reason)` makes each
-/// `data:` object; the last chunk carries the finish reason, then usage if asked, then `[DONE]`.
+/// What a streamed chunk carries: text, the log-probabilities of its tokens, or the finish.
+enum Piece<'a> {
+    /// The first chunk (chat's has the role).
+    Open,
+    Text(&'a str, &'a [Reported]),
+    Finish(&'static str),
+}
+
+/// Server-sent events of a streaming request: `chunk(piece)` makes each `data:` object; the
+/// last chunk carries the finish reason, then usage if asked, then `[DONE]`.
 fn sse(
     events: mpsc::UnboundedReceiver<Event>,
     text: Detokenizer,
     prompt_tokens: usize,
     include_usage: bool,
-    chunk: impl Fn(Option<&str>, Option<&str>) -> Value + Send + 'static,
+    chunk: impl Fn(Piece<'_>) -> Value + Send + 'static,
     usage_chunk: impl Fn(Value) -> Value + Send + 'static,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     struct St<C, U> {
@@ -559,7 +571,17 @@ fn sse(
         queue: std::collections::VecDeque<String>,
         done: bool,
     }
-    let first = chunk(Some(""), None);
+    impl<C: Fn(Piece<'_>) -> Value, U> St<C, U> {
+        /// Queues a chunk of `piece` and the log-probabilities of the tokens it completes.
+        fn text(&mut self, piece: &str) {
+            let reported = self.text.reported();
+            if !piece.is_empty() || !reported.is_empty() {
+                let data = (self.chunk)(Piece::Text(piece, &reported)).to_string();
+                self.queue.push_back(data);
+            }
+        }
+    }
+    let first = chunk(Piece::Open);
     let state = St {
         events,
         text,
@@ -577,16 +599,13 @@ fn sse(
                 return None;
             }
             let (finish, completion) = match st.events.recv().await {
-                Some(Event::Token(id)) => {
-                    let (piece, stopped) = st.text.push(id);
-                    if !piece.is_empty() {
-                        st.queue
-                            .push_back((st.chunk)(Some(&piece), None).to_string());
-                    }
+                Some(Event::Token { id, logprobs }) => {
+                    let (piece, stopped) = st.text.push(id, logprobs);
+                    st.text(&piece);
                     if !stopped {
                         continue;
                     }
-                    ("stop", st.text.ids.len())
+                    ("stop", st.text.tokens())
                 }
                 Some(Event::Done {
                     finish,
@@ -594,10 +613,7 @@ fn sse(
                     ..
                 }) => {
                     let rest = st.text.finish();
-                    if !rest.is_empty() {
-                        st.queue
-                            .push_back((st.chunk)(Some(&rest), None).to_string());
-                    }
+                    st.text(&rest);
                     (finish_reason(finish), completion_tokens)
                 }
                 Some(Event::Failed(e)) => {
@@ -613,7 +629,7 @@ fn sse(
                 }
             };
             st.queue
-                .push_back((st.chunk)(None, Some(finish)).to_string());
+                .push_back((st.chunk)(Piece::Finish(finish)).to_string());
             if include_usage {
                 let usage = json!({
                     "prompt_tokens": prompt_tokens,
@@ -655,10 +671,10 @@ fn content_text(content: &Value) -> ApiResult<String> {
 }
 
 /// A generating route's body: parsed, its model checked, its generation settings read.
-fn generating_request(state: &AppState, body: &[u8]) -> ApiResult<(Value, Generation)> {
+fn generating_request(state: &AppState, kind: Kind, body: &[u8]) -> ApiResult<(Value, Generation)> {
     let body = parse_body(body)?;
     check_model(state, &body)?;
-    let g = generation(&body, state.vocab_size)?;
+    let g = generation(&body, kind, state.vocab_size)?;
     Ok((body, g))
 }
 
@@ -667,7 +683,7 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
     let body = read_body(&state, body)?;
-    let (body, g) = generating_request(&state, &body)?;
+    let (body, g) = generating_request(&state, Kind::Chat, &body)?;
     let messages = body
         .get("messages")
         .and_then(Value::as_array)
@@ -701,7 +717,7 @@ pub async fn completions(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
     let body = read_body(&state, body)?;
-    let (body, g) = generating_request(&state, &body)?;
+    let (body, g) = generating_request(&state, Kind::Completion, &body)?;
     let prompt = match body.get("prompt") {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
@@ -728,27 +744,44 @@ enum Kind {
 }
 
 impl Kind {
-    /// A choice of a streamed chunk: `Some("")` opens the stream, `None` carries the finish.
-    fn chunk_choice(self, content: Option<&str>, finish: Option<&str>) -> Value {
+    /// The `logprobs` object of `tokens` in this route's shape.
+    fn logprobs(self, tokenizer: &Tokenizer, tokens: &[Reported]) -> Value {
         match self {
-            Kind::Chat => {
-                let delta = match content {
-                    Some("") => json!({ "role": "assistant", "content": "" }),
-                    Some(c) => json!({ "content": c }),
-                    None => json!({}),
-                };
-                json!({ "index": 0, "delta": delta, "finish_reason": finish })
-            }
-            Kind::Completion => json!({ "index": 0, "text": content.unwrap_or(""),
-                                        "logprobs": null, "finish_reason": finish }),
+            Kind::Chat => chat_logprobs(tokenizer, tokens),
+            Kind::Completion => completion_logprobs(tokenizer, tokens),
         }
     }
 
-    fn whole_choice(self, content: String, finish: &str) -> Value {
+    /// A choice of a streamed chunk; `logprobs` is null unless the request asked for them.
+    fn chunk_choice(self, piece: Piece<'_>, tokenizer: Option<&Tokenizer>) -> Value {
+        let (content, finish, logprobs) = match piece {
+            Piece::Open => ("", None, Value::Null),
+            Piece::Text(text, tokens) => {
+                let lp = tokenizer.map_or(Value::Null, |t| self.logprobs(t, tokens));
+                (text, None, lp)
+            }
+            Piece::Finish(f) => ("", Some(f), Value::Null),
+        };
         match self {
-            Kind::Chat => json!({ "index": 0, "finish_reason": finish,
+            Kind::Chat => {
+                let delta = match piece {
+                    Piece::Open => json!({ "role": "assistant", "content": "" }),
+                    Piece::Text(..) => json!({ "content": content }),
+                    Piece::Finish(_) => json!({}),
+                };
+                json!({ "index": 0, "delta": delta, "logprobs": logprobs,
+                        "finish_reason": finish })
+            }
+            Kind::Completion => json!({ "index": 0, "text": content, "logprobs": logprobs,
+                                        "finish_reason": finish }),
+        }
+    }
+
+    fn whole_choice(self, content: String, finish: &str, logprobs: Value) -> Value {
+        match self {
+            Kind::Chat => json!({ "index": 0, "finish_reason": finish, "logprobs": logprobs,
                                   "message": { "role": "assistant", "content": content } }),
-            Kind::Completion => json!({ "index": 0, "text": content, "logprobs": null,
+            Kind::Completion => json!({ "index": 0, "text": content, "logprobs": logprobs,
                                         "finish_reason": finish }),
         }
     }
@@ -772,21 +805,17 @@ async fn answer(
 ) -> ApiResult<Response> {
     let prompt_tokens = ids.len();
     let (events, stopped) = start(state, ids, g, stop_tokens)?;
-    let text = Detokenizer {
-        tokenizer: state.tokenizer.clone(),
-        ids: Vec::new(),
-        sent: 0,
-        stop: g.stop.clone(),
-        stopped,
-    };
+    let text = Detokenizer::new(state.tokenizer.clone(), g.stop.clone(), stopped);
     let (prefix, chunk_object, object) = kind.names();
     let (id, created, model) = (request_id(prefix), now_secs(), state.model_id.clone());
     let head = move |object: &str| json!({ "id": id, "object": object, "created": created, "model": model });
+    // The tokenizer names the tokens of `logprobs`, for requests that ask for them.
+    let tokenizer = g.logprobs.map(|_| state.tokenizer.clone());
     if g.stream {
         let usage_head = head.clone();
-        let chunk = move |content: Option<&str>, finish: Option<&str>| {
+        let chunk = move |piece: Piece<'_>| {
             let mut v = head(chunk_object);
-            v["choices"] = json!([kind.chunk_choice(content, finish)]);
+            v["choices"] = json!([kind.chunk_choice(piece, tokenizer.as_deref())]);
             v
         };
         let usage = move |usage: Value| {
@@ -797,9 +826,11 @@ async fn answer(
         };
         return Ok(sse(events, text, prompt_tokens, g.include_usage, chunk, usage).into_response());
     }
-    let (content, finish, completion) = collect(events, text).await?;
+    let whole = collect(events, text).await?;
+    let logprobs = tokenizer.map_or(Value::Null, |t| kind.logprobs(&t, &whole.logprobs));
+    let completion = whole.completion_tokens;
     let mut v = head(object);
-    v["choices"] = json!([kind.whole_choice(content, finish)]);
+    v["choices"] = json!([kind.whole_choice(whole.text, whole.finish, logprobs)]);
     v["usage"] = json!({ "prompt_tokens": prompt_tokens, "completion_tokens": completion,
                          "total_tokens": prompt_tokens + completion });
     Ok(Json(v).into_response())

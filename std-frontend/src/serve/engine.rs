@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
-use sapient_core::sample::{Sampler, SamplerConfig};
+use sapient_core::sample::{top_ids, LogSoftmax, Sampler, SamplerConfig};
 use sapient_core::{KvFormat, Model, Want};
 use tokio::sync::{mpsc, oneshot};
 
@@ -37,10 +37,23 @@ pub enum Finish {
     Length,
 }
 
+/// A generated token's log-probability under the model's distribution (the softmax of its
+/// raw logits, before penalties, biases and temperature), and the likeliest tokens' with theirs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    /// Most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
 /// What the engine tells a request.
 #[derive(Debug)]
 pub enum Event {
-    Token(u32),
+    Token {
+        id: u32,
+        /// When the request asked for them.
+        logprobs: Option<TokenLogprobs>,
+    },
     Done {
         finish: Finish,
         prompt_tokens: usize,
@@ -58,6 +71,8 @@ pub struct Job {
     pub max_tokens: usize,
     /// Tokens that end generation (not reported).
     pub stop: Vec<u32>,
+    /// `Some(n)`: report each token's log-probability and the `n` likeliest tokens' with it.
+    pub logprobs: Option<usize>,
     pub events: mpsc::UnboundedSender<Event>,
     /// Set by the receiving side when a stop string ended the request before it dropped its
     /// events: the request finished, it was not abandoned.
@@ -94,6 +109,8 @@ struct Running {
     fed: usize,
     generated: usize,
     logits: Vec<f32>,
+    /// The logits before biases and penalties, kept for `logprobs` (empty when not asked).
+    raw_logits: Vec<f32>,
     last_token: Option<Instant>,
 }
 
@@ -206,6 +223,7 @@ fn run(
                 fed: kept,
                 generated: 0,
                 logits: vec![0.0; vocab_size],
+                raw_logits: Vec::new(),
                 last_token: None,
                 job,
             });
@@ -359,6 +377,9 @@ fn next_token(r: &mut Running, cfg: &EngineConfig, metrics: &Metrics) -> Outcome
     if r.job.events.is_closed() {
         return Outcome::Gone;
     }
+    if r.job.logprobs.is_some() {
+        r.raw_logits.clone_from(&r.logits);
+    }
     for &(t, bias) in &r.job.logit_bias {
         if let Some(l) = r.logits.get_mut(t as usize) {
             *l += bias;
@@ -383,7 +404,18 @@ fn next_token(r: &mut Running, cfg: &EngineConfig, metrics: &Metrics) -> Outcome
     }
     r.last_token = Some(now);
     metrics.generation_tokens.fetch_add(1, Ordering::Relaxed);
-    if r.job.events.send(Event::Token(token)).is_err() {
+    let logprobs = r
+        .job
+        .logprobs
+        .map(|n| token_logprobs(&r.raw_logits, token, n));
+    if r.job
+        .events
+        .send(Event::Token {
+            id: token,
+            logprobs,
+        })
+        .is_err()
+    {
         return Outcome::Gone;
     }
     r.generated += 1;
@@ -393,4 +425,19 @@ fn next_token(r: &mut Running, cfg: &EngineConfig, metrics: &Metrics) -> Outcome
         return Outcome::Finished(Finish::Length);
     }
     Outcome::Continue
+}
+
+/// `token`'s log-probability under `logits` and the `n` likeliest tokens' (ids within the
+/// vocabulary: the sampler chose `token` from these logits).
+fn token_logprobs(logits: &[f32], token: u32, n: usize) -> TokenLogprobs {
+    let dist = LogSoftmax::of(logits);
+    let mut ids = Vec::with_capacity(n);
+    top_ids(logits, n, &mut ids);
+    TokenLogprobs {
+        logprob: dist.log_prob(logits[token as usize]),
+        top: ids
+            .into_iter()
+            .map(|t| (t, dist.log_prob(logits[t as usize])))
+            .collect(),
+    }
 }

@@ -16,6 +16,7 @@ use crate::tokenizer::Tokenizer;
 use crate::Rayon;
 
 pub mod api;
+mod detokenize;
 pub mod engine;
 mod listener;
 pub mod metrics;

@@ -233,6 +233,41 @@ impl Tokenizer {
         }
     }
 
+    /// The bytes token `id` stands for, as it would appear in decoded text (special tokens
+    /// as their text; a byte token as its byte, even where that is half a character). Empty
+    /// for an id outside the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        match &self.model {
+            Model::Spm(s) => {
+                let mut out = Vec::new();
+                s.piece(id, false, &mut out);
+                out
+            }
+            Model::Hf(t) => {
+                let Some(token) = t.id_to_token(id) else {
+                    return Vec::new();
+                };
+                let byte_level = matches!(
+                    t.get_decoder(),
+                    Some(tokenizers::DecoderWrapper::ByteLevel(_))
+                );
+                if byte_level {
+                    // Added tokens are stored as their text, which has no characters outside
+                    // the byte-level alphabet's printable ASCII, so this maps them too.
+                    if let Some(bytes) = token.chars().map(byte_level_byte).collect() {
+                        return bytes;
+                    }
+                }
+                if let Some(b) = spm::parse_byte_token(&token) {
+                    return vec![b];
+                }
+                t.decode(&[id], false)
+                    .map(String::into_bytes)
+                    .unwrap_or_default()
+            }
+        }
+    }
+
     /// The tokenizer as a Hugging Face `tokenizer.json` (byte-level BPE ones; a SentencePiece
     /// vocabulary has no such form here).
     pub fn to_hf_json(&self) -> Result<String> {
@@ -400,6 +435,21 @@ fn pre_tokenizer(pre: &str) -> Result<(PreTokenizerWrapper, bool)> {
         "llama-bpe" | "llama3" | "llama-v3" | "falcon3" | "pixtral" | "midm-2.0" | "tekken"
     );
     Ok((Sequence::new(steps).into(), ignore_merges))
+}
+
+/// The byte a character of GPT-2's byte-level alphabet stands for: printable Latin-1 bytes are
+/// themselves, the other 68 bytes are `U+0100 + n` in increasing order of the byte.
+fn byte_level_byte(c: char) -> Option<u8> {
+    let printable = |b: u32| matches!(b, 0x21..=0x7e | 0xa1..=0xac | 0xae..=0xff);
+    let c = c as u32;
+    if printable(c) {
+        return Some(c as u8);
+    }
+    let n = c.checked_sub(0x100)?;
+    (0u32..256)
+        .filter(|&b| !printable(b))
+        .nth(n as usize)
+        .map(|b| b as u8)
 }
 
 /// Turns a stream of token ids into text without ever emitting half a UTF-8 character: the

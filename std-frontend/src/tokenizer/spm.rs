@@ -325,7 +325,7 @@ impl Spm {
 }
 
 /// `<0xNN>` -> the byte NN.
-fn parse_byte_token(text: &str) -> Option<u8> {
+pub fn parse_byte_token(text: &str) -> Option<u8> {
     let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
     u8::from_str_radix(hex, 16).ok()
 }
