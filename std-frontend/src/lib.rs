@@ -8,6 +8,7 @@ pub mod exec;
 pub mod generate;
 #[cfg(feature = "gpu")]
 pub mod gpu;
+pub mod json_output;
 pub mod load;
 pub mod run;
 pub mod serve;

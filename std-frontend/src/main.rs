@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use sapient::chat::{ChatTemplate, Message};
 use sapient::generate::Stats;
 use sapient::generate::{generate, Stop};
+use sapient::json_output::{JsonOutput, JsonVocab};
 use sapient::load::{self, resolve, LoadOptions, ModelFiles, Quantize};
 use sapient::run::{self, CpuRunner, PerplexityRecipe, Runner, Session, DEFAULT_BATCH};
 use sapient::speculative::{generate_speculative, Draft, DraftStats, ModelDraft};
@@ -293,6 +294,10 @@ struct GenerateArgs {
     ctx: Option<usize>,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     format: OutputFormat,
+    /// Keep the output one JSON object (as the server's response_format json_object): every
+    /// token sampled continues valid JSON, and generation ends only once the object is closed.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -1017,6 +1022,7 @@ fn run_command(command: Command) -> Result<()> {
 fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let l = Loaded::open(&a.model)?;
     let (prompt, tok) = l.prompt(&a.prompt)?;
+    let tok = tok.map(Arc::new);
     let m = l.model()?;
     let c = &m.config;
     let ctx = a
@@ -1033,8 +1039,19 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let draft = a.draft.open(&l, &a.model)?;
     let engine = l.engine(&m)?;
     let stop = l.files().map_or(Vec::new(), |f| f.eos_token_ids.clone());
+    let mut json_output = match (&tok, a.json) {
+        (_, false) => None,
+        (_, true) if !matches!(draft, DraftChoice::None) => {
+            bail!("--json does not combine with speculative decoding (--draft-model, --draft)")
+        }
+        (None, true) => bail!("--json needs the model's tokenizer (the tokens' text)"),
+        (Some(t), true) => {
+            let vocab = Arc::new(JsonVocab::new(t, c.vocab_size));
+            Some(JsonOutput::new(vocab, t.clone()))
+        }
+    };
     let mut out_ids = Vec::new();
-    let mut stream = tok.as_ref().map(TextStream::new);
+    let mut stream = tok.as_deref().map(TextStream::new);
     let json = a.format == OutputFormat::Json;
     let mut stdout = std::io::stdout().lock();
     let mut history = Vec::new();
@@ -1047,6 +1064,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             session,
             d.map(|d| (d, draft_tokens)),
             &mut sampler,
+            json_output.as_mut(),
             &prompt,
             &mut history,
             a.max_tokens,
@@ -1107,12 +1125,14 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     Ok(())
 }
 
-/// `generate`, or `generate_speculative` with a draft and its tokens per pass.
+/// `generate` (constrained to JSON with `json`), or `generate_speculative` with a draft and its
+/// tokens per pass.
 #[allow(clippy::too_many_arguments)]
 fn generate_with(
     session: &mut dyn Session,
     draft: Option<(&mut Draft<'_>, usize)>,
     sampler: &mut Sampler,
+    json: Option<&mut JsonOutput>,
     new_tokens: &[u32],
     history: &mut Vec<u32>,
     max_tokens: usize,
@@ -1121,7 +1141,7 @@ fn generate_with(
 ) -> Result<(Stats, Stop, Option<DraftStats>)> {
     match draft {
         None => generate(
-            session, sampler, new_tokens, history, max_tokens, stop, on_token,
+            session, sampler, json, new_tokens, history, max_tokens, stop, on_token,
         )
         .map(|(stats, why)| (stats, why, None)),
         Some((draft, k)) => generate_speculative(
@@ -1213,6 +1233,7 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
                 session,
                 d.as_deref_mut().map(|d| (d, draft_tokens)),
                 &mut sampler,
+                None,
                 &ids[common..],
                 &mut history,
                 a.max_tokens,

@@ -90,7 +90,7 @@ BASES = {
 FIELDS = ["model", "messages", "prompt", "input", "max_tokens", "max_completion_tokens",
           "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream", "stream_options",
           "n", "best_of", "logit_bias", "presence_penalty", "frequency_penalty",
-          "repeat_penalty", "repeat_last_n", "logprobs", "response_format", "echo", "suffix",
+          "repeat_penalty", "repeat_last_n", "logprobs", "top_logprobs", "response_format", "echo", "suffix",
           "tools", "user", "encoding_format"]
 
 

@@ -184,6 +184,28 @@ try:
         status, err, _ = raw(port, route, json.dumps({"model": NAME, **body}).encode())
         check(status == 400 and "logprobs" in err["error"]["message"], f"{route} {body}: 400 naming logprobs")
 
+    # response_format json_object: the reply is one JSON object, whole when the model stops.
+    asked = [{"role": "user", "content": "Reply with a JSON object with the keys city and country for Paris."}]
+    j = client.chat.completions.create(model=NAME, messages=asked, temperature=0, max_tokens=60,
+                                       response_format={"type": "json_object"}).choices[0]
+    check(j.finish_reason == "stop" and json.loads(j.message.content).get("city") == "Paris",
+          f"json_object: a whole JSON object ({j.message.content!r})")
+    cat = [{"role": "user", "content": "Give me a JSON object describing a cat."}]
+    free = client.chat.completions.create(model=NAME, messages=cat, temperature=0, max_tokens=24).choices[0]
+    held = client.chat.completions.create(model=NAME, messages=cat, temperature=0, max_tokens=24,
+                                          response_format={"type": "json_object"}).choices[0]
+    check(free.message.content.startswith("```") and held.message.content.lstrip().startswith("{"),
+          f"json_object: text a model wraps in a fence comes out bare ({held.message.content[:12]!r})")
+    for seed in range(4):
+        chunks = list(client.chat.completions.create(
+            model=NAME, messages=cat, temperature=1.0, seed=seed, max_tokens=48, stream=True,
+            response_format={"type": "json_object"}))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+        check(text.lstrip().startswith("{") and "```" not in text and
+              (finish != ["stop"] or isinstance(json.loads(text), dict)),
+              f"json_object, sampled with seed {seed}: {finish} {text[:40]!r}")
+
     emb = client.embeddings.create(model=NAME, input=["Hello world", prompt])
     mine = cli("embed", "-p", prompt, "--normalize")["embedding"]
     check(len(emb.data) == 2 and max(abs(a - b) for a, b in zip(emb.data[1].embedding, mine)) < 1e-5,
@@ -196,7 +218,7 @@ try:
     status, body, _ = raw(port, "/v1/completions", json.dumps({"model": NAME, "prompt": "x", "temperature": 9}).encode())
     check(status == 400 and "temperature" in body["error"]["message"], "bad temperature: 400")
     for field, value in [("echo", True), ("tools", [{"type": "function", "function": {"name": "f"}}]),
-                         ("response_format", {"type": "json_object"}), ("logit_bias", {"99999999": 1})]:
+                         ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}), ("logit_bias", {"99999999": 1})]:
         status, body, _ = raw(port, "/v1/completions", json.dumps({"model": NAME, "prompt": "x", field: value}).encode())
         check(status == 400 and field in body["error"]["message"], f"{field} it cannot honour: 400 naming it")
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", headers={"Authorization": f"Bearer {KEY}"})

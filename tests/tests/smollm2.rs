@@ -1,7 +1,7 @@
 //! The real SmolLM2-135M-Instruct Q4_1 GGUF against transformers' reference (weights dequantized
 //! exactly from the same file).
 use sapient::load::{LoadOptions, ModelFiles, Quantize};
-use sapient::run::{self, CpuRunner};
+use sapient::run::{self, CpuRunner, Runner};
 use sapient::tokenizer::{TextStream, Tokenizer};
 use sapient_core::{KvFormat, Model, Serial};
 use sapient_tests::*;
@@ -168,4 +168,88 @@ fn matrices<'m>(m: &'m Model<'_>) -> Vec<&'m sapient_core::Matrix<'m>> {
     }
     all.extend(w.lm_head.as_ref());
     all
+}
+
+/// JSON output on the real model, through the chat template: the text is a prefix of a JSON
+/// object at every step, a whole one whenever the model stopped, never the code fence it writes
+/// unconstrained; greedily, a request it can answer ends in a whole object.
+#[test]
+fn json_output_is_one_json_object() {
+    use sapient::chat::{end_of_turn_ids, ChatTemplate, Message};
+    use sapient::generate::{generate, Stop};
+    use sapient::json_output::{JsonOutput, JsonPrefix, JsonVocab};
+    use sapient_core::sample::{Sampler, SamplerConfig};
+    use std::sync::Arc;
+
+    let files = open();
+    let model = files.model(Quantize::Auto).unwrap();
+    let pool = sapient::Rayon::new(None).unwrap();
+    let tok = Arc::new(Tokenizer::load(&files).unwrap());
+    let template = ChatTemplate::load(&files, &tok).unwrap();
+    let vocab = Arc::new(JsonVocab::new(&tok, model.config.vocab_size));
+    let mut stop = files.eos_token_ids.clone();
+    stop.extend(end_of_turn_ids(&tok));
+    let runner = CpuRunner::new(&model, KvFormat::default_for(&model.config), &pool);
+    let run = |content: &str, sampling: SamplerConfig, json: bool| {
+        let text = template
+            .render(
+                &[Message {
+                    role: "user".into(),
+                    content: content.into(),
+                }],
+                true,
+            )
+            .unwrap();
+        let prompt = tok.encode_chat(&text).unwrap();
+        let mut output = json.then(|| JsonOutput::new(vocab.clone(), tok.clone()));
+        let mut out = Vec::new();
+        let (_, why) = runner
+            .with_session(prompt.len() + 64, 64, |s| {
+                let mut sampler = Sampler::new(sampling)?;
+                generate(
+                    s,
+                    &mut sampler,
+                    output.as_mut(),
+                    &prompt,
+                    &mut Vec::new(),
+                    48,
+                    &stop,
+                    |t| {
+                        out.push(t);
+                        Ok(true)
+                    },
+                )
+            })
+            .unwrap();
+        (tok.decode(&out, true).unwrap(), why)
+    };
+    let (text, why) = run(
+        "Reply with a JSON object with the keys city and country for Paris.",
+        SamplerConfig::greedy(),
+        true,
+    );
+    let value: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(why, Stop::EndOfSequence);
+    assert_eq!(value["city"], "Paris", "{text}");
+    let cat = "Give me a JSON object describing a cat.";
+    let (free, _) = run(cat, SamplerConfig::greedy(), false);
+    assert!(free.starts_with("```"), "{free:?}");
+    for seed in 0..6 {
+        let sampling = SamplerConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            seed,
+            ..SamplerConfig::default()
+        };
+        let (text, why) = run(cat, sampling, true);
+        let state = JsonPrefix::default()
+            .feed(text.as_bytes())
+            .unwrap_or_else(|| panic!("seed {seed}: {text:?} is no JSON prefix"));
+        if why == Stop::EndOfSequence {
+            assert!(state.is_complete(), "seed {seed}: stopped in {text:?}");
+            let _: serde_json::Value = serde_json::from_str(&text).unwrap();
+        }
+    }
 }

@@ -36,6 +36,7 @@ fn plain(target: &impl Runner, c: &Case<'_>) -> Run {
             let (_, why) = generate(
                 s,
                 &mut sampler,
+                None,
                 c.prompt,
                 &mut history,
                 c.max_tokens,

@@ -5,6 +5,7 @@
 //! command sets it); without it these tests say SKIPPED.
 use sapient_tests::{llama_cpp_models, llama_cpp_vocab_cases as cases, tekken_vocab};
 
+use sapient::json_output::{JsonPrefix, JsonVocab};
 use sapient::load::gguf::Gguf;
 use sapient::tokenizer::Tokenizer;
 
@@ -90,6 +91,55 @@ fn token_bytes_put_end_to_end_are_the_text() {
         }
     }
     assert!(compared >= 400, "only {compared} cases compared");
+}
+
+/// The JSON mask over a sorted vocabulary allows exactly the tokens that, fed one by one from
+/// the same point of a JSON object, the automaton accepts (special tokens never).
+#[test]
+fn json_mask_allows_what_the_automaton_accepts_token_by_token() {
+    let Some(dir) = llama_cpp_models() else {
+        eprintln!("SKIPPED: no llama.cpp source (run scripts/fetch-llama-cpp.sh, set SAPIENT_LLAMA_CPP_SRC)");
+        return;
+    };
+    let points = [
+        "",
+        " {",
+        "{\"name\": \"Jo",
+        "{\"a\": [1, 2.",
+        "{\"a\": tr",
+        "{\"a\": {\"b\": [] }",
+        "{\"k\\u00",
+        "{\"a\": 1}",
+    ];
+    for name in ["llama-spm", "llama-bpe", "qwen2"] {
+        let tok = load(&dir, name).unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        let n = tok.vocab_size();
+        let vocab = JsonVocab::new(&tok, n);
+        let special = tok.special_ids();
+        let mut mask = Vec::new();
+        for point in points {
+            let from = JsonPrefix::default()
+                .feed(point.as_bytes())
+                .unwrap_or_else(|| panic!("{point:?}"));
+            vocab.allowed(from, &mut mask);
+            let mut count = 0;
+            for id in 0..n as u32 {
+                let bytes = tok.token_bytes(id);
+                let want = !bytes.is_empty()
+                    && special.binary_search(&id).is_err()
+                    && from.feed(&bytes).is_some();
+                assert_eq!(
+                    mask[id as usize], want,
+                    "{name} after {point:?}: token {id} {bytes:?}"
+                );
+                count += usize::from(want);
+            }
+            assert!(
+                count > 0 || from.is_complete(),
+                "{name} after {point:?}: nothing allowed"
+            );
+        }
+    }
 }
 
 /// Mistral's Tekken vocabulary (Mistral NeMo, Ministral, Mistral Small 3), for which llama.cpp

@@ -3,7 +3,7 @@
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
@@ -23,6 +23,7 @@ use super::detokenize::{chat_logprobs, completion_logprobs, Detokenizer, Reporte
 use super::engine::{Event, Finish, Job, Request};
 use super::metrics::Metrics;
 use crate::chat::{ChatTemplate, Message};
+use crate::json_output::{JsonOutput, JsonVocab};
 use crate::tokenizer::Tokenizer;
 
 /// What every handler shares.
@@ -42,6 +43,18 @@ pub struct AppState {
     pub vocab_size: usize,
     /// Largest request body, in bytes.
     pub body_limit: usize,
+    /// The vocabulary sorted for JSON output, made at the first request that asks for it.
+    pub json_vocab: OnceLock<Arc<JsonVocab>>,
+}
+
+impl AppState {
+    /// A constraint to one JSON object for a request.
+    fn json_output(&self) -> JsonOutput {
+        let vocab = self
+            .json_vocab
+            .get_or_init(|| Arc::new(JsonVocab::new(&self.tokenizer, self.vocab_size)));
+        JsonOutput::new(vocab.clone(), self.tokenizer.clone())
+    }
 }
 
 /// An error in OpenAI's shape, with its HTTP status.
@@ -207,11 +220,17 @@ fn refuse_unsupported(body: &Value) -> ApiResult<()> {
     if number(body, "best_of", 1.0, 1.0..=1.0).is_err() {
         return Err(ApiError::bad_request("best_of must be 1"));
     }
+    Ok(())
+}
+
+/// Whether `response_format` asks for one JSON object (`json_object`) rather than text.
+fn json_mode(body: &Value) -> ApiResult<bool> {
     match body.pointer("/response_format/type") {
-        None | Some(Value::Null) => Ok(()),
-        Some(Value::String(t)) if t == "text" => Ok(()),
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::String(t)) if t == "text" => Ok(false),
+        Some(Value::String(t)) if t == "json_object" => Ok(true),
         Some(t) => Err(ApiError::bad_request(format!(
-            "response_format {t} is not supported by this server (only text)"
+            "response_format {t} is not supported by this server (text and json_object are)"
         ))),
     }
 }
@@ -276,6 +295,8 @@ struct Generation {
     include_usage: bool,
     /// `Some(n)`: each token's log-probability and the `n` likeliest tokens' with it.
     logprobs: Option<usize>,
+    /// The output is one JSON object.
+    json: bool,
 }
 
 /// The most likely tokens a request may ask for at each position (OpenAI's limit).
@@ -389,6 +410,7 @@ fn generation(body: &Value, kind: Kind, vocab_size: usize) -> ApiResult<Generati
         stream,
         include_usage,
         logprobs: logprobs(body, kind)?,
+        json: json_mode(body)?,
     })
 }
 
@@ -470,17 +492,18 @@ fn start(
     let stopped_by_text = Arc::new(AtomicBool::new(false));
     submit(
         state,
-        Request::Generate(Job {
+        Request::Generate(Box::new(Job {
             prompt,
             sampling: g.sampling,
             logit_bias: g.logit_bias.clone(),
             max_tokens,
             stop: stop_tokens.to_vec(),
             logprobs: g.logprobs,
+            json: g.json.then(|| state.json_output()),
             events,
             stopped_by_text: stopped_by_text.clone(),
             arrived: Instant::now(),
-        }),
+        })),
     )?;
     Ok((receiver, stopped_by_text))
 }

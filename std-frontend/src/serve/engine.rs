@@ -25,6 +25,7 @@ use sapient_core::{KvFormat, Model, Want};
 use tokio::sync::{mpsc, oneshot};
 
 use super::metrics::Metrics;
+use crate::json_output::JsonOutput;
 use crate::slots::{self, KvSlots};
 use crate::Rayon;
 
@@ -73,6 +74,8 @@ pub struct Job {
     pub stop: Vec<u32>,
     /// `Some(n)`: report each token's log-probability and the `n` likeliest tokens' with it.
     pub logprobs: Option<usize>,
+    /// Keeps the output one JSON object (`response_format` `json_object`).
+    pub json: Option<JsonOutput>,
     pub events: mpsc::UnboundedSender<Event>,
     /// Set by the receiving side when a stop string ended the request before it dropped its
     /// events: the request finished, it was not abandoned.
@@ -81,7 +84,7 @@ pub struct Job {
 }
 
 pub enum Request {
-    Generate(Job),
+    Generate(Box<Job>),
     /// Normalized mean-pooled embeddings of texts.
     Embed {
         texts: Vec<Vec<u32>>,
@@ -172,7 +175,7 @@ fn run(
         };
         loop {
             match next {
-                Ok(Request::Generate(job)) => waiting.push_back(job),
+                Ok(Request::Generate(job)) => waiting.push_back(*job),
                 // Embeddings run here, between two steps: a pass over their texts delays the
                 // running requests' next tokens by that much.
                 Ok(Request::Embed { texts, reply }) => {
@@ -385,10 +388,17 @@ fn next_token(r: &mut Running, cfg: &EngineConfig, metrics: &Metrics) -> Outcome
             *l += bias;
         }
     }
-    let token = match r.sampler.sample(&mut r.logits, &r.tokens) {
+    let token = match &mut r.job.json {
+        Some(json) => json.sample(&mut r.sampler, &mut r.logits, &r.tokens, &r.job.stop),
+        None => r
+            .sampler
+            .sample(&mut r.logits, &r.tokens)
+            .map_err(anyhow::Error::from),
+    };
+    let token = match token {
         Ok(t) => t,
         Err(e) => {
-            let _ = r.job.events.send(Event::Failed(e.to_string()));
+            let _ = r.job.events.send(Event::Failed(format!("{e:#}")));
             return Outcome::Gone;
         }
     };

@@ -80,6 +80,7 @@ pub fn serve(files: &ModelFiles, backend: ServeBackend<'_, '_>, opts: ServeOptio
         max_tokens_limit: opts.max_tokens_limit,
         vocab_size: files.config.vocab_size,
         body_limit: opts.body_limit,
+        json_vocab: std::sync::OnceLock::new(),
     });
     let cfg = engine::EngineConfig {
         parallel: opts.parallel,

@@ -268,6 +268,24 @@ impl Tokenizer {
         }
     }
 
+    /// Ids of the special tokens (control tokens: chat markers, BOS/EOS...), which decoded text
+    /// leaves out.
+    pub fn special_ids(&self) -> Vec<u32> {
+        match &self.model {
+            Model::Spm(s) => s.special_ids(),
+            Model::Hf(t) => {
+                let mut ids: Vec<u32> = t
+                    .get_added_tokens_decoder()
+                    .into_iter()
+                    .filter(|(_, a)| a.special)
+                    .map(|(id, _)| id)
+                    .collect();
+                ids.sort_unstable();
+                ids
+            }
+        }
+    }
+
     /// The tokenizer as a Hugging Face `tokenizer.json` (byte-level BPE ones; a SentencePiece
     /// vocabulary has no such form here).
     pub fn to_hf_json(&self) -> Result<String> {

@@ -137,6 +137,13 @@ impl Spm {
         self.tokens.len()
     }
 
+    /// Ids of the control, unknown and unused tokens.
+    pub fn special_ids(&self) -> Vec<u32> {
+        (0..self.kinds.len() as u32)
+            .filter(|&i| self.kinds[i as usize].is_special())
+            .collect()
+    }
+
     pub fn id(&self, token: &str) -> Option<u32> {
         self.ids.get(token).copied()
     }

@@ -1,0 +1,529 @@
+//! Output constrained to one JSON object (OpenAI's `response_format: {"type": "json_object"}`,
+//! `generate --json`): every token sampled keeps the text a prefix of a valid JSON object
+//! (RFC 8259), and the stop tokens are allowed only once the object is closed.
+//!
+//! The check is a pushdown automaton over bytes whose state is a small `Copy` value. Sampling
+//! is lazy, as llama.cpp's grammar sampling is: the token drawn from the unconstrained logits is
+//! kept when the automaton accepts it (most tokens of a JSON-minded model are), otherwise every
+//! token the automaton rejects is masked and the draw is repeated. For a random draw that is
+//! rejection sampling, so a token comes out with its probability among the accepted ones. The
+//! mask walks the vocabulary sorted by bytes, so a shared prefix is stepped through once and a
+//! dead one skips every token that starts with it.
+use std::sync::Arc;
+
+use anyhow::{bail, Result};
+use sapient_core::sample::Sampler;
+
+use crate::tokenizer::Tokenizer;
+
+/// Open containers a JSON object may nest (one bit each).
+const MAX_DEPTH: u8 = 64;
+/// Whitespace bytes allowed in a row: enough for pretty-printed nesting, and no room for a model
+/// to loop on newlines until `max_tokens`.
+const MAX_SPACES: u8 = 64;
+
+/// Where the automaton is in the text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum At {
+    /// Before the top-level object.
+    Start,
+    /// Where a value goes: after `:`, or after `,` in an array.
+    Value,
+    /// After `[`: a value or `]`.
+    ArrayOpen,
+    /// After `{`: a key or `}`.
+    ObjectOpen,
+    /// After `,` in an object: a key.
+    Key,
+    /// After a key: `:`.
+    Colon,
+    /// After a value in a container: `,` or the container's closer.
+    Next,
+    /// Inside a string (an object's key when `key`), with the escape or UTF-8 sequence under way.
+    Str {
+        key: bool,
+        escape: Escape,
+        utf8_left: u8,
+    },
+    Number(Number),
+    /// Inside `true`, `false` or `null` (`WORDS[word]`), `len` bytes in.
+    Word {
+        word: u8,
+        len: u8,
+    },
+    /// The top-level object is closed.
+    Done,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Escape {
+    None,
+    /// After `\`.
+    Backslash,
+    /// After `\u` and this many hex digits.
+    Hex(u8),
+}
+
+/// The part of a number read so far.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Number {
+    Minus,
+    Zero,
+    Int,
+    Dot,
+    Fraction,
+    E,
+    ExponentSign,
+    Exponent,
+}
+
+const WORDS: [&[u8]; 3] = [b"true", b"false", b"null"];
+
+/// A prefix of a JSON object, as the automaton's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JsonPrefix {
+    /// The open containers, the innermost in bit 0: 1 an object, 0 an array.
+    stack: u64,
+    depth: u8,
+    /// Whitespace bytes in a row just before here.
+    spaces: u8,
+    at: At,
+}
+
+impl Default for JsonPrefix {
+    fn default() -> Self {
+        JsonPrefix {
+            stack: 0,
+            depth: 0,
+            spaces: 0,
+            at: At::Start,
+        }
+    }
+}
+
+impl JsonPrefix {
+    /// Whether the text so far is a whole JSON object.
+    pub fn is_complete(&self) -> bool {
+        self.at == At::Done
+    }
+
+    /// The state after `bytes`, or `None` if they leave no valid continuation.
+    pub fn feed(mut self, bytes: &[u8]) -> Option<Self> {
+        for &b in bytes {
+            self = self.step(b)?;
+        }
+        Some(self)
+    }
+
+    fn with(self, at: At) -> Option<Self> {
+        Some(JsonPrefix {
+            at,
+            spaces: 0,
+            ..self
+        })
+    }
+
+    fn open(self, object: bool) -> Option<Self> {
+        if self.depth == MAX_DEPTH {
+            return None;
+        }
+        Some(JsonPrefix {
+            stack: self.stack << 1 | u64::from(object),
+            depth: self.depth + 1,
+            spaces: 0,
+            at: if object {
+                At::ObjectOpen
+            } else {
+                At::ArrayOpen
+            },
+        })
+    }
+
+    fn in_object(self) -> bool {
+        self.stack & 1 == 1
+    }
+
+    /// Closes the innermost container (`}` for an object, `]` for an array) if `b` is its closer.
+    fn close(self, b: u8) -> Option<Self> {
+        let closer = if self.in_object() { b'}' } else { b']' };
+        if self.depth == 0 || b != closer {
+            return None;
+        }
+        JsonPrefix {
+            stack: self.stack >> 1,
+            depth: self.depth - 1,
+            ..self
+        }
+        .value_done()
+    }
+
+    /// A value just ended.
+    fn value_done(self) -> Option<Self> {
+        self.with(if self.depth == 0 { At::Done } else { At::Next })
+    }
+
+    /// The first byte of a value.
+    fn value(self, b: u8) -> Option<Self> {
+        match b {
+            b'{' => self.open(true),
+            b'[' => self.open(false),
+            b'"' => self.with(At::Str {
+                key: false,
+                escape: Escape::None,
+                utf8_left: 0,
+            }),
+            b'-' => self.with(At::Number(Number::Minus)),
+            b'0' => self.with(At::Number(Number::Zero)),
+            b'1'..=b'9' => self.with(At::Number(Number::Int)),
+            _ => {
+                let word = WORDS.iter().position(|w| w[0] == b)?;
+                self.with(At::Word {
+                    word: word as u8,
+                    len: 1,
+                })
+            }
+        }
+    }
+
+    fn key(self) -> Option<Self> {
+        self.with(At::Str {
+            key: true,
+            escape: Escape::None,
+            utf8_left: 0,
+        })
+    }
+
+    fn step(self, b: u8) -> Option<Self> {
+        let between_tokens = matches!(
+            self.at,
+            At::Start | At::Value | At::ArrayOpen | At::ObjectOpen | At::Key | At::Colon | At::Next
+        );
+        if between_tokens && matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
+            return (self.spaces < MAX_SPACES).then_some(JsonPrefix {
+                spaces: self.spaces + 1,
+                ..self
+            });
+        }
+        match self.at {
+            At::Start if b == b'{' => self.open(true),
+            At::Value => self.value(b),
+            At::ArrayOpen if b == b']' => self.close(b),
+            At::ArrayOpen => self.value(b),
+            At::ObjectOpen if b == b'}' => self.close(b),
+            At::ObjectOpen | At::Key if b == b'"' => self.key(),
+            At::Colon if b == b':' => self.with(At::Value),
+            At::Next if b == b',' => self.with(if self.in_object() { At::Key } else { At::Value }),
+            At::Next => self.close(b),
+            At::Str {
+                key,
+                escape,
+                utf8_left,
+            } => self.string(b, key, escape, utf8_left),
+            At::Number(n) => self.number(b, n),
+            At::Word { word, len } => {
+                let w = WORDS[word as usize];
+                if w[len as usize] != b {
+                    return None;
+                }
+                if len as usize + 1 == w.len() {
+                    return self.value_done();
+                }
+                self.with(At::Word { word, len: len + 1 })
+            }
+            At::Start | At::ObjectOpen | At::Key | At::Colon | At::Done => None,
+        }
+    }
+
+    fn string(self, b: u8, key: bool, escape: Escape, utf8_left: u8) -> Option<Self> {
+        let str_at = |escape, utf8_left| {
+            self.with(At::Str {
+                key,
+                escape,
+                utf8_left,
+            })
+        };
+        match escape {
+            Escape::Backslash => match b {
+                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => str_at(Escape::None, 0),
+                b'u' => str_at(Escape::Hex(0), 0),
+                _ => None,
+            },
+            Escape::Hex(n) if b.is_ascii_hexdigit() => str_at(
+                if n == 3 {
+                    Escape::None
+                } else {
+                    Escape::Hex(n + 1)
+                },
+                0,
+            ),
+            Escape::Hex(_) => None,
+            Escape::None if utf8_left > 0 => {
+                matches!(b, 0x80..=0xbf).then_some(())?;
+                str_at(Escape::None, utf8_left - 1)
+            }
+            Escape::None => match b {
+                b'"' if key => self.with(At::Colon),
+                b'"' => self.value_done(),
+                b'\\' => str_at(Escape::Backslash, 0),
+                0x00..=0x1f | 0x7f..=0xc1 | 0xf5..=0xff => None,
+                0xc2..=0xdf => str_at(Escape::None, 1),
+                0xe0..=0xef => str_at(Escape::None, 2),
+                0xf0..=0xf4 => str_at(Escape::None, 3),
+                _ => str_at(Escape::None, 0),
+            },
+        }
+    }
+
+    fn number(self, b: u8, n: Number) -> Option<Self> {
+        let next = match (n, b) {
+            (Number::Minus, b'0') => Number::Zero,
+            (Number::Minus, b'1'..=b'9') => Number::Int,
+            (Number::Int, b'0'..=b'9') => Number::Int,
+            (Number::Zero | Number::Int, b'.') => Number::Dot,
+            (Number::Dot | Number::Fraction, b'0'..=b'9') => Number::Fraction,
+            (Number::Zero | Number::Int | Number::Fraction, b'e' | b'E') => Number::E,
+            (Number::E, b'+' | b'-') => Number::ExponentSign,
+            (Number::E | Number::ExponentSign | Number::Exponent, b'0'..=b'9') => Number::Exponent,
+            // A whole number ends at the first byte that cannot continue it, which then
+            // follows the value.
+            (Number::Zero | Number::Int | Number::Fraction | Number::Exponent, _) => {
+                return self.value_done()?.step(b);
+            }
+            _ => return None,
+        };
+        self.with(At::Number(next))
+    }
+}
+
+/// The vocabulary as bytes, sorted, for masking: special tokens left out (decoded text has no
+/// trace of them, so they can never be part of the JSON).
+pub struct JsonVocab {
+    /// (bytes, id), sorted by bytes.
+    tokens: Vec<(Vec<u8>, u32)>,
+    /// How many leading bytes each token shares with the one before it.
+    shared: Vec<usize>,
+    vocab_size: usize,
+}
+
+impl JsonVocab {
+    pub fn new(tokenizer: &Tokenizer, vocab_size: usize) -> Self {
+        let special = tokenizer.special_ids();
+        let mut tokens: Vec<(Vec<u8>, u32)> = (0..vocab_size as u32)
+            .filter(|id| special.binary_search(id).is_err())
+            .map(|id| (tokenizer.token_bytes(id), id))
+            .filter(|(bytes, _)| !bytes.is_empty())
+            .collect();
+        tokens.sort_unstable();
+        let shared = (0..tokens.len())
+            .map(|i| match i.checked_sub(1) {
+                Some(p) => tokens[p]
+                    .0
+                    .iter()
+                    .zip(&tokens[i].0)
+                    .take_while(|(a, b)| a == b)
+                    .count(),
+                None => 0,
+            })
+            .collect();
+        JsonVocab {
+            tokens,
+            shared,
+            vocab_size,
+        }
+    }
+
+    /// `allowed[id]` ← whether token `id`'s bytes may follow `from` (special tokens never).
+    pub fn allowed(&self, from: JsonPrefix, allowed: &mut Vec<bool>) {
+        allowed.clear();
+        allowed.resize(self.vocab_size, false);
+        // states[k]: the state after the current token's first k bytes, for as long a prefix
+        // as the automaton accepts.
+        let mut states = vec![from];
+        for ((bytes, id), &shared) in self.tokens.iter().zip(&self.shared) {
+            if states.len() <= shared {
+                // A prefix this token shares with the one before was already rejected.
+                continue;
+            }
+            states.truncate(shared + 1);
+            for &b in &bytes[shared..] {
+                match states[states.len() - 1].step(b) {
+                    Some(s) => states.push(s),
+                    None => break,
+                }
+            }
+            if states.len() == bytes.len() + 1 {
+                allowed[*id as usize] = true;
+            }
+        }
+    }
+}
+
+/// One request's constraint: the JSON so far, and what its sampling needs.
+pub struct JsonOutput {
+    vocab: Arc<JsonVocab>,
+    tokenizer: Arc<Tokenizer>,
+    state: JsonPrefix,
+    /// The logits before a draw, to draw again under the mask.
+    saved: Vec<f32>,
+    allowed: Vec<bool>,
+}
+
+impl JsonOutput {
+    pub fn new(vocab: Arc<JsonVocab>, tokenizer: Arc<Tokenizer>) -> Self {
+        JsonOutput {
+            vocab,
+            tokenizer,
+            state: JsonPrefix::default(),
+            saved: Vec::new(),
+            allowed: Vec::new(),
+        }
+    }
+
+    /// Whether the object is closed (generation may only stop now).
+    pub fn is_complete(&self) -> bool {
+        self.state.is_complete()
+    }
+
+    /// The state after `token`, if the JSON may continue with it; a stop token only once
+    /// the object is closed.
+    fn accepts(&self, token: u32, stop: &[u32]) -> Option<JsonPrefix> {
+        if stop.contains(&token) {
+            return self.state.is_complete().then_some(self.state);
+        }
+        self.state.feed(&self.tokenizer.token_bytes(token))
+    }
+
+    /// Draws the next token with `sampler` among those that keep the text a prefix of a JSON
+    /// object (or, once it is whole, among `stop`), and moves past it.
+    ///
+    /// # Errors
+    /// When no token of the vocabulary can continue the text (no stop token after a whole
+    /// object), or the sampler's.
+    pub fn sample(
+        &mut self,
+        sampler: &mut Sampler<'_>,
+        logits: &mut [f32],
+        history: &[u32],
+        stop: &[u32],
+    ) -> Result<u32> {
+        self.saved.clear();
+        self.saved.extend_from_slice(logits);
+        let token = sampler.sample(logits, history)?;
+        if let Some(next) = self.accepts(token, stop) {
+            self.state = next;
+            return Ok(token);
+        }
+        logits.copy_from_slice(&self.saved);
+        if self.state.is_complete() {
+            self.allowed.clear();
+            self.allowed.resize(logits.len(), false);
+            for &t in stop {
+                if let Some(a) = self.allowed.get_mut(t as usize) {
+                    *a = true;
+                }
+            }
+        } else {
+            self.vocab.allowed(self.state, &mut self.allowed);
+        }
+        let mut any = false;
+        for (l, &ok) in logits.iter_mut().zip(&self.allowed) {
+            if ok {
+                any = true;
+            } else {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        if !any {
+            bail!("no token of the vocabulary can continue the JSON object");
+        }
+        let token = sampler.sample(logits, history)?;
+        match self.accepts(token, stop) {
+            Some(next) => {
+                self.state = next;
+                Ok(token)
+            }
+            // The mask allows only accepted tokens; a sampler that drew a masked one anyway
+            // (every allowed logit -inf as well) is refused rather than followed.
+            None => bail!("the sampler drew a token outside the JSON mask"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prefix(text: &str) -> Option<JsonPrefix> {
+        JsonPrefix::default().feed(text.as_bytes())
+    }
+
+    #[test]
+    fn whole_objects_are_complete() {
+        for text in [
+            "{}",
+            " {\"a\": 1}",
+            "{\"a\":[1,-2.5e+3,0,true,false,null,\"x\\\"\\u00e9\\n\"],\"b\":{\"c\":{}}}",
+            "{\"é😀\": [[], {}, -0.0, 1E9]}",
+            "{\n  \"a\": [\n    1\n  ]\n}",
+        ] {
+            let s = prefix(text).unwrap_or_else(|| panic!("{text:?} rejected"));
+            assert!(s.is_complete(), "{text:?} not complete");
+        }
+    }
+
+    #[test]
+    fn prefixes_are_accepted_and_incomplete() {
+        let text = "{\"key\": [1.5e-3, \"str\\u12ab\", {\"n\": nul";
+        for end in 0..=text.len() {
+            let s = prefix(&text[..end]).unwrap_or_else(|| panic!("{:?}", &text[..end]));
+            assert!(!s.is_complete());
+        }
+    }
+
+    #[test]
+    fn invalid_json_is_rejected() {
+        for text in [
+            "[]",
+            "\"a\"",
+            "1",
+            "{a",
+            "{\"a\" 1}",
+            "{\"a\":}",
+            "{\"a\":1,}",
+            "{\"a\":[1,]}",
+            "{\"a\":01}",
+            "{\"a\":1.}",
+            "{\"a\":1.e5}",
+            "{\"a\":-}",
+            "{\"a\":tru }",
+            "{\"a\":\"\\x\"}",
+            "{\"a\":\"\\u12g4\"}",
+            "{\"a\":\"tab\there\"}",
+            "{\"a\":1]",
+            "{\"a\":[1}",
+            "{}x",
+            "{} ",
+            "{}}",
+        ] {
+            assert!(prefix(text).is_none(), "{text:?} accepted");
+        }
+    }
+
+    #[test]
+    fn invalid_utf8_in_strings_is_rejected() {
+        assert!(JsonPrefix::default().feed(b"{\"\xff").is_none());
+        assert!(JsonPrefix::default().feed(b"{\"\xc3(").is_none());
+        assert!(JsonPrefix::default().feed(b"{\"\xc3\xa9\"").is_some());
+    }
+
+    #[test]
+    fn nesting_and_whitespace_are_bounded() {
+        let deep = "{\"a\":".to_owned() + &"[".repeat(MAX_DEPTH as usize - 1);
+        let s = prefix(&deep).expect("depth at the limit");
+        assert!(s.feed(b"[").is_none());
+        let spaces = "{".to_owned() + &" ".repeat(MAX_SPACES as usize);
+        let s = prefix(&spaces).expect("spaces at the limit");
+        assert!(s.feed(b" ").is_none());
+        assert!(s.feed(b"}").is_some());
+    }
+}
