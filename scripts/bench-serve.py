@@ -11,7 +11,11 @@ With --rounds R the list of concurrencies runs R times in turn (1, 8, 1, 8, ...)
 shared machine's drift falls on every concurrency alike, and a last line gives per concurrency
 the medians over the rounds and the median of each round's ratio to the first concurrency.
 
-Usage: scripts/bench-serve.py URL MODEL_NAME [--concurrency 1,4,8,16] [--max-tokens 64] [--rounds R]
+With --json every request asks for one JSON object (`response_format` `json_object`, and
+llama-server's `json_schema` `{"type": "object"}` for its completions route) and may end when
+the object closes: the cost of constrained sampling, set against the same run without --json.
+
+Usage: scripts/bench-serve.py URL MODEL_NAME [--concurrency 1,4,8,16] [--max-tokens 64] [--rounds R] [--json]
 """
 import argparse
 import http.client
@@ -27,6 +31,7 @@ p.add_argument("model")
 p.add_argument("--concurrency", default="1,4,8,16")
 p.add_argument("--max-tokens", type=int, default=64)
 p.add_argument("--rounds", type=int, default=1)
+p.add_argument("--json", action="store_true")
 args = p.parse_args()
 u = urllib.parse.urlparse(args.url)
 
@@ -44,6 +49,12 @@ def one(i, tag, results):
         # runs here hardly ever meet one; sapient ignores unknown fields.
         "ignore_eos": True,
     }
+    if args.json:
+        body["prompt"] = f"Story number {tag}-{i}, as one JSON object with many fields:"
+        body["response_format"] = {"type": "json_object"}
+        body["json_schema"] = {"type": "object"}
+        # The object's end is an end of sequence that must end the request.
+        del body["ignore_eos"]
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     t0 = time.time()
     conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})

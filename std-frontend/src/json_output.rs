@@ -14,13 +14,31 @@ use std::sync::Arc;
 use anyhow::{bail, Result};
 use sapient_core::sample::Sampler;
 
+use crate::json_schema::{Schema, SchemaPrefix};
 use crate::tokenizer::Tokenizer;
 
 /// Open containers a JSON object may nest (one bit each).
 const MAX_DEPTH: u8 = 64;
 /// Whitespace bytes allowed in a row: enough for pretty-printed nesting, and no room for a model
 /// to loop on newlines until `max_tokens`.
-const MAX_SPACES: u8 = 64;
+pub const MAX_SPACES: u8 = 64;
+
+/// A pushdown automaton over bytes whose state is a small `Copy` value, stepped by `Rules`
+/// (a compiled schema, or nothing).
+pub trait Automaton: Copy {
+    type Rules;
+    /// The state after byte `b`, or `None` if it leaves no valid continuation.
+    fn step(self, rules: &Self::Rules, b: u8) -> Option<Self>;
+    /// Whether the text so far is a whole value, so that the output may end.
+    fn is_complete(&self) -> bool;
+    /// The state after `bytes`.
+    fn feed(mut self, rules: &Self::Rules, bytes: &[u8]) -> Option<Self> {
+        for &b in bytes {
+            self = self.step(rules, b)?;
+        }
+        Some(self)
+    }
+}
 
 /// Where the automaton is in the text.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,18 +119,35 @@ impl Default for JsonPrefix {
     }
 }
 
-impl JsonPrefix {
-    /// Whether the text so far is a whole JSON object.
-    pub fn is_complete(&self) -> bool {
-        self.at == At::Done
+impl Automaton for JsonPrefix {
+    type Rules = ();
+
+    fn step(self, _: &(), b: u8) -> Option<Self> {
+        self.advance(b)
     }
 
-    /// The state after `bytes`, or `None` if they leave no valid continuation.
-    pub fn feed(mut self, bytes: &[u8]) -> Option<Self> {
-        for &b in bytes {
-            self = self.step(b)?;
+    fn is_complete(&self) -> bool {
+        self.at == At::Done
+    }
+}
+
+impl JsonPrefix {
+    /// Before any JSON value (`default()` is before an object).
+    pub fn any_value() -> Self {
+        JsonPrefix {
+            at: At::Value,
+            ..Self::default()
         }
-        Some(self)
+    }
+
+    /// Whether a value at the top level ends here if the next byte cannot continue it: a
+    /// number does (where it may end), a string, literal or container ends at its last byte.
+    pub fn value_ends_here(&self) -> bool {
+        self.depth == 0
+            && matches!(
+                self.at,
+                At::Number(Number::Zero | Number::Int | Number::Fraction | Number::Exponent)
+            )
     }
 
     fn with(self, at: At) -> Option<Self> {
@@ -193,7 +228,8 @@ impl JsonPrefix {
         })
     }
 
-    fn step(self, b: u8) -> Option<Self> {
+    /// The state after byte `b`, or `None` if it leaves no valid continuation.
+    pub fn advance(self, b: u8) -> Option<Self> {
         let between_tokens = matches!(
             self.at,
             At::Start | At::Value | At::ArrayOpen | At::ObjectOpen | At::Key | At::Colon | At::Next
@@ -287,7 +323,7 @@ impl JsonPrefix {
             // A whole number ends at the first byte that cannot continue it, which then
             // follows the value.
             (Number::Zero | Number::Int | Number::Fraction | Number::Exponent, _) => {
-                return self.value_done()?.step(b);
+                return self.value_done()?.advance(b);
             }
             _ => return None,
         };
@@ -333,7 +369,7 @@ impl JsonVocab {
     }
 
     /// `allowed[id]` ← whether token `id`'s bytes may follow `from` (special tokens never).
-    pub fn allowed(&self, from: JsonPrefix, allowed: &mut Vec<bool>) {
+    pub fn allowed<A: Automaton>(&self, rules: &A::Rules, from: A, allowed: &mut Vec<bool>) {
         allowed.clear();
         allowed.resize(self.vocab_size, false);
         // states[k]: the state after the current token's first k bytes, for as long a prefix
@@ -346,7 +382,7 @@ impl JsonVocab {
             }
             states.truncate(shared + 1);
             for &b in &bytes[shared..] {
-                match states[states.len() - 1].step(b) {
+                match states[states.len() - 1].step(rules, b) {
                     Some(s) => states.push(s),
                     None => break,
                 }
@@ -358,47 +394,108 @@ impl JsonVocab {
     }
 }
 
+/// What the output must be, and how far it has got. One per request, copied once a token: the
+/// schema's larger state costs nothing worth a box.
+#[derive(Clone, Copy)]
+#[allow(clippy::large_enum_variant)]
+enum Progress {
+    /// Any JSON object.
+    Object(JsonPrefix),
+    /// A value of the request's schema.
+    Schema(SchemaPrefix),
+}
+
 /// One request's constraint: the JSON so far, and what its sampling needs.
 pub struct JsonOutput {
     vocab: Arc<JsonVocab>,
     tokenizer: Arc<Tokenizer>,
-    state: JsonPrefix,
+    /// The compiled schema, with `Progress::Schema`.
+    schema: Option<Arc<Schema>>,
+    progress: Progress,
     /// The logits before a draw, to draw again under the mask.
     saved: Vec<f32>,
     allowed: Vec<bool>,
 }
 
 impl JsonOutput {
+    /// Output that is any one JSON object.
     pub fn new(vocab: Arc<JsonVocab>, tokenizer: Arc<Tokenizer>) -> Self {
         JsonOutput {
             vocab,
             tokenizer,
-            state: JsonPrefix::default(),
+            schema: None,
+            progress: Progress::Object(JsonPrefix::default()),
             saved: Vec::new(),
             allowed: Vec::new(),
         }
     }
 
-    /// Whether the object is closed (generation may only stop now).
-    pub fn is_complete(&self) -> bool {
-        self.state.is_complete()
-    }
-
-    /// The state after `token`, if the JSON may continue with it; a stop token only once
-    /// the object is closed.
-    fn accepts(&self, token: u32, stop: &[u32]) -> Option<JsonPrefix> {
-        if stop.contains(&token) {
-            return self.state.is_complete().then_some(self.state);
+    /// Output that is one value of `schema`.
+    pub fn with_schema(
+        vocab: Arc<JsonVocab>,
+        tokenizer: Arc<Tokenizer>,
+        schema: Arc<Schema>,
+    ) -> Self {
+        JsonOutput {
+            progress: Progress::Schema(schema.start()),
+            schema: Some(schema),
+            ..Self::new(vocab, tokenizer)
         }
-        self.state.feed(&self.tokenizer.token_bytes(token))
     }
 
-    /// Draws the next token with `sampler` among those that keep the text a prefix of a JSON
-    /// object (or, once it is whole, among `stop`), and moves past it.
+    /// Whether the value is whole (generation may only stop now).
+    pub fn is_complete(&self) -> bool {
+        match self.progress {
+            Progress::Object(p) => p.is_complete(),
+            Progress::Schema(p) => p.is_complete(),
+        }
+    }
+
+    /// The progress after `bytes`, if the JSON may continue with them.
+    fn feed(&self, bytes: &[u8]) -> Option<Progress> {
+        match (self.progress, &self.schema) {
+            (Progress::Object(p), _) => p.feed(&(), bytes).map(Progress::Object),
+            (Progress::Schema(p), Some(schema)) => p.feed(schema, bytes).map(Progress::Schema),
+            (Progress::Schema(_), None) => None,
+        }
+    }
+
+    /// The progress after `token`, if the JSON may continue with it; a stop token only once
+    /// the value is whole.
+    fn accepts(&self, token: u32, stop: &[u32]) -> Option<Progress> {
+        if stop.contains(&token) {
+            return self.is_complete().then_some(self.progress);
+        }
+        self.feed(&self.tokenizer.token_bytes(token))
+    }
+
+    /// `self.allowed` ← the tokens `accepts` takes.
+    fn mask(&mut self, vocab_size: usize, stop: &[u32]) {
+        if self.is_complete() {
+            self.allowed.clear();
+            self.allowed.resize(vocab_size, false);
+            for &t in stop {
+                if let Some(a) = self.allowed.get_mut(t as usize) {
+                    *a = true;
+                }
+            }
+            return;
+        }
+        match (self.progress, &self.schema) {
+            (Progress::Object(p), _) => self.vocab.allowed(&(), p, &mut self.allowed),
+            (Progress::Schema(p), Some(schema)) => {
+                self.vocab.allowed(schema.as_ref(), p, &mut self.allowed)
+            }
+            (Progress::Schema(_), None) => self.allowed.clear(),
+        }
+    }
+
+    /// Draws the next token with `sampler` among those that keep the text a prefix of the
+    /// JSON asked for (or, once it is whole, among `stop`), and moves past it.
     ///
     /// # Errors
     /// When no token of the vocabulary can continue the text (no stop token after a whole
-    /// object), or the sampler's.
+    /// value), or the sampler's.
     pub fn sample(
         &mut self,
         sampler: &mut Sampler<'_>,
@@ -410,36 +507,26 @@ impl JsonOutput {
         self.saved.extend_from_slice(logits);
         let token = sampler.sample(logits, history)?;
         if let Some(next) = self.accepts(token, stop) {
-            self.state = next;
+            self.progress = next;
             return Ok(token);
         }
         logits.copy_from_slice(&self.saved);
-        if self.state.is_complete() {
-            self.allowed.clear();
-            self.allowed.resize(logits.len(), false);
-            for &t in stop {
-                if let Some(a) = self.allowed.get_mut(t as usize) {
-                    *a = true;
-                }
-            }
-        } else {
-            self.vocab.allowed(self.state, &mut self.allowed);
-        }
+        self.mask(logits.len(), stop);
         let mut any = false;
-        for (l, &ok) in logits.iter_mut().zip(&self.allowed) {
-            if ok {
+        for (i, l) in logits.iter_mut().enumerate() {
+            if self.allowed.get(i) == Some(&true) {
                 any = true;
             } else {
                 *l = f32::NEG_INFINITY;
             }
         }
         if !any {
-            bail!("no token of the vocabulary can continue the JSON object");
+            bail!("no token of the vocabulary can continue the JSON output");
         }
         let token = sampler.sample(logits, history)?;
         match self.accepts(token, stop) {
             Some(next) => {
-                self.state = next;
+                self.progress = next;
                 Ok(token)
             }
             // The mask allows only accepted tokens; a sampler that drew a masked one anyway
@@ -454,7 +541,7 @@ mod tests {
     use super::*;
 
     fn prefix(text: &str) -> Option<JsonPrefix> {
-        JsonPrefix::default().feed(text.as_bytes())
+        JsonPrefix::default().feed(&(), text.as_bytes())
     }
 
     #[test]
@@ -511,19 +598,19 @@ mod tests {
 
     #[test]
     fn invalid_utf8_in_strings_is_rejected() {
-        assert!(JsonPrefix::default().feed(b"{\"\xff").is_none());
-        assert!(JsonPrefix::default().feed(b"{\"\xc3(").is_none());
-        assert!(JsonPrefix::default().feed(b"{\"\xc3\xa9\"").is_some());
+        assert!(JsonPrefix::default().feed(&(), b"{\"\xff").is_none());
+        assert!(JsonPrefix::default().feed(&(), b"{\"\xc3(").is_none());
+        assert!(JsonPrefix::default().feed(&(), b"{\"\xc3\xa9\"").is_some());
     }
 
     #[test]
     fn nesting_and_whitespace_are_bounded() {
         let deep = "{\"a\":".to_owned() + &"[".repeat(MAX_DEPTH as usize - 1);
         let s = prefix(&deep).expect("depth at the limit");
-        assert!(s.feed(b"[").is_none());
+        assert!(s.feed(&(), b"[").is_none());
         let spaces = "{".to_owned() + &" ".repeat(MAX_SPACES as usize);
         let s = prefix(&spaces).expect("spaces at the limit");
-        assert!(s.feed(b" ").is_none());
-        assert!(s.feed(b"}").is_some());
+        assert!(s.feed(&(), b" ").is_none());
+        assert!(s.feed(&(), b"}").is_some());
     }
 }

@@ -9,6 +9,7 @@ pub mod generate;
 #[cfg(feature = "gpu")]
 pub mod gpu;
 pub mod json_output;
+pub mod json_schema;
 pub mod load;
 pub mod run;
 pub mod serve;

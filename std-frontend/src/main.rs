@@ -12,6 +12,7 @@ use sapient::chat::{ChatTemplate, Message};
 use sapient::generate::Stats;
 use sapient::generate::{generate, Stop};
 use sapient::json_output::{JsonOutput, JsonVocab};
+use sapient::json_schema::Schema;
 use sapient::load::{self, resolve, LoadOptions, ModelFiles, Quantize};
 use sapient::run::{self, CpuRunner, PerplexityRecipe, Runner, Session, DEFAULT_BATCH};
 use sapient::speculative::{generate_speculative, Draft, DraftStats, ModelDraft};
@@ -296,8 +297,12 @@ struct GenerateArgs {
     format: OutputFormat,
     /// Keep the output one JSON object (as the server's response_format json_object): every
     /// token sampled continues valid JSON, and generation ends only once the object is closed.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "json_schema")]
     json: bool,
+    /// Keep the output a value of this JSON schema (inline, starting with `{`, or a file's path),
+    /// as the server's response_format json_schema.
+    #[arg(long, value_name = "SCHEMA")]
+    json_schema: Option<String>,
 }
 
 #[derive(Args)]
@@ -1020,6 +1025,7 @@ fn run_command(command: Command) -> Result<()> {
 }
 
 fn cmd_generate(a: GenerateArgs) -> Result<()> {
+    let schema = a.json_schema.as_deref().map(read_schema).transpose()?;
     let l = Loaded::open(&a.model)?;
     let (prompt, tok) = l.prompt(&a.prompt)?;
     let tok = tok.map(Arc::new);
@@ -1039,15 +1045,21 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let draft = a.draft.open(&l, &a.model)?;
     let engine = l.engine(&m)?;
     let stop = l.files().map_or(Vec::new(), |f| f.eos_token_ids.clone());
-    let mut json_output = match (&tok, a.json) {
+    let mut json_output = match (&tok, a.json || schema.is_some()) {
         (_, false) => None,
-        (_, true) if !matches!(draft, DraftChoice::None) => {
-            bail!("--json does not combine with speculative decoding (--draft-model, --draft)")
+        (_, true) if !matches!(draft, DraftChoice::None) => bail!(
+            "--json and --json-schema do not combine with speculative decoding (--draft-model, \
+             --draft)"
+        ),
+        (None, true) => {
+            bail!("--json and --json-schema need the model's tokenizer (the tokens' text)")
         }
-        (None, true) => bail!("--json needs the model's tokenizer (the tokens' text)"),
         (Some(t), true) => {
             let vocab = Arc::new(JsonVocab::new(t, c.vocab_size));
-            Some(JsonOutput::new(vocab, t.clone()))
+            Some(match schema {
+                Some(schema) => JsonOutput::with_schema(vocab, t.clone(), Arc::new(schema)),
+                None => JsonOutput::new(vocab, t.clone()),
+            })
         }
     };
     let mut out_ids = Vec::new();
@@ -1123,6 +1135,18 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         std::process::exit(130);
     }
     Ok(())
+}
+
+/// `--json-schema`: inline JSON when it starts with `{`, otherwise a file holding it.
+fn read_schema(arg: &str) -> Result<Schema> {
+    let text = if arg.trim_start().starts_with('{') {
+        arg.to_owned()
+    } else {
+        std::fs::read_to_string(arg).with_context(|| format!("--json-schema: cannot read {arg}"))?
+    };
+    let value: serde_json::Value =
+        serde_json::from_str(&text).context("--json-schema is not valid JSON")?;
+    Schema::compile(&value).context("--json-schema")
 }
 
 /// `generate` (constrained to JSON with `json`), or `generate_speculative` with a draft and its

@@ -101,6 +101,11 @@ def weird(rng, depth=0):
         "", "x", "0", "NaN", "Infinity", "\u0000", "\ud7ff\ue000", "é" * 50, "<|im_end|>",
         "a" * rng.choice([1, 100, 5000]), [], {}, [[]], [None], [1, 2, 3], ["a", 1, None],
         {"type": "text"}, {"type": "json_object"}, {"include_usage": "yes"},
+        {"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": {"a": {"$ref": "#"}}}}},
+        {"type": "json_schema", "json_schema": {"schema": {"$ref": "#"}}},
+        {"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": {
+            "e": {"enum": [1, "1", None, [], {}]}, "n": {"anyOf": [{"type": "integer"}, {"type": "number"}]}}}}},
+        {"type": "json_schema", "json_schema": {"schema": {"type": "object", "required": ["x"]}}},
         [{"role": "user"}], [{"role": 1, "content": "x"}], [{"content": "x"}],
         [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
         [{"role": "user", "content": [{"type": "text", "text": 5}]}],

@@ -21,6 +21,7 @@ import urllib.error
 import urllib.request
 
 import openai
+import pydantic
 from openai import OpenAI
 
 import serve_process
@@ -206,6 +207,24 @@ try:
               (finish != ["stop"] or isinstance(json.loads(text), dict)),
               f"json_object, sampled with seed {seed}: {finish} {text[:40]!r}")
 
+    # response_format json_schema, through the client's pydantic parsing.
+    class City(pydantic.BaseModel):
+        city: str
+        country: str
+        population: int
+
+    parsed = client.chat.completions.parse(model=NAME, messages=asked, temperature=0, max_tokens=60,
+                                           response_format=City).choices[0]
+    check(parsed.finish_reason == "stop" and parsed.message.parsed.city == "Paris" and
+          isinstance(parsed.message.parsed.population, int),
+          f"json_schema: the reply parses as the pydantic model ({parsed.message.content!r})")
+    dated = {"type": "json_schema", "json_schema": {"name": "d", "schema": {
+        "type": "object", "properties": {"when": {"type": "string", "format": "date-time"}}}}}
+    status, err, _ = raw(port, "/v1/chat/completions",
+                         json.dumps({"model": NAME, "messages": asked, "response_format": dated}).encode())
+    check(status == 400 and "format" in err["error"]["message"],
+          f"json_schema with a keyword it cannot check: 400 naming it ({err['error']['message']!r})")
+
     emb = client.embeddings.create(model=NAME, input=["Hello world", prompt])
     mine = cli("embed", "-p", prompt, "--normalize")["embedding"]
     check(len(emb.data) == 2 and max(abs(a - b) for a, b in zip(emb.data[1].embedding, mine)) < 1e-5,
@@ -218,7 +237,7 @@ try:
     status, body, _ = raw(port, "/v1/completions", json.dumps({"model": NAME, "prompt": "x", "temperature": 9}).encode())
     check(status == 400 and "temperature" in body["error"]["message"], "bad temperature: 400")
     for field, value in [("echo", True), ("tools", [{"type": "function", "function": {"name": "f"}}]),
-                         ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}), ("logit_bias", {"99999999": 1})]:
+                         ("response_format", {"type": "grammar", "grammar": "root ::= x"}), ("logit_bias", {"99999999": 1})]:
         status, body, _ = raw(port, "/v1/completions", json.dumps({"model": NAME, "prompt": "x", field: value}).encode())
         check(status == 400 and field in body["error"]["message"], f"{field} it cannot honour: 400 naming it")
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", headers={"Authorization": f"Bearer {KEY}"})

@@ -177,7 +177,7 @@ fn matrices<'m>(m: &'m Model<'_>) -> Vec<&'m sapient_core::Matrix<'m>> {
 fn json_output_is_one_json_object() {
     use sapient::chat::{end_of_turn_ids, ChatTemplate, Message};
     use sapient::generate::{generate, Stop};
-    use sapient::json_output::{JsonOutput, JsonPrefix, JsonVocab};
+    use sapient::json_output::{Automaton, JsonOutput, JsonPrefix, JsonVocab};
     use sapient_core::sample::{Sampler, SamplerConfig};
     use std::sync::Arc;
 
@@ -190,7 +190,8 @@ fn json_output_is_one_json_object() {
     let mut stop = files.eos_token_ids.clone();
     stop.extend(end_of_turn_ids(&tok));
     let runner = CpuRunner::new(&model, KvFormat::default_for(&model.config), &pool);
-    let run = |content: &str, sampling: SamplerConfig, json: bool| {
+    let object = || JsonOutput::new(vocab.clone(), tok.clone());
+    let run = |content: &str, sampling: SamplerConfig, mut output: Option<JsonOutput>| {
         let text = template
             .render(
                 &[Message {
@@ -201,7 +202,6 @@ fn json_output_is_one_json_object() {
             )
             .unwrap();
         let prompt = tok.encode_chat(&text).unwrap();
-        let mut output = json.then(|| JsonOutput::new(vocab.clone(), tok.clone()));
         let mut out = Vec::new();
         let (_, why) = runner
             .with_session(prompt.len() + 64, 64, |s| {
@@ -226,13 +226,13 @@ fn json_output_is_one_json_object() {
     let (text, why) = run(
         "Reply with a JSON object with the keys city and country for Paris.",
         SamplerConfig::greedy(),
-        true,
+        Some(object()),
     );
     let value: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(why, Stop::EndOfSequence);
     assert_eq!(value["city"], "Paris", "{text}");
     let cat = "Give me a JSON object describing a cat.";
-    let (free, _) = run(cat, SamplerConfig::greedy(), false);
+    let (free, _) = run(cat, SamplerConfig::greedy(), None);
     assert!(free.starts_with("```"), "{free:?}");
     for seed in 0..6 {
         let sampling = SamplerConfig {
@@ -243,13 +243,123 @@ fn json_output_is_one_json_object() {
             seed,
             ..SamplerConfig::default()
         };
-        let (text, why) = run(cat, sampling, true);
+        let (text, why) = run(cat, sampling, Some(object()));
         let state = JsonPrefix::default()
-            .feed(text.as_bytes())
+            .feed(&(), text.as_bytes())
             .unwrap_or_else(|| panic!("seed {seed}: {text:?} is no JSON prefix"));
         if why == Stop::EndOfSequence {
             assert!(state.is_complete(), "seed {seed}: stopped in {text:?}");
             let _: serde_json::Value = serde_json::from_str(&text).unwrap();
         }
     }
+}
+
+/// A JSON schema on the real model: greedy and sampled runs stop only on a value of the
+/// schema (its required keys, their types, the enum's values, no other keys), and the text is
+/// always a prefix of one.
+#[test]
+fn json_schema_output_is_a_value_of_the_schema() {
+    use sapient::chat::{end_of_turn_ids, ChatTemplate, Message};
+    use sapient::generate::{generate, Stop};
+    use sapient::json_output::{Automaton, JsonOutput, JsonVocab};
+    use sapient::json_schema::Schema;
+    use sapient_core::sample::{Sampler, SamplerConfig};
+    use std::sync::Arc;
+
+    let schema_json = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string"},
+            "age": {"type": "integer"},
+            "color": {"enum": ["black", "white", "orange"]},
+            "indoor": {"type": "boolean"},
+            "toys": {"type": "array", "items": {"type": "string"}, "maxItems": 3}
+        },
+        "required": ["name", "age", "color", "indoor", "toys"],
+        "additionalProperties": false
+    });
+    let schema = Arc::new(Schema::compile(&schema_json).unwrap());
+    let files = open();
+    let model = files.model(Quantize::Auto).unwrap();
+    let pool = sapient::Rayon::new(None).unwrap();
+    let tok = Arc::new(Tokenizer::load(&files).unwrap());
+    let template = ChatTemplate::load(&files, &tok).unwrap();
+    let vocab = Arc::new(JsonVocab::new(&tok, model.config.vocab_size));
+    let mut stop = files.eos_token_ids.clone();
+    stop.extend(end_of_turn_ids(&tok));
+    let runner = CpuRunner::new(&model, KvFormat::default_for(&model.config), &pool);
+    let text = template
+        .render(
+            &[Message {
+                role: "user".into(),
+                content: "Describe a cat as JSON.".into(),
+            }],
+            true,
+        )
+        .unwrap();
+    let prompt = tok.encode_chat(&text).unwrap();
+    let mut whole = 0;
+    for seed in 0..6 {
+        let sampling = if seed == 0 {
+            SamplerConfig::greedy()
+        } else {
+            SamplerConfig {
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                seed,
+                ..SamplerConfig::default()
+            }
+        };
+        let mut output = JsonOutput::with_schema(vocab.clone(), tok.clone(), schema.clone());
+        let mut out = Vec::new();
+        let (_, why) = runner
+            .with_session(prompt.len() + 96, 64, |s| {
+                let mut sampler = Sampler::new(sampling)?;
+                generate(
+                    s,
+                    &mut sampler,
+                    Some(&mut output),
+                    &prompt,
+                    &mut Vec::new(),
+                    80,
+                    &stop,
+                    |t| {
+                        out.push(t);
+                        Ok(true)
+                    },
+                )
+            })
+            .unwrap();
+        let text = tok.decode(&out, true).unwrap();
+        let state = schema
+            .start()
+            .feed(&schema, text.as_bytes())
+            .unwrap_or_else(|| panic!("seed {seed}: {text:?} is no prefix of the schema's values"));
+        if why != Stop::EndOfSequence {
+            continue;
+        }
+        assert!(state.is_complete(), "seed {seed}: stopped in {text:?}");
+        whole += 1;
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        let o = v.as_object().unwrap();
+        let mut keys: Vec<&str> = o.keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["age", "color", "indoor", "name", "toys"], "{text}");
+        assert!(
+            o["name"].is_string() && o["age"].is_i64() && o["indoor"].is_boolean(),
+            "{text}"
+        );
+        assert!(
+            ["black", "white", "orange"].contains(&o["color"].as_str().unwrap()),
+            "{text}"
+        );
+        let toys = o["toys"].as_array().unwrap();
+        assert!(
+            toys.len() <= 3 && toys.iter().all(|t| t.is_string()),
+            "{text}"
+        );
+    }
+    assert!(whole >= 1, "no run ended in a whole value");
 }

@@ -5,7 +5,8 @@
 //! command sets it); without it these tests say SKIPPED.
 use sapient_tests::{llama_cpp_models, llama_cpp_vocab_cases as cases, tekken_vocab};
 
-use sapient::json_output::{JsonPrefix, JsonVocab};
+use sapient::json_output::{Automaton, JsonPrefix, JsonVocab};
+use sapient::json_schema::Schema;
 use sapient::load::gguf::Gguf;
 use sapient::tokenizer::Tokenizer;
 
@@ -119,15 +120,15 @@ fn json_mask_allows_what_the_automaton_accepts_token_by_token() {
         let mut mask = Vec::new();
         for point in points {
             let from = JsonPrefix::default()
-                .feed(point.as_bytes())
+                .feed(&(), point.as_bytes())
                 .unwrap_or_else(|| panic!("{point:?}"));
-            vocab.allowed(from, &mut mask);
+            vocab.allowed(&(), from, &mut mask);
             let mut count = 0;
             for id in 0..n as u32 {
                 let bytes = tok.token_bytes(id);
                 let want = !bytes.is_empty()
                     && special.binary_search(&id).is_err()
-                    && from.feed(&bytes).is_some();
+                    && from.feed(&(), &bytes).is_some();
                 assert_eq!(
                     mask[id as usize], want,
                     "{name} after {point:?}: token {id} {bytes:?}"
@@ -138,6 +139,37 @@ fn json_mask_allows_what_the_automaton_accepts_token_by_token() {
                 count > 0 || from.is_complete(),
                 "{name} after {point:?}: nothing allowed"
             );
+        }
+        // And under a schema: keys, an enum, an integer.
+        let schema = Schema::compile(&serde_json::json!({
+            "type": "object",
+            "properties": {"name": {"type": "string"}, "n": {"type": "integer"},
+                           "kind": {"enum": ["cat", "cow", 12]}},
+            "required": ["name"]
+        }))
+        .unwrap();
+        for point in [
+            "",
+            "{\"",
+            "{\"n\": 1",
+            "{\"kind\": \"c",
+            "{\"name\": \"x\",",
+        ] {
+            let from = schema
+                .start()
+                .feed(&schema, point.as_bytes())
+                .unwrap_or_else(|| panic!("{point:?}"));
+            vocab.allowed(&schema, from, &mut mask);
+            for id in 0..n as u32 {
+                let bytes = tok.token_bytes(id);
+                let want = !bytes.is_empty()
+                    && special.binary_search(&id).is_err()
+                    && from.feed(&schema, &bytes).is_some();
+                assert_eq!(
+                    mask[id as usize], want,
+                    "{name} after {point:?}: token {id} {bytes:?}"
+                );
+            }
         }
     }
 }

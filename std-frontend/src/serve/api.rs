@@ -24,6 +24,7 @@ use super::engine::{Event, Finish, Job, Request};
 use super::metrics::Metrics;
 use crate::chat::{ChatTemplate, Message};
 use crate::json_output::{JsonOutput, JsonVocab};
+use crate::json_schema::Schema;
 use crate::tokenizer::Tokenizer;
 
 /// What every handler shares.
@@ -48,12 +49,18 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// A constraint to one JSON object for a request.
-    fn json_output(&self) -> JsonOutput {
+    /// A request's constraint to JSON output.
+    fn json_output(&self, format: &JsonFormat) -> JsonOutput {
         let vocab = self
             .json_vocab
-            .get_or_init(|| Arc::new(JsonVocab::new(&self.tokenizer, self.vocab_size)));
-        JsonOutput::new(vocab.clone(), self.tokenizer.clone())
+            .get_or_init(|| Arc::new(JsonVocab::new(&self.tokenizer, self.vocab_size)))
+            .clone();
+        match format {
+            JsonFormat::Object => JsonOutput::new(vocab, self.tokenizer.clone()),
+            JsonFormat::Schema(schema) => {
+                JsonOutput::with_schema(vocab, self.tokenizer.clone(), schema.clone())
+            }
+        }
     }
 }
 
@@ -223,14 +230,33 @@ fn refuse_unsupported(body: &Value) -> ApiResult<()> {
     Ok(())
 }
 
-/// Whether `response_format` asks for one JSON object (`json_object`) rather than text.
-fn json_mode(body: &Value) -> ApiResult<bool> {
+/// What `response_format` asks the output to be, beyond text.
+enum JsonFormat {
+    /// `json_object`: any one JSON object.
+    Object,
+    /// `json_schema`: a value of this schema.
+    Schema(Arc<Schema>),
+}
+
+/// `response_format`: text (`None`), one JSON object, or a value of a JSON schema.
+fn json_format(body: &Value) -> ApiResult<Option<JsonFormat>> {
     match body.pointer("/response_format/type") {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::String(t)) if t == "text" => Ok(false),
-        Some(Value::String(t)) if t == "json_object" => Ok(true),
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(t)) if t == "text" => Ok(None),
+        Some(Value::String(t)) if t == "json_object" => Ok(Some(JsonFormat::Object)),
+        Some(Value::String(t)) if t == "json_schema" => {
+            let schema = body
+                .pointer("/response_format/json_schema/schema")
+                .ok_or_else(|| {
+                    ApiError::bad_request("response_format json_schema needs json_schema.schema")
+                })?;
+            let schema = Schema::compile(schema)
+                .map_err(|e| ApiError::bad_request(format!("response_format: {e:#}")))?;
+            Ok(Some(JsonFormat::Schema(Arc::new(schema))))
+        }
         Some(t) => Err(ApiError::bad_request(format!(
-            "response_format {t} is not supported by this server (text and json_object are)"
+            "response_format {t} is not supported by this server (text, json_object and \
+             json_schema are)"
         ))),
     }
 }
@@ -295,8 +321,8 @@ struct Generation {
     include_usage: bool,
     /// `Some(n)`: each token's log-probability and the `n` likeliest tokens' with it.
     logprobs: Option<usize>,
-    /// The output is one JSON object.
-    json: bool,
+    /// The output is JSON: one object, or a value of a schema.
+    json: Option<JsonFormat>,
 }
 
 /// The most likely tokens a request may ask for at each position (OpenAI's limit).
@@ -410,7 +436,7 @@ fn generation(body: &Value, kind: Kind, vocab_size: usize) -> ApiResult<Generati
         stream,
         include_usage,
         logprobs: logprobs(body, kind)?,
-        json: json_mode(body)?,
+        json: json_format(body)?,
     })
 }
 
@@ -499,7 +525,7 @@ fn start(
             max_tokens,
             stop: stop_tokens.to_vec(),
             logprobs: g.logprobs,
-            json: g.json.then(|| state.json_output()),
+            json: g.json.as_ref().map(|f| state.json_output(f)),
             events,
             stopped_by_text: stopped_by_text.clone(),
             arrived: Instant::now(),
