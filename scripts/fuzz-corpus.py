@@ -12,6 +12,8 @@ Usage: scripts/fuzz-corpus.py SAPIENT_BINARY
   encoding the SmolLM2 reference prompts.
 - chat_template: ChatML, Llama 2 and Llama 3 style templates with the reference prompts as
   messages.
+- json_schema: schemas of the kinds structured-output clients send (nested objects, arrays,
+  enums, Optional fields, recursive $refs, dictionaries) with a value of each as the output.
 """
 import json
 import math
@@ -144,3 +146,21 @@ templates = {
 for name, t in templates.items():
     msgs = "\n".join(f"{r}: {p}" for r, p in zip(["system", "user", "assistant", "user"], prompts))
     seed("chat_template", name, (t + "\n--\n" + msgs).encode())
+
+schemas = {
+    "person": ({"type": "object", "properties": {
+        "name": {"type": "string"}, "age": {"type": "integer"}, "height": {"type": "number"},
+        "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
+        "pet": {"anyOf": [{"$ref": "#/$defs/Pet"}, {"type": "null"}]},
+        "mood": {"enum": ["happy", "sad", 1, None]}},
+        "required": ["name", "age"], "additionalProperties": False,
+        "$defs": {"Pet": {"type": "object", "properties": {"kind": {"const": "cat"}}}}},
+        '{"name": "Ann\\u00e9", "age": 30, "pet": {"kind": "cat"}, "tags": ["a"], "mood": 1}'),
+    "tree": ({"type": "object", "properties": {"children": {"type": "array", "items": {"$ref": "#"}}}},
+             '{"children": [{"children": []}, {}]}'),
+    "dictionary": ({"type": "object", "properties": {"scores": {"type": "object",
+                    "additionalProperties": {"type": ["integer", "null"]}}}},
+                   '{"scores": {"a": 1, "b": null}}'),
+}
+for name, (schema, value) in schemas.items():
+    seed("json_schema", name, (json.dumps(schema) + "\n--\n" + value).encode())
