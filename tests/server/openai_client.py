@@ -185,6 +185,35 @@ try:
         status, err, _ = raw(port, route, json.dumps({"model": NAME, **body}).encode())
         check(status == 400 and "logprobs" in err["error"]["message"], f"{route} {body}: 400 naming logprobs")
 
+    # echo with logprobs, as evaluation harnesses score a text (lm-evaluation-harness's
+    # loglikelihood): the prompt's tokens' log-probabilities, max_tokens 0, over several prompt
+    # chunks, equal to the log-softmax of sapient logits at each position.
+    scored = "The quick brown fox jumps over the lazy dog. " * 4 + "Paris is the capital of France."
+    scored_ids = cli("tokenize", "-p", scored)["ids"]
+    out = subprocess.run([BIN, "logits", "-m", MODEL, "--all-positions", "--prompt-ids",
+                          ",".join(map(str, scored_ids))], capture_output=True, text=True, timeout=120)
+    rows = json.loads(out.stdout)["logits"]
+    want_scores = [log_softmax(rows[k - 1])[scored_ids[k]] for k in range(1, len(scored_ids))]
+    echoed = client.completions.create(model=NAME, prompt=scored, max_tokens=0, echo=True, logprobs=1,
+                                       temperature=0).choices[0]
+    lps = echoed.logprobs
+    check(len(scored_ids) > 40 and echoed.text == scored and "".join(lps.tokens) == scored and
+          lps.token_logprobs[0] is None and lps.top_logprobs[0] is None and
+          max(abs(a - b) for a, b in zip(lps.token_logprobs[1:], want_scores)) < 1e-4 and
+          len(lps.token_logprobs) == len(scored_ids) and echoed.finish_reason == "length",
+          f"echo, max_tokens 0: the prompt's {len(scored_ids)} tokens scored as sapient logits gives them")
+    both = client.completions.create(model=NAME, prompt=[gen["prompt_ids"]], max_tokens=4, echo=True,
+                                     logprobs=2, temperature=0).choices[0]
+    check(both.text == prompt + gen["text"] and both.logprobs.token_logprobs[-4:] == lp.logprobs.token_logprobs
+          and both.logprobs.text_offset[5:] == [len(prompt) + o for o in lp.logprobs.text_offset],
+          "echo with token ids and generation: the prompt, then the same tokens and logprobs as without it")
+    for route, body in [("/v1/completions", {"prompt": "x", "echo": True, "stream": True}),
+                        ("/v1/chat/completions", {"messages": messages, "echo": True}),
+                        ("/v1/completions", {"prompt": "x", "max_tokens": 0})]:
+        status, err, _ = raw(port, route, json.dumps({"model": NAME, **body}).encode())
+        check(status == 400 and ("echo" in err["error"]["message"] or "max_tokens" in err["error"]["message"]),
+              f"{route} {body}: 400 ({err['error']['message']!r})")
+
     # response_format json_object: the reply is one JSON object, whole when the model stops.
     asked = [{"role": "user", "content": "Reply with a JSON object with the keys city and country for Paris."}]
     j = client.chat.completions.create(model=NAME, messages=asked, temperature=0, max_tokens=60,
@@ -236,7 +265,7 @@ try:
     check(status == 400 and "messages" in body["error"]["message"], "missing messages: 400")
     status, body, _ = raw(port, "/v1/completions", json.dumps({"model": NAME, "prompt": "x", "temperature": 9}).encode())
     check(status == 400 and "temperature" in body["error"]["message"], "bad temperature: 400")
-    for field, value in [("echo", True), ("tools", [{"type": "function", "function": {"name": "f"}}]),
+    for field, value in [("suffix", "end"), ("tools", [{"type": "function", "function": {"name": "f"}}]),
                          ("response_format", {"type": "grammar", "grammar": "root ::= x"}), ("logit_bias", {"99999999": 1})]:
         status, body, _ = raw(port, "/v1/completions", json.dumps({"model": NAME, "prompt": "x", field: value}).encode())
         check(status == 400 and field in body["error"]["message"], f"{field} it cannot honour: 400 naming it")

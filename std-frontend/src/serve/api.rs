@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
 use super::detokenize::{chat_logprobs, completion_logprobs, Detokenizer, Reported};
-use super::engine::{Event, Finish, Job, Request};
+use super::engine::{Event, Finish, Job, Request, TokenLogprobs};
 use super::metrics::Metrics;
 use crate::chat::{ChatTemplate, Message};
 use crate::json_output::{JsonOutput, JsonVocab};
@@ -215,7 +215,6 @@ fn refuse_unsupported(body: &Value) -> ApiResult<()> {
     for (key, what) in [
         ("tools", " (function calling)"),
         ("functions", " (function calling)"),
-        ("echo", ""),
         ("suffix", " (insertion)"),
     ] {
         if asked(key) {
@@ -323,6 +322,9 @@ struct Generation {
     logprobs: Option<usize>,
     /// The output is JSON: one object, or a value of a schema.
     json: Option<JsonFormat>,
+    /// The completions route's `echo`: the answer starts with the prompt (and its tokens'
+    /// logprobs, when asked for).
+    echo: bool,
 }
 
 /// The most likely tokens a request may ask for at each position (OpenAI's limit).
@@ -364,6 +366,16 @@ fn logprobs(body: &Value, kind: Kind) -> ApiResult<Option<usize>> {
 
 fn generation(body: &Value, kind: Kind, vocab_size: usize) -> ApiResult<Generation> {
     refuse_unsupported(body)?;
+    let echo = match (body.get("echo"), kind) {
+        (None | Some(Value::Null) | Some(Value::Bool(false)), _) => false,
+        (Some(Value::Bool(true)), Kind::Completion) => true,
+        (Some(_), Kind::Completion) => return Err(ApiError::bad_request("echo must be a boolean")),
+        (Some(_), Kind::Chat) => {
+            return Err(ApiError::bad_request(
+                "echo is not a field of chat completions (the completions route has it)",
+            ))
+        }
+    };
     let seed = match body.get("seed") {
         None | Some(Value::Null) => SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -378,12 +390,11 @@ fn generation(body: &Value, kind: Kind, vocab_size: usize) -> ApiResult<Generati
     }
     let max_tokens = match body.get("max_completion_tokens").or(body.get("max_tokens")) {
         None | Some(Value::Null) => None,
-        Some(v) => Some(
-            v.as_u64()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| ApiError::bad_request("max_tokens must be a positive integer"))?
-                as usize,
-        ),
+        Some(v) => Some(v.as_u64().filter(|n| *n > 0 || echo).ok_or_else(|| {
+            ApiError::bad_request(
+                "max_tokens must be a positive integer (or 0 with echo: the prompt alone)",
+            )
+        })? as usize),
     };
     let stop = match body.get("stop") {
         None | Some(Value::Null) => Vec::new(),
@@ -424,6 +435,11 @@ fn generation(body: &Value, kind: Kind, vocab_size: usize) -> ApiResult<Generati
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(ApiError::bad_request("stream must be a boolean")),
     };
+    if stream && echo {
+        return Err(ApiError::bad_request(
+            "echo with stream is not supported by this server (echo answers whole)",
+        ));
+    }
     let include_usage = body
         .pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
@@ -437,6 +453,7 @@ fn generation(body: &Value, kind: Kind, vocab_size: usize) -> ApiResult<Generati
         include_usage,
         logprobs: logprobs(body, kind)?,
         json: json_format(body)?,
+        echo,
     })
 }
 
@@ -525,6 +542,7 @@ fn start(
             max_tokens,
             stop: stop_tokens.to_vec(),
             logprobs: g.logprobs,
+            prompt_logprobs: g.echo && g.logprobs.is_some(),
             json: g.json.as_ref().map(|f| state.json_output(f)),
             events,
             stopped_by_text: stopped_by_text.clone(),
@@ -541,6 +559,8 @@ struct Whole {
     completion_tokens: usize,
     /// The tokens' log-probabilities, when asked for.
     logprobs: Vec<Reported>,
+    /// The prompt's tokens' after the first, with `echo`.
+    prompt_logprobs: Vec<TokenLogprobs>,
 }
 
 async fn collect(
@@ -549,8 +569,10 @@ async fn collect(
 ) -> ApiResult<Whole> {
     let mut out = String::new();
     let mut logprobs = Vec::new();
+    let mut prompt_logprobs = Vec::new();
     while let Some(event) = events.recv().await {
         match event {
+            Event::PromptLogprobs(entries) => prompt_logprobs.extend(entries),
             Event::Token { id, logprobs: lp } => {
                 let (piece, stopped) = text.push(id, lp);
                 out += &piece;
@@ -562,6 +584,7 @@ async fn collect(
                         finish: "stop",
                         completion_tokens: text.tokens(),
                         logprobs,
+                        prompt_logprobs,
                     });
                 }
             }
@@ -577,6 +600,7 @@ async fn collect(
                     finish: finish_reason(finish),
                     completion_tokens,
                     logprobs,
+                    prompt_logprobs,
                 });
             }
             Event::Failed(e) => return Err(ApiError::server(e)),
@@ -648,6 +672,8 @@ fn sse(
                 return None;
             }
             let (finish, completion) = match st.events.recv().await {
+                // Only `echo` asks for these, and it does not stream.
+                Some(Event::PromptLogprobs(_)) => continue,
                 Some(Event::Token { id, logprobs }) => {
                     let (piece, stopped) = st.text.push(id, logprobs);
                     st.text(&piece);
@@ -758,7 +784,7 @@ pub async fn chat_completions(
         .tokenizer
         .encode_chat(&text)
         .map_err(|e| ApiError::bad_request(format!("{e:#}")))?;
-    answer(&state, Kind::Chat, ids, &g, &state.end_of_turn).await
+    answer(&state, Kind::Chat, ids, &g, &state.end_of_turn, None).await
 }
 
 pub async fn completions(
@@ -767,22 +793,42 @@ pub async fn completions(
 ) -> ApiResult<Response> {
     let body = read_body(&state, body)?;
     let (body, g) = generating_request(&state, Kind::Completion, &body)?;
-    let prompt = match body.get("prompt") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
-            a[0].as_str().unwrap_or_default().to_owned()
+    // One prompt: text or token ids, alone or as a list of one.
+    let mut prompt = body.get("prompt").unwrap_or(&Value::Null);
+    if let Some([one]) = prompt.as_array().map(Vec::as_slice) {
+        if one.is_string() || one.is_array() {
+            prompt = one;
+        }
+    }
+    let (ids, text) = match prompt {
+        Value::String(s) => {
+            let ids = state
+                .tokenizer
+                .encode_prompt(s)
+                .map_err(|e| ApiError::bad_request(format!("{e:#}")))?;
+            (ids, s.clone())
+        }
+        Value::Array(a) if !a.is_empty() && a.iter().all(Value::is_u64) => {
+            let ids: Vec<u32> = a
+                .iter()
+                .map(|v| {
+                    v.as_u64()
+                        .and_then(|t| u32::try_from(t).ok())
+                        .unwrap_or(u32::MAX)
+                })
+                .collect();
+            // `start` checks the ids against the vocabulary.
+            let text = state.tokenizer.decode(&ids, true).unwrap_or_default();
+            (ids, text)
         }
         _ => {
             return Err(ApiError::bad_request(
-                "prompt must be a string (one prompt per request)",
+                "prompt must be a string or an array of token ids (one prompt per request)",
             ))
         }
     };
-    let ids = state
-        .tokenizer
-        .encode_prompt(&prompt)
-        .map_err(|e| ApiError::bad_request(format!("{e:#}")))?;
-    answer(&state, Kind::Completion, ids, &g, &state.eos).await
+    let echo = g.echo.then_some(text);
+    answer(&state, Kind::Completion, ids, &g, &state.eos, echo).await
 }
 
 /// Which of the two generating routes an answer is for.
@@ -793,11 +839,17 @@ enum Kind {
 }
 
 impl Kind {
-    /// The `logprobs` object of `tokens` in this route's shape.
-    fn logprobs(self, tokenizer: &Tokenizer, tokens: &[Reported]) -> Value {
+    /// The `logprobs` object of `tokens` in this route's shape (after the prompt's, with
+    /// `echo`).
+    fn logprobs(
+        self,
+        tokenizer: &Tokenizer,
+        tokens: &[Reported],
+        echo: Option<(&[u32], &[TokenLogprobs], usize)>,
+    ) -> Value {
         match self {
             Kind::Chat => chat_logprobs(tokenizer, tokens),
-            Kind::Completion => completion_logprobs(tokenizer, tokens),
+            Kind::Completion => completion_logprobs(tokenizer, tokens, echo),
         }
     }
 
@@ -806,7 +858,7 @@ impl Kind {
         let (content, finish, logprobs) = match piece {
             Piece::Open => ("", None, Value::Null),
             Piece::Text(text, tokens) => {
-                let lp = tokenizer.map_or(Value::Null, |t| self.logprobs(t, tokens));
+                let lp = tokenizer.map_or(Value::Null, |t| self.logprobs(t, tokens, None));
                 (text, None, lp)
             }
             Piece::Finish(f) => ("", Some(f), Value::Null),
@@ -844,15 +896,18 @@ impl Kind {
     }
 }
 
-/// Generates from `ids` and answers in `kind`'s shape: server-sent chunks, or one object.
+/// Generates from `ids` and answers in `kind`'s shape: server-sent chunks, or one object. With
+/// `echo` (the prompt's text; whole answers only), the answer starts with the prompt.
 async fn answer(
     state: &AppState,
     kind: Kind,
     ids: Vec<u32>,
     g: &Generation,
     stop_tokens: &[u32],
+    echo: Option<String>,
 ) -> ApiResult<Response> {
     let prompt_tokens = ids.len();
+    let prompt_ids = echo.as_ref().map(|_| ids.clone());
     let (events, stopped) = start(state, ids, g, stop_tokens)?;
     let text = Detokenizer::new(state.tokenizer.clone(), g.stop.clone(), stopped);
     let (prefix, chunk_object, object) = kind.names();
@@ -876,10 +931,19 @@ async fn answer(
         return Ok(sse(events, text, prompt_tokens, g.include_usage, chunk, usage).into_response());
     }
     let whole = collect(events, text).await?;
-    let logprobs = tokenizer.map_or(Value::Null, |t| kind.logprobs(&t, &whole.logprobs));
+    let echoed = match (&echo, &prompt_ids) {
+        (Some(text), Some(ids)) => Some((
+            ids.as_slice(),
+            whole.prompt_logprobs.as_slice(),
+            text.chars().count(),
+        )),
+        _ => None,
+    };
+    let logprobs = tokenizer.map_or(Value::Null, |t| kind.logprobs(&t, &whole.logprobs, echoed));
     let completion = whole.completion_tokens;
     let mut v = head(object);
-    v["choices"] = json!([kind.whole_choice(whole.text, whole.finish, logprobs)]);
+    let content = echo.clone().unwrap_or_default() + &whole.text;
+    v["choices"] = json!([kind.whole_choice(content, whole.finish, logprobs)]);
     v["usage"] = json!({ "prompt_tokens": prompt_tokens, "completion_tokens": completion,
                          "total_tokens": prompt_tokens + completion });
     Ok(Json(v).into_response())

@@ -164,25 +164,44 @@ pub fn chat_logprobs(tokenizer: &Tokenizer, tokens: &[Reported]) -> Value {
 
 /// The completions route's `logprobs` object: parallel lists of the tokens, their
 /// log-probabilities, the likeliest tokens at each position (text to log-probability) and
-/// where each token's text starts, in characters.
-pub fn completion_logprobs(tokenizer: &Tokenizer, tokens: &[Reported]) -> Value {
+/// where each token's text starts, in characters. With `echo`, the prompt's tokens come first
+/// (the first has no log-probability: nothing predicts it) and the completion's offsets count
+/// from the start of the prompt's text, `echo.2` characters long.
+pub fn completion_logprobs(
+    tokenizer: &Tokenizer,
+    tokens: &[Reported],
+    echo: Option<(&[u32], &[TokenLogprobs], usize)>,
+) -> Value {
     let text = |id: u32| token_text(tokenizer, id).0;
-    let top: Vec<Value> = tokens
-        .iter()
-        .map(|t| {
-            let map: Map<String, Value> = t
-                .logprobs
-                .top
-                .iter()
-                .map(|&(id, lp)| (text(id), json!(lp)))
-                .collect();
-            Value::Object(map)
-        })
-        .collect();
+    let top = |lp: &TokenLogprobs| {
+        let map: Map<String, Value> = lp.top.iter().map(|&(id, l)| (text(id), json!(l))).collect();
+        Value::Object(map)
+    };
+    let (mut names, mut logprobs, mut tops, mut offsets) = (vec![], vec![], vec![], vec![]);
+    let mut shift = 0;
+    if let Some((ids, prompt, chars)) = echo {
+        let mut offset = 0;
+        for (k, &id) in ids.iter().enumerate() {
+            let name = text(id);
+            offsets.push(json!(offset));
+            offset += name.chars().count();
+            names.push(name);
+            let lp = k.checked_sub(1).and_then(|k| prompt.get(k));
+            logprobs.push(lp.map_or(Value::Null, |lp| json!(lp.logprob)));
+            tops.push(lp.map_or(Value::Null, top));
+        }
+        shift = chars;
+    }
+    for t in tokens {
+        names.push(text(t.id));
+        logprobs.push(json!(t.logprobs.logprob));
+        tops.push(top(&t.logprobs));
+        offsets.push(json!(shift + t.offset));
+    }
     json!({
-        "tokens": tokens.iter().map(|t| text(t.id)).collect::<Vec<_>>(),
-        "token_logprobs": tokens.iter().map(|t| t.logprobs.logprob).collect::<Vec<_>>(),
-        "top_logprobs": top,
-        "text_offset": tokens.iter().map(|t| t.offset).collect::<Vec<_>>(),
+        "tokens": names,
+        "token_logprobs": logprobs,
+        "top_logprobs": tops,
+        "text_offset": offsets,
     })
 }

@@ -60,6 +60,9 @@ pub enum Event {
         prompt_tokens: usize,
         completion_tokens: usize,
     },
+    /// The log-probabilities of prompt tokens after the first, in order, as their positions
+    /// are run (a request that asked for `prompt_logprobs`).
+    PromptLogprobs(Vec<TokenLogprobs>),
     Failed(String),
 }
 
@@ -74,6 +77,9 @@ pub struct Job {
     pub stop: Vec<u32>,
     /// `Some(n)`: report each token's log-probability and the `n` likeliest tokens' with it.
     pub logprobs: Option<usize>,
+    /// Report those of the prompt's tokens too (`echo`): the prompt is run whole, from no
+    /// cached start, in chunks of at most `PROMPT_LOGPROBS_CHUNK` tokens.
+    pub prompt_logprobs: bool,
     /// Keeps the output one JSON object (`response_format` `json_object`).
     pub json: Option<JsonOutput>,
     pub events: mpsc::UnboundedSender<Event>,
@@ -114,6 +120,8 @@ struct Running {
     logits: Vec<f32>,
     /// The logits before biases and penalties, kept for `logprobs` (empty when not asked).
     raw_logits: Vec<f32>,
+    /// Every position's logits of a prompt chunk, for `prompt_logprobs` (empty otherwise).
+    chunk_logits: Vec<f32>,
     last_token: Option<Instant>,
 }
 
@@ -213,8 +221,14 @@ fn run(
                 }
             };
             metrics.running.fetch_add(1, Ordering::Relaxed);
-            // The last prompt token is always run: its logits give the first new token.
-            let kept = shared_start(&held[i], &job.prompt).min(job.prompt.len().saturating_sub(1));
+            // The last prompt token is always run: its logits give the first new token. A
+            // prompt whose logprobs are asked for is run whole.
+            let kept = match job.prompt_logprobs {
+                true => 0,
+                false => {
+                    shared_start(&held[i], &job.prompt).min(job.prompt.len().saturating_sub(1))
+                }
+            };
             kv.truncate(i, kept);
             held[i].clear();
             metrics
@@ -227,6 +241,7 @@ fn run(
                 generated: 0,
                 logits: vec![0.0; vocab_size],
                 raw_logits: Vec::new(),
+                chunk_logits: Vec::new(),
                 last_token: None,
                 job,
             });
@@ -243,6 +258,36 @@ fn run(
             .map(|i| kv.len(i))
             .sum();
         metrics.kv_used.store(used, Ordering::Relaxed);
+    }
+}
+
+/// Most prompt tokens a step runs of a request that asked for its prompt's logprobs: each
+/// position's logits are kept (`vocab_size` floats a token).
+const PROMPT_LOGPROBS_CHUNK: usize = 16;
+
+/// After a step ran `n` tokens of `r` with every position's logits (`chunk_logits`): sends the
+/// logprobs of the prompt tokens those positions predict, and hands the last position's logits
+/// on when the chunk ended the prompt.
+fn report_prompt_logprobs(r: &mut Running, n: usize) {
+    let vocab = r.logits.len();
+    let top = r.job.logprobs.unwrap_or(0);
+    let entries: Vec<TokenLogprobs> = (0..n)
+        .filter_map(|j| {
+            let next = *r.job.prompt.get(r.fed + j + 1)?;
+            Some(token_logprobs(
+                &r.chunk_logits[j * vocab..][..vocab],
+                next,
+                top,
+            ))
+        })
+        .collect();
+    if r.fed + n == r.tokens.len() {
+        r.logits
+            .copy_from_slice(&r.chunk_logits[(n - 1) * vocab..][..vocab]);
+    }
+    r.chunk_logits.clear();
+    if !entries.is_empty() {
+        let _ = r.job.events.send(Event::PromptLogprobs(entries));
     }
 }
 
@@ -275,6 +320,9 @@ fn step(
             let pending = r.tokens.len() - r.fed;
             if pending > 1 && budget > 0 {
                 *t = pending.min(budget);
+                if r.job.prompt_logprobs {
+                    *t = (*t).min(PROMPT_LOGPROBS_CHUNK);
+                }
                 budget -= *t;
             }
         }
@@ -293,9 +341,11 @@ fn step(
     let mut running: Vec<usize> = Vec::new();
     for (i, (s, &n)) in slots.iter_mut().zip(&take).enumerate() {
         let Some(Running {
+            job,
             tokens,
             fed,
             logits,
+            chunk_logits,
             ..
         }) = s
         else {
@@ -305,8 +355,12 @@ fn step(
             continue;
         }
         inputs.push(&tokens[*fed..*fed + n]);
-        // Logits only where the chunk reaches the last token.
-        wants.push(if *fed + n == tokens.len() {
+        // Logits only where the chunk reaches the last token, or at every position of a
+        // prompt chunk whose logprobs are asked for.
+        wants.push(if job.prompt_logprobs && *fed + 1 < job.prompt.len() {
+            chunk_logits.resize(n * logits.len(), 0.0);
+            Want::AllLogits(chunk_logits)
+        } else if *fed + n == tokens.len() {
             Want::LastLogits(logits)
         } else {
             Want::Nothing
@@ -327,6 +381,9 @@ fn step(
         let Some(r) = s.as_mut() else { continue };
         if n == 0 {
             continue;
+        }
+        if !r.chunk_logits.is_empty() {
+            report_prompt_logprobs(r, n);
         }
         r.fed += n;
         if r.fed < r.tokens.len() {
@@ -379,6 +436,10 @@ enum Outcome {
 fn next_token(r: &mut Running, cfg: &EngineConfig, metrics: &Metrics) -> Outcome {
     if r.job.events.is_closed() {
         return Outcome::Gone;
+    }
+    // `max_tokens` 0 (with `echo`): the prompt alone.
+    if r.job.max_tokens == 0 {
+        return Outcome::Finished(Finish::Length);
     }
     if r.job.logprobs.is_some() {
         r.raw_logits.clone_from(&r.logits);
