@@ -214,6 +214,17 @@ try:
         check(status == 400 and ("echo" in err["error"]["message"] or "max_tokens" in err["error"]["message"]),
               f"{route} {body}: 400 ({err['error']['message']!r})")
 
+    # n choices: choice i is the request alone with seed + i; usage counts every choice's tokens.
+    three = client.completions.create(model=NAME, prompt=prompt, max_tokens=8, temperature=1.0, seed=5, n=3)
+    alone = [client.completions.create(model=NAME, prompt=prompt, max_tokens=8, temperature=1.0,
+                                       seed=5 + i).choices[0].text for i in range(3)]
+    check([c.index for c in three.choices] == [0, 1, 2] and [c.text for c in three.choices] == alone and
+          len(set(alone)) > 1 and three.usage.completion_tokens == 24,
+          "n=3: each choice equals the request alone with seed + i")
+    for body in [{"n": 2, "stream": True}, {"n": 17}, {"n": 0}]:
+        status, err, _ = raw(port, "/v1/completions", json.dumps({"model": NAME, "prompt": "x", **body}).encode())
+        check(status == 400 and "n" in err["error"]["message"], f"{body}: 400 ({err['error']['message']!r})")
+
     # response_format json_object: the reply is one JSON object, whole when the model stops.
     asked = [{"role": "user", "content": "Reply with a JSON object with the keys city and country for Paris."}]
     j = client.chat.completions.create(model=NAME, messages=asked, temperature=0, max_tokens=60,

@@ -325,7 +325,13 @@ struct Generation {
     /// The completions route's `echo`: the answer starts with the prompt (and its tokens'
     /// logprobs, when asked for).
     echo: bool,
+    /// Choices: the prompt generated from this many times, each its own request to the engine,
+    /// choice `i` sampled with `seed + i`.
+    n: usize,
 }
+
+/// Most choices (`n`) of one request.
+const MAX_CHOICES: usize = 16;
 
 /// The most likely tokens a request may ask for at each position (OpenAI's limit).
 const MAX_TOP_LOGPROBS: usize = 20;
@@ -385,8 +391,11 @@ fn generation(body: &Value, kind: Kind, vocab_size: usize) -> ApiResult<Generati
             .map(|s| s as u64)
             .ok_or_else(|| ApiError::bad_request("seed must be an integer"))?,
     };
-    if number(body, "n", 1.0, 1.0..=1.0).is_err() {
-        return Err(ApiError::bad_request("n must be 1: one choice per request"));
+    let n = count(body, "n", 1)?;
+    if !(1..=MAX_CHOICES).contains(&n) {
+        return Err(ApiError::bad_request(format!(
+            "n must be from 1 to {MAX_CHOICES} (choices of one request)"
+        )));
     }
     let max_tokens = match body.get("max_completion_tokens").or(body.get("max_tokens")) {
         None | Some(Value::Null) => None,
@@ -440,6 +449,11 @@ fn generation(body: &Value, kind: Kind, vocab_size: usize) -> ApiResult<Generati
             "echo with stream is not supported by this server (echo answers whole)",
         ));
     }
+    if stream && n > 1 {
+        return Err(ApiError::bad_request(
+            "n > 1 with stream is not supported by this server (several choices answer whole)",
+        ));
+    }
     let include_usage = body
         .pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
@@ -454,6 +468,7 @@ fn generation(body: &Value, kind: Kind, vocab_size: usize) -> ApiResult<Generati
         logprobs: logprobs(body, kind)?,
         json: json_format(body)?,
         echo,
+        n,
     })
 }
 
@@ -499,6 +514,7 @@ fn start(
     prompt: Vec<u32>,
     g: &Generation,
     stop_tokens: &[u32],
+    choice: usize,
 ) -> ApiResult<(mpsc::UnboundedReceiver<Event>, Arc<AtomicBool>)> {
     if prompt.is_empty() {
         return Err(ApiError::bad_request("the prompt is empty"));
@@ -537,7 +553,10 @@ fn start(
         state,
         Request::Generate(Box::new(Job {
             prompt,
-            sampling: g.sampling,
+            sampling: SamplerConfig {
+                seed: g.sampling.seed.wrapping_add(choice as u64),
+                ..g.sampling
+            },
             logit_bias: g.logit_bias.clone(),
             max_tokens,
             stop: stop_tokens.to_vec(),
@@ -878,11 +897,11 @@ impl Kind {
         }
     }
 
-    fn whole_choice(self, content: String, finish: &str, logprobs: Value) -> Value {
+    fn whole_choice(self, index: usize, content: String, finish: &str, logprobs: Value) -> Value {
         match self {
-            Kind::Chat => json!({ "index": 0, "finish_reason": finish, "logprobs": logprobs,
+            Kind::Chat => json!({ "index": index, "finish_reason": finish, "logprobs": logprobs,
                                   "message": { "role": "assistant", "content": content } }),
-            Kind::Completion => json!({ "index": 0, "text": content, "logprobs": logprobs,
+            Kind::Completion => json!({ "index": index, "text": content, "logprobs": logprobs,
                                         "finish_reason": finish }),
         }
     }
@@ -907,15 +926,22 @@ async fn answer(
     echo: Option<String>,
 ) -> ApiResult<Response> {
     let prompt_tokens = ids.len();
-    let prompt_ids = echo.as_ref().map(|_| ids.clone());
-    let (events, stopped) = start(state, ids, g, stop_tokens)?;
-    let text = Detokenizer::new(state.tokenizer.clone(), g.stop.clone(), stopped);
+    let mut started = Vec::with_capacity(g.n);
+    for choice in 0..g.n {
+        // A choice that cannot start drops those started before it: the engine cancels them.
+        started.push(start(state, ids.clone(), g, stop_tokens, choice)?);
+    }
+    let detokenizer = |stopped| Detokenizer::new(state.tokenizer.clone(), g.stop.clone(), stopped);
     let (prefix, chunk_object, object) = kind.names();
     let (id, created, model) = (request_id(prefix), now_secs(), state.model_id.clone());
     let head = move |object: &str| json!({ "id": id, "object": object, "created": created, "model": model });
     // The tokenizer names the tokens of `logprobs`, for requests that ask for them.
     let tokenizer = g.logprobs.map(|_| state.tokenizer.clone());
     if g.stream {
+        // `generation` allows one choice with `stream`.
+        let Some((events, stopped)) = started.pop() else {
+            return Err(ApiError::server("no choice started"));
+        };
         let usage_head = head.clone();
         let chunk = move |piece: Piece<'_>| {
             let mut v = head(chunk_object);
@@ -928,22 +954,34 @@ async fn answer(
             v["usage"] = usage;
             v
         };
+        let text = detokenizer(stopped);
         return Ok(sse(events, text, prompt_tokens, g.include_usage, chunk, usage).into_response());
     }
-    let whole = collect(events, text).await?;
-    let echoed = match (&echo, &prompt_ids) {
-        (Some(text), Some(ids)) => Some((
-            ids.as_slice(),
-            whole.prompt_logprobs.as_slice(),
-            text.chars().count(),
-        )),
-        _ => None,
-    };
-    let logprobs = tokenizer.map_or(Value::Null, |t| kind.logprobs(&t, &whole.logprobs, echoed));
-    let completion = whole.completion_tokens;
+    let wholes = futures_util::future::try_join_all(
+        started
+            .into_iter()
+            .map(|(events, stopped)| collect(events, detokenizer(stopped))),
+    )
+    .await?;
+    let mut choices = Vec::with_capacity(wholes.len());
+    let mut completion = 0;
+    for (index, whole) in wholes.into_iter().enumerate() {
+        let echoed = echo.as_ref().map(|text| {
+            (
+                ids.as_slice(),
+                whole.prompt_logprobs.as_slice(),
+                text.chars().count(),
+            )
+        });
+        let logprobs = tokenizer
+            .as_ref()
+            .map_or(Value::Null, |t| kind.logprobs(t, &whole.logprobs, echoed));
+        completion += whole.completion_tokens;
+        let content = echo.clone().unwrap_or_default() + &whole.text;
+        choices.push(kind.whole_choice(index, content, whole.finish, logprobs));
+    }
     let mut v = head(object);
-    let content = echo.clone().unwrap_or_default() + &whole.text;
-    v["choices"] = json!([kind.whole_choice(content, whole.finish, logprobs)]);
+    v["choices"] = Value::Array(choices);
     v["usage"] = json!({ "prompt_tokens": prompt_tokens, "completion_tokens": completion,
                          "total_tokens": prompt_tokens + completion });
     Ok(Json(v).into_response())
