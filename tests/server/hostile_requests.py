@@ -85,13 +85,15 @@ BASES = {
         "top_p": 0.9, "seed": 1, "stop": ["\n"], "stream": False,
     },
     "/v1/embeddings": {"model": NAME, "input": ["one", "two"]},
+    "/tokenize": {"content": "Hello world", "with_pieces": True},
+    "/detokenize": {"tokens": [1, 2, 3]},
 }
 
 FIELDS = ["model", "messages", "prompt", "input", "max_tokens", "max_completion_tokens",
           "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream", "stream_options",
           "n", "best_of", "logit_bias", "presence_penalty", "frequency_penalty",
           "repeat_penalty", "repeat_last_n", "logprobs", "top_logprobs", "response_format", "echo", "suffix",
-          "tools", "user", "encoding_format"]
+          "tools", "user", "encoding_format", "content", "tokens", "with_pieces", "add_special"]
 
 
 def weird(rng, depth=0):

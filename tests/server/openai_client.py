@@ -225,6 +225,24 @@ try:
         status, err, _ = raw(port, "/v1/completions", json.dumps({"model": NAME, "prompt": "x", **body}).encode())
         check(status == 400 and "n" in err["error"]["message"], f"{body}: 400 ({err['error']['message']!r})")
 
+    # /tokenize and /detokenize, in llama-server's and vLLM's shapes.
+    ids = cli("tokenize", "-p", prompt)["ids"]
+    status, tk, _ = raw(port, "/tokenize", json.dumps({"content": prompt}).encode())
+    check(status == 200 and tk["tokens"] == ids and tk["count"] == len(ids) and tk["max_model_len"] == 512,
+          "/tokenize: the ids sapient tokenize gives")
+    status, tk, _ = raw(port, "/tokenize", json.dumps({"model": NAME, "messages": messages}).encode())
+    check(status == 200 and tk["count"] == whole.usage.prompt_tokens, "/tokenize of messages: the chat's prompt tokens")
+    status, tk, _ = raw(port, "/tokenize", json.dumps({"content": prompt, "with_pieces": True}).encode())
+    check("".join(t["piece"] for t in tk["tokens"]) == prompt, "/tokenize with_pieces: the pieces make the text")
+    status, dt, _ = raw(port, "/detokenize", json.dumps({"tokens": ids}).encode())
+    check(status == 200 and dt["content"] == dt["prompt"] == prompt, "/detokenize: the text back")
+    for path, body, code in [("/detokenize", {"tokens": [99999999]}, 400), ("/tokenize", {}, 400),
+                             ("/tokenize", {"content": 5}, 400)]:
+        status, err, _ = raw(port, path, json.dumps(body).encode())
+        check(status == code and "error" in err, f"{path} {body}: {code}")
+    status, err, _ = raw(port, "/tokenize", json.dumps({"content": "x"}).encode(), key="wrong")
+    check(status == 401, "/tokenize with a wrong API key: 401")
+
     # response_format json_object: the reply is one JSON object, whole when the model stops.
     asked = [{"role": "user", "content": "Reply with a JSON object with the keys city and country for Paris."}]
     j = client.chat.completions.create(model=NAME, messages=asked, temperature=0, max_tokens=60,

@@ -772,12 +772,8 @@ fn generating_request(state: &AppState, kind: Kind, body: &[u8]) -> ApiResult<(V
     Ok((body, g))
 }
 
-pub async fn chat_completions(
-    State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> ApiResult<Response> {
-    let body = read_body(&state, body)?;
-    let (body, g) = generating_request(&state, Kind::Chat, &body)?;
+/// A request's `messages` through the chat template, as token ids (ready for the reply).
+fn chat_ids(state: &AppState, body: &Value) -> ApiResult<Vec<u32>> {
     let messages = body
         .get("messages")
         .and_then(Value::as_array)
@@ -799,10 +795,95 @@ pub async fn chat_completions(
         .template
         .render(&messages, true)
         .map_err(|e| ApiError::bad_request(format!("the chat template failed: {e:#}")))?;
-    let ids = state
+    state
         .tokenizer
         .encode_chat(&text)
+        .map_err(|e| ApiError::bad_request(format!("{e:#}")))
+}
+
+/// `POST /tokenize`, in llama-server's shape (`content`, `add_special`, `with_pieces`) and
+/// vLLM's (`prompt` or `messages`, `add_special_tokens`): the ids, their count and the context.
+pub async fn tokenize(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let body = read_body(&state, body)?;
+    let body = parse_body(&body)?;
+    let flag = |key: &str| match body.get(key) {
+        None | Some(Value::Null) => Ok(true),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::bad_request(format!("{key} must be a boolean"))),
+    };
+    let special = flag("add_special")? && flag("add_special_tokens")?;
+    let ids = match (
+        body.get("content").or(body.get("prompt")),
+        body.get("messages"),
+    ) {
+        (Some(Value::String(text)), None) => {
+            let ids = match special {
+                true => state.tokenizer.encode_prompt(text),
+                false => state.tokenizer.encode(text),
+            };
+            ids.map_err(|e| ApiError::bad_request(format!("{e:#}")))?
+        }
+        (None, Some(_)) => chat_ids(&state, &body)?,
+        _ => {
+            return Err(ApiError::bad_request(
+                "give the text as content (or prompt), or messages",
+            ))
+        }
+    };
+    let mut v = json!({ "count": ids.len(), "max_model_len": state.ctx });
+    v["tokens"] = match body.get("with_pieces").and_then(Value::as_bool) {
+        Some(true) => ids
+            .iter()
+            .map(|&id| {
+                let piece = String::from_utf8_lossy(&state.tokenizer.token_bytes(id)).into_owned();
+                json!({ "id": id, "piece": piece })
+            })
+            .collect(),
+        _ => json!(ids),
+    };
+    Ok(Json(v).into_response())
+}
+
+/// `POST /detokenize`: `tokens` back to text (special tokens as their text), as `content`
+/// (llama-server) and `prompt` (vLLM).
+pub async fn detokenize(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let body = read_body(&state, body)?;
+    let body = parse_body(&body)?;
+    let ids = body
+        .get("tokens")
+        .and_then(Value::as_array)
+        .and_then(|a| {
+            a.iter()
+                .map(|v| v.as_u64().filter(|&t| (t as usize) < state.vocab_size))
+                .collect::<Option<Vec<u64>>>()
+        })
+        .ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "tokens must be an array of token ids (0 to {})",
+                state.vocab_size - 1
+            ))
+        })?;
+    let ids: Vec<u32> = ids.into_iter().map(|t| t as u32).collect();
+    let text = state
+        .tokenizer
+        .decode(&ids, false)
         .map_err(|e| ApiError::bad_request(format!("{e:#}")))?;
+    Ok(Json(json!({ "content": text, "prompt": text })).into_response())
+}
+
+pub async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let body = read_body(&state, body)?;
+    let (body, g) = generating_request(&state, Kind::Chat, &body)?;
+    let ids = chat_ids(&state, &body)?;
     answer(&state, Kind::Chat, ids, &g, &state.end_of_turn, None).await
 }
 

@@ -116,6 +116,8 @@ async fn http(state: Arc<api::AppState>, opts: &ServeOptions) -> Result<()> {
         .route("/v1/completions", post(api::completions))
         .route("/v1/embeddings", post(api::embeddings))
         .route("/v1/models", get(api::models))
+        .route("/tokenize", post(api::tokenize))
+        .route("/detokenize", post(api::detokenize))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             api::authorize,
