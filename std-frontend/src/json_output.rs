@@ -14,6 +14,7 @@ use std::sync::Arc;
 use anyhow::{bail, Result};
 use sapient_core::sample::Sampler;
 
+use crate::json_lex::{Number, Step, Str, Word};
 use crate::json_schema::{Schema, SchemaPrefix};
 use crate::tokenizer::Tokenizer;
 
@@ -57,45 +58,16 @@ enum At {
     Colon,
     /// After a value in a container: `,` or the container's closer.
     Next,
-    /// Inside a string (an object's key when `key`), with the escape or UTF-8 sequence under way.
+    /// Inside a string (an object's key when `key`).
     Str {
         key: bool,
-        escape: Escape,
-        utf8_left: u8,
+        lex: Str,
     },
     Number(Number),
-    /// Inside `true`, `false` or `null` (`WORDS[word]`), `len` bytes in.
-    Word {
-        word: u8,
-        len: u8,
-    },
+    Word(Word),
     /// The top-level object is closed.
     Done,
 }
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Escape {
-    None,
-    /// After `\`.
-    Backslash,
-    /// After `\u` and this many hex digits.
-    Hex(u8),
-}
-
-/// The part of a number read so far.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Number {
-    Minus,
-    Zero,
-    Int,
-    Dot,
-    Fraction,
-    E,
-    ExponentSign,
-    Exponent,
-}
-
-const WORDS: [&[u8]; 3] = [b"true", b"false", b"null"];
 
 /// A prefix of a JSON object, as the automaton's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -146,7 +118,7 @@ impl JsonPrefix {
         self.depth == 0
             && matches!(
                 self.at,
-                At::Number(Number::Zero | Number::Int | Number::Fraction | Number::Exponent)
+                At::Number(n) if n.is_whole()
             )
     }
 
@@ -204,27 +176,19 @@ impl JsonPrefix {
             b'[' => self.open(false),
             b'"' => self.with(At::Str {
                 key: false,
-                escape: Escape::None,
-                utf8_left: 0,
+                lex: Str::default(),
             }),
-            b'-' => self.with(At::Number(Number::Minus)),
-            b'0' => self.with(At::Number(Number::Zero)),
-            b'1'..=b'9' => self.with(At::Number(Number::Int)),
-            _ => {
-                let word = WORDS.iter().position(|w| w[0] == b)?;
-                self.with(At::Word {
-                    word: word as u8,
-                    len: 1,
-                })
-            }
+            _ => match Number::start(b) {
+                Some(n) => self.with(At::Number(n)),
+                None => self.with(At::Word(Word::start(b, true, true)?)),
+            },
         }
     }
 
     fn key(self) -> Option<Self> {
         self.with(At::Str {
             key: true,
-            escape: Escape::None,
-            utf8_left: 0,
+            lex: Str::default(),
         })
     }
 
@@ -250,84 +214,25 @@ impl JsonPrefix {
             At::Colon if b == b':' => self.with(At::Value),
             At::Next if b == b',' => self.with(if self.in_object() { At::Key } else { At::Value }),
             At::Next => self.close(b),
-            At::Str {
-                key,
-                escape,
-                utf8_left,
-            } => self.string(b, key, escape, utf8_left),
-            At::Number(n) => self.number(b, n),
-            At::Word { word, len } => {
-                let w = WORDS[word as usize];
-                if w[len as usize] != b {
-                    return None;
-                }
-                if len as usize + 1 == w.len() {
-                    return self.value_done();
-                }
-                self.with(At::Word { word, len: len + 1 })
-            }
+            At::Str { key, lex } => match lex.next(b) {
+                Step::Continue(lex) => self.with(At::Str { key, lex }),
+                Step::End if key => self.with(At::Colon),
+                Step::End => self.value_done(),
+                Step::Invalid => None,
+            },
+            At::Number(n) => match n.next(b, false) {
+                Step::Continue(n) => self.with(At::Number(n)),
+                // The byte that ended the number follows the value.
+                Step::End => self.value_done()?.advance(b),
+                Step::Invalid => None,
+            },
+            At::Word(w) => match w.next(b) {
+                Step::Continue(w) => self.with(At::Word(w)),
+                Step::End => self.value_done(),
+                Step::Invalid => None,
+            },
             At::Start | At::ObjectOpen | At::Key | At::Colon | At::Done => None,
         }
-    }
-
-    fn string(self, b: u8, key: bool, escape: Escape, utf8_left: u8) -> Option<Self> {
-        let str_at = |escape, utf8_left| {
-            self.with(At::Str {
-                key,
-                escape,
-                utf8_left,
-            })
-        };
-        match escape {
-            Escape::Backslash => match b {
-                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => str_at(Escape::None, 0),
-                b'u' => str_at(Escape::Hex(0), 0),
-                _ => None,
-            },
-            Escape::Hex(n) if b.is_ascii_hexdigit() => str_at(
-                if n == 3 {
-                    Escape::None
-                } else {
-                    Escape::Hex(n + 1)
-                },
-                0,
-            ),
-            Escape::Hex(_) => None,
-            Escape::None if utf8_left > 0 => {
-                matches!(b, 0x80..=0xbf).then_some(())?;
-                str_at(Escape::None, utf8_left - 1)
-            }
-            Escape::None => match b {
-                b'"' if key => self.with(At::Colon),
-                b'"' => self.value_done(),
-                b'\\' => str_at(Escape::Backslash, 0),
-                0x00..=0x1f | 0x7f..=0xc1 | 0xf5..=0xff => None,
-                0xc2..=0xdf => str_at(Escape::None, 1),
-                0xe0..=0xef => str_at(Escape::None, 2),
-                0xf0..=0xf4 => str_at(Escape::None, 3),
-                _ => str_at(Escape::None, 0),
-            },
-        }
-    }
-
-    fn number(self, b: u8, n: Number) -> Option<Self> {
-        let next = match (n, b) {
-            (Number::Minus, b'0') => Number::Zero,
-            (Number::Minus, b'1'..=b'9') => Number::Int,
-            (Number::Int, b'0'..=b'9') => Number::Int,
-            (Number::Zero | Number::Int, b'.') => Number::Dot,
-            (Number::Dot | Number::Fraction, b'0'..=b'9') => Number::Fraction,
-            (Number::Zero | Number::Int | Number::Fraction, b'e' | b'E') => Number::E,
-            (Number::E, b'+' | b'-') => Number::ExponentSign,
-            (Number::E | Number::ExponentSign | Number::Exponent, b'0'..=b'9') => Number::Exponent,
-            // A whole number ends at the first byte that cannot continue it, which then
-            // follows the value.
-            (Number::Zero | Number::Int | Number::Fraction | Number::Exponent, _) => {
-                return self.value_done()?.advance(b);
-            }
-            _ => return None,
-        };
-        self.with(At::Number(next))
     }
 }
 

@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 
+use crate::json_lex::{Number, Step, Str, Word};
 use crate::json_output::{Automaton, JsonPrefix, MAX_SPACES};
 
 /// Containers open at once.
@@ -447,17 +448,13 @@ enum Lex {
     /// After a value in a container: `,` or its closer.
     Next,
     /// Inside a string: a value, or a dictionary's key when `key`.
-    Str {
-        key: bool,
-        escape: u8,
-        utf8_left: u8,
-    },
+    Str { key: bool, lex: Str },
     /// After a dictionary's key: `:`, then a value of its values' node.
     MapColon,
-    /// Inside a number.
-    Number { integer: bool, part: Part },
+    /// Inside a number (an integer: no fraction, no exponent).
+    Number { integer: bool, part: Number },
     /// Inside `true`, `false` or `null`.
-    Word { word: u8, len: u8 },
+    Word(Word),
     /// Inside one of an enum's values: bytes matched, the values it may still be.
     EnumText {
         node: NodeId,
@@ -469,24 +466,6 @@ enum Lex {
     /// The root object is closed.
     Done,
 }
-
-/// The part of a number read so far (as `JsonPrefix` reads them).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Part {
-    Minus,
-    Zero,
-    Int,
-    Dot,
-    Fraction,
-    E,
-    ExponentSign,
-    Exponent,
-}
-
-const WORDS: [&[u8]; 3] = [b"true", b"false", b"null"];
-/// String escapes: none, after `\`, after `\u` and 0-3 hex digits (2-5).
-const ESC_NONE: u8 = 0;
-const ESC_BACKSLASH: u8 = 1;
 
 /// A prefix of a JSON value of a schema, as the automaton's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -576,25 +555,15 @@ impl SchemaPrefix {
                 };
                 self.with(Lex::Free(free.advance(b)?))
             }
-            Node::Null | Node::Boolean => {
-                let word = WORDS.iter().position(|w| w[0] == b)? as u8;
-                self.with(Lex::Word { word, len: 1 })
-            }
-            Node::Number { integer } => {
-                let part = match b {
-                    b'-' => Part::Minus,
-                    b'0' => Part::Zero,
-                    _ => Part::Int,
-                };
-                self.with(Lex::Number {
-                    integer: *integer,
-                    part,
-                })
-            }
+            Node::Null => self.with(Lex::Word(Word::start(b, false, true)?)),
+            Node::Boolean => self.with(Lex::Word(Word::start(b, true, false)?)),
+            Node::Number { integer } => self.with(Lex::Number {
+                integer: *integer,
+                part: Number::start(b)?,
+            }),
             Node::String => self.with(Lex::Str {
                 key: false,
-                escape: ESC_NONE,
-                utf8_left: 0,
+                lex: Str::default(),
             }),
             Node::Enum(values) => {
                 let candidates = values
@@ -679,8 +648,7 @@ impl SchemaPrefix {
                             b'}' if close => self.close(schema),
                             b'"' => self.with(Lex::Str {
                                 key: true,
-                                escape: ESC_NONE,
-                                utf8_left: 0,
+                                lex: Str::default(),
                             }),
                             _ => None,
                         };
@@ -730,11 +698,12 @@ impl SchemaPrefix {
                 s.with(Lex::Value(node))
             }
             Lex::Next => self.next(schema, b),
-            Lex::Str {
-                key,
-                escape,
-                utf8_left,
-            } => self.string(schema, b, key, escape, utf8_left),
+            Lex::Str { key, lex } => match lex.next(b) {
+                Step::Continue(lex) => self.with(Lex::Str { key, lex }),
+                Step::End if key => self.with(Lex::MapColon),
+                Step::End => self.value_done(schema),
+                Step::Invalid => None,
+            },
             Lex::MapColon => {
                 (b == b':').then_some(())?;
                 let Node::Map { values } = schema.nodes[self.top()?.node as usize] else {
@@ -742,15 +711,17 @@ impl SchemaPrefix {
                 };
                 self.with(Lex::Value(values))
             }
-            Lex::Number { integer, part } => self.number(schema, b, integer, part),
-            Lex::Word { word, len } => {
-                let w = WORDS[word as usize];
-                (w[len as usize] == b).then_some(())?;
-                if len as usize + 1 == w.len() {
-                    return self.value_done(schema);
-                }
-                self.with(Lex::Word { word, len: len + 1 })
-            }
+            Lex::Number { integer, part } => match part.next(b, integer) {
+                Step::Continue(part) => self.with(Lex::Number { integer, part }),
+                // The byte that ended the number follows the value.
+                Step::End => self.value_done(schema)?.advance(schema, b),
+                Step::Invalid => None,
+            },
+            Lex::Word(w) => match w.next(b) {
+                Step::Continue(w) => self.with(Lex::Word(w)),
+                Step::End => self.value_done(schema),
+                Step::Invalid => None,
+            },
             Lex::EnumText {
                 node,
                 len,
@@ -811,62 +782,6 @@ impl SchemaPrefix {
             },
             _ => None,
         }
-    }
-
-    fn string(self, schema: &Schema, b: u8, key: bool, escape: u8, utf8_left: u8) -> Option<Self> {
-        let at = |escape, utf8_left| {
-            self.with(Lex::Str {
-                key,
-                escape,
-                utf8_left,
-            })
-        };
-        match escape {
-            ESC_BACKSLASH => match b {
-                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => at(ESC_NONE, 0),
-                b'u' => at(2, 0),
-                _ => None,
-            },
-            2..=5 if b.is_ascii_hexdigit() => {
-                at(if escape == 5 { ESC_NONE } else { escape + 1 }, 0)
-            }
-            2..=5 => None,
-            _ if utf8_left > 0 => {
-                matches!(b, 0x80..=0xbf).then_some(())?;
-                at(ESC_NONE, utf8_left - 1)
-            }
-            _ => match b {
-                b'"' if key => self.with(Lex::MapColon),
-                b'"' => self.value_done(schema),
-                b'\\' => at(ESC_BACKSLASH, 0),
-                0x00..=0x1f | 0x7f..=0xc1 | 0xf5..=0xff => None,
-                0xc2..=0xdf => at(ESC_NONE, 1),
-                0xe0..=0xef => at(ESC_NONE, 2),
-                0xf0..=0xf4 => at(ESC_NONE, 3),
-                _ => at(ESC_NONE, 0),
-            },
-        }
-    }
-
-    fn number(self, schema: &Schema, b: u8, integer: bool, part: Part) -> Option<Self> {
-        let next = match (part, b) {
-            (Part::Minus, b'0') => Part::Zero,
-            (Part::Minus, b'1'..=b'9') => Part::Int,
-            (Part::Int, b'0'..=b'9') => Part::Int,
-            (Part::Zero | Part::Int, b'.') if !integer => Part::Dot,
-            (Part::Dot | Part::Fraction, b'0'..=b'9') => Part::Fraction,
-            (Part::Zero | Part::Int | Part::Fraction, b'e' | b'E') if !integer => Part::E,
-            (Part::E, b'+' | b'-') => Part::ExponentSign,
-            (Part::E | Part::ExponentSign | Part::Exponent, b'0'..=b'9') => Part::Exponent,
-            (Part::Zero | Part::Int | Part::Fraction | Part::Exponent, _) => {
-                return self.value_done(schema)?.advance(schema, b);
-            }
-            _ => return None,
-        };
-        self.with(Lex::Number {
-            integer,
-            part: next,
-        })
     }
 }
 

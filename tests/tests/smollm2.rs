@@ -170,14 +170,17 @@ fn matrices<'m>(m: &'m Model<'_>) -> Vec<&'m sapient_core::Matrix<'m>> {
     all
 }
 
-/// JSON output on the real model, through the chat template: the text is a prefix of a JSON
-/// object at every step, a whole one whenever the model stopped, never the code fence it writes
-/// unconstrained; greedily, a request it can answer ends in a whole object.
+/// JSON output on the real model, through the chat template. Any object: the text is a prefix
+/// of a JSON object at every step, a whole one whenever the model stopped, never the code fence
+/// it writes unconstrained; greedily, a request it can answer ends in a whole object. A schema:
+/// greedy and sampled runs stop only on a value of the schema (its required keys, their types,
+/// the enum's values, no other keys), and the text is always a prefix of one.
 #[test]
-fn json_output_is_one_json_object() {
+fn json_output_is_the_json_asked_for() {
     use sapient::chat::{end_of_turn_ids, ChatTemplate, Message};
     use sapient::generate::{generate, Stop};
     use sapient::json_output::{Automaton, JsonOutput, JsonPrefix, JsonVocab};
+    use sapient::json_schema::Schema;
     use sapient_core::sample::{Sampler, SamplerConfig};
     use std::sync::Arc;
 
@@ -191,7 +194,15 @@ fn json_output_is_one_json_object() {
     stop.extend(end_of_turn_ids(&tok));
     let runner = CpuRunner::new(&model, KvFormat::default_for(&model.config), &pool);
     let object = || JsonOutput::new(vocab.clone(), tok.clone());
-    let run = |content: &str, sampling: SamplerConfig, mut output: Option<JsonOutput>| {
+    let sampled = |seed| SamplerConfig {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p: 0.0,
+        seed,
+        ..SamplerConfig::default()
+    };
+    let run = |content: &str, sampling, max_tokens, mut output: Option<JsonOutput>| {
         let text = template
             .render(
                 &[Message {
@@ -204,7 +215,7 @@ fn json_output_is_one_json_object() {
         let prompt = tok.encode_chat(&text).unwrap();
         let mut out = Vec::new();
         let (_, why) = runner
-            .with_session(prompt.len() + 64, 64, |s| {
+            .with_session(prompt.len() + max_tokens, 64, |s| {
                 let mut sampler = Sampler::new(sampling)?;
                 generate(
                     s,
@@ -212,7 +223,7 @@ fn json_output_is_one_json_object() {
                     output.as_mut(),
                     &prompt,
                     &mut Vec::new(),
-                    48,
+                    max_tokens,
                     &stop,
                     |t| {
                         out.push(t);
@@ -223,27 +234,21 @@ fn json_output_is_one_json_object() {
             .unwrap();
         (tok.decode(&out, true).unwrap(), why)
     };
+
     let (text, why) = run(
         "Reply with a JSON object with the keys city and country for Paris.",
         SamplerConfig::greedy(),
+        48,
         Some(object()),
     );
     let value: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(why, Stop::EndOfSequence);
     assert_eq!(value["city"], "Paris", "{text}");
     let cat = "Give me a JSON object describing a cat.";
-    let (free, _) = run(cat, SamplerConfig::greedy(), None);
+    let (free, _) = run(cat, SamplerConfig::greedy(), 48, None);
     assert!(free.starts_with("```"), "{free:?}");
     for seed in 0..6 {
-        let sampling = SamplerConfig {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            seed,
-            ..SamplerConfig::default()
-        };
-        let (text, why) = run(cat, sampling, Some(object()));
+        let (text, why) = run(cat, sampled(seed), 48, Some(object()));
         let state = JsonPrefix::default()
             .feed(&(), text.as_bytes())
             .unwrap_or_else(|| panic!("seed {seed}: {text:?} is no JSON prefix"));
@@ -252,87 +257,31 @@ fn json_output_is_one_json_object() {
             let _: serde_json::Value = serde_json::from_str(&text).unwrap();
         }
     }
-}
 
-/// A JSON schema on the real model: greedy and sampled runs stop only on a value of the
-/// schema (its required keys, their types, the enum's values, no other keys), and the text is
-/// always a prefix of one.
-#[test]
-fn json_schema_output_is_a_value_of_the_schema() {
-    use sapient::chat::{end_of_turn_ids, ChatTemplate, Message};
-    use sapient::generate::{generate, Stop};
-    use sapient::json_output::{Automaton, JsonOutput, JsonVocab};
-    use sapient::json_schema::Schema;
-    use sapient_core::sample::{Sampler, SamplerConfig};
-    use std::sync::Arc;
-
-    let schema_json = serde_json::json!({
-        "type": "object",
-        "properties": {
-            "name": {"type": "string"},
-            "age": {"type": "integer"},
-            "color": {"enum": ["black", "white", "orange"]},
-            "indoor": {"type": "boolean"},
-            "toys": {"type": "array", "items": {"type": "string"}, "maxItems": 3}
-        },
-        "required": ["name", "age", "color", "indoor", "toys"],
-        "additionalProperties": false
-    });
-    let schema = Arc::new(Schema::compile(&schema_json).unwrap());
-    let files = open();
-    let model = files.model(Quantize::Auto).unwrap();
-    let pool = sapient::Rayon::new(None).unwrap();
-    let tok = Arc::new(Tokenizer::load(&files).unwrap());
-    let template = ChatTemplate::load(&files, &tok).unwrap();
-    let vocab = Arc::new(JsonVocab::new(&tok, model.config.vocab_size));
-    let mut stop = files.eos_token_ids.clone();
-    stop.extend(end_of_turn_ids(&tok));
-    let runner = CpuRunner::new(&model, KvFormat::default_for(&model.config), &pool);
-    let text = template
-        .render(
-            &[Message {
-                role: "user".into(),
-                content: "Describe a cat as JSON.".into(),
-            }],
-            true,
-        )
-        .unwrap();
-    let prompt = tok.encode_chat(&text).unwrap();
+    let schema = Arc::new(
+        Schema::compile(&serde_json::json!({
+            "type": "object",
+            "properties": {
+                "name": {"type": "string"},
+                "age": {"type": "integer"},
+                "color": {"enum": ["black", "white", "orange"]},
+                "indoor": {"type": "boolean"},
+                "toys": {"type": "array", "items": {"type": "string"}, "maxItems": 3}
+            },
+            "required": ["name", "age", "color", "indoor", "toys"],
+            "additionalProperties": false
+        }))
+        .unwrap(),
+    );
     let mut whole = 0;
     for seed in 0..6 {
         let sampling = if seed == 0 {
             SamplerConfig::greedy()
         } else {
-            SamplerConfig {
-                temperature: 1.0,
-                top_k: 0,
-                top_p: 1.0,
-                min_p: 0.0,
-                seed,
-                ..SamplerConfig::default()
-            }
+            sampled(seed)
         };
-        let mut output = JsonOutput::with_schema(vocab.clone(), tok.clone(), schema.clone());
-        let mut out = Vec::new();
-        let (_, why) = runner
-            .with_session(prompt.len() + 96, 64, |s| {
-                let mut sampler = Sampler::new(sampling)?;
-                generate(
-                    s,
-                    &mut sampler,
-                    Some(&mut output),
-                    &prompt,
-                    &mut Vec::new(),
-                    80,
-                    &stop,
-                    |t| {
-                        out.push(t);
-                        Ok(true)
-                    },
-                )
-            })
-            .unwrap();
-        let text = tok.decode(&out, true).unwrap();
+        let output = JsonOutput::with_schema(vocab.clone(), tok.clone(), schema.clone());
+        let (text, why) = run("Describe a cat as JSON.", sampling, 80, Some(output));
         let state = schema
             .start()
             .feed(&schema, text.as_bytes())
@@ -361,5 +310,5 @@ fn json_schema_output_is_a_value_of_the_schema() {
             "{text}"
         );
     }
-    assert!(whole >= 1, "no run ended in a whole value");
+    assert!(whole >= 1, "no run under the schema ended in a whole value");
 }
