@@ -225,6 +225,12 @@ try:
         status, err, _ = raw(port, "/v1/completions", json.dumps({"model": NAME, "prompt": "x", **body}).encode())
         check(status == 400 and "n" in err["error"]["message"], f"{body}: 400 ({err['error']['message']!r})")
 
+    # Tools the request forbids the model to call are no obstacle: the plain answer.
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    unused = client.chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=24,
+                                            tools=[tool], tool_choice="none")
+    check(unused.choices[0].message.content == text, "tools with tool_choice none: the answer without them")
+
     # /tokenize and /detokenize, in llama-server's and vLLM's shapes.
     ids = cli("tokenize", "-p", prompt)["ids"]
     status, tk, _ = raw(port, "/tokenize", json.dumps({"content": prompt}).encode())

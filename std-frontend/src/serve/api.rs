@@ -212,12 +212,14 @@ fn refuse_unsupported(body: &Value) -> ApiResult<()> {
         Some(Value::Number(n)) => n.as_f64() != Some(0.0),
         Some(_) => true,
     };
+    // Tools a request forbids the model to call (`tool_choice: "none"`) need no support.
+    let no_calls = body.get("tool_choice").and_then(Value::as_str) == Some("none");
     for (key, what) in [
         ("tools", " (function calling)"),
         ("functions", " (function calling)"),
         ("suffix", " (insertion)"),
     ] {
-        if asked(key) {
+        if asked(key) && !(no_calls && key == "tools") {
             return Err(ApiError::bad_request(format!(
                 "{key}{what} is not supported by this server"
             )));
