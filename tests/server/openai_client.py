@@ -221,7 +221,26 @@ try:
     check([c.index for c in three.choices] == [0, 1, 2] and [c.text for c in three.choices] == alone and
           len(set(alone)) > 1 and three.usage.completion_tokens == 24,
           "n=3: each choice equals the request alone with seed + i")
-    for body in [{"n": 2, "stream": True}, {"n": 17}, {"n": 0}]:
+    texts = ["", "", ""]
+    finished = []
+    for c in client.completions.create(model=NAME, prompt=prompt, max_tokens=8, temperature=1.0, seed=5, n=3,
+                                       stream=True, stream_options={"include_usage": True}):
+        for ch in c.choices:
+            texts[ch.index] += ch.text
+            if ch.finish_reason:
+                finished.append(ch.index)
+        usage = c.usage or None
+    check(texts == alone and sorted(finished) == [0, 1, 2] and usage.completion_tokens == 24,
+          "n=3 streamed: each choice's chunks make the same texts, each finishes, usage counts all")
+    parts, reasons = ["", ""], ["", ""]
+    for c in client.chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=24,
+                                            stop=["Paris"], n=2, stream=True):
+        for ch in c.choices:
+            parts[ch.index] += ch.delta.content or ""
+            reasons[ch.index] = ch.finish_reason or reasons[ch.index]
+    check(parts == [stopped.message.content] * 2 and reasons == ["stop", "stop"],
+          "n=2 streamed chat with a stop string: both choices stop before it")
+    for body in [{"n": 17}, {"n": 0}]:
         status, err, _ = raw(port, "/v1/completions", json.dumps({"model": NAME, "prompt": "x", **body}).encode())
         check(status == 400 and "n" in err["error"]["message"], f"{body}: 400 ({err['error']['message']!r})")
 

@@ -451,11 +451,6 @@ fn generation(body: &Value, kind: Kind, vocab_size: usize) -> ApiResult<Generati
             "echo with stream is not supported by this server (echo answers whole)",
         ));
     }
-    if stream && n > 1 {
-        return Err(ApiError::bad_request(
-            "n > 1 with stream is not supported by this server (several choices answer whole)",
-        ));
-    }
     let include_usage = body
         .pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
@@ -647,41 +642,68 @@ enum Piece<'a> {
     Finish(&'static str),
 }
 
-/// Server-sent events of a streaming request: `chunk(piece)` makes each `data:` object; the
-/// last chunk carries the finish reason, then usage if asked, then `[DONE]`.
-fn sse(
+/// One choice of a streaming request: its events, its text, and (once it has ended) its
+/// completion tokens.
+struct StreamedChoice {
     events: mpsc::UnboundedReceiver<Event>,
     text: Detokenizer,
+    ended: Option<usize>,
+}
+
+/// Server-sent events of a streaming request of one or more choices: `chunk(index, piece)`
+/// makes each `data:` object; a choice's last chunk carries its finish reason; after every
+/// choice's, the usage if asked, then `[DONE]`.
+fn sse(
+    choices: Vec<(mpsc::UnboundedReceiver<Event>, Detokenizer)>,
     prompt_tokens: usize,
     include_usage: bool,
-    chunk: impl Fn(Piece<'_>) -> Value + Send + 'static,
+    chunk: impl Fn(usize, Piece<'_>) -> Value + Send + 'static,
     usage_chunk: impl Fn(Value) -> Value + Send + 'static,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     struct St<C, U> {
-        events: mpsc::UnboundedReceiver<Event>,
-        text: Detokenizer,
+        choices: Vec<StreamedChoice>,
         chunk: C,
         usage_chunk: U,
         queue: std::collections::VecDeque<String>,
         done: bool,
     }
-    impl<C: Fn(Piece<'_>) -> Value, U> St<C, U> {
-        /// Queues a chunk of `piece` and the log-probabilities of the tokens it completes.
-        fn text(&mut self, piece: &str) {
-            let reported = self.text.reported();
+    impl<C: Fn(usize, Piece<'_>) -> Value, U> St<C, U> {
+        /// Queues a chunk of choice `i`'s `piece` and the log-probabilities of the tokens it
+        /// completes.
+        fn text(&mut self, i: usize, piece: &str) {
+            let reported = self.choices[i].text.reported();
             if !piece.is_empty() || !reported.is_empty() {
-                let data = (self.chunk)(Piece::Text(piece, &reported)).to_string();
+                let data = (self.chunk)(i, Piece::Text(piece, &reported)).to_string();
                 self.queue.push_back(data);
             }
         }
+
+        /// The next event of any choice still running, with the choice's index.
+        async fn next_event(&mut self) -> (usize, Option<Event>) {
+            let waits = self
+                .choices
+                .iter_mut()
+                .enumerate()
+                .filter(|(_, c)| c.ended.is_none())
+                .map(|(i, c)| Box::pin(async move { (i, c.events.recv().await) }));
+            futures_util::future::select_all(waits).await.0
+        }
     }
-    let first = chunk(Piece::Open);
+    let queue = (0..choices.len())
+        .map(|i| chunk(i, Piece::Open).to_string())
+        .collect();
     let state = St {
-        events,
-        text,
+        choices: choices
+            .into_iter()
+            .map(|(events, text)| StreamedChoice {
+                events,
+                text,
+                ended: None,
+            })
+            .collect(),
         chunk,
         usage_chunk,
-        queue: [first.to_string()].into(),
+        queue,
         done: false,
     };
     let s = stream::unfold(state, move |mut st| async move {
@@ -692,24 +714,41 @@ fn sse(
             if st.done {
                 return None;
             }
-            let (finish, completion) = match st.events.recv().await {
+            if st.choices.iter().all(|c| c.ended.is_some()) {
+                if include_usage {
+                    let completion: usize = st.choices.iter().filter_map(|c| c.ended).sum();
+                    let usage = json!({
+                        "prompt_tokens": prompt_tokens,
+                        "completion_tokens": completion,
+                        "total_tokens": prompt_tokens + completion,
+                    });
+                    st.queue.push_back((st.usage_chunk)(usage).to_string());
+                }
+                st.queue.push_back("[DONE]".into());
+                st.done = true;
+                continue;
+            }
+            let (i, event) = st.next_event().await;
+            let (finish, completion) = match event {
                 // Only `echo` asks for these, and it does not stream.
                 Some(Event::PromptLogprobs(_)) => continue,
                 Some(Event::Token { id, logprobs }) => {
-                    let (piece, stopped) = st.text.push(id, logprobs);
-                    st.text(&piece);
+                    let (piece, stopped) = st.choices[i].text.push(id, logprobs);
+                    st.text(i, &piece);
                     if !stopped {
                         continue;
                     }
-                    ("stop", st.text.tokens())
+                    // Closing the receiver frees the slot of a choice a stop string ended.
+                    st.choices[i].events.close();
+                    ("stop", st.choices[i].text.tokens())
                 }
                 Some(Event::Done {
                     finish,
                     completion_tokens,
                     ..
                 }) => {
-                    let rest = st.text.finish();
-                    st.text(&rest);
+                    let rest = st.choices[i].text.finish();
+                    st.text(i, &rest);
                     (finish_reason(finish), completion_tokens)
                 }
                 Some(Event::Failed(e)) => {
@@ -724,20 +763,9 @@ fn sse(
                     continue;
                 }
             };
+            st.choices[i].ended = Some(completion);
             st.queue
-                .push_back((st.chunk)(Piece::Finish(finish)).to_string());
-            if include_usage {
-                let usage = json!({
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": completion,
-                    "total_tokens": prompt_tokens + completion,
-                });
-                st.queue.push_back((st.usage_chunk)(usage).to_string());
-            }
-            st.queue.push_back("[DONE]".into());
-            st.done = true;
-            // Dropping the receiver now frees the slot of a request a stop string ended.
-            st.events.close();
+                .push_back((st.chunk)(i, Piece::Finish(finish)).to_string());
         }
     });
     Sse::new(s.boxed()).keep_alive(KeepAlive::default())
@@ -956,7 +984,7 @@ impl Kind {
     }
 
     /// A choice of a streamed chunk; `logprobs` is null unless the request asked for them.
-    fn chunk_choice(self, piece: Piece<'_>, tokenizer: Option<&Tokenizer>) -> Value {
+    fn chunk_choice(self, index: usize, piece: Piece<'_>, tokenizer: Option<&Tokenizer>) -> Value {
         let (content, finish, logprobs) = match piece {
             Piece::Open => ("", None, Value::Null),
             Piece::Text(text, tokens) => {
@@ -972,10 +1000,10 @@ impl Kind {
                     Piece::Text(..) => json!({ "content": content }),
                     Piece::Finish(_) => json!({}),
                 };
-                json!({ "index": 0, "delta": delta, "logprobs": logprobs,
+                json!({ "index": index, "delta": delta, "logprobs": logprobs,
                         "finish_reason": finish })
             }
-            Kind::Completion => json!({ "index": 0, "text": content, "logprobs": logprobs,
+            Kind::Completion => json!({ "index": index, "text": content, "logprobs": logprobs,
                                         "finish_reason": finish }),
         }
     }
@@ -1021,14 +1049,10 @@ async fn answer(
     // The tokenizer names the tokens of `logprobs`, for requests that ask for them.
     let tokenizer = g.logprobs.map(|_| state.tokenizer.clone());
     if g.stream {
-        // `generation` allows one choice with `stream`.
-        let Some((events, stopped)) = started.pop() else {
-            return Err(ApiError::server("no choice started"));
-        };
         let usage_head = head.clone();
-        let chunk = move |piece: Piece<'_>| {
+        let chunk = move |index: usize, piece: Piece<'_>| {
             let mut v = head(chunk_object);
-            v["choices"] = json!([kind.chunk_choice(piece, tokenizer.as_deref())]);
+            v["choices"] = json!([kind.chunk_choice(index, piece, tokenizer.as_deref())]);
             v
         };
         let usage = move |usage: Value| {
@@ -1037,8 +1061,11 @@ async fn answer(
             v["usage"] = usage;
             v
         };
-        let text = detokenizer(stopped);
-        return Ok(sse(events, text, prompt_tokens, g.include_usage, chunk, usage).into_response());
+        let choices = started
+            .into_iter()
+            .map(|(events, stopped)| (events, detokenizer(stopped)))
+            .collect();
+        return Ok(sse(choices, prompt_tokens, g.include_usage, chunk, usage).into_response());
     }
     let wholes = futures_util::future::try_join_all(
         started
