@@ -80,7 +80,7 @@ pub struct Job {
     /// Report those of the prompt's tokens too (`echo`): the prompt is run whole, from no
     /// cached start, in chunks of at most `PROMPT_LOGPROBS_CHUNK` tokens.
     pub prompt_logprobs: bool,
-    /// Keeps the output one JSON object (`response_format` `json_object`).
+    /// Keeps the output JSON (`response_format` `json_object` or `json_schema`).
     pub json: Option<JsonOutput>,
     pub events: mpsc::UnboundedSender<Event>,
     /// Set by the receiving side when a stop string ended the request before it dropped its
