@@ -19,7 +19,7 @@ use sapient_core::sample::SamplerConfig;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
-use super::detokenize::{chat_logprobs, completion_logprobs, Detokenizer, Reported};
+use super::detokenize::{chat_logprobs, completion_logprobs, token_text, Detokenizer, Reported};
 use super::engine::{Event, Finish, Job, Request, TokenLogprobs};
 use super::metrics::Metrics;
 use crate::chat::{ChatTemplate, Message};
@@ -867,10 +867,7 @@ pub async fn tokenize(
     v["tokens"] = match body.get("with_pieces").and_then(Value::as_bool) {
         Some(true) => ids
             .iter()
-            .map(|&id| {
-                let piece = String::from_utf8_lossy(&state.tokenizer.token_bytes(id)).into_owned();
-                json!({ "id": id, "piece": piece })
-            })
+            .map(|&id| json!({ "id": id, "piece": token_text(&state.tokenizer, id).0 }))
             .collect(),
         _ => json!(ids),
     };

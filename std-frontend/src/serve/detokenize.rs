@@ -135,7 +135,7 @@ impl Detokenizer {
 }
 
 /// A token's text for `logprobs`: its bytes, and those as a string (a half character as U+FFFD).
-fn token_text(tokenizer: &Tokenizer, id: u32) -> (String, Vec<u8>) {
+pub fn token_text(tokenizer: &Tokenizer, id: u32) -> (String, Vec<u8>) {
     let bytes = tokenizer.token_bytes(id);
     (String::from_utf8_lossy(&bytes).into_owned(), bytes)
 }
