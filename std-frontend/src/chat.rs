@@ -1,27 +1,58 @@
 //! Chat templates: the Jinja template a model ships (GGUF `tokenizer.chat_template`, or
 //! `chat_template` in `tokenizer_config.json`), rendered with minijinja.
+use std::path::Path;
+
 use anyhow::{anyhow, Result};
 use minijinja::{context, Environment, Error, ErrorKind};
 use serde::Serialize;
 
 use crate::load::ModelFiles;
 use crate::tokenizer::Tokenizer;
+use crate::tool_calls::ToolFormat;
 
 /// ChatML, for models that ship no template.
 const CHATML: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
+/// A conversation's turn, as templates read it (OpenAI's message fields).
 #[derive(Debug, Clone, Serialize)]
 pub struct Message {
     pub role: String,
     pub content: String,
+    /// An assistant turn's calls: OpenAI's `tool_calls`, each call's `arguments` an object.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    /// A tool turn's answer to this call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl Message {
+    /// A turn of text alone.
+    pub fn text(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Message {
+            role: role.into(),
+            content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
+        }
+    }
 }
 
 /// The ids of the tokens chat templates end a turn with, where the vocabulary has them.
 pub fn end_of_turn_ids(tokenizer: &Tokenizer) -> Vec<u32> {
-    ["<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"]
-        .iter()
-        .filter_map(|t| tokenizer.id(t))
-        .collect()
+    [
+        "<|im_end|>",
+        "<|eot_id|>",
+        "<|eom_id|>",
+        "<|end|>",
+        "<end_of_turn>",
+    ]
+    .iter()
+    .filter_map(|t| tokenizer.id(t))
+    .collect()
 }
 
 /// The most template instructions one rendering runs: real templates take thousands per message.
@@ -54,15 +85,23 @@ pub struct ChatTemplate {
     /// Whether the template renders a system message (llama.cpp's `supports_system_role`);
     /// where it does not, the system prompt goes before the first user message instead.
     system_role: bool,
+    /// How the model writes tool calls, as the template's text shows.
+    tool_format: ToolFormat,
 }
 
 impl ChatTemplate {
-    /// The model's template, or ChatML (with a note on stderr) when it has none.
-    pub fn load(files: &ModelFiles, tokenizer: &Tokenizer) -> Result<Self> {
-        let mut source = files
-            .gguf()
-            .and_then(|g| g.str("tokenizer.chat_template"))
-            .map(str::to_owned);
+    /// The template of `file` when given, else the model's, or ChatML (with a note on stderr)
+    /// when it has none.
+    pub fn load(files: &ModelFiles, tokenizer: &Tokenizer, file: Option<&Path>) -> Result<Self> {
+        let mut source = match file {
+            Some(path) => Some(std::fs::read_to_string(path).map_err(|e| {
+                anyhow!("cannot read the chat template file {}: {e}", path.display())
+            })?),
+            None => files
+                .gguf()
+                .and_then(|g| g.str("tokenizer.chat_template"))
+                .map(str::to_owned),
+        };
         let (mut bos, mut eos) = (String::new(), String::new());
         if let Ok(text) = std::fs::read_to_string(files.dir().join("tokenizer_config.json")) {
             let v: serde_json::Value = serde_json::from_str(&text)?;
@@ -122,6 +161,7 @@ impl ChatTemplate {
                 .map_or(0, |d| d.as_secs());
             strftime(&format, now).map_err(|e| Error::new(ErrorKind::InvalidOperation, e))
         });
+        let tool_format = ToolFormat::of_template(&source);
         env.add_template_owned("chat", source)
             .map_err(|e| anyhow!("the chat template does not parse: {e}"))?;
         let mut template = ChatTemplate {
@@ -129,18 +169,22 @@ impl ChatTemplate {
             bos,
             eos,
             system_role: true,
+            tool_format,
         };
         // A template renders a system message if its text comes out; one that raises an error
         // on it, or drops it, does not (the probe llama.cpp runs, to the same end).
         let needle = "<System Needle 7f3a>";
-        let probe = [("system", needle), ("user", "User message")].map(|(role, content)| Message {
-            role: role.into(),
-            content: content.into(),
-        });
+        let probe = [("system", needle), ("user", "User message")]
+            .map(|(role, content)| Message::text(role, content));
         template.system_role = template
-            .render_as_is(&probe, true)
+            .render_as_is(&probe, None, true)
             .is_ok_and(|text| text.contains(needle));
         Ok(template)
+    }
+
+    /// How the model writes tool calls.
+    pub fn tool_format(&self) -> ToolFormat {
+        self.tool_format
     }
 
     /// The prompt for `messages`, with the assistant's turn opened when `add_generation_prompt`.
@@ -148,6 +192,16 @@ impl ChatTemplate {
     /// message goes before the first user message's text (and a line break) where the template
     /// has no system role.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// `render`, with the tools the model may call (OpenAI's `tools`, as templates read them).
+    pub fn render_with_tools(
+        &self,
+        messages: &[Message],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let with_system_roles: Vec<Message>;
         let messages = if messages.iter().any(|m| m.role == "developer") {
             with_system_roles = messages
@@ -159,7 +213,7 @@ impl ChatTemplate {
                         &m.role
                     }
                     .to_owned(),
-                    content: m.content.clone(),
+                    ..m.clone()
                 })
                 .collect();
             &with_system_roles[..]
@@ -170,31 +224,39 @@ impl ChatTemplate {
             [system, first, rest @ ..] if !self.system_role && system.role == "system" => {
                 let mut merged = Vec::with_capacity(rest.len() + 1);
                 merged.push(Message {
-                    role: first.role.clone(),
                     content: format!("{}\n{}", system.content, first.content),
+                    ..first.clone()
                 });
                 merged.extend_from_slice(rest);
-                self.render_as_is(&merged, add_generation_prompt)
+                self.render_as_is(&merged, tools, add_generation_prompt)
             }
             [system] if !self.system_role && system.role == "system" => {
-                self.render_as_is(&[], add_generation_prompt)
+                self.render_as_is(&[], tools, add_generation_prompt)
             }
-            _ => self.render_as_is(messages, add_generation_prompt),
+            _ => self.render_as_is(messages, tools, add_generation_prompt),
         }
     }
 
-    fn render_as_is(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+    fn render_as_is(
+        &self,
+        messages: &[Message],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let t = self.env.get_template("chat")?;
         let mut out = CappedWriter(Vec::new());
-        t.render_captured_to(
-            context! {
-                messages => messages,
-                add_generation_prompt => add_generation_prompt,
-                bos_token => &self.bos,
-                eos_token => &self.eos,
-            },
-            &mut out,
-        )
+        let base = context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => &self.bos,
+            eos_token => &self.eos,
+        };
+        // Templates test `tools is defined`: a request without tools leaves it undefined.
+        let ctx = match tools {
+            Some(tools) => context! { tools => tools, ..base },
+            None => base,
+        };
+        t.render_captured_to(ctx, &mut out)
         .map_err(|e| match e.kind() {
             ErrorKind::WriteFailure => anyhow!(
                 "chat template: the rendered prompt passes {TEMPLATE_OUTPUT_LIMIT} bytes"
@@ -302,15 +364,7 @@ mod tests {
     fn renders_chatml_with_python_methods() {
         let src = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'].strip() }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
         let t = ChatTemplate::new(src.into(), String::new(), String::new()).unwrap();
-        let out = t
-            .render(
-                &[Message {
-                    role: "user".into(),
-                    content: " hi ".into(),
-                }],
-                true,
-            )
-            .unwrap();
+        let out = t.render(&[Message::text("user", " hi ")], true).unwrap();
         assert_eq!(
             out,
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
@@ -342,10 +396,7 @@ mod tests {
     fn a_system_prompt_joins_the_first_turn_where_the_template_has_no_system_role() {
         let src = "{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('no system role') }}{% endif %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}";
         let t = ChatTemplate::new(src.into(), String::new(), String::new()).unwrap();
-        let message = |role: &str, content: &str| Message {
-            role: role.into(),
-            content: content.into(),
-        };
+        let message = Message::text;
         let two = [message("system", "Be brief."), message("user", "Hi")];
         assert_eq!(t.render(&two, true).unwrap(), "[user] Be brief.\nHi\n");
         assert_eq!(t.render(&two[..1], true).unwrap(), "");
@@ -361,10 +412,7 @@ mod tests {
     fn the_developer_role_is_the_system_role() {
         let src = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}";
         let t = ChatTemplate::new(src.into(), String::new(), String::new()).unwrap();
-        let messages = ["developer", "user"].map(|role| Message {
-            role: role.into(),
-            content: "x".into(),
-        });
+        let messages = ["developer", "user"].map(|role| Message::text(role, "x"));
         assert_eq!(t.render(&messages, true).unwrap(), "[system] x\n[user] x\n");
     }
 

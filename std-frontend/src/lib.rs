@@ -17,6 +17,7 @@ pub mod serve;
 pub mod slots;
 pub mod speculative;
 pub mod tokenizer;
+pub mod tool_calls;
 
 pub use exec::Rayon;
 pub use load::{LoadOptions, ModelFiles, Quantize};

@@ -316,6 +316,9 @@ struct ChatArgs {
     /// A system prompt.
     #[arg(long)]
     system: Option<String>,
+    /// A Jinja chat template to use instead of the model's.
+    #[arg(long, value_name = "FILE")]
+    chat_template_file: Option<std::path::PathBuf>,
     /// Most tokens per reply.
     #[arg(short = 'n', long, default_value_t = 512)]
     max_tokens: usize,
@@ -348,6 +351,10 @@ struct ServeArgs {
     /// The model's name in the API (default: the model file's or directory's name).
     #[arg(long)]
     alias: Option<String>,
+    /// A Jinja chat template to use instead of the model's (its text also says how the model
+    /// writes tool calls).
+    #[arg(long, value_name = "FILE")]
+    chat_template_file: Option<std::path::PathBuf>,
     /// Requests that may wait for a free slot; more get 503 with Retry-After.
     #[arg(long, default_value_t = 64)]
     queue: usize,
@@ -1190,7 +1197,7 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
     })?;
     let l = Loaded::open(&a.model)?;
     let tok = Tokenizer::load(l.files()?)?;
-    let template = ChatTemplate::load(l.files()?, &tok)?;
+    let template = ChatTemplate::load(l.files()?, &tok, a.chat_template_file.as_deref())?;
     let m = l.model()?;
     let sampling = a.sampling.config();
     let mut sampler = Sampler::new(sampling)?;
@@ -1202,10 +1209,7 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
     let mut messages: Vec<Message> = a
         .system
         .iter()
-        .map(|s| Message {
-            role: "system".into(),
-            content: s.clone(),
-        })
+        .map(|s| Message::text("system", s.clone()))
         .collect();
     // The tokens the cache holds, in order.
     let mut history: Vec<u32> = Vec::new();
@@ -1230,10 +1234,7 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
             if line.trim().is_empty() {
                 continue;
             }
-            messages.push(Message {
-                role: "user".into(),
-                content: line.to_owned(),
-            });
+            messages.push(Message::text("user", line.to_owned()));
             let text = template.render(&messages, true)?;
             let ids = tok.encode_chat(&text)?;
             // Only what the cache does not hold yet goes through the model.
@@ -1281,10 +1282,7 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
                 Some(d) => eprintln!("[{}; {}]", stats.summary(), d.summary()),
                 None => eprintln!("[{}]", stats.summary()),
             }
-            messages.push(Message {
-                role: "assistant".into(),
-                content: tok.decode(&reply_ids, true)?,
-            });
+            messages.push(Message::text("assistant", tok.decode(&reply_ids, true)?));
         },
     )
 }
@@ -1318,6 +1316,7 @@ fn cmd_serve(a: ServeArgs) -> Result<()> {
         shutdown_grace: std::time::Duration::from_secs(a.shutdown_timeout),
         header_timeout: std::time::Duration::from_secs(a.header_timeout.max(1)),
         model_id,
+        chat_template_file: a.chat_template_file,
     };
     let backend = match &engine {
         Engine::Cpu(_) => sapient::serve::ServeBackend::Cpu(&m, &l.exec),

@@ -93,7 +93,8 @@ FIELDS = ["model", "messages", "prompt", "input", "max_tokens", "max_completion_
           "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream", "stream_options",
           "n", "best_of", "logit_bias", "presence_penalty", "frequency_penalty",
           "repeat_penalty", "repeat_last_n", "logprobs", "top_logprobs", "response_format", "echo", "suffix",
-          "tools", "user", "encoding_format", "content", "tokens", "with_pieces", "add_special"]
+          "tools", "tool_choice", "parallel_tool_calls", "user", "encoding_format", "content", "tokens",
+          "with_pieces", "add_special"]
 
 
 def weird(rng, depth=0):
@@ -112,6 +113,14 @@ def weird(rng, depth=0):
         [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
         [{"role": "user", "content": [{"type": "text", "text": 5}]}],
         [{"role": "user", "content": None}], [{"role": "tool", "content": "x"}],
+        [{"type": "function", "function": {"name": "f"}}], "required", "auto", "none",
+        {"type": "function", "function": {"name": "f"}}, {"type": "function", "function": {"name": 1}},
+        [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+            "a": {"$ref": "#"}, "b": {"type": "string", "pattern": "x"}}}}}],
+        [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}],
+        [{"function": {"name": "f%d" % i}} for i in range(rng.choice([2, 64, 200]))],
+        [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}],
+        [{"role": "assistant", "tool_calls": "x"}, {"role": "tool", "tool_call_id": [], "content": "x"}],
         {"0": 100}, {"-1": 1}, {"99999999999": 1}, {"1": "a"}, {"1": 1e9},
         list(range(rng.choice([10, 300]))), [rng.randrange(-5, 70000) for _ in range(8)],
     ]

@@ -20,10 +20,7 @@ fn llama_cpp_chat_templates_render_as_llama_cpp_expects() {
         ("assistant", "   I am an assistant   "),
         ("user", "Another question"),
     ]
-    .map(|(role, content)| Message {
-        role: role.into(),
-        content: content.into(),
-    });
+    .map(|(role, content)| Message::text(role, content));
     let text = |c: &Value, k: &str| c[k].as_str().unwrap().to_owned();
     let mut failures = Vec::new();
     let mut compared = 0;
@@ -78,10 +75,7 @@ fn llama_family_templates_from_llama_cpp_render() {
         ("assistant", "Hi there"),
         ("user", "Who are you"),
     ]
-    .map(|(role, content)| Message {
-        role: role.into(),
-        content: content.into(),
-    });
+    .map(|(role, content)| Message::text(role, content));
     for name in [
         "meta-llama-Llama-3.1-8B-Instruct",
         "meta-llama-Llama-3.2-3B-Instruct",
@@ -115,6 +109,93 @@ fn llama_family_templates_from_llama_cpp_render() {
         assert!(
             text.len() > at + "Who are you".len(),
             "{name}: no assistant turn\n{text}"
+        );
+    }
+}
+
+/// The tool-calling templates llama.cpp keeps render a conversation with tools, an earlier call
+/// and its result: each shows its format, and the prompt has the tool's name and description,
+/// the call's arguments and the result (the generic format's through the system prompt).
+#[test]
+fn tool_calling_templates_render_tools_calls_and_results() {
+    use sapient::tool_calls::{template_tool_calls, Tool, ToolFormat};
+    let Some(models) = sapient_tests::llama_cpp_models() else {
+        eprintln!("SKIPPED: no llama.cpp source (run scripts/fetch-llama-cpp.sh)");
+        return;
+    };
+    let tools = Tool::list(&serde_json::json!([{"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]))
+    .unwrap();
+    let calls = serde_json::json!([{"id": "call0a1b2", "type": "function", "function":
+        {"name": "get_weather", "arguments": "{\"city\": \"Lisbon\"}"}}]);
+    let conversation = vec![
+        Message::text("system", "You are a helpful assistant"),
+        Message::text("user", "What is the weather in Lisbon?"),
+        Message {
+            tool_calls: template_tool_calls(&calls),
+            ..Message::text("assistant", "")
+        },
+        Message {
+            tool_call_id: Some("call0a1b2".into()),
+            name: Some("get_weather".into()),
+            ..Message::text("tool", "Sunny, 24 C")
+        },
+    ];
+    for (name, format) in [
+        ("Qwen-Qwen2.5-7B-Instruct", ToolFormat::Hermes),
+        ("Qwen-Qwen3-0.6B", ToolFormat::Hermes),
+        (
+            "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use",
+            ToolFormat::Hermes,
+        ),
+        (
+            "NousResearch-Hermes-3-Llama-3.1-8B-tool_use",
+            ToolFormat::Hermes,
+        ),
+        ("meta-llama-Llama-3.1-8B-Instruct", ToolFormat::Llama3),
+        ("meta-llama-Llama-3.2-3B-Instruct", ToolFormat::Llama3),
+        ("meta-llama-Llama-3.3-70B-Instruct", ToolFormat::Llama3),
+        (
+            "mistralai-Mistral-Nemo-Instruct-2407",
+            ToolFormat::MistralJson,
+        ),
+        (
+            "Mistral-Small-3.2-24B-Instruct-2506",
+            ToolFormat::MistralArgs,
+        ),
+        (
+            "unsloth-mistral-Devstral-Small-2507",
+            ToolFormat::MistralArgs,
+        ),
+        ("HuggingFaceTB-SmolLM3-3B", ToolFormat::Generic),
+        ("microsoft-Phi-3.5-mini-instruct", ToolFormat::Generic),
+    ] {
+        let path = models.join(format!("templates/{name}.jinja"));
+        let source = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let template = ChatTemplate::new(source, "<s>".into(), "</s>".into()).unwrap();
+        assert_eq!(template.tool_format(), format, "{name}");
+        let messages = format.prompt_messages(&tools, conversation.clone());
+        let specs: Value = tools.iter().map(|t| t.spec.clone()).collect();
+        let specs = format.template_renders_tools().then_some(&specs);
+        let text = template
+            .render_with_tools(&messages, specs, true)
+            .unwrap_or_else(|e| panic!("{name}: {e:#}"));
+        for needle in [
+            "get_weather",
+            "Current weather in a city",
+            "Lisbon",
+            "Sunny, 24 C",
+        ] {
+            assert!(
+                text.contains(needle),
+                "{name}: {needle:?} missing in\n{text}"
+            );
+        }
+        assert!(
+            text.find("Lisbon?") < text.rfind("Sunny, 24 C"),
+            "{name}: the result before the question\n{text}"
         );
     }
 }

@@ -188,7 +188,7 @@ fn json_output_is_the_json_asked_for() {
     let model = files.model(Quantize::Auto).unwrap();
     let pool = sapient::Rayon::new(None).unwrap();
     let tok = Arc::new(Tokenizer::load(&files).unwrap());
-    let template = ChatTemplate::load(&files, &tok).unwrap();
+    let template = ChatTemplate::load(&files, &tok, None).unwrap();
     let vocab = Arc::new(JsonVocab::new(&tok, model.config.vocab_size));
     let mut stop = files.eos_token_ids.clone();
     stop.extend(end_of_turn_ids(&tok));
@@ -204,13 +204,7 @@ fn json_output_is_the_json_asked_for() {
     };
     let run = |content: &str, sampling, max_tokens, mut output: Option<JsonOutput>| {
         let text = template
-            .render(
-                &[Message {
-                    role: "user".into(),
-                    content: content.into(),
-                }],
-                true,
-            )
+            .render(&[Message::text("user", content)], true)
             .unwrap();
         let prompt = tok.encode_chat(&text).unwrap();
         let mut out = Vec::new();

@@ -26,6 +26,9 @@ use crate::chat::{ChatTemplate, Message};
 use crate::json_output::{JsonOutput, JsonVocab};
 use crate::json_schema::Schema;
 use crate::tokenizer::Tokenizer;
+use crate::tool_calls::{
+    call_id, openai_call, template_tool_calls, CallWatch, Tool, ToolCall, ToolFormat,
+};
 
 /// What every handler shares.
 pub struct AppState {
@@ -205,25 +208,27 @@ fn number(
 
 /// The fields sapient does not implement: a request that asks for one gets a 400 naming it,
 /// not an answer without it.
-fn refuse_unsupported(body: &Value) -> ApiResult<()> {
+fn refuse_unsupported(body: &Value, kind: Kind) -> ApiResult<()> {
     let asked = |key: &str| match body.get(key) {
         None | Some(Value::Null) | Some(Value::Bool(false)) => false,
         Some(Value::Array(a)) => !a.is_empty(),
         Some(Value::Number(n)) => n.as_f64() != Some(0.0),
         Some(_) => true,
     };
-    // Tools a request forbids the model to call (`tool_choice: "none"`) need no support.
-    let no_calls = body.get("tool_choice").and_then(Value::as_str) == Some("none");
     for (key, what) in [
-        ("tools", " (function calling)"),
-        ("functions", " (function calling)"),
+        ("functions", " (the functions API before tools; send tools)"),
         ("suffix", " (insertion)"),
     ] {
-        if asked(key) && !(no_calls && key == "tools") {
+        if asked(key) {
             return Err(ApiError::bad_request(format!(
                 "{key}{what} is not supported by this server"
             )));
         }
+    }
+    if matches!(kind, Kind::Completion) && asked("tools") {
+        return Err(ApiError::bad_request(
+            "tools is not a field of completions (the chat completions route has it)",
+        ));
     }
     if number(body, "best_of", 1.0, 1.0..=1.0).is_err() {
         return Err(ApiError::bad_request("best_of must be 1"));
@@ -260,6 +265,100 @@ fn json_format(body: &Value) -> ApiResult<Option<JsonFormat>> {
              json_schema are)"
         ))),
     }
+}
+
+/// A chat request's tools: what the reply may call, and how the model writes calls.
+struct ToolUse {
+    format: ToolFormat,
+    tools: Vec<Tool>,
+    /// A forced call's opening (`tool_choice` `required` or a named function), put after the
+    /// prompt; empty when the model chooses.
+    prefix: String,
+    /// `parallel_tool_calls`: more than one call in a reply.
+    parallel: bool,
+}
+
+impl ToolUse {
+    /// The calls of a reply whose text (after the prefix) is `text`, and its content.
+    fn reply(&self, text: &str) -> (String, Vec<ToolCall>) {
+        let mut reply = self.format.parse(&(self.prefix.clone() + text));
+        if !self.parallel {
+            reply.calls.truncate(1);
+        }
+        (reply.content, reply.calls)
+    }
+}
+
+/// `tools`, `tool_choice` and `parallel_tool_calls` of a chat request: `None` when the reply
+/// calls nothing. A forced call constrains the reply (`g.json`) to the call's JSON.
+fn tool_use(state: &AppState, body: &Value, g: &mut Generation) -> ApiResult<Option<ToolUse>> {
+    let bad = |e: anyhow::Error| ApiError::bad_request(format!("{e:#}"));
+    let tools = match body.get("tools") {
+        None | Some(Value::Null) => None,
+        Some(t) => Some(Tool::list(t).map_err(bad)?),
+    };
+    let named = body
+        .pointer("/tool_choice/function/name")
+        .and_then(Value::as_str);
+    let forced = match (body.get("tool_choice"), named) {
+        (None | Some(Value::Null), _) => false,
+        (Some(Value::String(c)), _) if c == "auto" => false,
+        (Some(Value::String(c)), _) if c == "none" => return Ok(None),
+        (Some(Value::String(c)), _) if c == "required" => true,
+        (Some(Value::Object(_)), Some(_)) => true,
+        (Some(_), _) => {
+            return Err(ApiError::bad_request(
+                "tool_choice must be \"none\", \"auto\", \"required\" or \
+                 {\"type\": \"function\", \"function\": {\"name\": ...}}",
+            ))
+        }
+    };
+    let parallel = match body.get("parallel_tool_calls") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "parallel_tool_calls must be a boolean",
+            ))
+        }
+    };
+    let Some(tools) = tools else {
+        return match forced {
+            true => Err(ApiError::bad_request(
+                "tool_choice asks for a call, but no tools are given",
+            )),
+            false => Ok(None),
+        };
+    };
+    if g.json.is_some() {
+        return Err(ApiError::bad_request(
+            "response_format and tools both shape the reply: send one (or tool_choice \"none\")",
+        ));
+    }
+    let format = state.template.tool_format();
+    let mut prefix = String::new();
+    if forced {
+        let call = format.forced(&tools, named).map_err(bad)?;
+        let schema = Schema::compile(&call.schema)
+            .map_err(|e| ApiError::bad_request(format!("tools: {e:#}")))?;
+        g.json = Some(JsonFormat::Schema(Arc::new(schema)));
+        prefix = call.prefix;
+    }
+    Ok(Some(ToolUse {
+        format,
+        tools,
+        prefix,
+        parallel,
+    }))
+}
+
+/// A reply's calls in OpenAI's shape, their ids from `ids` (one per choice and call).
+fn openai_calls(calls: &[ToolCall], ids: u64) -> Vec<Value> {
+    calls
+        .iter()
+        .enumerate()
+        .map(|(k, c)| openai_call(c, &call_id(ids.wrapping_add(k as u64))))
+        .collect()
 }
 
 /// `logit_bias`: token ids (as strings) to a bias in [-100, 100] added to their logits.
@@ -373,7 +472,7 @@ fn logprobs(body: &Value, kind: Kind) -> ApiResult<Option<usize>> {
 }
 
 fn generation(body: &Value, kind: Kind, vocab_size: usize) -> ApiResult<Generation> {
-    refuse_unsupported(body)?;
+    refuse_unsupported(body, kind)?;
     let echo = match (body.get("echo"), kind) {
         (None | Some(Value::Null) | Some(Value::Bool(false)), _) => false,
         (Some(Value::Bool(true)), Kind::Completion) => true,
@@ -634,19 +733,31 @@ fn finish_reason(f: Finish) -> &'static str {
     }
 }
 
-/// What a streamed chunk carries: text, the log-probabilities of its tokens, or the finish.
+/// What a streamed chunk carries: text, the log-probabilities of its tokens, calls, or the
+/// finish.
 enum Piece<'a> {
     /// The first chunk (chat's has the role).
     Open,
     Text(&'a str, &'a [Reported]),
+    /// The reply's tool calls, in OpenAI's shape, whole.
+    Calls(&'a [Value]),
     Finish(&'static str),
 }
 
-/// One choice of a streaming request: its events, its text, and (once it has ended) its
-/// completion tokens.
+/// A streamed reply's tool calls: held back as they are written, sent whole at its end.
+struct StreamedCalls {
+    watch: CallWatch,
+    parallel: bool,
+    /// The first call's id seed.
+    ids: u64,
+}
+
+/// One choice of a streaming request: its events, its text, its calls (when it may make
+/// some), and (once it has ended) its completion tokens.
 struct StreamedChoice {
     events: mpsc::UnboundedReceiver<Event>,
     text: Detokenizer,
+    calls: Option<StreamedCalls>,
     ended: Option<usize>,
 }
 
@@ -654,7 +765,7 @@ struct StreamedChoice {
 /// makes each `data:` object; a choice's last chunk carries its finish reason; after every
 /// choice's, the usage if asked, then `[DONE]`.
 fn sse(
-    choices: Vec<(mpsc::UnboundedReceiver<Event>, Detokenizer)>,
+    choices: Vec<StreamedChoice>,
     prompt_tokens: usize,
     include_usage: bool,
     chunk: impl Fn(usize, Piece<'_>) -> Value + Send + 'static,
@@ -668,14 +779,46 @@ fn sse(
         done: bool,
     }
     impl<C: Fn(usize, Piece<'_>) -> Value, U> St<C, U> {
-        /// Queues a chunk of choice `i`'s `piece` and the log-probabilities of the tokens it
-        /// completes.
+        /// Queues a chunk of choice `i`'s `piece` (what of it may stream before a tool call)
+        /// and the log-probabilities of the tokens it completes.
         fn text(&mut self, i: usize, piece: &str) {
-            let reported = self.choices[i].text.reported();
+            let choice = &mut self.choices[i];
+            let held;
+            let piece = match &mut choice.calls {
+                Some(calls) => {
+                    held = calls.watch.push(piece);
+                    &held
+                }
+                None => piece,
+            };
+            let reported = choice.text.reported();
             if !piece.is_empty() || !reported.is_empty() {
                 let data = (self.chunk)(i, Piece::Text(piece, &reported)).to_string();
                 self.queue.push_back(data);
             }
+        }
+
+        /// Choice `i`'s end: the content held back and its calls queued; the finish reason,
+        /// `tool_calls` where it made some.
+        fn end(&mut self, i: usize, finish: &'static str) -> &'static str {
+            let Some(calls) = self.choices[i].calls.take() else {
+                return finish;
+            };
+            let mut reply = calls.watch.finish();
+            if !calls.parallel {
+                reply.calls.truncate(1);
+            }
+            if !reply.content.is_empty() {
+                let data = (self.chunk)(i, Piece::Text(&reply.content, &[])).to_string();
+                self.queue.push_back(data);
+            }
+            if reply.calls.is_empty() {
+                return finish;
+            }
+            let calls = openai_calls(&reply.calls, calls.ids);
+            self.queue
+                .push_back((self.chunk)(i, Piece::Calls(&calls)).to_string());
+            "tool_calls"
         }
 
         /// The next event of any choice still running, with the choice's index.
@@ -693,14 +836,7 @@ fn sse(
         .map(|i| chunk(i, Piece::Open).to_string())
         .collect();
     let state = St {
-        choices: choices
-            .into_iter()
-            .map(|(events, text)| StreamedChoice {
-                events,
-                text,
-                ended: None,
-            })
-            .collect(),
+        choices,
         chunk,
         usage_chunk,
         queue,
@@ -763,6 +899,7 @@ fn sse(
                     continue;
                 }
             };
+            let finish = st.end(i, finish);
             st.choices[i].ended = Some(completion);
             st.queue
                 .push_back((st.chunk)(i, Piece::Finish(finish)).to_string());
@@ -802,8 +939,39 @@ fn generating_request(state: &AppState, kind: Kind, body: &[u8]) -> ApiResult<(V
     Ok((body, g))
 }
 
-/// A request's `messages` through the chat template, as token ids (ready for the reply).
-fn chat_ids(state: &AppState, body: &Value) -> ApiResult<Vec<u32>> {
+/// A message's `tool_calls` (an assistant's earlier calls), checked, in the shape templates
+/// read.
+fn message_tool_calls(m: &Value) -> ApiResult<Option<Value>> {
+    let calls = match m.get("tool_calls") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(calls) => calls,
+    };
+    let well_formed = calls.as_array().is_some_and(|calls| {
+        calls.iter().all(|c| {
+            c.pointer("/function/name").is_some_and(Value::is_string)
+                && c.pointer("/function/arguments")
+                    .is_some_and(|a| a.is_string() || a.is_object())
+        })
+    });
+    match (well_formed, template_tool_calls(calls)) {
+        (true, Some(calls)) => Ok(Some(calls)),
+        _ => Err(ApiError::bad_request(
+            "a message's tool_calls must be an array of {\"id\", \"type\": \"function\", \
+             \"function\": {\"name\", \"arguments\"}}",
+        )),
+    }
+}
+
+/// A request's `messages` through the chat template (with the tools, when the reply may call
+/// them), as token ids ready for the reply.
+fn chat_ids(state: &AppState, body: &Value, tools: Option<&ToolUse>) -> ApiResult<Vec<u32>> {
+    let optional_text = |m: &Value, key: &str| match m.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(ApiError::bad_request(format!(
+            "a message's {key} must be a string"
+        ))),
+    };
     let messages = body
         .get("messages")
         .and_then(Value::as_array)
@@ -816,15 +984,28 @@ fn chat_ids(state: &AppState, body: &Value) -> ApiResult<Vec<u32>> {
                 .and_then(Value::as_str)
                 .ok_or_else(|| ApiError::bad_request("every message needs a role"))?;
             Ok(Message {
-                role: role.to_owned(),
-                content: content_text(m.get("content").unwrap_or(&Value::Null))?,
+                tool_calls: message_tool_calls(m)?,
+                tool_call_id: optional_text(m, "tool_call_id")?,
+                name: optional_text(m, "name")?,
+                ..Message::text(
+                    role,
+                    content_text(m.get("content").unwrap_or(&Value::Null))?,
+                )
             })
         })
         .collect::<ApiResult<Vec<_>>>()?;
-    let text = state
-        .template
-        .render(&messages, true)
-        .map_err(|e| ApiError::bad_request(format!("the chat template failed: {e:#}")))?;
+    let failed =
+        |e: anyhow::Error| ApiError::bad_request(format!("the chat template failed: {e:#}"));
+    let text = match tools {
+        None => state.template.render(&messages, true).map_err(failed)?,
+        Some(t) => {
+            let messages = t.format.prompt_messages(&t.tools, messages);
+            let specs: Value = t.tools.iter().map(|t| t.spec.clone()).collect();
+            let specs = t.format.template_renders_tools().then_some(&specs);
+            let text = state.template.render_with_tools(&messages, specs, true);
+            text.map_err(failed)? + &t.prefix
+        }
+    };
     state
         .tokenizer
         .encode_chat(&text)
@@ -856,7 +1037,7 @@ pub async fn tokenize(
             };
             ids.map_err(|e| ApiError::bad_request(format!("{e:#}")))?
         }
-        (None, Some(_)) => chat_ids(&state, &body)?,
+        (None, Some(_)) => chat_ids(&state, &body, None)?,
         _ => {
             return Err(ApiError::bad_request(
                 "give the text as content (or prompt), or messages",
@@ -909,9 +1090,19 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
     let body = read_body(&state, body)?;
-    let (body, g) = generating_request(&state, Kind::Chat, &body)?;
-    let ids = chat_ids(&state, &body)?;
-    answer(&state, Kind::Chat, ids, &g, &state.end_of_turn, None).await
+    let (body, mut g) = generating_request(&state, Kind::Chat, &body)?;
+    let tools = tool_use(&state, &body, &mut g)?;
+    let ids = chat_ids(&state, &body, tools.as_ref())?;
+    answer(
+        &state,
+        Kind::Chat,
+        ids,
+        &g,
+        &state.end_of_turn,
+        None,
+        tools.as_ref(),
+    )
+    .await
 }
 
 pub async fn completions(
@@ -955,7 +1146,7 @@ pub async fn completions(
         }
     };
     let echo = g.echo.then_some(text);
-    answer(&state, Kind::Completion, ids, &g, &state.eos, echo).await
+    answer(&state, Kind::Completion, ids, &g, &state.eos, echo, None).await
 }
 
 /// Which of the two generating routes an answer is for.
@@ -983,7 +1174,7 @@ impl Kind {
     /// A choice of a streamed chunk; `logprobs` is null unless the request asked for them.
     fn chunk_choice(self, index: usize, piece: Piece<'_>, tokenizer: Option<&Tokenizer>) -> Value {
         let (content, finish, logprobs) = match piece {
-            Piece::Open => ("", None, Value::Null),
+            Piece::Open | Piece::Calls(_) => ("", None, Value::Null),
             Piece::Text(text, tokens) => {
                 let lp = tokenizer.map_or(Value::Null, |t| self.logprobs(t, tokens, None));
                 (text, None, lp)
@@ -995,6 +1186,18 @@ impl Kind {
                 let delta = match piece {
                     Piece::Open => json!({ "role": "assistant", "content": "" }),
                     Piece::Text(..) => json!({ "content": content }),
+                    Piece::Calls(calls) => {
+                        let indexed: Vec<Value> = calls
+                            .iter()
+                            .enumerate()
+                            .map(|(k, c)| {
+                                let mut c = c.clone();
+                                c["index"] = json!(k);
+                                c
+                            })
+                            .collect();
+                        json!({ "tool_calls": indexed })
+                    }
                     Piece::Finish(_) => json!({}),
                 };
                 json!({ "index": index, "delta": delta, "logprobs": logprobs,
@@ -1005,10 +1208,28 @@ impl Kind {
         }
     }
 
-    fn whole_choice(self, index: usize, content: String, finish: &str, logprobs: Value) -> Value {
+    /// A whole answer's choice; a chat reply that calls tools has them (and no content when it
+    /// has no text).
+    fn whole_choice(
+        self,
+        index: usize,
+        content: String,
+        finish: &str,
+        logprobs: Value,
+        calls: Vec<Value>,
+    ) -> Value {
         match self {
-            Kind::Chat => json!({ "index": index, "finish_reason": finish, "logprobs": logprobs,
-                                  "message": { "role": "assistant", "content": content } }),
+            Kind::Chat => {
+                let mut message = json!({ "role": "assistant", "content": content });
+                if !calls.is_empty() {
+                    if content.is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                    message["tool_calls"] = Value::Array(calls);
+                }
+                json!({ "index": index, "finish_reason": finish, "logprobs": logprobs,
+                        "message": message })
+            }
             Kind::Completion => json!({ "index": index, "text": content, "logprobs": logprobs,
                                         "finish_reason": finish }),
         }
@@ -1032,6 +1253,7 @@ async fn answer(
     g: &Generation,
     stop_tokens: &[u32],
     echo: Option<String>,
+    tools: Option<&ToolUse>,
 ) -> ApiResult<Response> {
     let prompt_tokens = ids.len();
     let mut started = Vec::with_capacity(g.n);
@@ -1039,7 +1261,18 @@ async fn answer(
         // A choice that cannot start drops those started before it: the engine cancels them.
         started.push(start(state, ids.clone(), g, stop_tokens, choice)?);
     }
-    let detokenizer = |stopped| Detokenizer::new(state.tokenizer.clone(), g.stop.clone(), stopped);
+    // A call's markers may be special tokens, which text leaves out unless kept.
+    let markers: Vec<u32> = tools.map_or(Vec::new(), |t| {
+        let markers = t.format.markers().iter();
+        markers.filter_map(|m| state.tokenizer.id(m)).collect()
+    });
+    let detokenizer = |stopped| {
+        Detokenizer::new(state.tokenizer.clone(), g.stop.clone(), stopped).keeping(markers.clone())
+    };
+    // Each choice's calls' ids: this seed plus 64 a choice, plus one a call.
+    let call_ids = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
     let (prefix, chunk_object, object) = kind.names();
     let (id, created, model) = (request_id(prefix), now_secs(), state.model_id.clone());
     let head = move |object: &str| json!({ "id": id, "object": object, "created": created, "model": model });
@@ -1060,7 +1293,17 @@ async fn answer(
         };
         let choices = started
             .into_iter()
-            .map(|(events, stopped)| (events, detokenizer(stopped)))
+            .enumerate()
+            .map(|(i, (events, stopped))| StreamedChoice {
+                events,
+                text: detokenizer(stopped),
+                calls: tools.map(|t| StreamedCalls {
+                    watch: CallWatch::new(t.format, &t.prefix),
+                    parallel: t.parallel,
+                    ids: call_ids.wrapping_add(64 * i as u64),
+                }),
+                ended: None,
+            })
             .collect();
         return Ok(sse(choices, prompt_tokens, g.include_usage, chunk, usage).into_response());
     }
@@ -1084,8 +1327,18 @@ async fn answer(
             .as_ref()
             .map_or(Value::Null, |t| kind.logprobs(t, &whole.logprobs, echoed));
         completion += whole.completion_tokens;
-        let content = echo.clone().unwrap_or_default() + &whole.text;
-        choices.push(kind.whole_choice(index, content, whole.finish, logprobs));
+        let (text, calls) = match tools {
+            Some(t) => t.reply(&whole.text),
+            None => (whole.text, Vec::new()),
+        };
+        let finish = if calls.is_empty() {
+            whole.finish
+        } else {
+            "tool_calls"
+        };
+        let calls = openai_calls(&calls, call_ids.wrapping_add(64 * index as u64));
+        let content = echo.clone().unwrap_or_default() + &text;
+        choices.push(kind.whole_choice(index, content, finish, logprobs, calls));
     }
     let mut v = head(object);
     v["choices"] = Value::Array(choices);

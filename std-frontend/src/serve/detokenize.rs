@@ -39,6 +39,8 @@ pub struct Detokenizer {
     pending: VecDeque<Pending>,
     /// Every token is reported, whatever text it has (the text is complete).
     finished: bool,
+    /// Special tokens whose text stays in (the markers of tool calls).
+    kept: Vec<u32>,
 }
 
 impl Detokenizer {
@@ -52,7 +54,39 @@ impl Detokenizer {
             whole: (0, 0),
             pending: VecDeque::new(),
             finished: false,
+            kept: Vec::new(),
         }
+    }
+
+    /// Keeps the text of these special tokens, which decoding otherwise leaves out.
+    pub fn keeping(mut self, special: Vec<u32>) -> Self {
+        self.kept = special;
+        self
+    }
+
+    /// The text of every token so far.
+    fn decoded(&self) -> String {
+        if !self.ids.iter().any(|id| self.kept.contains(id)) {
+            return self
+                .tokenizer
+                .decode_continuation(&self.ids, true)
+                .unwrap_or_default();
+        }
+        let mut text = String::new();
+        for run in self.ids.split_inclusive(|id| self.kept.contains(id)) {
+            let (ids, kept) = match run.split_last() {
+                Some((last, ids)) if self.kept.contains(last) => (ids, Some(*last)),
+                _ => (run, None),
+            };
+            text += &self
+                .tokenizer
+                .decode_continuation(ids, true)
+                .unwrap_or_default();
+            if let Some(id) = kept {
+                text += &self.tokenizer.decode(&[id], false).unwrap_or_default();
+            }
+        }
+        text
     }
 
     /// Tokens pushed so far.
@@ -75,10 +109,7 @@ impl Detokenizer {
             });
         }
         self.ids.push(id);
-        let text = self
-            .tokenizer
-            .decode_continuation(&self.ids, true)
-            .unwrap_or_default();
+        let text = self.decoded();
         let complete = text.trim_end_matches('\u{fffd}').len();
         if let Some(added) = text.get(self.whole.0..complete) {
             self.whole = (complete, self.whole.1 + added.chars().count());
@@ -108,10 +139,7 @@ impl Detokenizer {
 
     /// Whatever was held back, at the end.
     pub fn finish(&mut self) -> String {
-        let text = self
-            .tokenizer
-            .decode_continuation(&self.ids, true)
-            .unwrap_or_default();
+        let text = self.decoded();
         let piece = text.get(self.sent..).unwrap_or_default().to_owned();
         self.sent = text.len();
         self.finished = true;

@@ -46,6 +46,8 @@ pub struct ServeOptions {
     pub header_timeout: Duration,
     /// The name `/v1/models` lists and requests must give.
     pub model_id: String,
+    /// A chat template to use instead of the model's.
+    pub chat_template_file: Option<std::path::PathBuf>,
 }
 
 /// Where the engine's KV slots live and its forward passes run.
@@ -60,7 +62,7 @@ pub enum ServeBackend<'a, 'w> {
 /// Serves the model of `files` on `backend` until SIGTERM or Ctrl-C.
 pub fn serve(files: &ModelFiles, backend: ServeBackend<'_, '_>, opts: ServeOptions) -> Result<()> {
     let tokenizer = Arc::new(Tokenizer::load(files)?);
-    let template = ChatTemplate::load(files, &tokenizer)?;
+    let template = ChatTemplate::load(files, &tokenizer, opts.chat_template_file.as_deref())?;
     let eos = files.eos_token_ids.clone();
     let mut end_of_turn = eos.clone();
     end_of_turn.extend(chat::end_of_turn_ids(&tokenizer));

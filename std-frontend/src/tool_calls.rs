@@ -1,0 +1,870 @@
+//! Tool calling (OpenAI's `tools`): the tools put into the prompt the way the model's chat
+//! template expects them, and the calls read back out of what the model writes.
+//!
+//! Each family writes its calls its own way; the template's text says which family it is (as
+//! llama.cpp tells them apart). A template that shows no format of its own gets llama.cpp's
+//! generic one: the tools described in the system prompt and the reply one JSON object,
+//! `{"tool_call": {...}}` or `{"response": "..."}`.
+use anyhow::{bail, Result};
+use serde_json::{json, Map, Value};
+
+use crate::chat::Message;
+use crate::json_schema::Schema;
+
+/// The most tools one request may offer.
+pub const MAX_TOOLS: usize = 128;
+
+/// A function the model may call.
+#[derive(Clone, Debug)]
+pub struct Tool {
+    pub name: String,
+    /// Its arguments' JSON schema (an object of no properties when the request gives none).
+    pub parameters: Value,
+    /// OpenAI's `{"type": "function", "function": {...}}`, parameters filled in: what
+    /// templates read.
+    pub spec: Value,
+}
+
+impl Tool {
+    /// The tools of a request's `tools` array, checked: functions with names of 1 to 64
+    /// letters, digits, `_`, `-` or `.` (OpenAI's rule), each named once.
+    pub fn list(tools: &Value) -> Result<Vec<Tool>> {
+        let Some(list) = tools
+            .as_array()
+            .filter(|l| (1..=MAX_TOOLS).contains(&l.len()))
+        else {
+            bail!("tools must be an array of 1 to {MAX_TOOLS} tools");
+        };
+        let mut out: Vec<Tool> = Vec::with_capacity(list.len());
+        for (i, tool) in list.iter().enumerate() {
+            match tool.get("type").and_then(Value::as_str) {
+                None | Some("function") => {}
+                Some(other) => bail!("tools[{i}]: type {other:?} is not supported (function is)"),
+            }
+            let Some(function) = tool.get("function").and_then(Value::as_object) else {
+                bail!("tools[{i}] needs a function object");
+            };
+            let name = function.get("name").and_then(Value::as_str).unwrap_or("");
+            let valid = |c: char| c.is_ascii_alphanumeric() || "_-.".contains(c);
+            if name.is_empty() || name.len() > 64 || !name.chars().all(valid) {
+                bail!(
+                    "tools[{i}]: the function name {name:?} must be 1 to 64 letters, digits, \
+                     underscores, dashes or dots"
+                );
+            }
+            if out.iter().any(|t| t.name == name) {
+                bail!("tools[{i}]: two tools are named {name:?}");
+            }
+            if !matches!(function.get("description"), None | Some(Value::String(_))) {
+                bail!("tools[{i}]: the description must be a string");
+            }
+            let parameters = match function.get("parameters") {
+                None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
+                Some(p @ Value::Object(_)) => p.clone(),
+                Some(_) => bail!("tools[{i}]: parameters must be a JSON schema object"),
+            };
+            let mut function = function.clone();
+            function.insert("parameters".into(), parameters.clone());
+            out.push(Tool {
+                name: name.to_owned(),
+                parameters,
+                spec: json!({"type": "function", "function": function}),
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// A call the model wrote: the function's name and its arguments as JSON text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolCall {
+    pub name: String,
+    pub arguments: String,
+}
+
+/// A reply split into its text for the user and its calls.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Reply {
+    pub content: String,
+    pub calls: Vec<ToolCall>,
+}
+
+/// A reply that must be a call (`tool_choice` `required` or a named function): the text the
+/// reply starts with, put after the prompt, and the schema of the JSON the model writes after it.
+#[derive(Debug)]
+pub struct Forced {
+    pub prefix: String,
+    pub schema: Value,
+}
+
+/// How a family writes its calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolFormat {
+    /// `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, one block per call:
+    /// Hermes 2 Pro and 3, Qwen2.5, Qwen3.
+    Hermes,
+    /// The reply a JSON object `{"name": ..., "parameters": {...}}`, or one after
+    /// `<|python_tag|>`: Llama 3.1 to 3.3.
+    Llama3,
+    /// `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`: Mistral 7B v0.3, Mistral NeMo.
+    MistralJson,
+    /// `[TOOL_CALLS]name[ARGS]{...}`, once per call: Mistral Small 3.2, Devstral, Ministral 3.
+    MistralArgs,
+    /// llama.cpp's generic format, for every other template: the tools in the system prompt,
+    /// the reply `{"tool_call": {"name": ..., "arguments": {...}}}` or `{"response": "..."}`.
+    Generic,
+}
+
+const HERMES_OPEN: &str = "<tool_call>";
+const HERMES_CLOSE: &str = "</tool_call>";
+const PYTHON_TAG: &str = "<|python_tag|>";
+const MISTRAL_CALLS: &str = "[TOOL_CALLS]";
+const MISTRAL_ARGS: &str = "[ARGS]";
+
+impl ToolFormat {
+    /// The format a chat template's text shows its model writing calls in.
+    pub fn of_template(source: &str) -> Self {
+        if source.contains(MISTRAL_CALLS) {
+            if source.contains(MISTRAL_ARGS) {
+                ToolFormat::MistralArgs
+            } else {
+                ToolFormat::MistralJson
+            }
+        } else if source.contains(HERMES_OPEN) {
+            ToolFormat::Hermes
+        } else if source.contains("<|start_header_id|>") && source.contains("ipython") {
+            ToolFormat::Llama3
+        } else {
+            ToolFormat::Generic
+        }
+    }
+
+    /// Whether the template itself renders `tools` (the generic format's go into the system
+    /// prompt instead).
+    pub fn template_renders_tools(self) -> bool {
+        self != ToolFormat::Generic
+    }
+
+    /// The texts that open a call: held back from a stream, and kept in the reply's text where
+    /// they are special tokens.
+    pub fn markers(self) -> &'static [&'static str] {
+        match self {
+            ToolFormat::Hermes => &[HERMES_OPEN, HERMES_CLOSE],
+            ToolFormat::Llama3 => &[PYTHON_TAG],
+            ToolFormat::MistralJson => &[MISTRAL_CALLS],
+            ToolFormat::MistralArgs => &[MISTRAL_CALLS, MISTRAL_ARGS],
+            ToolFormat::Generic => &[],
+        }
+    }
+
+    /// Whether a reply of this format may be a call from its first character on (a JSON
+    /// object), so that a stream holds it back until it ends.
+    fn calls_from_the_start(self) -> bool {
+        matches!(self, ToolFormat::Llama3 | ToolFormat::Generic)
+    }
+
+    /// The reply's content and calls. Text that is not a well-formed call stays content.
+    pub fn parse(self, text: &str) -> Reply {
+        let calls = match self {
+            ToolFormat::Hermes => hermes_calls(text),
+            ToolFormat::Llama3 => llama3_calls(text),
+            ToolFormat::MistralJson => text
+                .find(MISTRAL_CALLS)
+                .and_then(|at| Some((at, json_call_list(&text[at + MISTRAL_CALLS.len()..])?))),
+            ToolFormat::MistralArgs => mistral_args_calls(text),
+            ToolFormat::Generic => return generic_reply(text),
+        };
+        match calls {
+            Some((at, calls)) if !calls.is_empty() => Reply {
+                content: text[..at].trim_end().to_owned(),
+                calls,
+            },
+            _ => Reply {
+                content: text.to_owned(),
+                calls: Vec::new(),
+            },
+        }
+    }
+
+    /// What makes the reply a call of `name` (or, with `None`, of any of `tools`): the prefix
+    /// the format opens a call with, and the JSON schema of the rest. The arguments follow the
+    /// function's own schema where the schema compiler takes it (any object otherwise); a call
+    /// that may be to any of several tools has their properties, each optional.
+    ///
+    /// # Errors
+    /// `name` is not one of `tools`; Mistral's `[ARGS]` format, whose function name is not
+    /// JSON, with several tools and no name.
+    pub fn forced(self, tools: &[Tool], name: Option<&str>) -> Result<Forced> {
+        let chosen = match name {
+            Some(name) => match tools.iter().find(|t| t.name == name) {
+                Some(t) => Some(t),
+                None => bail!("tool_choice names {name:?}, which is not one of the tools"),
+            },
+            None if tools.len() == 1 => Some(&tools[0]),
+            None => None,
+        };
+        let arguments = match chosen {
+            Some(t) if Schema::compile(&t.parameters).is_ok() => t.parameters.clone(),
+            Some(_) => json!({"type": "object"}),
+            None => any_tools_arguments(tools),
+        };
+        let call = |args_key: &str| {
+            let name = match chosen {
+                Some(t) => json!({"const": t.name}),
+                None => json!({"enum": tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>()}),
+            };
+            json!({
+                "type": "object",
+                "properties": {"name": name, args_key: without_defs(&arguments)},
+                "required": ["name", args_key],
+            })
+        };
+        let (prefix, schema) = match self {
+            ToolFormat::Hermes => (format!("{HERMES_OPEN}\n"), call("arguments")),
+            ToolFormat::Llama3 => (String::new(), call("parameters")),
+            // The array's closing bracket never comes (the reply ends with the object), and
+            // `json_call_list` does without it.
+            ToolFormat::MistralJson => (format!("{MISTRAL_CALLS}["), call("arguments")),
+            ToolFormat::MistralArgs => match chosen {
+                Some(t) => (
+                    format!("{MISTRAL_CALLS}{}{MISTRAL_ARGS}", t.name),
+                    arguments.clone(),
+                ),
+                None => bail!(
+                    "this model writes a call's name outside its JSON, so tool_choice \
+                     \"required\" needs one tool, or the function named"
+                ),
+            },
+            ToolFormat::Generic => (
+                String::new(),
+                json!({
+                    "type": "object",
+                    "properties": {"tool_call": call("arguments")},
+                    "required": ["tool_call"],
+                }),
+            ),
+        };
+        Ok(Forced {
+            prefix,
+            schema: with_defs_of(schema, &arguments),
+        })
+    }
+
+    /// `messages` as this format's template takes them. The generic format's: the tools
+    /// described in the system prompt, earlier calls as the JSON the model wrote, and tool
+    /// results as user turns (templates without tools may have no tool role).
+    pub fn prompt_messages(self, tools: &[Tool], messages: Vec<Message>) -> Vec<Message> {
+        if self != ToolFormat::Generic {
+            return messages;
+        }
+        let mut out: Vec<Message> = Vec::with_capacity(messages.len() + 1);
+        let prompt = generic_system_prompt(tools);
+        for m in messages {
+            match m.role.as_str() {
+                "system" | "developer" if out.is_empty() => out.push(Message::text(
+                    "system",
+                    format!("{}\n\n{prompt}", m.content),
+                )),
+                "assistant" if m.tool_calls.is_some() => {
+                    let calls = m.tool_calls.as_ref().and_then(Value::as_array);
+                    let calls: Vec<Value> = calls
+                        .into_iter()
+                        .flatten()
+                        .map(|c| c.get("function").cloned().unwrap_or(Value::Null))
+                        .collect();
+                    let text = match calls.as_slice() {
+                        [one] => json!({ "tool_call": one }),
+                        _ => json!({ "tool_calls": calls }),
+                    };
+                    out.push(Message::text("assistant", text.to_string()));
+                }
+                "tool" => {
+                    let response = json!({"tool_response": {
+                        "tool_call_id": m.tool_call_id, "content": m.content,
+                    }});
+                    out.push(Message::text("user", response.to_string()));
+                }
+                _ => out.push(m),
+            }
+        }
+        if out.first().map(|m| m.role.as_str()) != Some("system") {
+            out.insert(0, Message::text("system", prompt));
+        }
+        out
+    }
+}
+
+/// The arguments of a call to any of `tools`: an object of their properties (the first tool's
+/// where two share a name), none required, as the call's name does not pick the tool's schema
+/// (the schema automaton's branches part at their first byte). Any object where a tool's
+/// schema has definitions or does not compile, or has no properties.
+fn any_tools_arguments(tools: &[Tool]) -> Value {
+    let mut properties = Map::new();
+    for t in tools {
+        let p = &t.parameters;
+        let own = p.get("properties").and_then(Value::as_object);
+        let simple = p.get("$defs").is_none() && p.get("definitions").is_none();
+        match own {
+            Some(own) if simple && Schema::compile(p).is_ok() => {
+                for (k, v) in own {
+                    properties.entry(k.clone()).or_insert_with(|| v.clone());
+                }
+            }
+            _ => return json!({"type": "object"}),
+        }
+    }
+    let union = json!({"type": "object", "properties": properties});
+    match Schema::compile(&union) {
+        Ok(_) => union,
+        Err(_) => json!({"type": "object"}),
+    }
+}
+
+/// The generic format's instructions, as llama.cpp words them.
+fn generic_system_prompt(tools: &[Tool]) -> String {
+    let specs: Vec<&Value> = tools.iter().map(|t| &t.spec["function"]).collect();
+    format!(
+        "You can call any of the following tools to satisfy the user's requests: {}\n\n\
+         Respond in JSON format, either with `tool_call` (a request to call a tool) or with \
+         `response` (a reply to the user's request): {{\"tool_call\": {{\"name\": TOOL_NAME, \
+         \"arguments\": {{...}}}}}} or {{\"response\": \"...\"}}",
+        serde_json::to_string_pretty(&specs).unwrap_or_default()
+    )
+}
+
+/// `schema` without its `$defs` and `definitions`, which `with_defs_of` moves to the root (a
+/// `$ref` points into the root's).
+fn without_defs(schema: &Value) -> Value {
+    let mut s = schema.clone();
+    if let Some(o) = s.as_object_mut() {
+        o.remove("$defs");
+        o.remove("definitions");
+    }
+    s
+}
+
+fn with_defs_of(mut root: Value, arguments: &Value) -> Value {
+    for key in ["$defs", "definitions"] {
+        if let (Some(defs), Some(o)) = (arguments.get(key), root.as_object_mut()) {
+            o.insert(key.into(), defs.clone());
+        }
+    }
+    root
+}
+
+/// The JSON value at the start of `text` (after white space), and the text after it.
+fn json_value(text: &str) -> Option<(Value, &str)> {
+    let text = text.trim_start();
+    let mut values = serde_json::Deserializer::from_str(text).into_iter::<Value>();
+    let value = values.next()?.ok()?;
+    Some((value, &text[values.byte_offset()..]))
+}
+
+/// A call object: its name, and its arguments under the first of `argument_keys` it has (an
+/// object written out, or a string kept as it is).
+fn call_of(v: &Value, argument_keys: &[&str]) -> Option<ToolCall> {
+    let name = v.get("name")?.as_str().filter(|n| !n.is_empty())?;
+    let arguments = match argument_keys.iter().find_map(|k| v.get(*k)) {
+        None => "{}".to_owned(),
+        Some(Value::String(s)) => s.clone(),
+        Some(a @ Value::Object(_)) => a.to_string(),
+        Some(_) => return None,
+    };
+    Some(ToolCall {
+        name: name.to_owned(),
+        arguments,
+    })
+}
+
+/// Where the first `<tool_call>` block starts, and the calls of the blocks (a missing closing
+/// tag is forgiven: a forced call's reply ends with its JSON).
+fn hermes_calls(text: &str) -> Option<(usize, Vec<ToolCall>)> {
+    let first = text.find(HERMES_OPEN)?;
+    let mut calls = Vec::new();
+    let mut rest = &text[first..];
+    while let Some(after) = rest.trim_start().strip_prefix(HERMES_OPEN) {
+        let (value, after) = json_value(after)?;
+        calls.push(call_of(&value, &["arguments", "parameters"])?);
+        let after = after.trim_start();
+        rest = after.strip_prefix(HERMES_CLOSE).unwrap_or(after);
+    }
+    rest.trim().is_empty().then_some((first, calls))
+}
+
+/// Llama 3's calls: a reply that is JSON call objects (separated by `;` or white space), or
+/// text then `<|python_tag|>` and such objects.
+fn llama3_calls(text: &str) -> Option<(usize, Vec<ToolCall>)> {
+    let (at, mut rest) = match text.find(PYTHON_TAG) {
+        Some(at) => (at, &text[at + PYTHON_TAG.len()..]),
+        None => (0, text),
+    };
+    if at == 0 && !rest.trim_start().starts_with('{') {
+        return None;
+    }
+    let mut calls = Vec::new();
+    loop {
+        rest = rest.trim_start().trim_start_matches(';').trim_start();
+        if rest.is_empty() {
+            return Some((at, calls));
+        }
+        let (value, after) = json_value(rest)?;
+        calls.push(call_of(&value, &["parameters", "arguments"])?);
+        rest = after;
+    }
+}
+
+/// Call objects in a JSON array after `[TOOL_CALLS]`; the closing bracket may be missing.
+fn json_call_list(text: &str) -> Option<Vec<ToolCall>> {
+    let mut rest = text.trim_start().strip_prefix('[')?;
+    let mut calls = Vec::new();
+    loop {
+        rest = rest.trim_start();
+        if rest.is_empty() || rest.starts_with(']') {
+            return Some(calls);
+        }
+        let (value, after) = json_value(rest)?;
+        calls.push(call_of(&value, &["arguments"])?);
+        rest = after.trim_start();
+        rest = rest.strip_prefix(',').unwrap_or(rest);
+    }
+}
+
+/// `[TOOL_CALLS]name[ARGS]{...}`, repeated.
+fn mistral_args_calls(text: &str) -> Option<(usize, Vec<ToolCall>)> {
+    let first = text.find(MISTRAL_CALLS)?;
+    let mut calls = Vec::new();
+    let mut rest = &text[first..];
+    while let Some(after) = rest.trim_start().strip_prefix(MISTRAL_CALLS) {
+        let (name, args) = after.split_once(MISTRAL_ARGS)?;
+        let (arguments, after) = json_value(args)?;
+        let name = name.trim();
+        if name.is_empty() || !arguments.is_object() {
+            return None;
+        }
+        calls.push(ToolCall {
+            name: name.to_owned(),
+            arguments: arguments.to_string(),
+        });
+        rest = after;
+    }
+    rest.trim().is_empty().then_some((first, calls))
+}
+
+/// The generic format's reply: `{"tool_call": {...}}`, `{"tool_calls": [...]}` or
+/// `{"response": "..."}`; any other text is content as it is.
+fn generic_reply(text: &str) -> Reply {
+    let as_is = || Reply {
+        content: text.to_owned(),
+        calls: Vec::new(),
+    };
+    let Some((Value::Object(reply), rest)) = json_value(text) else {
+        return as_is();
+    };
+    if !rest.trim().is_empty() {
+        return as_is();
+    }
+    let call = |v: &Value| call_of(v, &["arguments", "parameters"]);
+    let calls: Option<Vec<ToolCall>> = match (&reply.get("tool_call"), reply.get("tool_calls")) {
+        (Some(one), _) => call(one).map(|c| vec![c]),
+        (None, Some(Value::Array(many))) => many.iter().map(call).collect(),
+        _ => None,
+    };
+    match (calls, reply.get("response")) {
+        (Some(calls), _) if !calls.is_empty() => Reply {
+            content: String::new(),
+            calls,
+        },
+        (_, Some(Value::String(response))) => Reply {
+            content: response.clone(),
+            calls: Vec::new(),
+        },
+        _ => as_is(),
+    }
+}
+
+/// A streamed reply's text, held back from where a call may begin: what comes before a call
+/// streams as it comes, the call is answered whole when the reply ends.
+pub struct CallWatch {
+    format: ToolFormat,
+    text: String,
+    /// Bytes of `text` streamed as content.
+    sent: usize,
+    /// A call has begun: nothing more streams.
+    capturing: bool,
+}
+
+impl CallWatch {
+    /// A watch over a reply that starts with `prefix` (a forced call's: it is all call).
+    pub fn new(format: ToolFormat, prefix: &str) -> Self {
+        CallWatch {
+            format,
+            text: prefix.to_owned(),
+            sent: 0,
+            capturing: !prefix.is_empty(),
+        }
+    }
+
+    /// Adds `piece` of the reply; returns the content that may stream now.
+    pub fn push(&mut self, piece: &str) -> String {
+        self.text += piece;
+        if self.capturing {
+            return String::new();
+        }
+        if self.format.calls_from_the_start() && self.sent == 0 {
+            let start = self.text.trim_start();
+            if start.is_empty() || start.starts_with('{') || PYTHON_TAG.starts_with(start) {
+                self.capturing = start.starts_with('{');
+                return String::new();
+            }
+        }
+        let rest = &self.text[self.sent..];
+        let markers = self.format.markers();
+        // White space before a call is not content (`parse` trims it): it waits for what
+        // follows it.
+        if let Some(at) = markers.iter().filter_map(|m| rest.find(m)).min() {
+            self.capturing = true;
+            let piece = rest[..at].trim_end().to_owned();
+            self.sent += piece.len();
+            return piece;
+        }
+        // Hold back a tail that may be the start of a marker.
+        let hold = markers
+            .iter()
+            .filter_map(|m| (1..m.len()).rev().find(|&k| rest.ends_with(&m[..k])))
+            .max()
+            .unwrap_or(0);
+        let piece = rest[..rest.len() - hold].trim_end().to_owned();
+        self.sent += piece.len();
+        piece
+    }
+
+    /// The reply's end: the content not yet streamed, and the calls.
+    pub fn finish(self) -> Reply {
+        let reply = self.format.parse(&self.text);
+        Reply {
+            content: reply.content.get(self.sent..).unwrap_or("").to_owned(),
+            calls: reply.calls,
+        }
+    }
+}
+
+/// A call's id: nine letters and digits (Mistral's templates take no other), from `n`.
+pub fn call_id(n: u64) -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+    // splitmix64: neighbouring `n` give unrelated ids.
+    let mut z = n.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^= z >> 31;
+    (0..9)
+        .map(|i| ALPHABET[(z >> (i * 7)) as usize % ALPHABET.len()] as char)
+        .collect()
+}
+
+/// The messages' calls in OpenAI's shape with each call's `arguments` as a JSON object where it
+/// is one (templates write them with `tojson`).
+pub fn template_tool_calls(calls: &Value) -> Option<Value> {
+    let calls = calls.as_array()?;
+    let out = calls
+        .iter()
+        .map(|c| {
+            let mut c = c.clone();
+            if let Some(Value::String(args)) = c.pointer("/function/arguments") {
+                if let Ok(v @ Value::Object(_)) = serde_json::from_str::<Value>(args) {
+                    c["function"]["arguments"] = v;
+                }
+            }
+            c
+        })
+        .collect();
+    Some(Value::Array(out))
+}
+
+/// A call in OpenAI's shape.
+pub fn openai_call(call: &ToolCall, id: &str) -> Value {
+    let mut function = Map::new();
+    function.insert("name".into(), call.name.clone().into());
+    function.insert("arguments".into(), call.arguments.clone().into());
+    json!({"id": id, "type": "function", "function": function})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn call(name: &str, arguments: &str) -> ToolCall {
+        ToolCall {
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+
+    fn weather() -> Vec<Tool> {
+        Tool::list(&json!([{"type": "function", "function": {
+            "name": "get_weather", "description": "The weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                           "required": ["city"]}}}]))
+        .unwrap()
+    }
+
+    #[test]
+    fn each_format_reads_its_calls() {
+        let paris = call("get_weather", r#"{"city":"Paris"}"#);
+        let cases = [
+            (
+                ToolFormat::Hermes,
+                "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+                "Let me look.",
+            ),
+            (
+                ToolFormat::Llama3,
+                "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}",
+                "",
+            ),
+            (
+                ToolFormat::Llama3,
+                "Checking.<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}",
+                "Checking.",
+            ),
+            (
+                ToolFormat::MistralJson,
+                "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"id\": \"abcdef123\"}]",
+                "",
+            ),
+            (
+                ToolFormat::MistralArgs,
+                "Sure. [TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}",
+                "Sure.",
+            ),
+            (
+                ToolFormat::Generic,
+                " {\"tool_call\": {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}}",
+                "",
+            ),
+        ];
+        for (format, text, content) in cases {
+            let reply = format.parse(text);
+            assert_eq!(reply.content, content, "{format:?}: {text}");
+            assert_eq!(reply.calls, std::slice::from_ref(&paris), "{format:?}: {text}");
+        }
+    }
+
+    #[test]
+    fn several_calls_in_one_reply() {
+        let two = [call("a", r#"{"x":1}"#), call("b", "{}")];
+        let hermes = "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": 1}}\n</tool_call>\n<tool_call>\n{\"name\": \"b\", \"arguments\": {}}\n</tool_call>";
+        assert_eq!(ToolFormat::Hermes.parse(hermes).calls, two);
+        let mistral = "[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"x\": 1}}, {\"name\": \"b\", \"arguments\": {}}]";
+        assert_eq!(ToolFormat::MistralJson.parse(mistral).calls, two);
+        let args = "[TOOL_CALLS]a[ARGS]{\"x\": 1}[TOOL_CALLS]b[ARGS]{}";
+        assert_eq!(ToolFormat::MistralArgs.parse(args).calls, two);
+        let llama =
+            "{\"name\": \"a\", \"parameters\": {\"x\": 1}}; {\"name\": \"b\", \"parameters\": {}}";
+        assert_eq!(ToolFormat::Llama3.parse(llama).calls, two);
+        let generic =
+            "{\"tool_calls\": [{\"name\": \"a\", \"arguments\": {\"x\": 1}}, {\"name\": \"b\"}]}";
+        assert_eq!(ToolFormat::Generic.parse(generic).calls, two);
+    }
+
+    /// Text that is not a whole call stays the reply's content, whatever the format.
+    #[test]
+    fn text_that_is_not_a_call_is_content() {
+        for (format, text) in [
+            (
+                ToolFormat::Hermes,
+                "Use <tool_call> tags, like <tool_call>{\"oops\": 1}",
+            ),
+            (
+                ToolFormat::Hermes,
+                "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\"",
+            ),
+            (ToolFormat::Llama3, "{\"answer\": 42}"),
+            (
+                ToolFormat::Llama3,
+                "{\"name\": \"a\", \"parameters\": {}} and more text",
+            ),
+            (ToolFormat::MistralJson, "[TOOL_CALLS] not json"),
+            (ToolFormat::MistralArgs, "[TOOL_CALLS]a{\"x\": 1}"),
+            (ToolFormat::Generic, "{\"tool_call\": {\"arguments\": {}}}"),
+            (ToolFormat::Generic, "Plain words."),
+        ] {
+            let reply = format.parse(text);
+            assert!(reply.calls.is_empty(), "{format:?}: {text}");
+            assert_eq!(reply.content, text);
+        }
+        let reply = ToolFormat::Generic.parse("{\"response\": \"It is sunny.\"}");
+        assert_eq!(reply.content, "It is sunny.");
+        assert!(reply.calls.is_empty());
+    }
+
+    #[test]
+    fn templates_name_their_format() {
+        let cases = [
+            ("{{ '<tool_call>\\n' }}", ToolFormat::Hermes),
+            (
+                "<|start_header_id|>ipython<|end_header_id|>",
+                ToolFormat::Llama3,
+            ),
+            (
+                "<|start_header_id|>user<|end_header_id|>",
+                ToolFormat::Generic,
+            ),
+            ("[TOOL_CALLS][", ToolFormat::MistralJson),
+            ("[TOOL_CALLS]{{ name }}[ARGS]", ToolFormat::MistralArgs),
+            ("<|im_start|>", ToolFormat::Generic),
+        ];
+        for (source, format) in cases {
+            assert_eq!(ToolFormat::of_template(source), format, "{source}");
+        }
+    }
+
+    #[test]
+    fn tool_lists_are_checked() {
+        let bad = [
+            json!([]),
+            json!({"type": "function"}),
+            json!([{"type": "retrieval", "function": {"name": "a"}}]),
+            json!([{"type": "function"}]),
+            json!([{"type": "function", "function": {"name": "has space"}}]),
+            json!([{"type": "function", "function": {"name": ""}}]),
+            json!([{"type": "function", "function": {"name": "a", "parameters": 3}}]),
+            json!([{"function": {"name": "a"}}, {"function": {"name": "a"}}]),
+        ];
+        for tools in bad {
+            assert!(Tool::list(&tools).is_err(), "{tools}");
+        }
+        let tools = Tool::list(&json!([{"function": {"name": "now"}}])).unwrap();
+        assert_eq!(tools[0].spec["function"]["parameters"]["type"], "object");
+    }
+
+    /// A forced call: the prefix and any text of the schema parse back into the call.
+    #[test]
+    fn forced_calls_parse_back() {
+        let tools = weather();
+        let arguments = r#"{"city":"Paris"}"#;
+        for format in [
+            ToolFormat::Hermes,
+            ToolFormat::Llama3,
+            ToolFormat::MistralJson,
+            ToolFormat::MistralArgs,
+            ToolFormat::Generic,
+        ] {
+            let forced = format.forced(&tools, Some("get_weather")).unwrap();
+            Schema::compile(&forced.schema).unwrap();
+            let body = match format {
+                ToolFormat::Llama3 => {
+                    format!(r#"{{"name":"get_weather","parameters":{arguments}}}"#)
+                }
+                ToolFormat::MistralArgs => arguments.to_owned(),
+                ToolFormat::Generic => {
+                    format!(r#"{{"tool_call":{{"name":"get_weather","arguments":{arguments}}}}}"#)
+                }
+                _ => format!(r#"{{"name":"get_weather","arguments":{arguments}}}"#),
+            };
+            let reply = format.parse(&(forced.prefix.clone() + &body));
+            assert_eq!(reply.calls, [call("get_weather", arguments)], "{format:?}");
+            assert_eq!(reply.content, "");
+        }
+        assert!(ToolFormat::Hermes.forced(&tools, Some("other")).is_err());
+        let two = Tool::list(&json!([{"function": {"name": "a"}}, {"function": {"name": "b"}}]));
+        let two = two.unwrap();
+        let any = ToolFormat::Hermes.forced(&two, None).unwrap();
+        assert_eq!(any.schema["properties"]["name"]["enum"], json!(["a", "b"]));
+        let mut both = weather();
+        both.extend(Tool::list(&json!([{"function": {"name": "get_time", "parameters": {
+            "type": "object", "properties": {"zone": {"type": "string"}, "city": {"type": "integer"}}}}}]))
+        .unwrap());
+        let any = ToolFormat::Hermes.forced(&both, None).unwrap();
+        assert_eq!(
+            any.schema["properties"]["arguments"],
+            json!({"type": "object", "properties": {"city": {"type": "string"}, "zone": {"type": "string"}}})
+        );
+        assert!(ToolFormat::MistralArgs.forced(&two, None).is_err());
+    }
+
+    /// Parameters with `$defs` keep them at the root their `$ref`s point into; a schema the
+    /// compiler does not take leaves the arguments any object.
+    #[test]
+    fn forced_arguments_keep_their_definitions() {
+        let tools = Tool::list(&json!([{"function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "required": ["p"],
+            "$defs": {"P": {"type": "integer"}}}}}, {"function": {"name": "g", "parameters": {
+            "type": "object", "properties": {"s": {"type": "string", "pattern": "^a"}}}}}]))
+        .unwrap();
+        let f = ToolFormat::Hermes.forced(&tools, Some("f")).unwrap();
+        assert!(f.schema["$defs"]["P"].is_object());
+        Schema::compile(&f.schema).unwrap();
+        let g = ToolFormat::Hermes.forced(&tools, Some("g")).unwrap();
+        assert_eq!(
+            g.schema["properties"]["arguments"],
+            json!({"type": "object"})
+        );
+    }
+
+    /// A stream gives out the text before a call as it comes and nothing of the call.
+    #[test]
+    fn a_stream_holds_back_calls() {
+        let text = "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+        for step in [1, 2, 3, 7, 1000] {
+            let mut watch = CallWatch::new(ToolFormat::Hermes, "");
+            let mut streamed = String::new();
+            let chars: Vec<char> = text.chars().collect();
+            for piece in chars.chunks(step) {
+                streamed += &watch.push(&piece.iter().collect::<String>());
+                assert!(!streamed.contains('<'), "{streamed}");
+            }
+            let reply = watch.finish();
+            assert_eq!(streamed + &reply.content, "Let me look.");
+            assert_eq!(reply.calls.len(), 1);
+        }
+        // Plain text streams whole, a `<` that starts no marker included.
+        let mut watch = CallWatch::new(ToolFormat::Hermes, "");
+        let streamed = watch.push("a < b") + &watch.push(" <t");
+        assert_eq!(streamed + &watch.finish().content, "a < b <t");
+        // The JSON-first formats hold a reply that opens with `{` and give back a response.
+        let mut watch = CallWatch::new(ToolFormat::Generic, "");
+        assert_eq!(watch.push(" {\"response\": "), "");
+        assert_eq!(watch.push("\"Hi.\"}"), "");
+        assert_eq!(watch.finish().content, "Hi.");
+        let mut watch = CallWatch::new(ToolFormat::Llama3, "");
+        assert_eq!(watch.push("It is "), "It is");
+        assert_eq!(watch.push("sunny."), " sunny.");
+        assert_eq!(watch.finish().content, "");
+    }
+
+    #[test]
+    fn generic_prompts_carry_the_tools() {
+        let messages = vec![
+            Message::text("user", "Weather in Paris?"),
+            Message {
+                tool_calls: Some(json!([{"id": "abcdef123", "type": "function", "function":
+                    {"name": "get_weather", "arguments": {"city": "Paris"}}}])),
+                ..Message::text("assistant", "")
+            },
+            Message {
+                tool_call_id: Some("abcdef123".into()),
+                ..Message::text("tool", "Sunny, 21 C")
+            },
+        ];
+        let out = ToolFormat::Generic.prompt_messages(&weather(), messages);
+        let roles: Vec<&str> = out.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "user"]);
+        assert!(out[0].content.contains("\"get_weather\""));
+        assert!(out[0].content.contains("The weather in a city"));
+        let call: Value = serde_json::from_str(&out[2].content).unwrap();
+        assert_eq!(call["tool_call"]["arguments"]["city"], "Paris");
+        assert!(out[3].content.contains("Sunny, 21 C"));
+    }
+
+    #[test]
+    fn call_ids_are_nine_letters_and_digits() {
+        let ids: Vec<String> = (0..100).map(call_id).collect();
+        assert!(ids
+            .iter()
+            .all(|id| id.len() == 9 && id.chars().all(|c| c.is_ascii_alphanumeric())));
+        let mut unique = ids.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), ids.len());
+    }
+}

@@ -1,0 +1,246 @@
+#!/usr/bin/env python3
+"""Tool calling through `sapient serve`, driven by the official `openai` Python client.
+
+Usage: tests/server/tool_calls.py SAPIENT_BINARY MODEL.gguf
+
+SmolLM2's template shows no tool format, so its replies take llama.cpp's generic one (the tools
+in the system prompt, the reply a JSON object); a Hermes template (`--chat-template-file`)
+takes the `<tool_call>` one. Forced calls (`required`, a named function) are calls of the
+tools' schemas, greedy and sampled, whole and streamed alike; a conversation carries calls and
+their results back; every malformed field is a 400 naming it.
+"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+
+import openai
+from openai import OpenAI
+
+import serve_process
+
+BIN, MODEL = sys.argv[1], sys.argv[2]
+NAME = "smollm2"
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "required": ["city", "unit"], "properties": {
+        "city": {"type": "string", "description": "The city's name"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}}}}
+CLOCK = {"type": "function", "function": {
+    "name": "get_time", "description": "The time now in a time zone",
+    "parameters": {"type": "object", "required": ["timezone"],
+                   "properties": {"timezone": {"type": "string"}}}}}
+QUESTION = [{"role": "user", "content": "What is the weather like in Paris today?"}]
+
+# A Hermes-style template (as Qwen2.5's): tools listed in the system turn, calls in
+# <tool_call> blocks, results in <tool_response> blocks of a user turn.
+HERMES = """{%- if tools %}<|im_start|>system
+{% if messages[0].role == 'system' %}{{ messages[0].content }}
+{% endif %}# Tools
+<tools>
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}</tools>
+For each call, return {"name": <function-name>, "arguments": <args-json-object>} within <tool_call></tool_call> tags.<|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == 'system' and tools %}
+{%- elif message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant
+{% for call in message.tool_calls %}<tool_call>
+{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
+</tool_call>{% endfor %}<|im_end|>
+{% elif message.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+def check(cond, what):
+    if not cond:
+        raise SystemExit(f"FAILED: {what}")
+    print(f"ok: {what}")
+
+
+def valid_call(call, tools, schema_kept=True):
+    """Whether `call` (the client's object) calls one of `tools` with arguments of its schema
+    (required properties present, strings strings, enums kept), or with `schema_kept` false,
+    with any of the tools' properties."""
+    by_name = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    if call.type != "function" or call.function.name not in by_name:
+        return False
+    if not re.fullmatch(r"[A-Za-z0-9]{9}", call.id):
+        return False
+    args = json.loads(call.function.arguments)
+    schema = by_name[call.function.name]
+    if not schema_kept:
+        # A call to any of several tools: their properties, each optional.
+        union = {k: v for t in tools for k, v in t["function"]["parameters"]["properties"].items()}
+        return isinstance(args, dict) and set(args) <= set(union) and all(
+            isinstance(v, str) and v in union[k].get("enum", [v]) for k, v in args.items())
+    if set(args) != set(schema["properties"]) or not set(schema["required"]) <= set(args):
+        return False
+    for key, value in args.items():
+        prop = schema["properties"][key]
+        if not isinstance(value, str) or ("enum" in prop and value not in prop["enum"]):
+            return False
+    return True
+
+
+def streamed(client, **request):
+    """A streamed reply gathered: (content, calls as (id, name, arguments), finish reason)."""
+    content, calls, finish = "", {}, None
+    for chunk in client.chat.completions.create(stream=True, **request):
+        for choice in chunk.choices:
+            content += choice.delta.content or ""
+            for c in choice.delta.tool_calls or []:
+                entry = calls.setdefault(c.index, ["", "", ""])
+                entry[0] += c.id or ""
+                entry[1] += c.function.name or ""
+                entry[2] += c.function.arguments or ""
+            finish = choice.finish_reason or finish
+    return content, [tuple(calls[k]) for k in sorted(calls)], finish
+
+
+def whole_calls(message):
+    return [(c.id, c.function.name, c.function.arguments) for c in message.tool_calls or []]
+
+
+def forced_calls(client, label):
+    """`required` and named choices give calls of the tools (their arguments of the tool's
+    schema where the call is to one tool), streamed as whole."""
+    for tools, choice, names in [
+        ([WEATHER], "required", {"get_weather"}),
+        ([WEATHER, CLOCK], "required", {"get_weather", "get_time"}),
+        ([WEATHER, CLOCK], {"type": "function", "function": {"name": "get_time"}}, {"get_time"}),
+    ]:
+        one_tool = len(names) == 1
+        request = dict(model=NAME, messages=QUESTION, tools=tools, tool_choice=choice,
+                       temperature=0, max_tokens=120)
+        r = client.chat.completions.create(**request)
+        choice0 = r.choices[0]
+        calls = choice0.message.tool_calls or []
+        what = f"{label}: tool_choice {json.dumps(choice)} of {len(tools)} tools"
+        check(choice0.finish_reason == "tool_calls" and choice0.message.content is None and
+              len(calls) == 1 and calls[0].function.name in names and
+              valid_call(calls[0], tools, schema_kept=one_tool),
+              f"{what}: a call of the tool's schema")
+        content, stream_calls, finish = streamed(client, **request)
+        same = [(n, a) for _, n, a in stream_calls] == [(n, a) for _, n, a in whole_calls(choice0.message)]
+        check(content == "" and finish == "tool_calls" and same, f"{what}: streamed as whole")
+    weather = {"type": "function", "function": {"name": "get_weather"}}
+    for seed in range(4):
+        r = client.chat.completions.create(model=NAME, messages=QUESTION, tools=[WEATHER, CLOCK],
+                                           tool_choice=weather, temperature=1.0, seed=seed,
+                                           max_tokens=120)
+        calls = r.choices[0].message.tool_calls or []
+        check(len(calls) == 1 and valid_call(calls[0], [WEATHER]),
+              f"{label}: sampled (seed {seed}), still a call of the schema")
+
+
+serve = None
+try:
+    serve, port = serve_process.start(BIN, MODEL, NAME, "--parallel", "2", "--ctx", "1024")
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+    forced_calls(client, "generic format")
+
+    # The model chooses: whatever it writes is an answer, whole and streamed alike.
+    request = dict(model=NAME, messages=QUESTION, tools=[WEATHER], temperature=0, max_tokens=40)
+    r = client.chat.completions.create(**request)
+    message = r.choices[0].message
+    check(bool(message.content) or bool(message.tool_calls), "tool_choice auto: a reply or a call")
+    content, calls, finish = streamed(client, **request)
+    check(content == (message.content or "") and
+          [(n, a) for _, n, a in calls] == [(n, a) for _, n, a in whole_calls(message)] and
+          finish == r.choices[0].finish_reason, "tool_choice auto: streamed as whole")
+
+    # tool_choice none: the tools stay out of the prompt.
+    plain = client.chat.completions.create(model=NAME, messages=QUESTION, temperature=0, max_tokens=16)
+    none = client.chat.completions.create(model=NAME, messages=QUESTION, temperature=0, max_tokens=16,
+                                          tools=[WEATHER], tool_choice="none")
+    check(none.choices[0].message.content == plain.choices[0].message.content and
+          none.usage.prompt_tokens == plain.usage.prompt_tokens, "tool_choice none: as without tools")
+
+    # A conversation carries the call and its result back.
+    call = client.chat.completions.create(model=NAME, messages=QUESTION, tools=[WEATHER],
+                                          tool_choice="required", temperature=0, max_tokens=120)
+    asked = call.choices[0].message
+    history = QUESTION + [asked.model_dump(exclude_none=True),
+                          {"role": "tool", "tool_call_id": asked.tool_calls[0].id, "content": "Sunny, 24 C"}]
+    answer = client.chat.completions.create(model=NAME, messages=history, tools=[WEATHER],
+                                            temperature=0, max_tokens=24)
+    check(answer.usage.prompt_tokens > call.usage.prompt_tokens + 10,
+          "a call and its result carried back in the conversation")
+
+    # parallel_tool_calls false: one call at most.
+    r = client.chat.completions.create(model=NAME, messages=QUESTION, tools=[WEATHER], tool_choice="required",
+                                       parallel_tool_calls=False, temperature=0, max_tokens=120)
+    check(len(r.choices[0].message.tool_calls) == 1, "parallel_tool_calls false: one call")
+
+    bad = [
+        ("a tool name with a space", dict(tools=[{"type": "function", "function": {"name": "get weather"}}])),
+        ("two tools of one name", dict(tools=[WEATHER, WEATHER])),
+        ("an empty tool list", dict(tools=[])),
+        ("a tool that is not a function", dict(tools=[{"type": "retrieval"}])),
+        ("parameters that are not a schema", dict(tools=[{"type": "function", "function": {"name": "f", "parameters": 1}}])),
+        ("a named tool that is not offered", dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}})),
+        ("tool_choice required without tools", dict(tool_choice="required")),
+        ("an unknown tool_choice", dict(tools=[WEATHER], tool_choice="sometimes")),
+        ("parallel_tool_calls not a boolean", dict(tools=[WEATHER], parallel_tool_calls="yes")),
+        ("tools with response_format", dict(tools=[WEATHER], response_format={"type": "json_object"})),
+        ("a message's malformed tool_calls", dict(messages=QUESTION + [{"role": "assistant", "tool_calls": [{"id": "x"}]}])),
+        ("a tool message's id not a string", dict(messages=QUESTION + [{"role": "tool", "tool_call_id": 7, "content": "x"}])),
+    ]
+    for what, fields in bad:
+        request = dict(model=NAME, messages=QUESTION, max_tokens=4) | fields
+        try:
+            client.chat.completions.create(**request)
+            check(False, f"{what}: 400")
+        except openai.BadRequestError as e:
+            check(e.status_code == 400 and e.body["message"], f"{what}: 400 ({e.body['message']})")
+    try:
+        client.completions.create(model=NAME, prompt="x", max_tokens=4, extra_body={"tools": [WEATHER]})
+        check(False, "tools on the completions route: 400")
+    except openai.BadRequestError as e:
+        check("chat completions" in e.body["message"], "tools on the completions route: 400")
+finally:
+    if serve:
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(timeout=30)
+
+with tempfile.TemporaryDirectory() as tmp:
+    template = os.path.join(tmp, "hermes.jinja")
+    with open(template, "w") as f:
+        f.write(HERMES)
+    serve = None
+    try:
+        serve, port = serve_process.start(BIN, MODEL, NAME, "--ctx", "1024", "--chat-template-file", template)
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+        forced_calls(client, "Hermes format (--chat-template-file)")
+        call = client.chat.completions.create(model=NAME, messages=QUESTION, tools=[WEATHER],
+                                              tool_choice="required", temperature=0, max_tokens=120)
+        asked = call.choices[0].message
+        history = QUESTION + [asked.model_dump(exclude_none=True),
+                              {"role": "tool", "tool_call_id": asked.tool_calls[0].id, "content": "Sunny, 24 C"}]
+        answer = client.chat.completions.create(model=NAME, messages=history, tools=[WEATHER],
+                                                temperature=0, max_tokens=24)
+        check(answer.usage.prompt_tokens > call.usage.prompt_tokens + 10,
+              "Hermes format: a call and its result carried back")
+    finally:
+        if serve:
+            serve.send_signal(signal.SIGTERM)
+            serve.wait(timeout=30)
+    missing = os.path.join(tmp, "missing.jinja")
+    out = subprocess.run([BIN, "serve", "-m", MODEL, "--port", "0", "--chat-template-file", missing],
+                         capture_output=True, text=True, timeout=60)
+    check(out.returncode != 0 and "missing.jinja" in out.stderr,
+          "--chat-template-file of a missing file: an error naming it")
+print("all tool calling checks passed")
