@@ -6,7 +6,8 @@
 //! Objects hold their schema's properties in any order, each at most once, the required ones
 //! always, and no others, so `additionalProperties` only ever narrows; `anyOf`/`oneOf` and
 //! lists of types need branches that begin with different bytes (`Optional[X]` is `X` or
-//! `null`), so the first byte picks the branch. A keyword that would constrain the output in a
+//! `null`), so the first byte picks the branch, or objects that a property tells apart (each
+//! requires it with a `const` of its own), written first, so that its value picks the branch. A keyword that would constrain the output in a
 //! way the automaton does not check (`pattern`, `format`, `minimum`, ...) is an error naming it,
 //! never ignored.
 use std::collections::HashMap;
@@ -64,6 +65,14 @@ enum Node {
     },
     /// The branch whose `starts` has the value's first byte.
     AnyOf(Vec<NodeId>),
+    /// Objects of several shapes (`Object` nodes), told apart by property `key` (escaped),
+    /// which each requires with one value of its own (`const`): the key comes first, and its
+    /// value (of the `Enum` node `tags`, value `i` for branch `i`) picks the branch.
+    Union {
+        key: Vec<u8>,
+        tags: NodeId,
+        branches: Vec<NodeId>,
+    },
 }
 
 /// A compiled schema: node 0 is the root, an object.
@@ -86,6 +95,8 @@ const ANNOTATIONS: &[&str] = &[
     "$defs",
     "definitions",
     "strict",
+    // OpenAPI's name of a union's telling property: unions are told apart by it anyway.
+    "discriminator",
 ];
 
 impl Schema {
@@ -107,7 +118,10 @@ impl Schema {
         };
         if !matches!(
             s.nodes[0],
-            Node::Object { .. } | Node::Map { .. } | Node::Any { object: true }
+            Node::Object { .. }
+                | Node::Map { .. }
+                | Node::Any { object: true }
+                | Node::Union { .. }
         ) {
             bail!("a json_schema's root must be an object (\"type\": \"object\")");
         }
@@ -130,9 +144,10 @@ impl Schema {
                     }
                 };
                 match n {
-                    Node::Any { object: true } | Node::Object { .. } | Node::Map { .. } => {
-                        add(b"{")
-                    }
+                    Node::Any { object: true }
+                    | Node::Object { .. }
+                    | Node::Map { .. }
+                    | Node::Union { .. } => add(b"{"),
                     Node::Any { object: false } => add(b"{[\"-0123456789tfn"),
                     Node::Null => add(b"n"),
                     Node::Boolean => add(b"tf"),
@@ -255,7 +270,10 @@ impl<'v> Compiler<'v> {
                 .iter()
                 .map(|b| self.node(b, depth + 1))
                 .collect::<Result<Vec<_>>>()?;
-            self.nodes[id as usize] = Node::AnyOf(ids);
+            self.nodes[id as usize] = match self.union(&ids)? {
+                Some(union) => union,
+                None => Node::AnyOf(ids),
+            };
             return Ok(id);
         }
         match obj.get("type") {
@@ -275,6 +293,66 @@ impl<'v> Compiler<'v> {
             }
             Some(t) => bail!("json_schema: type must be a name or a list of names, not {t}"),
         }
+    }
+
+    /// The node behind `$ref` wrappers.
+    fn resolved(&self, mut id: NodeId) -> NodeId {
+        for _ in 0..self.nodes.len() {
+            match &self.nodes[id as usize] {
+                Node::AnyOf(inner) if inner.len() == 1 => id = inner[0],
+                _ => break,
+            }
+        }
+        id
+    }
+
+    /// `branches` as a `Union`, where they are objects that one property tells apart: each
+    /// requires it with a value of its own (pydantic's discriminated unions, OpenAI's tool
+    /// calls by name). `None` where they are not.
+    fn union(&mut self, branches: &[NodeId]) -> Result<Option<Node>> {
+        if !(2..=MAX_CHOICES).contains(&branches.len()) {
+            return Ok(None);
+        }
+        let objects: Vec<NodeId> = branches.iter().map(|&b| self.resolved(b)).collect();
+        let Some(Node::Object {
+            properties: first, ..
+        }) = self.nodes.get(objects[0] as usize)
+        else {
+            return Ok(None);
+        };
+        'keys: for (key, _) in first.clone() {
+            let mut tags: Vec<Vec<u8>> = Vec::with_capacity(objects.len());
+            for &o in &objects {
+                let Node::Object {
+                    properties,
+                    required,
+                } = &self.nodes[o as usize]
+                else {
+                    return Ok(None);
+                };
+                let Some(k) = properties.iter().position(|(name, _)| *name == key) else {
+                    continue 'keys;
+                };
+                let value = &self.nodes[self.resolved(properties[k].1) as usize];
+                match value {
+                    Node::Enum(values)
+                        if required >> k & 1 == 1
+                            && values.len() == 1
+                            && !tags.contains(&values[0]) =>
+                    {
+                        tags.push(values[0].clone())
+                    }
+                    _ => continue 'keys,
+                }
+            }
+            let tags = self.push(Node::Enum(tags))?;
+            return Ok(Some(Node::Union {
+                key,
+                tags,
+                branches: objects,
+            }));
+        }
+        Ok(None)
     }
 
     fn reference(&mut self, r: &Value, depth: usize) -> Result<NodeId> {
@@ -461,6 +539,8 @@ enum Lex {
         len: u16,
         candidates: u64,
     },
+    /// At the start of a union's object: `len` bytes of `"key":` matched.
+    UnionKey { len: u16 },
     /// Inside a value of any content.
     Free(JsonPrefix),
     /// The root object is closed.
@@ -515,12 +595,43 @@ impl SchemaPrefix {
         s.with(lex)
     }
 
-    /// A value just ended: the root closes, an array counts it.
+    /// A value just ended: the root closes, an array counts it, a union's key picks its
+    /// branch.
     fn value_done(self, schema: &Schema) -> Option<Self> {
         let Some(mut top) = self.top() else {
             return self.with(Lex::Done);
         };
         let mut s = self;
+        if let Node::Union {
+            key,
+            tags,
+            branches,
+        } = &schema.nodes[top.node as usize]
+        {
+            let (
+                Lex::EnumText {
+                    node,
+                    len,
+                    candidates,
+                },
+                Node::Enum(values),
+            ) = (self.lex, &schema.nodes[*tags as usize])
+            else {
+                return None;
+            };
+            (node == *tags).then_some(())?;
+            let i = (0..values.len())
+                .find(|&i| candidates >> i & 1 == 1 && values[i].len() == len as usize)?;
+            let Node::Object { properties, .. } = &schema.nodes[branches[i] as usize] else {
+                return None;
+            };
+            let k = properties.iter().position(|(name, _)| name == key)?;
+            s.set_top(Frame {
+                node: branches[i],
+                progress: 1 << k,
+            });
+            return s.with(Lex::Next);
+        }
         if matches!(schema.nodes[top.node as usize], Node::Array { .. }) {
             top.progress += 1;
             s.set_top(top);
@@ -579,6 +690,7 @@ impl SchemaPrefix {
             }
             Node::Array { .. } => self.open(node, Lex::ArrayFirst),
             Node::Object { .. } | Node::Map { .. } => self.open(node, Lex::Key { close: true }),
+            Node::Union { .. } => self.open(node, Lex::UnionKey { len: 0 }),
             Node::AnyOf(branches) => {
                 let br = *branches
                     .iter()
@@ -617,6 +729,7 @@ impl SchemaPrefix {
                 | Lex::Colon { .. }
                 | Lex::MapColon
                 | Lex::Next
+                | Lex::UnionKey { len: 0 }
         );
         if between && matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
             return (self.spaces < MAX_SPACES).then_some(SchemaPrefix {
@@ -746,6 +859,24 @@ impl SchemaPrefix {
                 self.enum_whole(schema)?;
                 self.value_done(schema)?.advance(schema, b)
             }
+            Lex::UnionKey { len } => {
+                let Node::Union { key, tags, .. } = &schema.nodes[self.top()?.node as usize] else {
+                    return None;
+                };
+                let n = len as usize;
+                let expected = match n {
+                    0 => b'"',
+                    n if n <= key.len() => key[n - 1],
+                    n if n == key.len() + 1 => b'"',
+                    _ => b':',
+                };
+                (b == expected).then_some(())?;
+                if n == key.len() + 2 {
+                    self.with(Lex::Value(*tags))
+                } else {
+                    self.with(Lex::UnionKey { len: len + 1 })
+                }
+            }
             Lex::Free(p) => match p.advance(b) {
                 Some(p) if p.is_complete() => self.value_done(schema),
                 Some(p) => self.with(Lex::Free(p)),
@@ -815,6 +946,58 @@ mod tests {
                               "required": ["kind"], "additionalProperties": false}}
         }))
         .unwrap()
+    }
+
+    /// Objects told apart by a property each requires with a value of its own: the property
+    /// comes first and picks the branch, whose own properties follow; pydantic's shape (with
+    /// `$ref`s and `discriminator`) too.
+    #[test]
+    fn unions_of_objects_are_told_apart_by_their_tag() {
+        let s = Schema::compile(&json!({
+            "type": "object",
+            "properties": {"pet": {
+                "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+                "discriminator": {"propertyName": "kind"}}},
+            "required": ["pet"],
+            "$defs": {
+                "Cat": {"type": "object", "properties": {"kind": {"const": "cat"},
+                        "lives": {"type": "integer"}}, "required": ["kind", "lives"]},
+                "Dog": {"type": "object", "properties": {"good": {"type": "boolean"},
+                        "kind": {"const": "dog"}}, "required": ["kind"]}}
+        }))
+        .unwrap();
+        for text in [
+            r#"{"pet": {"kind": "cat", "lives": 9}}"#,
+            r#"{"pet": { "kind":"dog"}}"#,
+            r#"{"pet": {"kind": "dog", "good": true}}"#,
+        ] {
+            assert!(whole(&s, text), "{text}");
+        }
+        for text in [
+            r#"{"pet": {"kind": "cat"}}"#,
+            r#"{"pet": {"kind": "cat", "good": true, "lives": 9}}"#,
+            r#"{"pet": {"kind": "dog", "lives": 9}}"#,
+            r#"{"pet": {"kind": "cow"}}"#,
+            r#"{"pet": {"lives": 9, "kind": "cat"}}"#,
+            r#"{"pet": {}}"#,
+            r#"{"pet": {"kind": "cat", "kind": "cat", "lives": 9}}"#,
+        ] {
+            assert!(!whole(&s, text), "{text}");
+        }
+        // Objects that no required property of one value each tells apart stay refused.
+        for branches in [
+            json!([{"type": "object", "properties": {"a": {"type": "string"}}},
+                   {"type": "object", "properties": {"b": {"type": "string"}}}]),
+            json!([{"type": "object", "properties": {"k": {"const": 1}}},
+                   {"type": "object", "properties": {"k": {"const": 2}}}]),
+            json!([{"type": "object", "properties": {"k": {"const": 1}}, "required": ["k"]},
+                   {"type": "object", "properties": {"k": {"const": 1}}, "required": ["k"]}]),
+        ] {
+            let e = Schema::compile(
+                &json!({"type": "object", "properties": {"x": {"anyOf": branches}}}),
+            );
+            assert!(e.unwrap_err().to_string().contains("same byte"));
+        }
     }
 
     #[test]

@@ -187,67 +187,82 @@ impl ToolFormat {
     }
 
     /// What makes the reply a call of `name` (or, with `None`, of any of `tools`): the prefix
-    /// the format opens a call with, and the JSON schema of the rest. The arguments follow the
-    /// function's own schema where the schema compiler takes it (any object otherwise); a call
-    /// that may be to any of several tools has their properties, each optional.
+    /// the format opens a call with, and the JSON schema of the rest. A call's arguments follow
+    /// its function's schema where the schema compiler takes it (any object otherwise); a call
+    /// to any of several tools is a union told apart by the name, written first.
     ///
     /// # Errors
     /// `name` is not one of `tools`; Mistral's `[ARGS]` format, whose function name is not
     /// JSON, with several tools and no name.
     pub fn forced(self, tools: &[Tool], name: Option<&str>) -> Result<Forced> {
-        let chosen = match name {
+        let chosen: Vec<&Tool> = match name {
             Some(name) => match tools.iter().find(|t| t.name == name) {
-                Some(t) => Some(t),
+                Some(t) => vec![t],
                 None => bail!("tool_choice names {name:?}, which is not one of the tools"),
             },
-            None if tools.len() == 1 => Some(&tools[0]),
-            None => None,
+            None => tools.iter().collect(),
         };
-        let arguments = match chosen {
-            Some(t) if Schema::compile(&t.parameters).is_ok() => t.parameters.clone(),
-            Some(_) => json!({"type": "object"}),
-            None => any_tools_arguments(tools),
-        };
-        let call = |args_key: &str| {
-            let name = match chosen {
-                Some(t) => json!({"const": t.name}),
-                None => json!({"enum": tools.iter().map(|t| t.name.as_str()).collect::<Vec<_>>()}),
-            };
-            json!({
-                "type": "object",
-                "properties": {"name": name, args_key: without_defs(&arguments)},
-                "required": ["name", args_key],
-            })
-        };
-        let (prefix, schema) = match self {
-            ToolFormat::Hermes => (format!("{HERMES_OPEN}\n"), call("arguments")),
-            ToolFormat::Llama3 => (String::new(), call("parameters")),
-            // The array's closing bracket never comes (the reply ends with the object), and
-            // `json_call_list` does without it.
-            ToolFormat::MistralJson => (format!("{MISTRAL_CALLS}["), call("arguments")),
-            ToolFormat::MistralArgs => match chosen {
-                Some(t) => (
-                    format!("{MISTRAL_CALLS}{}{MISTRAL_ARGS}", t.name),
-                    arguments.clone(),
-                ),
-                None => bail!(
+        let mut defs = Map::new();
+        if self == ToolFormat::MistralArgs {
+            let [t] = chosen[..] else {
+                bail!(
                     "this model writes a call's name outside its JSON, so tool_choice \
                      \"required\" needs one tool, or the function named"
-                ),
-            },
-            ToolFormat::Generic => (
-                String::new(),
+                );
+            };
+            let schema = arguments(t, &mut defs);
+            return Ok(Forced {
+                prefix: format!("{MISTRAL_CALLS}{}{MISTRAL_ARGS}", t.name),
+                schema: with_defs(schema, defs),
+            });
+        }
+        let args_key = match self {
+            ToolFormat::Llama3 => "parameters",
+            _ => "arguments",
+        };
+        let in_reply = |call: Value| match self {
+            ToolFormat::Generic => json!({
+                "type": "object",
+                "properties": {"tool_call": call},
+                "required": ["tool_call"],
+            }),
+            _ => call,
+        };
+        let mut calls: Vec<Value> = chosen
+            .iter()
+            .map(|t| {
                 json!({
                     "type": "object",
-                    "properties": {"tool_call": call("arguments")},
-                    "required": ["tool_call"],
-                }),
-            ),
+                    "properties": {"name": {"const": t.name}, args_key: arguments(t, &mut defs)},
+                    "required": ["name", args_key],
+                })
+            })
+            .collect();
+        let call = match calls.len() {
+            1 => calls.remove(0),
+            _ => json!({ "anyOf": calls }),
         };
-        Ok(Forced {
-            prefix,
-            schema: with_defs_of(schema, &arguments),
-        })
+        let typed = with_defs(in_reply(call), defs);
+        // More tools than a union tells apart: their names, with any arguments.
+        let schema = match Schema::compile(&typed) {
+            Ok(_) => typed,
+            Err(_) => {
+                let names: Vec<&str> = chosen.iter().map(|t| t.name.as_str()).collect();
+                in_reply(json!({
+                    "type": "object",
+                    "properties": {"name": {"enum": names}, args_key: {"type": "object"}},
+                    "required": ["name", args_key],
+                }))
+            }
+        };
+        let prefix = match self {
+            ToolFormat::Hermes => format!("{HERMES_OPEN}\n"),
+            // The array's closing bracket never comes (the reply ends with the object), and
+            // `json_call_list` does without it.
+            ToolFormat::MistralJson => format!("{MISTRAL_CALLS}["),
+            _ => String::new(),
+        };
+        Ok(Forced { prefix, schema })
     }
 
     /// `messages` as this format's template takes them. The generic format's: the tools
@@ -294,32 +309,6 @@ impl ToolFormat {
     }
 }
 
-/// The arguments of a call to any of `tools`: an object of their properties (the first tool's
-/// where two share a name), none required, as the call's name does not pick the tool's schema
-/// (the schema automaton's branches part at their first byte). Any object where a tool's
-/// schema has definitions or does not compile, or has no properties.
-fn any_tools_arguments(tools: &[Tool]) -> Value {
-    let mut properties = Map::new();
-    for t in tools {
-        let p = &t.parameters;
-        let own = p.get("properties").and_then(Value::as_object);
-        let simple = p.get("$defs").is_none() && p.get("definitions").is_none();
-        match own {
-            Some(own) if simple && Schema::compile(p).is_ok() => {
-                for (k, v) in own {
-                    properties.entry(k.clone()).or_insert_with(|| v.clone());
-                }
-            }
-            _ => return json!({"type": "object"}),
-        }
-    }
-    let union = json!({"type": "object", "properties": properties});
-    match Schema::compile(&union) {
-        Ok(_) => union,
-        Err(_) => json!({"type": "object"}),
-    }
-}
-
 /// The generic format's instructions, as llama.cpp words them.
 fn generic_system_prompt(tools: &[Tool]) -> String {
     let specs: Vec<&Value> = tools.iter().map(|t| &t.spec["function"]).collect();
@@ -332,24 +321,46 @@ fn generic_system_prompt(tools: &[Tool]) -> String {
     )
 }
 
-/// `schema` without its `$defs` and `definitions`, which `with_defs_of` moves to the root (a
-/// `$ref` points into the root's).
-fn without_defs(schema: &Value) -> Value {
-    let mut s = schema.clone();
-    if let Some(o) = s.as_object_mut() {
-        o.remove("$defs");
-        o.remove("definitions");
+/// The schema of `tool`'s arguments: its parameters, their definitions (`$defs`,
+/// `definitions`) moved to `defs` for the root, where their `$ref`s point; any object where the
+/// compiler does not take the parameters, or a definition's name is another tool's.
+fn arguments(tool: &Tool, defs: &mut Map<String, Value>) -> Value {
+    let any = json!({"type": "object"});
+    if Schema::compile(&tool.parameters).is_err() {
+        return any;
     }
-    s
-}
-
-fn with_defs_of(mut root: Value, arguments: &Value) -> Value {
+    let mut own = tool.parameters.clone();
+    let mut moved = Vec::new();
     for key in ["$defs", "definitions"] {
-        if let (Some(defs), Some(o)) = (arguments.get(key), root.as_object_mut()) {
-            o.insert(key.into(), defs.clone());
+        let Some(Value::Object(these)) = own.as_object_mut().and_then(|o| o.remove(key)) else {
+            continue;
+        };
+        for (name, schema) in these {
+            let clash = defs
+                .get(key)
+                .and_then(|d| d.get(&name))
+                .is_some_and(|old| *old != schema);
+            if clash {
+                return any;
+            }
+            moved.push((key, name, schema));
         }
     }
-    root
+    for (key, name, schema) in moved {
+        let group = defs.entry(key).or_insert_with(|| json!({}));
+        if let Some(group) = group.as_object_mut() {
+            group.insert(name, schema);
+        }
+    }
+    own
+}
+
+/// `schema` with `defs` at its root.
+fn with_defs(mut schema: Value, defs: Map<String, Value>) -> Value {
+    if let Some(o) = schema.as_object_mut() {
+        o.extend(defs);
+    }
+    schema
 }
 
 /// The JSON value at the start of `text` (after white space), and the text after it.
@@ -645,7 +656,11 @@ mod tests {
         for (format, text, content) in cases {
             let reply = format.parse(text);
             assert_eq!(reply.content, content, "{format:?}: {text}");
-            assert_eq!(reply.calls, std::slice::from_ref(&paris), "{format:?}: {text}");
+            assert_eq!(
+                reply.calls,
+                std::slice::from_ref(&paris),
+                "{format:?}: {text}"
+            );
         }
     }
 
@@ -767,19 +782,40 @@ mod tests {
         }
         assert!(ToolFormat::Hermes.forced(&tools, Some("other")).is_err());
         let two = Tool::list(&json!([{"function": {"name": "a"}}, {"function": {"name": "b"}}]));
-        let two = two.unwrap();
-        let any = ToolFormat::Hermes.forced(&two, None).unwrap();
-        assert_eq!(any.schema["properties"]["name"]["enum"], json!(["a", "b"]));
-        let mut both = weather();
-        both.extend(Tool::list(&json!([{"function": {"name": "get_time", "parameters": {
-            "type": "object", "properties": {"zone": {"type": "string"}, "city": {"type": "integer"}}}}}]))
-        .unwrap());
-        let any = ToolFormat::Hermes.forced(&both, None).unwrap();
-        assert_eq!(
-            any.schema["properties"]["arguments"],
-            json!({"type": "object", "properties": {"city": {"type": "string"}, "zone": {"type": "string"}}})
+        assert!(ToolFormat::MistralArgs.forced(&two.unwrap(), None).is_err());
+    }
+
+    /// A call to any of several tools: the name picks the tool, whose own schema the arguments
+    /// keep.
+    #[test]
+    fn a_call_to_any_of_several_tools_keeps_its_own_schema() {
+        use crate::json_output::Automaton;
+        let mut tools = weather();
+        tools.extend(
+            Tool::list(&json!([{"function": {"name": "get_time", "parameters": {
+                "type": "object", "properties": {"zone": {"type": "string"}},
+                "required": ["zone"]}}}]))
+            .unwrap(),
         );
-        assert!(ToolFormat::MistralArgs.forced(&two, None).is_err());
+        for format in [ToolFormat::Hermes, ToolFormat::MistralJson] {
+            let forced = format.forced(&tools, None).unwrap();
+            let schema = Schema::compile(&forced.schema).unwrap();
+            let whole = |text: &str| {
+                let end = schema.start().feed(&schema, text.as_bytes());
+                end.is_some_and(|s| s.is_complete())
+            };
+            assert!(whole(
+                r#"{"name": "get_weather", "arguments": {"city": "Paris"}}"#
+            ));
+            assert!(whole(
+                r#"{"name": "get_time", "arguments": {"zone": "UTC"}}"#
+            ));
+            assert!(!whole(
+                r#"{"name": "get_time", "arguments": {"city": "Paris"}}"#
+            ));
+            assert!(!whole(r#"{"name": "get_weather", "arguments": {}}"#));
+            assert!(!whole(r#"{"name": "get_date", "arguments": {}}"#));
+        }
     }
 
     /// Parameters with `$defs` keep them at the root their `$ref`s point into; a schema the
@@ -794,6 +830,20 @@ mod tests {
         let f = ToolFormat::Hermes.forced(&tools, Some("f")).unwrap();
         assert!(f.schema["$defs"]["P"].is_object());
         Schema::compile(&f.schema).unwrap();
+        // Two tools' definitions of one name, unlike: the second's arguments are any object.
+        let clash = Tool::list(&json!([{"function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}},
+            "$defs": {"P": {"type": "integer"}}}}}, {"function": {"name": "h", "parameters": {
+            "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}},
+            "$defs": {"P": {"type": "string"}}}}}]))
+        .unwrap();
+        let both = ToolFormat::Hermes.forced(&clash, None).unwrap();
+        Schema::compile(&both.schema).unwrap();
+        assert_eq!(both.schema["$defs"]["P"]["type"], "integer");
+        assert_eq!(
+            both.schema["anyOf"][1]["properties"]["arguments"],
+            json!({"type": "object"})
+        );
         let g = ToolFormat::Hermes.forced(&tools, Some("g")).unwrap();
         assert_eq!(
             g.schema["properties"]["arguments"],

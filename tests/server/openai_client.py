@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+import typing
 import urllib.error
 import urllib.request
 
@@ -301,6 +302,24 @@ try:
     check(parsed.finish_reason == "stop" and parsed.message.parsed.city == "Paris" and
           isinstance(parsed.message.parsed.population, int),
           f"json_schema: the reply parses as the pydantic model ({parsed.message.content!r})")
+    # A discriminated union (pydantic's): the tag written first picks the branch.
+    class Cat(pydantic.BaseModel):
+        kind: typing.Literal["cat"]
+        lives: int
+
+    class Dog(pydantic.BaseModel):
+        kind: typing.Literal["dog"]
+        good: bool
+
+    class Pet(pydantic.BaseModel):
+        pet: typing.Union[Cat, Dog] = pydantic.Field(discriminator="kind")
+
+    pet_question = [{"role": "user", "content": "Describe a cat as JSON."}]
+    for seed in range(3):
+        parsed = client.chat.completions.parse(model=NAME, messages=pet_question, temperature=1.0, seed=seed,
+                                               max_tokens=60, response_format=Pet).choices[0]
+        check(parsed.finish_reason == "stop" and isinstance(parsed.message.parsed.pet, (Cat, Dog)),
+              f"json_schema: a discriminated union parses (seed {seed}: {parsed.message.content!r})")
     dated = {"type": "json_schema", "json_schema": {"name": "d", "schema": {
         "type": "object", "properties": {"when": {"type": "string", "format": "date-time"}}}}}
     status, err, _ = raw(port, "/v1/chat/completions",

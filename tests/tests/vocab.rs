@@ -140,7 +140,8 @@ fn json_mask_allows_what_the_automaton_accepts_token_by_token() {
                 "{name} after {point:?}: nothing allowed"
             );
         }
-        // And under a schema: keys, an enum, an integer.
+        // And under schemas: keys, an enum, an integer; a union of objects told apart by their
+        // first property (a call to one of two tools).
         let schema = Schema::compile(&serde_json::json!({
             "type": "object",
             "properties": {"name": {"type": "string"}, "n": {"type": "integer"},
@@ -148,23 +149,37 @@ fn json_mask_allows_what_the_automaton_accepts_token_by_token() {
             "required": ["name"]
         }))
         .unwrap();
-        for point in [
-            "",
-            "{\"",
-            "{\"n\": 1",
-            "{\"kind\": \"c",
-            "{\"name\": \"x\",",
+        let call = |name: &str, arg: &str| {
+            serde_json::json!({"type": "object", "required": ["name", "arguments"], "properties": {
+                "name": {"const": name},
+                "arguments": {"type": "object", "properties": {arg: {"type": "string"}},
+                              "required": [arg]}}})
+        };
+        let union = Schema::compile(&serde_json::json!({
+            "anyOf": [call("get_weather", "city"), call("get_time", "zone")]
+        }))
+        .unwrap();
+        for (schema, point) in [
+            (&schema, ""),
+            (&schema, "{\""),
+            (&schema, "{\"n\": 1"),
+            (&schema, "{\"kind\": \"c"),
+            (&schema, "{\"name\": \"x\","),
+            (&union, "{"),
+            (&union, "{\"na"),
+            (&union, "{\"name\": \"get_"),
+            (&union, "{\"name\": \"get_time\", \"arguments\": {\""),
         ] {
             let from = schema
                 .start()
-                .feed(&schema, point.as_bytes())
+                .feed(schema, point.as_bytes())
                 .unwrap_or_else(|| panic!("{point:?}"));
-            vocab.allowed(&schema, from, &mut mask);
+            vocab.allowed(schema, from, &mut mask);
             for id in 0..n as u32 {
                 let bytes = tok.token_bytes(id);
                 let want = !bytes.is_empty()
                     && special.binary_search(&id).is_err()
-                    && from.feed(&schema, &bytes).is_some();
+                    && from.feed(schema, &bytes).is_some();
                 assert_eq!(
                     mask[id as usize], want,
                     "{name} after {point:?}: token {id} {bytes:?}"
