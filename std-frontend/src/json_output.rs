@@ -310,6 +310,22 @@ enum Progress {
     Schema(SchemaPrefix),
 }
 
+/// Text after which (or, with `at_start`, from which) a lazy constraint's JSON begins.
+#[derive(Clone, Debug)]
+pub struct Trigger {
+    pub text: Vec<u8>,
+    /// Only as the reply's first bytes other than white space, and the JSON starts with them
+    /// (a Llama 3 call is the reply's JSON object); otherwise anywhere, the JSON after them.
+    pub at_start: bool,
+}
+
+/// A lazy constraint between values: the reply's last bytes, to find a trigger in.
+struct Waiting {
+    tail: Vec<u8>,
+    /// The reply has had bytes other than white space.
+    started: bool,
+}
+
 /// One request's constraint: the JSON so far, and what its sampling needs.
 pub struct JsonOutput {
     vocab: Arc<JsonVocab>,
@@ -320,6 +336,11 @@ pub struct JsonOutput {
     /// The logits before a draw, to draw again under the mask.
     saved: Vec<f32>,
     allowed: Vec<bool>,
+    /// A lazy constraint's triggers (llama.cpp's lazy grammars): it holds from a trigger to the
+    /// end of the value, then waits for the next; empty for output that is all JSON.
+    triggers: Vec<Trigger>,
+    /// `Some` while a lazy constraint waits for a trigger.
+    waiting: Option<Waiting>,
 }
 
 impl JsonOutput {
@@ -332,7 +353,88 @@ impl JsonOutput {
             progress: Progress::Object(JsonPrefix::default()),
             saved: Vec::new(),
             allowed: Vec::new(),
+            triggers: Vec::new(),
+            waiting: None,
         }
+    }
+
+    /// Output that is free text, but a value of `schema` after each of `triggers` (a tool
+    /// call's JSON after the text that opens it).
+    pub fn lazy(
+        vocab: Arc<JsonVocab>,
+        tokenizer: Arc<Tokenizer>,
+        schema: Arc<Schema>,
+        triggers: Vec<Trigger>,
+    ) -> Self {
+        JsonOutput {
+            triggers,
+            waiting: Some(Waiting {
+                tail: Vec::new(),
+                started: false,
+            }),
+            ..Self::with_schema(vocab, tokenizer, schema)
+        }
+    }
+
+    /// The progress at the start of a value.
+    fn start(&self) -> Progress {
+        match &self.schema {
+            Some(schema) => Progress::Schema(schema.start()),
+            None => Progress::Object(JsonPrefix::default()),
+        }
+    }
+
+    /// While waiting: takes in a drawn token's bytes, and begins the value where they complete
+    /// a trigger and the bytes after it may start the value.
+    fn watch(&mut self, bytes: &[u8]) {
+        let start = self.start();
+        let Some(waiting) = &mut self.waiting else {
+            return;
+        };
+        let new_from = waiting.tail.len();
+        waiting.tail.extend_from_slice(bytes);
+        let tail = &waiting.tail;
+        let mut json_from = None;
+        for t in &self.triggers {
+            if t.at_start {
+                let skipped = tail.iter().take_while(|b| b.is_ascii_whitespace()).count();
+                if !waiting.started && tail[skipped..].starts_with(&t.text) {
+                    json_from = Some(skipped);
+                }
+            } else if let Some(at) = tail
+                .windows(t.text.len().max(1))
+                .position(|w| w == t.text.as_slice())
+                .filter(|&at| at + t.text.len() > new_from)
+            {
+                json_from = Some(at + t.text.len());
+            }
+            if json_from.is_some() {
+                break;
+            }
+        }
+        let began = json_from.and_then(|from| match (start, &self.schema) {
+            (Progress::Object(p), _) => p.feed(&(), &tail[from..]).map(Progress::Object),
+            (Progress::Schema(p), Some(schema)) => {
+                p.feed(schema, &tail[from..]).map(Progress::Schema)
+            }
+            (Progress::Schema(_), None) => None,
+        });
+        if let Some(progress) = began {
+            self.progress = progress;
+            self.waiting = None;
+            return;
+        }
+        waiting.started |= waiting.tail.iter().any(|b| !b.is_ascii_whitespace());
+        // Keep what may be the start of a trigger.
+        let keep = self
+            .triggers
+            .iter()
+            .map(|t| t.text.len())
+            .max()
+            .unwrap_or(1)
+            - 1;
+        let cut = waiting.tail.len().saturating_sub(keep);
+        waiting.tail.drain(..cut);
     }
 
     /// Output that is one value of `schema`.
@@ -408,6 +510,18 @@ impl JsonOutput {
         history: &[u32],
         stop: &[u32],
     ) -> Result<u32> {
+        if !self.triggers.is_empty() && self.waiting.is_none() && self.is_complete() {
+            // A lazy constraint's value is whole: free text again, until the next trigger.
+            self.waiting = Some(Waiting {
+                tail: Vec::new(),
+                started: true,
+            });
+        }
+        if self.waiting.is_some() {
+            let token = sampler.sample(logits, history)?;
+            self.watch(&self.tokenizer.token_bytes(token));
+            return Ok(token);
+        }
         self.saved.clear();
         self.saved.extend_from_slice(logits);
         let token = sampler.sample(logits, history)?;

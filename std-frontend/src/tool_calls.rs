@@ -9,6 +9,7 @@ use anyhow::{bail, Result};
 use serde_json::{json, Map, Value};
 
 use crate::chat::Message;
+use crate::json_output::Trigger;
 use crate::json_schema::Schema;
 
 /// The most tools one request may offer.
@@ -216,18 +217,69 @@ impl ToolFormat {
                 schema: with_defs(schema, defs),
             });
         }
-        let args_key = match self {
-            ToolFormat::Llama3 => "parameters",
-            _ => "arguments",
-        };
-        let in_reply = |call: Value| match self {
+        let schema = self.reply_schema(&chosen, |call| match self {
             ToolFormat::Generic => json!({
                 "type": "object",
                 "properties": {"tool_call": call},
                 "required": ["tool_call"],
             }),
             _ => call,
+        });
+        let prefix = match self {
+            ToolFormat::Hermes => format!("{HERMES_OPEN}\n"),
+            // The array's closing bracket never comes (the reply ends with the object), and
+            // `json_call_list` does without it.
+            ToolFormat::MistralJson => format!("{MISTRAL_CALLS}["),
+            _ => String::new(),
         };
+        Ok(Forced { prefix, schema })
+    }
+
+    /// What keeps a reply that may call `tools` (`tool_choice` `auto`) well formed: the schema
+    /// of the JSON, and the texts after which it applies (llama.cpp's lazy grammars: a call's
+    /// JSON after the text that opens it, free text elsewhere). The generic format's reply is
+    /// all JSON (no triggers): a call, or a response. `None` where the call's JSON has no
+    /// opening of its own (Mistral's `[ARGS]` format: the name comes first, outside it).
+    pub fn auto_constraint(self, tools: &[Tool]) -> Option<(Value, Vec<Trigger>)> {
+        let all: Vec<&Tool> = tools.iter().collect();
+        let anywhere = |text: &str| Trigger {
+            text: text.as_bytes().to_vec(),
+            at_start: false,
+        };
+        let triggers = match self {
+            ToolFormat::Hermes => vec![anywhere(HERMES_OPEN)],
+            ToolFormat::Llama3 => vec![
+                Trigger {
+                    text: b"{".to_vec(),
+                    at_start: true,
+                },
+                anywhere(PYTHON_TAG),
+            ],
+            // The first call of the list; the list's closing goes free.
+            ToolFormat::MistralJson => vec![anywhere(&format!("{MISTRAL_CALLS}["))],
+            ToolFormat::MistralArgs => return None,
+            ToolFormat::Generic => {
+                let schema = self.reply_schema(&all, |call| {
+                    json!({
+                        "type": "object",
+                        "properties": {"tool_call": call, "response": {"type": "string"}},
+                    })
+                });
+                return Some((schema, Vec::new()));
+            }
+        };
+        Some((self.reply_schema(&all, |call| call), triggers))
+    }
+
+    /// The schema of a reply (`in_reply` puts a call in it) whose call is to one of `chosen`,
+    /// each with its arguments' schema, the name telling them apart; where more tools than a
+    /// union tells apart are offered, the name one of theirs and the arguments any object.
+    fn reply_schema(self, chosen: &[&Tool], in_reply: impl Fn(Value) -> Value) -> Value {
+        let args_key = match self {
+            ToolFormat::Llama3 => "parameters",
+            _ => "arguments",
+        };
+        let mut defs = Map::new();
         let mut calls: Vec<Value> = chosen
             .iter()
             .map(|t| {
@@ -243,26 +295,15 @@ impl ToolFormat {
             _ => json!({ "anyOf": calls }),
         };
         let typed = with_defs(in_reply(call), defs);
-        // More tools than a union tells apart: their names, with any arguments.
-        let schema = match Schema::compile(&typed) {
-            Ok(_) => typed,
-            Err(_) => {
-                let names: Vec<&str> = chosen.iter().map(|t| t.name.as_str()).collect();
-                in_reply(json!({
-                    "type": "object",
-                    "properties": {"name": {"enum": names}, args_key: {"type": "object"}},
-                    "required": ["name", args_key],
-                }))
-            }
-        };
-        let prefix = match self {
-            ToolFormat::Hermes => format!("{HERMES_OPEN}\n"),
-            // The array's closing bracket never comes (the reply ends with the object), and
-            // `json_call_list` does without it.
-            ToolFormat::MistralJson => format!("{MISTRAL_CALLS}["),
-            _ => String::new(),
-        };
-        Ok(Forced { prefix, schema })
+        if Schema::compile(&typed).is_ok() {
+            return typed;
+        }
+        let names: Vec<&str> = chosen.iter().map(|t| t.name.as_str()).collect();
+        in_reply(json!({
+            "type": "object",
+            "properties": {"name": {"enum": names}, args_key: {"type": "object"}},
+            "required": ["name", args_key],
+        }))
     }
 
     /// `messages` as this format's template takes them. The generic format's: the tools
@@ -849,6 +890,36 @@ mod tests {
             g.schema["properties"]["arguments"],
             json!({"type": "object"})
         );
+    }
+
+    /// `auto`: Hermes, Llama 3 and Mistral's JSON list constrain a call after its opening;
+    /// the generic format's reply is a call or a response; Mistral's `[ARGS]` goes free.
+    #[test]
+    fn auto_constraints_follow_the_format() {
+        use crate::json_output::Automaton;
+        let tools = weather();
+        let (hermes, triggers) = ToolFormat::Hermes.auto_constraint(&tools).unwrap();
+        assert_eq!(triggers.len(), 1);
+        assert_eq!(triggers[0].text, b"<tool_call>");
+        Schema::compile(&hermes).unwrap();
+        let (_, llama) = ToolFormat::Llama3.auto_constraint(&tools).unwrap();
+        assert!(llama[0].at_start && llama[0].text == b"{");
+        assert!(ToolFormat::MistralArgs.auto_constraint(&tools).is_none());
+        let (generic, none) = ToolFormat::Generic.auto_constraint(&tools).unwrap();
+        assert!(none.is_empty());
+        let schema = Schema::compile(&generic).unwrap();
+        let whole = |text: &str| {
+            let end = schema.start().feed(&schema, text.as_bytes());
+            end.is_some_and(|s| s.is_complete())
+        };
+        assert!(whole(r#"{"response": "Hello."}"#));
+        assert!(whole(
+            r#"{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}"#
+        ));
+        assert!(!whole(
+            r#"{"tool_call": {"name": "get_weather", "arguments": {}}}"#
+        ));
+        assert!(!whole(r#"{"answer": "Hello."}"#));
     }
 
     /// A stream gives out the text before a call as it comes and nothing of the call.

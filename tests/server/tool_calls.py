@@ -153,6 +153,20 @@ try:
           [(n, a) for _, n, a in calls] == [(n, a) for _, n, a in whole_calls(message)] and
           finish == r.choices[0].finish_reason, "tool_choice auto: streamed as whole")
 
+    # The generic format's reply is all JSON: a call of the schema, or the response's text.
+    for seed in range(4):
+        r = client.chat.completions.create(model=NAME, messages=QUESTION, tools=[WEATHER, CLOCK],
+                                           temperature=1.0, seed=seed, max_tokens=80)
+        choice0 = r.choices[0]
+        calls = choice0.message.tool_calls or []
+        if calls:
+            check(choice0.finish_reason == "tool_calls" and all(valid_call(c, [WEATHER, CLOCK]) for c in calls),
+                  f"tool_choice auto (seed {seed}): calls of the tools' schemas")
+        else:
+            check(choice0.finish_reason in ("stop", "length") and choice0.message.content and
+                  "tool_call" not in choice0.message.content,
+                  f"tool_choice auto (seed {seed}): the response's text ({choice0.message.content[:40]!r})")
+
     # tool_choice none: the tools stay out of the prompt.
     plain = client.chat.completions.create(model=NAME, messages=QUESTION, temperature=0, max_tokens=16)
     none = client.chat.completions.create(model=NAME, messages=QUESTION, temperature=0, max_tokens=16,

@@ -179,7 +179,7 @@ fn matrices<'m>(m: &'m Model<'_>) -> Vec<&'m sapient_core::Matrix<'m>> {
 fn json_output_is_the_json_asked_for() {
     use sapient::chat::{end_of_turn_ids, ChatTemplate, Message};
     use sapient::generate::{generate, Stop};
-    use sapient::json_output::{Automaton, JsonOutput, JsonPrefix, JsonVocab};
+    use sapient::json_output::{Automaton, JsonOutput, JsonPrefix, JsonVocab, Trigger};
     use sapient::json_schema::Schema;
     use sapient_core::sample::{Sampler, SamplerConfig};
     use std::sync::Arc;
@@ -305,4 +305,45 @@ fn json_output_is_the_json_asked_for() {
         );
     }
     assert!(whole >= 1, "no run under the schema ended in a whole value");
+
+    // A lazy constraint: free text, then a value of the schema after the trigger (the code
+    // fence SmolLM2 opens its answer to this with), then free text again.
+    let fence = "```python\n";
+    let mut triggered = 0;
+    for seed in 0..6 {
+        let sampling = if seed == 0 {
+            SamplerConfig::greedy()
+        } else {
+            sampled(seed)
+        };
+        let trigger = Trigger {
+            text: fence.as_bytes().to_vec(),
+            at_start: false,
+        };
+        let output = JsonOutput::lazy(vocab.clone(), tok.clone(), schema.clone(), vec![trigger]);
+        let (text, why) = run(cat, sampling, 120, Some(output));
+        let Some(at) = text.find(fence) else {
+            assert!(seed != 0, "greedy: no fence in {text:?}");
+            continue;
+        };
+        triggered += 1;
+        let json = &text[at + fence.len()..];
+        let mut values = serde_json::Deserializer::from_str(json).into_iter::<serde_json::Value>();
+        match values.next() {
+            Some(Ok(_)) => {
+                let end = values.byte_offset();
+                let state = schema.start().feed(&schema, &json.as_bytes()[..end]);
+                assert!(
+                    state.is_some_and(|s| s.is_complete()),
+                    "seed {seed}: {text:?}"
+                );
+            }
+            // Cut short by max_tokens: still a prefix of the schema's values.
+            _ => assert!(
+                why == Stop::MaxTokens && schema.start().feed(&schema, json.as_bytes()).is_some(),
+                "seed {seed}: {text:?}"
+            ),
+        }
+    }
+    assert!(triggered >= 1);
 }

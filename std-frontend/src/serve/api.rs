@@ -23,7 +23,7 @@ use super::detokenize::{chat_logprobs, completion_logprobs, token_text, Detokeni
 use super::engine::{Event, Finish, Job, Request, TokenLogprobs};
 use super::metrics::Metrics;
 use crate::chat::{ChatTemplate, Message};
-use crate::json_output::{JsonOutput, JsonVocab};
+use crate::json_output::{JsonOutput, JsonVocab, Trigger};
 use crate::json_schema::Schema;
 use crate::tokenizer::Tokenizer;
 use crate::tool_calls::{
@@ -63,6 +63,12 @@ impl AppState {
             JsonFormat::Schema(schema) => {
                 JsonOutput::with_schema(vocab, self.tokenizer.clone(), schema.clone())
             }
+            JsonFormat::Lazy(schema, triggers) => JsonOutput::lazy(
+                vocab,
+                self.tokenizer.clone(),
+                schema.clone(),
+                triggers.clone(),
+            ),
         }
     }
 }
@@ -242,6 +248,8 @@ enum JsonFormat {
     Object,
     /// `json_schema`: a value of this schema.
     Schema(Arc<Schema>),
+    /// Free text with a value of this schema after each trigger (tool calls a reply may make).
+    Lazy(Arc<Schema>, Vec<Trigger>),
 }
 
 /// `response_format`: text (`None`), one JSON object, or a value of a JSON schema.
@@ -290,7 +298,8 @@ impl ToolUse {
 }
 
 /// `tools`, `tool_choice` and `parallel_tool_calls` of a chat request: `None` when the reply
-/// calls nothing. A forced call constrains the reply (`g.json`) to the call's JSON.
+/// calls nothing. The reply's calls are kept to the tools' schemas (`g.json`): a forced call's
+/// whole reply, a chosen call's JSON from its opening on (`ToolFormat::auto_constraint`).
 fn tool_use(state: &AppState, body: &Value, g: &mut Generation) -> ApiResult<Option<ToolUse>> {
     let bad = |e: anyhow::Error| ApiError::bad_request(format!("{e:#}"));
     let tools = match body.get("tools") {
@@ -336,13 +345,22 @@ fn tool_use(state: &AppState, body: &Value, g: &mut Generation) -> ApiResult<Opt
         ));
     }
     let format = state.template.tool_format();
+    let compile = |schema: &Value| {
+        Schema::compile(schema)
+            .map(Arc::new)
+            .map_err(|e| ApiError::bad_request(format!("tools: {e:#}")))
+    };
     let mut prefix = String::new();
     if forced {
         let call = format.forced(&tools, named).map_err(bad)?;
-        let schema = Schema::compile(&call.schema)
-            .map_err(|e| ApiError::bad_request(format!("tools: {e:#}")))?;
-        g.json = Some(JsonFormat::Schema(Arc::new(schema)));
+        g.json = Some(JsonFormat::Schema(compile(&call.schema)?));
         prefix = call.prefix;
+    } else if let Some((schema, triggers)) = format.auto_constraint(&tools) {
+        let schema = compile(&schema)?;
+        g.json = Some(match triggers.is_empty() {
+            true => JsonFormat::Schema(schema),
+            false => JsonFormat::Lazy(schema, triggers),
+        });
     }
     Ok(Some(ToolUse {
         format,
