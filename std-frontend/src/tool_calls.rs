@@ -273,7 +273,8 @@ impl ToolFormat {
 
     /// The schema of a reply (`in_reply` puts a call in it) whose call is to one of `chosen`,
     /// each with its arguments' schema, the name telling them apart; where more tools than a
-    /// union tells apart are offered, the name one of theirs and the arguments any object.
+    /// union tells apart are offered, the name one of theirs (or any string, past an enum's
+    /// limit) and the arguments any object.
     fn reply_schema(self, chosen: &[&Tool], in_reply: impl Fn(Value) -> Value) -> Value {
         let args_key = match self {
             ToolFormat::Llama3 => "parameters",
@@ -299,9 +300,18 @@ impl ToolFormat {
             return typed;
         }
         let names: Vec<&str> = chosen.iter().map(|t| t.name.as_str()).collect();
-        in_reply(json!({
+        let named = in_reply(json!({
             "type": "object",
             "properties": {"name": {"enum": names}, args_key: {"type": "object"}},
+            "required": ["name", args_key],
+        }));
+        if Schema::compile(&named).is_ok() {
+            return named;
+        }
+        // More names than an enum holds.
+        in_reply(json!({
+            "type": "object",
+            "properties": {"name": {"type": "string"}, args_key: {"type": "object"}},
             "required": ["name", args_key],
         }))
     }
@@ -890,6 +900,26 @@ mod tests {
             g.schema["properties"]["arguments"],
             json!({"type": "object"})
         );
+    }
+
+    /// However many tools a request offers (up to `MAX_TOOLS`), a call's schema compiles.
+    #[test]
+    fn every_tool_list_has_a_call_schema() {
+        for n in [1, 2, 64, 65, MAX_TOOLS] {
+            let list: Vec<Value> = (0..n)
+                .map(|i| {
+                    json!({"function": {"name": format!("f{i}"), "parameters": {
+                    "type": "object", "properties": {"x": {"type": "string"}}}}})
+                })
+                .collect();
+            let tools = Tool::list(&Value::Array(list)).unwrap();
+            for format in [ToolFormat::Hermes, ToolFormat::Generic] {
+                let forced = format.forced(&tools, None).unwrap();
+                Schema::compile(&forced.schema).unwrap_or_else(|e| panic!("{n} tools: {e}"));
+                let (auto, _) = format.auto_constraint(&tools).unwrap();
+                Schema::compile(&auto).unwrap_or_else(|e| panic!("{n} tools: {e}"));
+            }
+        }
     }
 
     /// `auto`: Hermes, Llama 3 and Mistral's JSON list constrain a call after its opening;
