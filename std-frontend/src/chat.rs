@@ -78,6 +78,16 @@ impl std::io::Write for CappedWriter {
     }
 }
 
+/// What a request adds to its messages' rendering.
+#[derive(Default)]
+pub struct RenderOptions<'a> {
+    /// The tools the model may call (OpenAI's `tools`, as templates read them).
+    pub tools: Option<&'a serde_json::Value>,
+    /// Variables for the template (a request's `chat_template_kwargs`, such as Qwen3's
+    /// `enable_thinking`), an object.
+    pub variables: Option<&'a serde_json::Value>,
+}
+
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos: String,
@@ -87,6 +97,8 @@ pub struct ChatTemplate {
     system_role: bool,
     /// How the model writes tool calls, as the template's text shows.
     tool_format: ToolFormat,
+    /// The model thinks in `<think>` tags, as the template's text shows.
+    thinks: bool,
 }
 
 impl ChatTemplate {
@@ -162,6 +174,7 @@ impl ChatTemplate {
             strftime(&format, now).map_err(|e| Error::new(ErrorKind::InvalidOperation, e))
         });
         let tool_format = ToolFormat::of_template(&source);
+        let thinks = crate::reasoning::template_thinks(&source);
         env.add_template_owned("chat", source)
             .map_err(|e| anyhow!("the chat template does not parse: {e}"))?;
         let mut template = ChatTemplate {
@@ -170,6 +183,7 @@ impl ChatTemplate {
             eos,
             system_role: true,
             tool_format,
+            thinks,
         };
         // A template renders a system message if its text comes out; one that raises an error
         // on it, or drops it, does not (the probe llama.cpp runs, to the same end).
@@ -177,7 +191,7 @@ impl ChatTemplate {
         let probe = [("system", needle), ("user", "User message")]
             .map(|(role, content)| Message::text(role, content));
         template.system_role = template
-            .render_as_is(&probe, None, true)
+            .render_as_is(&probe, &RenderOptions::default(), true)
             .is_ok_and(|text| text.contains(needle));
         Ok(template)
     }
@@ -187,19 +201,24 @@ impl ChatTemplate {
         self.tool_format
     }
 
+    /// Whether the model thinks in `<think>` tags before it answers.
+    pub fn thinks(&self) -> bool {
+        self.thinks
+    }
+
     /// The prompt for `messages`, with the assistant's turn opened when `add_generation_prompt`.
     /// As llama.cpp does: OpenAI's `developer` role is the system role, and a leading system
     /// message goes before the first user message's text (and a line break) where the template
     /// has no system role.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
-        self.render_with_tools(messages, None, add_generation_prompt)
+        self.render_with(messages, &RenderOptions::default(), add_generation_prompt)
     }
 
-    /// `render`, with the tools the model may call (OpenAI's `tools`, as templates read them).
-    pub fn render_with_tools(
+    /// `render`, with what a request adds: tools, and variables for the template.
+    pub fn render_with(
         &self,
         messages: &[Message],
-        tools: Option<&serde_json::Value>,
+        options: &RenderOptions<'_>,
         add_generation_prompt: bool,
     ) -> Result<String> {
         let with_system_roles: Vec<Message>;
@@ -228,19 +247,19 @@ impl ChatTemplate {
                     ..first.clone()
                 });
                 merged.extend_from_slice(rest);
-                self.render_as_is(&merged, tools, add_generation_prompt)
+                self.render_as_is(&merged, options, add_generation_prompt)
             }
             [system] if !self.system_role && system.role == "system" => {
-                self.render_as_is(&[], tools, add_generation_prompt)
+                self.render_as_is(&[], options, add_generation_prompt)
             }
-            _ => self.render_as_is(messages, tools, add_generation_prompt),
+            _ => self.render_as_is(messages, options, add_generation_prompt),
         }
     }
 
     fn render_as_is(
         &self,
         messages: &[Message],
-        tools: Option<&serde_json::Value>,
+        options: &RenderOptions<'_>,
         add_generation_prompt: bool,
     ) -> Result<String> {
         let t = self.env.get_template("chat")?;
@@ -252,10 +271,18 @@ impl ChatTemplate {
             eos_token => &self.eos,
         };
         // Templates test `tools is defined`: a request without tools leaves it undefined.
-        let ctx = match tools {
+        let ctx = match options.tools {
             Some(tools) => context! { tools => tools, ..base },
             None => base,
         };
+        // The request's own variables, under the ones above (which win where names meet).
+        let ctx = match options.variables {
+            Some(vars) => context! { ..ctx, ..minijinja::Value::from_serialize(vars) },
+            None => ctx,
+        };
+        // Thinking on unless the request says otherwise, as llama.cpp renders templates (its
+        // copies of DeepSeek R1's close the reasoning without it).
+        let ctx = context! { ..ctx, ..context! { enable_thinking => true } };
         t.render_captured_to(ctx, &mut out)
         .map_err(|e| match e.kind() {
             ErrorKind::WriteFailure => anyhow!(
@@ -414,6 +441,23 @@ mod tests {
         let t = ChatTemplate::new(src.into(), String::new(), String::new()).unwrap();
         let messages = ["developer", "user"].map(|role| Message::text(role, "x"));
         assert_eq!(t.render(&messages, true).unwrap(), "[system] x\n[user] x\n");
+    }
+
+    /// A request's template variables reach the template, and cannot replace its messages.
+    #[test]
+    fn request_variables_reach_the_template() {
+        let src = "{% for m in messages %}{{ m['content'] }}{% endfor %}|{{ enable_thinking }}";
+        let t = ChatTemplate::new(src.into(), String::new(), String::new()).unwrap();
+        let vars = serde_json::json!({"enable_thinking": false, "messages": []});
+        let options = RenderOptions {
+            variables: Some(&vars),
+            ..RenderOptions::default()
+        };
+        let out = t.render_with(&[Message::text("user", "hi")], &options, true);
+        assert_eq!(out.unwrap(), "hi|False");
+        // Thinking is on where the request does not say.
+        let out = t.render(&[Message::text("user", "hi")], true);
+        assert_eq!(out.unwrap(), "hi|True");
     }
 
     #[test]

@@ -12,6 +12,7 @@ mod json_lex;
 pub mod json_output;
 pub mod json_schema;
 pub mod load;
+pub mod reasoning;
 pub mod run;
 pub mod serve;
 pub mod slots;

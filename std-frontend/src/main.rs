@@ -355,6 +355,10 @@ struct ServeArgs {
     /// writes tool calls).
     #[arg(long, value_name = "FILE")]
     chat_template_file: Option<std::path::PathBuf>,
+    /// Where a thinking model's reasoning (`<think>...</think>`) goes in chat replies:
+    /// `reasoning_content` (deepseek; auto is the same), or the content as written (none).
+    #[arg(long, value_enum, default_value_t = ReasoningFormat::Auto)]
+    reasoning_format: ReasoningFormat,
     /// Requests that may wait for a free slot; more get 503 with Retry-After.
     #[arg(long, default_value_t = 64)]
     queue: usize,
@@ -372,6 +376,14 @@ struct ServeArgs {
     /// trickling connections cannot hold every place of --max-connections.
     #[arg(long, default_value_t = 30)]
     header_timeout: u64,
+}
+
+/// llama-server's `--reasoning-format` values.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ReasoningFormat {
+    Auto,
+    Deepseek,
+    None,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -1317,6 +1329,7 @@ fn cmd_serve(a: ServeArgs) -> Result<()> {
         header_timeout: std::time::Duration::from_secs(a.header_timeout.max(1)),
         model_id,
         chat_template_file: a.chat_template_file,
+        reasoning: a.reasoning_format != ReasoningFormat::None,
     };
     let backend = match &engine {
         Engine::Cpu(_) => sapient::serve::ServeBackend::Cpu(&m, &l.exec),

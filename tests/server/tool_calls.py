@@ -7,7 +7,9 @@ SmolLM2's template shows no tool format, so its replies take llama.cpp's generic
 in the system prompt, the reply a JSON object); a Hermes template (`--chat-template-file`)
 takes the `<tool_call>` one. Forced calls (`required`, a named function) are calls of the
 tools' schemas, greedy and sampled, whole and streamed alike; a conversation carries calls and
-their results back; every malformed field is a 400 naming it.
+their results back; every malformed field is a 400 naming it. A thinking template (Qwen3's
+shape) has the reply's reasoning in `reasoning_content`, whole and streamed alike, and
+`chat_template_kwargs` reach the template.
 """
 import json
 import os
@@ -62,6 +64,18 @@ For each call, return {"name": <function-name>, "arguments": <args-json-object>}
 {%- endfor %}
 {%- if add_generation_prompt %}<|im_start|>assistant
 {% endif %}"""
+
+
+THINKING = """{%- for message in messages %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% if enable_thinking is defined and enable_thinking is false %}<think>
+
+</think>
+
+{% else %}<think>
+{% endif %}{% endif %}"""
 
 
 def check(cond, what):
@@ -239,6 +253,50 @@ with tempfile.TemporaryDirectory() as tmp:
                                                 temperature=0, max_tokens=24)
         check(answer.usage.prompt_tokens > call.usage.prompt_tokens + 10,
               "Hermes format: a call and its result carried back")
+    finally:
+        if serve:
+            serve.send_signal(signal.SIGTERM)
+            serve.wait(timeout=30)
+    # A thinking template (as Qwen3's): the reply opens inside <think> unless the request's
+    # chat_template_kwargs turn thinking off.
+    thinking = os.path.join(tmp, "thinking.jinja")
+    with open(thinking, "w") as f:
+        f.write(THINKING)
+    serve = None
+    try:
+        serve, port = serve_process.start(BIN, MODEL, NAME, "--ctx", "1024", "--chat-template-file", thinking)
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+        request = dict(model=NAME, messages=QUESTION, temperature=0, max_tokens=16)
+        r = client.chat.completions.create(**request)
+        message = r.choices[0].message
+        reasoning = getattr(message, "reasoning_content", None)
+        check(bool(reasoning) and not message.content,
+              f"a reply inside an opened <think>: all reasoning_content ({reasoning!r})")
+
+        def gathered(**extra):
+            parts = {"reasoning_content": "", "content": ""}
+            for chunk in client.chat.completions.create(stream=True, **request, **extra):
+                for choice in chunk.choices:
+                    parts["content"] += choice.delta.content or ""
+                    parts["reasoning_content"] += getattr(choice.delta, "reasoning_content", None) or ""
+            return parts
+
+        check(gathered() == {"reasoning_content": reasoning, "content": ""}, "reasoning streamed as whole")
+        plain = client.chat.completions.create(**request, extra_body={"reasoning_format": "none"})
+        check(plain.choices[0].message.content.strip() == reasoning and
+              getattr(plain.choices[0].message, "reasoning_content", None) is None,
+              "reasoning_format none: the text as written, in content")
+        off = client.chat.completions.create(**request, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        check(off.usage.prompt_tokens > r.usage.prompt_tokens and off.choices[0].message.content and
+              getattr(off.choices[0].message, "reasoning_content", None) is None,
+              "chat_template_kwargs enable_thinking false: the template closes <think>, the reply is content")
+        for what, extra in [("chat_template_kwargs not an object", {"chat_template_kwargs": "x"}),
+                            ("an unknown reasoning_format", {"reasoning_format": "loud"})]:
+            try:
+                client.chat.completions.create(**request, extra_body=extra)
+                check(False, f"{what}: 400")
+            except openai.BadRequestError as e:
+                check(e.status_code == 400, f"{what}: 400 ({e.body['message']})")
     finally:
         if serve:
             serve.send_signal(signal.SIGTERM)

@@ -180,7 +180,14 @@ fn tool_calling_templates_render_tools_calls_and_results() {
         let specs: Value = tools.iter().map(|t| t.spec.clone()).collect();
         let specs = format.template_renders_tools().then_some(&specs);
         let text = template
-            .render_with_tools(&messages, specs, true)
+            .render_with(
+                &messages,
+                &sapient::chat::RenderOptions {
+                    tools: specs,
+                    variables: None,
+                },
+                true,
+            )
             .unwrap_or_else(|e| panic!("{name}: {e:#}"));
         for needle in [
             "get_weather",
@@ -198,4 +205,43 @@ fn tool_calling_templates_render_tools_calls_and_results() {
             "{name}: the result before the question\n{text}"
         );
     }
+}
+
+/// Thinking models' templates: each thinks in `<think>` tags; DeepSeek R1's and QwQ's open the
+/// reasoning in the generation prompt; Qwen3's closes it empty when `enable_thinking` is false.
+#[test]
+fn thinking_templates_open_and_close_their_reasoning() {
+    use sapient::chat::RenderOptions;
+    use sapient::reasoning::prompt_opens_thinking;
+    let Some(models) = sapient_tests::llama_cpp_models() else {
+        eprintln!("SKIPPED: no llama.cpp source (run scripts/fetch-llama-cpp.sh)");
+        return;
+    };
+    let conversation = [Message::text("user", "What is 2 + 2?")];
+    let load = |name: &str| {
+        let path = models.join(format!("templates/{name}.jinja"));
+        let source = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{name}: {e}"));
+        ChatTemplate::new(source, "<s>".into(), "</s>".into()).unwrap()
+    };
+    for (name, thinks, opens) in [
+        ("deepseek-ai-DeepSeek-R1-Distill-Llama-8B", true, true),
+        ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", true, true),
+        ("Qwen-QwQ-32B", true, true),
+        ("Qwen-Qwen3-0.6B", true, false),
+        ("HuggingFaceTB-SmolLM3-3B", true, false),
+        ("Qwen-Qwen2.5-7B-Instruct", false, false),
+    ] {
+        let template = load(name);
+        assert_eq!(template.thinks(), thinks, "{name}");
+        let prompt = template.render(&conversation, true).unwrap();
+        assert_eq!(prompt_opens_thinking(&prompt), opens, "{name}:\n{prompt}");
+    }
+    let qwen3 = load("Qwen-Qwen3-0.6B");
+    let off = serde_json::json!({"enable_thinking": false});
+    let options = RenderOptions {
+        variables: Some(&off),
+        ..RenderOptions::default()
+    };
+    let prompt = qwen3.render_with(&conversation, &options, true).unwrap();
+    assert!(prompt.ends_with("<think>\n\n</think>\n\n"), "{prompt}");
 }

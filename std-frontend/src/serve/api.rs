@@ -22,9 +22,10 @@ use tokio::sync::{mpsc, oneshot};
 use super::detokenize::{chat_logprobs, completion_logprobs, token_text, Detokenizer, Reported};
 use super::engine::{Event, Finish, Job, Request, TokenLogprobs};
 use super::metrics::Metrics;
-use crate::chat::{ChatTemplate, Message};
+use crate::chat::{ChatTemplate, Message, RenderOptions};
 use crate::json_output::{JsonOutput, JsonVocab, Trigger};
 use crate::json_schema::Schema;
+use crate::reasoning::{self, ReasoningWatch};
 use crate::tokenizer::Tokenizer;
 use crate::tool_calls::{
     call_id, openai_call, template_tool_calls, CallWatch, Tool, ToolCall, ToolFormat,
@@ -39,6 +40,9 @@ pub struct AppState {
     pub api_key: Option<String>,
     pub metrics: Arc<Metrics>,
     pub ctx: usize,
+    /// Chat replies' reasoning goes in `reasoning_content` (`--reasoning-format`), where the
+    /// template thinks and the request does not say otherwise.
+    pub reasoning: bool,
     /// Tokens that end a completion, and a chat reply.
     pub eos: Vec<u32>,
     pub end_of_turn: Vec<u32>,
@@ -300,7 +304,12 @@ impl ToolUse {
 /// `tools`, `tool_choice` and `parallel_tool_calls` of a chat request: `None` when the reply
 /// calls nothing. The reply's calls are kept to the tools' schemas (`g.json`): a forced call's
 /// whole reply, a chosen call's JSON from its opening on (`ToolFormat::auto_constraint`).
-fn tool_use(state: &AppState, body: &Value, g: &mut Generation) -> ApiResult<Option<ToolUse>> {
+fn tool_use(
+    state: &AppState,
+    body: &Value,
+    g: &mut Generation,
+    thinks: bool,
+) -> ApiResult<Option<ToolUse>> {
     let bad = |e: anyhow::Error| ApiError::bad_request(format!("{e:#}"));
     let tools = match body.get("tools") {
         None | Some(Value::Null) => None,
@@ -355,8 +364,22 @@ fn tool_use(state: &AppState, body: &Value, g: &mut Generation) -> ApiResult<Opt
         let call = format.forced(&tools, named).map_err(bad)?;
         g.json = Some(JsonFormat::Schema(compile(&call.schema)?));
         prefix = call.prefix;
-    } else if let Some((schema, triggers)) = format.auto_constraint(&tools) {
+    } else if let Some((schema, mut triggers)) = format.auto_constraint(&tools) {
         let schema = compile(&schema)?;
+        if triggers.is_empty() && thinks {
+            // A reply that is all JSON, but may think first: JSON from its start or after its
+            // reasoning.
+            triggers = vec![
+                Trigger {
+                    text: b"{".to_vec(),
+                    at_start: true,
+                },
+                Trigger {
+                    text: reasoning::CLOSE.as_bytes().to_vec(),
+                    at_start: false,
+                },
+            ];
+        }
         g.json = Some(match triggers.is_empty() {
             true => JsonFormat::Schema(schema),
             false => JsonFormat::Lazy(schema, triggers),
@@ -757,6 +780,8 @@ enum Piece<'a> {
     /// The first chunk (chat's has the role).
     Open,
     Text(&'a str, &'a [Reported]),
+    /// Reasoning, told apart from the reply's content.
+    Reasoning(&'a str),
     /// The reply's tool calls, in OpenAI's shape, whole.
     Calls(&'a [Value]),
     Finish(&'static str),
@@ -776,6 +801,8 @@ struct StreamedChoice {
     events: mpsc::UnboundedReceiver<Event>,
     text: Detokenizer,
     calls: Option<StreamedCalls>,
+    /// Splits the reasoning from the content, where the reply's is told apart.
+    reasoning: Option<ReasoningWatch>,
     ended: Option<usize>,
 }
 
@@ -801,6 +828,19 @@ fn sse(
         /// and the log-probabilities of the tokens it completes.
         fn text(&mut self, i: usize, piece: &str) {
             let choice = &mut self.choices[i];
+            let split;
+            let piece = match &mut choice.reasoning {
+                Some(watch) => {
+                    let reasoning;
+                    (reasoning, split) = watch.push(piece);
+                    if !reasoning.is_empty() {
+                        let data = (self.chunk)(i, Piece::Reasoning(&reasoning)).to_string();
+                        self.queue.push_back(data);
+                    }
+                    &split
+                }
+                None => piece,
+            };
             let held;
             let piece = match &mut choice.calls {
                 Some(calls) => {
@@ -819,6 +859,14 @@ fn sse(
         /// Choice `i`'s end: the content held back and its calls queued; the finish reason,
         /// `tool_calls` where it made some.
         fn end(&mut self, i: usize, finish: &'static str) -> &'static str {
+            if let Some(watch) = self.choices[i].reasoning.take() {
+                let (reasoning, content) = watch.finish();
+                if !reasoning.is_empty() {
+                    let data = (self.chunk)(i, Piece::Reasoning(&reasoning)).to_string();
+                    self.queue.push_back(data);
+                }
+                self.text(i, &content);
+            }
             let Some(calls) = self.choices[i].calls.take() else {
                 return finish;
             };
@@ -980,9 +1028,18 @@ fn message_tool_calls(m: &Value) -> ApiResult<Option<Value>> {
     }
 }
 
-/// A request's `messages` through the chat template (with the tools, when the reply may call
-/// them), as token ids ready for the reply.
-fn chat_ids(state: &AppState, body: &Value, tools: Option<&ToolUse>) -> ApiResult<Vec<u32>> {
+/// A request's `messages` through the chat template, with the tools when the reply may call
+/// them and the request's `chat_template_kwargs`: the prompt's text, ready for the reply.
+fn chat_prompt(state: &AppState, body: &Value, tools: Option<&ToolUse>) -> ApiResult<String> {
+    let variables = match body.get("chat_template_kwargs") {
+        None | Some(Value::Null) => None,
+        Some(v @ Value::Object(_)) => Some(v),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "chat_template_kwargs must be an object of template variables",
+            ))
+        }
+    };
     let optional_text = |m: &Value, key: &str| match m.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
@@ -1014,19 +1071,27 @@ fn chat_ids(state: &AppState, body: &Value, tools: Option<&ToolUse>) -> ApiResul
         .collect::<ApiResult<Vec<_>>>()?;
     let failed =
         |e: anyhow::Error| ApiError::bad_request(format!("the chat template failed: {e:#}"));
-    let text = match tools {
-        None => state.template.render(&messages, true).map_err(failed)?,
+    let render = |messages: &[Message], tools: Option<&Value>| {
+        let options = RenderOptions { tools, variables };
+        let text = state.template.render_with(messages, &options, true);
+        text.map_err(failed)
+    };
+    match tools {
+        None => render(&messages, None),
         Some(t) => {
             let messages = t.format.prompt_messages(&t.tools, messages);
             let specs: Value = t.tools.iter().map(|t| t.spec.clone()).collect();
             let specs = t.format.template_renders_tools().then_some(&specs);
-            let text = state.template.render_with_tools(&messages, specs, true);
-            text.map_err(failed)? + &t.prefix
+            Ok(render(&messages, specs)? + &t.prefix)
         }
-    };
+    }
+}
+
+/// A chat request's prompt as token ids.
+fn chat_ids(state: &AppState, prompt: &str) -> ApiResult<Vec<u32>> {
     state
         .tokenizer
-        .encode_chat(&text)
+        .encode_chat(prompt)
         .map_err(|e| ApiError::bad_request(format!("{e:#}")))
 }
 
@@ -1055,7 +1120,7 @@ pub async fn tokenize(
             };
             ids.map_err(|e| ApiError::bad_request(format!("{e:#}")))?
         }
-        (None, Some(_)) => chat_ids(&state, &body, None)?,
+        (None, Some(_)) => chat_ids(&state, &chat_prompt(&state, &body, None)?)?,
         _ => {
             return Err(ApiError::bad_request(
                 "give the text as content (or prompt), or messages",
@@ -1109,18 +1174,31 @@ pub async fn chat_completions(
 ) -> ApiResult<Response> {
     let body = read_body(&state, body)?;
     let (body, mut g) = generating_request(&state, Kind::Chat, &body)?;
-    let tools = tool_use(&state, &body, &mut g)?;
-    let ids = chat_ids(&state, &body, tools.as_ref())?;
-    answer(
-        &state,
-        Kind::Chat,
-        ids,
-        &g,
-        &state.end_of_turn,
-        None,
-        tools.as_ref(),
-    )
-    .await
+    let thinks = reasoning_split(&state, &body)?;
+    let tools = tool_use(&state, &body, &mut g, thinks)?;
+    let prompt = chat_prompt(&state, &body, tools.as_ref())?;
+    let ids = chat_ids(&state, &prompt)?;
+    let reply = ReplyParsing {
+        tools: tools.as_ref(),
+        reasoning: thinks.then(|| reasoning::prompt_opens_thinking(&prompt)),
+    };
+    answer(&state, Kind::Chat, ids, &g, &state.end_of_turn, None, reply).await
+}
+
+/// Whether a chat reply's reasoning is split from its content: the server's
+/// `--reasoning-format` and the request's `reasoning_format`, for a template that thinks.
+fn reasoning_split(state: &AppState, body: &Value) -> ApiResult<bool> {
+    let asked = match body.get("reasoning_format") {
+        None | Some(Value::Null) => state.reasoning,
+        Some(Value::String(f)) if f == "none" => false,
+        Some(Value::String(f)) if f == "deepseek" || f == "auto" => true,
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "reasoning_format must be \"none\", \"deepseek\" or \"auto\"",
+            ))
+        }
+    };
+    Ok(asked && state.template.thinks())
 }
 
 pub async fn completions(
@@ -1164,7 +1242,19 @@ pub async fn completions(
         }
     };
     let echo = g.echo.then_some(text);
-    answer(&state, Kind::Completion, ids, &g, &state.eos, echo, None).await
+    let reply = ReplyParsing {
+        tools: None,
+        reasoning: None,
+    };
+    answer(&state, Kind::Completion, ids, &g, &state.eos, echo, reply).await
+}
+
+/// A whole reply's parts.
+struct WholeReply {
+    content: String,
+    reasoning: String,
+    /// In OpenAI's shape.
+    calls: Vec<Value>,
 }
 
 /// Which of the two generating routes an answer is for.
@@ -1192,7 +1282,7 @@ impl Kind {
     /// A choice of a streamed chunk; `logprobs` is null unless the request asked for them.
     fn chunk_choice(self, index: usize, piece: Piece<'_>, tokenizer: Option<&Tokenizer>) -> Value {
         let (content, finish, logprobs) = match piece {
-            Piece::Open | Piece::Calls(_) => ("", None, Value::Null),
+            Piece::Open | Piece::Calls(_) | Piece::Reasoning(_) => ("", None, Value::Null),
             Piece::Text(text, tokens) => {
                 let lp = tokenizer.map_or(Value::Null, |t| self.logprobs(t, tokens, None));
                 (text, None, lp)
@@ -1204,6 +1294,7 @@ impl Kind {
                 let delta = match piece {
                     Piece::Open => json!({ "role": "assistant", "content": "" }),
                     Piece::Text(..) => json!({ "content": content }),
+                    Piece::Reasoning(text) => json!({ "reasoning_content": text }),
                     Piece::Calls(calls) => {
                         let indexed: Vec<Value> = calls
                             .iter()
@@ -1226,19 +1317,20 @@ impl Kind {
         }
     }
 
-    /// A whole answer's choice; a chat reply that calls tools has them (and no content when it
-    /// has no text).
-    fn whole_choice(
-        self,
-        index: usize,
-        content: String,
-        finish: &str,
-        logprobs: Value,
-        calls: Vec<Value>,
-    ) -> Value {
+    /// A whole answer's choice; a chat reply has its reasoning where it has some, and its
+    /// calls where it makes some (and no content when it has no text).
+    fn whole_choice(self, index: usize, reply: WholeReply, finish: &str, logprobs: Value) -> Value {
+        let WholeReply {
+            content,
+            reasoning,
+            calls,
+        } = reply;
         match self {
             Kind::Chat => {
                 let mut message = json!({ "role": "assistant", "content": content });
+                if !reasoning.is_empty() {
+                    message["reasoning_content"] = json!(reasoning);
+                }
                 if !calls.is_empty() {
                     if content.is_empty() {
                         message["content"] = Value::Null;
@@ -1262,6 +1354,14 @@ impl Kind {
     }
 }
 
+/// How a chat reply's text is read beyond its words: its tool calls, and its reasoning
+/// (`Some(opened)`: told apart from its content, the prompt having opened it when `opened`).
+#[derive(Clone, Copy)]
+struct ReplyParsing<'a> {
+    tools: Option<&'a ToolUse>,
+    reasoning: Option<bool>,
+}
+
 /// Generates from `ids` and answers in `kind`'s shape: server-sent chunks, or one object. With
 /// `echo` (the prompt's text; whole answers only), the answer starts with the prompt.
 async fn answer(
@@ -1271,8 +1371,9 @@ async fn answer(
     g: &Generation,
     stop_tokens: &[u32],
     echo: Option<String>,
-    tools: Option<&ToolUse>,
+    reply: ReplyParsing<'_>,
 ) -> ApiResult<Response> {
+    let tools = reply.tools;
     let prompt_tokens = ids.len();
     let mut started = Vec::with_capacity(g.n);
     for choice in 0..g.n {
@@ -1320,6 +1421,7 @@ async fn answer(
                     parallel: t.parallel,
                     ids: call_ids.wrapping_add(64 * i as u64),
                 }),
+                reasoning: reply.reasoning.map(ReasoningWatch::new),
                 ended: None,
             })
             .collect();
@@ -1345,9 +1447,16 @@ async fn answer(
             .as_ref()
             .map_or(Value::Null, |t| kind.logprobs(t, &whole.logprobs, echoed));
         completion += whole.completion_tokens;
+        let (reasoning, text) = match reply.reasoning {
+            Some(opened) => {
+                let split = reasoning::split(&whole.text, opened);
+                (split.reasoning, split.content)
+            }
+            None => (String::new(), whole.text),
+        };
         let (text, calls) = match tools {
-            Some(t) => t.reply(&whole.text),
-            None => (whole.text, Vec::new()),
+            Some(t) => t.reply(&text),
+            None => (text, Vec::new()),
         };
         let finish = if calls.is_empty() {
             whole.finish
@@ -1356,7 +1465,12 @@ async fn answer(
         };
         let calls = openai_calls(&calls, call_ids.wrapping_add(64 * index as u64));
         let content = echo.clone().unwrap_or_default() + &text;
-        choices.push(kind.whole_choice(index, content, finish, logprobs, calls));
+        let message = WholeReply {
+            content,
+            reasoning,
+            calls,
+        };
+        choices.push(kind.whole_choice(index, message, finish, logprobs));
     }
     let mut v = head(object);
     v["choices"] = Value::Array(choices);

@@ -48,6 +48,8 @@ pub struct ServeOptions {
     pub model_id: String,
     /// A chat template to use instead of the model's.
     pub chat_template_file: Option<std::path::PathBuf>,
+    /// Chat replies' reasoning (`<think>...</think>`) in `reasoning_content`, not `content`.
+    pub reasoning: bool,
 }
 
 /// Where the engine's KV slots live and its forward passes run.
@@ -76,6 +78,7 @@ pub fn serve(files: &ModelFiles, backend: ServeBackend<'_, '_>, opts: ServeOptio
         api_key: opts.api_key.clone(),
         metrics: metrics.clone(),
         ctx: opts.ctx,
+        reasoning: opts.reasoning,
         eos,
         end_of_turn,
         queue_limit: opts.queue_limit,
