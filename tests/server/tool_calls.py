@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import urllib.request
 
 import openai
 from openai import OpenAI
@@ -151,6 +152,33 @@ def forced_calls(client, label):
               f"{label}: sampled (seed {seed}), still a call of a tool's schema")
 
 
+def post(port, path, body):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=json.dumps(body).encode(), method="POST")
+    req.add_header("Content-Type", "application/json")
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.load(r)
+
+
+def carried_back(client, port, label):
+    """A call and its result, sent back as the conversation goes on, are in the prompt (as
+    /tokenize renders it with the tools), and the model answers."""
+    call = client.chat.completions.create(model=NAME, messages=QUESTION, tools=[WEATHER],
+                                          tool_choice="required", temperature=0, max_tokens=120)
+    asked = call.choices[0].message
+    history = QUESTION + [asked.model_dump(exclude_none=True),
+                          {"role": "tool", "tool_call_id": asked.tool_calls[0].id, "content": "Sunny, 24 C"}]
+    answer = client.chat.completions.create(model=NAME, messages=history, tools=[WEATHER],
+                                            temperature=0, max_tokens=24)
+    ids = post(port, "/tokenize", {"messages": history, "tools": [WEATHER]})["tokens"]
+    prompt = post(port, "/detokenize", {"tokens": ids})["content"]
+    arguments = json.loads(asked.tool_calls[0].function.arguments)
+    check(answer.choices[0].message.content is not None or answer.choices[0].message.tool_calls,
+          f"{label}: a call and its result carried back, answered")
+    check(answer.usage.prompt_tokens == len(ids) and "Sunny, 24 C" in prompt and
+          all(v in prompt for v in arguments.values()) and "get_weather" in prompt,
+          f"{label}: the call and its result in the prompt")
+
+
 serve = None
 try:
     serve, port = serve_process.start(BIN, MODEL, NAME, "--parallel", "2", "--ctx", "1024")
@@ -188,16 +216,7 @@ try:
     check(none.choices[0].message.content == plain.choices[0].message.content and
           none.usage.prompt_tokens == plain.usage.prompt_tokens, "tool_choice none: as without tools")
 
-    # A conversation carries the call and its result back.
-    call = client.chat.completions.create(model=NAME, messages=QUESTION, tools=[WEATHER],
-                                          tool_choice="required", temperature=0, max_tokens=120)
-    asked = call.choices[0].message
-    history = QUESTION + [asked.model_dump(exclude_none=True),
-                          {"role": "tool", "tool_call_id": asked.tool_calls[0].id, "content": "Sunny, 24 C"}]
-    answer = client.chat.completions.create(model=NAME, messages=history, tools=[WEATHER],
-                                            temperature=0, max_tokens=24)
-    check(answer.usage.prompt_tokens > call.usage.prompt_tokens + 10,
-          "a call and its result carried back in the conversation")
+    carried_back(client, port, "generic format")
 
     # parallel_tool_calls false: one call at most.
     r = client.chat.completions.create(model=NAME, messages=QUESTION, tools=[WEATHER], tool_choice="required",
@@ -244,15 +263,7 @@ with tempfile.TemporaryDirectory() as tmp:
         serve, port = serve_process.start(BIN, MODEL, NAME, "--ctx", "1024", "--chat-template-file", template)
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
         forced_calls(client, "Hermes format (--chat-template-file)")
-        call = client.chat.completions.create(model=NAME, messages=QUESTION, tools=[WEATHER],
-                                              tool_choice="required", temperature=0, max_tokens=120)
-        asked = call.choices[0].message
-        history = QUESTION + [asked.model_dump(exclude_none=True),
-                              {"role": "tool", "tool_call_id": asked.tool_calls[0].id, "content": "Sunny, 24 C"}]
-        answer = client.chat.completions.create(model=NAME, messages=history, tools=[WEATHER],
-                                                temperature=0, max_tokens=24)
-        check(answer.usage.prompt_tokens > call.usage.prompt_tokens + 10,
-              "Hermes format: a call and its result carried back")
+        carried_back(client, port, "Hermes format")
     finally:
         if serve:
             serve.send_signal(signal.SIGTERM)

@@ -1096,7 +1096,8 @@ fn chat_ids(state: &AppState, prompt: &str) -> ApiResult<Vec<u32>> {
 }
 
 /// `POST /tokenize`, in llama-server's shape (`content`, `add_special`, `with_pieces`) and
-/// vLLM's (`prompt` or `messages`, `add_special_tokens`): the ids, their count and the context.
+/// vLLM's (`prompt`, or `messages` with `tools` and `chat_template_kwargs`;
+/// `add_special_tokens`): the ids, their count and the context.
 pub async fn tokenize(
     State(state): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
@@ -1120,7 +1121,19 @@ pub async fn tokenize(
             };
             ids.map_err(|e| ApiError::bad_request(format!("{e:#}")))?
         }
-        (None, Some(_)) => chat_ids(&state, &chat_prompt(&state, &body, None)?)?,
+        (None, Some(_)) => {
+            // vLLM's shape: the tools go into the prompt as a chat request's do.
+            let tools = match body.get("tools") {
+                None | Some(Value::Null) => None,
+                Some(t) => Some(ToolUse {
+                    format: state.template.tool_format(),
+                    tools: Tool::list(t).map_err(|e| ApiError::bad_request(format!("{e:#}")))?,
+                    prefix: String::new(),
+                    parallel: true,
+                }),
+            };
+            chat_ids(&state, &chat_prompt(&state, &body, tools.as_ref())?)?
+        }
         _ => {
             return Err(ApiError::bad_request(
                 "give the text as content (or prompt), or messages",
