@@ -13,7 +13,9 @@ Usage: scripts/fuzz-corpus.py SAPIENT_BINARY
 - chat_template: ChatML, Llama 2 and Llama 3 style templates with the reference prompts as
   messages.
 - json_schema: schemas of the kinds structured-output clients send (nested objects, arrays,
-  enums, Optional fields, recursive $refs, dictionaries) with a value of each as the output.
+  enums, Optional fields, recursive $refs, dictionaries, discriminated unions) with a value of
+  each as the output.
+- reply_parsing: replies with tool calls in each format, reasoning, and text that only looks so.
 """
 import json
 import math
@@ -161,6 +163,26 @@ schemas = {
     "dictionary": ({"type": "object", "properties": {"scores": {"type": "object",
                     "additionalProperties": {"type": ["integer", "null"]}}}},
                    '{"scores": {"a": 1, "b": null}}'),
+    "union": ({"type": "object", "properties": {"pet": {"oneOf": [
+        {"type": "object", "properties": {"kind": {"const": "cat"}, "lives": {"type": "integer"}},
+         "required": ["kind", "lives"]},
+        {"type": "object", "properties": {"kind": {"const": "dog"}}, "required": ["kind"]}]}}},
+        '{"pet": {"kind": "cat", "lives": 9}}'),
 }
 for name, (schema, value) in schemas.items():
     seed("json_schema", name, (json.dumps(schema) + "\n--\n" + value).encode())
+
+# A step size byte, then a reply: calls in each format, reasoning, and text that only looks so.
+replies = {
+    "hermes": 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    "llama3": '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "b", "parameters": {}}',
+    "python_tag": 'Checking.<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}',
+    "mistral": '[TOOL_CALLS][{"name": "a", "arguments": {"x": 1}}, {"name": "b", "arguments": {}}]',
+    "mistral_args": 'Sure. [TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]b[ARGS]{}',
+    "generic": '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}',
+    "response": '  {"response": "It is sunny."}',
+    "thinking": '<think>\nLet me see: 2 + 2.\n</think>\n\nThe answer is 4. </think> <tool_call>',
+    "lookalike": 'Use <tool_ or </thi or [TOOL_CALL or <|python_ta, like <tool_call>{"oops": 1}',
+}
+for step, (name, text) in enumerate(replies.items()):
+    seed("reply_parsing", name, bytes([step]) + text.encode())
