@@ -17,13 +17,7 @@ fuzz_target!(|data: &[u8]| {
         .chunks(usize::from(step % 16) + 1)
         .map(|c| c.iter().collect())
         .collect();
-    for format in [
-        ToolFormat::Hermes,
-        ToolFormat::Llama3,
-        ToolFormat::MistralJson,
-        ToolFormat::MistralArgs,
-        ToolFormat::Generic,
-    ] {
+    for format in ToolFormat::ALL {
         let whole = format.parse(&text);
         let mut watch = CallWatch::new(format, "");
         let mut streamed = String::new();

@@ -123,6 +123,14 @@ const MISTRAL_CALLS: &str = "[TOOL_CALLS]";
 const MISTRAL_ARGS: &str = "[ARGS]";
 
 impl ToolFormat {
+    pub const ALL: [ToolFormat; 5] = [
+        ToolFormat::Hermes,
+        ToolFormat::Llama3,
+        ToolFormat::MistralJson,
+        ToolFormat::MistralArgs,
+        ToolFormat::Generic,
+    ];
+
     /// The format a chat template's text shows its model writing calls in.
     pub fn of_template(source: &str) -> Self {
         if source.contains(MISTRAL_CALLS) {
@@ -238,23 +246,22 @@ impl ToolFormat {
     /// What keeps a reply that may call `tools` (`tool_choice` `auto`) well formed: the schema
     /// of the JSON, and the texts after which it applies (llama.cpp's lazy grammars: a call's
     /// JSON after the text that opens it, free text elsewhere). The generic format's reply is
-    /// all JSON (no triggers): a call, or a response. `None` where the call's JSON has no
-    /// opening of its own (Mistral's `[ARGS]` format: the name comes first, outside it).
-    pub fn auto_constraint(self, tools: &[Tool]) -> Option<(Value, Vec<Trigger>)> {
+    /// all JSON (no triggers): a call, or a response; where the model `thinks`, from the
+    /// reply's start or after its reasoning. `None` where the call's JSON has no opening of its
+    /// own (Mistral's `[ARGS]` format: the name comes first, outside it).
+    pub fn auto_constraint(self, tools: &[Tool], thinks: bool) -> Option<(Value, Vec<Trigger>)> {
         let all: Vec<&Tool> = tools.iter().collect();
         let anywhere = |text: &str| Trigger {
             text: text.as_bytes().to_vec(),
             at_start: false,
         };
+        let first_brace = || Trigger {
+            text: b"{".to_vec(),
+            at_start: true,
+        };
         let triggers = match self {
             ToolFormat::Hermes => vec![anywhere(HERMES_OPEN)],
-            ToolFormat::Llama3 => vec![
-                Trigger {
-                    text: b"{".to_vec(),
-                    at_start: true,
-                },
-                anywhere(PYTHON_TAG),
-            ],
+            ToolFormat::Llama3 => vec![first_brace(), anywhere(PYTHON_TAG)],
             // The first call of the list; the list's closing goes free.
             ToolFormat::MistralJson => vec![anywhere(&format!("{MISTRAL_CALLS}["))],
             ToolFormat::MistralArgs => return None,
@@ -265,7 +272,11 @@ impl ToolFormat {
                         "properties": {"tool_call": call, "response": {"type": "string"}},
                     })
                 });
-                return Some((schema, Vec::new()));
+                let triggers = match thinks {
+                    true => vec![first_brace(), anywhere(crate::reasoning::CLOSE)],
+                    false => Vec::new(),
+                };
+                return Some((schema, triggers));
             }
         };
         Some((self.reply_schema(&all, |call| call), triggers))
@@ -808,13 +819,7 @@ mod tests {
     fn forced_calls_parse_back() {
         let tools = weather();
         let arguments = r#"{"city":"Paris"}"#;
-        for format in [
-            ToolFormat::Hermes,
-            ToolFormat::Llama3,
-            ToolFormat::MistralJson,
-            ToolFormat::MistralArgs,
-            ToolFormat::Generic,
-        ] {
+        for format in ToolFormat::ALL {
             let forced = format.forced(&tools, Some("get_weather")).unwrap();
             Schema::compile(&forced.schema).unwrap();
             let body = match format {
@@ -916,7 +921,7 @@ mod tests {
             for format in [ToolFormat::Hermes, ToolFormat::Generic] {
                 let forced = format.forced(&tools, None).unwrap();
                 Schema::compile(&forced.schema).unwrap_or_else(|e| panic!("{n} tools: {e}"));
-                let (auto, _) = format.auto_constraint(&tools).unwrap();
+                let (auto, _) = format.auto_constraint(&tools, false).unwrap();
                 Schema::compile(&auto).unwrap_or_else(|e| panic!("{n} tools: {e}"));
             }
         }
@@ -928,15 +933,21 @@ mod tests {
     fn auto_constraints_follow_the_format() {
         use crate::json_output::Automaton;
         let tools = weather();
-        let (hermes, triggers) = ToolFormat::Hermes.auto_constraint(&tools).unwrap();
+        let (hermes, triggers) = ToolFormat::Hermes.auto_constraint(&tools, false).unwrap();
         assert_eq!(triggers.len(), 1);
         assert_eq!(triggers[0].text, b"<tool_call>");
         Schema::compile(&hermes).unwrap();
-        let (_, llama) = ToolFormat::Llama3.auto_constraint(&tools).unwrap();
+        let (_, llama) = ToolFormat::Llama3.auto_constraint(&tools, false).unwrap();
         assert!(llama[0].at_start && llama[0].text == b"{");
-        assert!(ToolFormat::MistralArgs.auto_constraint(&tools).is_none());
-        let (generic, none) = ToolFormat::Generic.auto_constraint(&tools).unwrap();
+        assert!(ToolFormat::MistralArgs
+            .auto_constraint(&tools, false)
+            .is_none());
+        let (generic, none) = ToolFormat::Generic.auto_constraint(&tools, false).unwrap();
         assert!(none.is_empty());
+        // A model that thinks first: JSON from the reply's start, or after its reasoning.
+        let (_, thinking) = ToolFormat::Generic.auto_constraint(&tools, true).unwrap();
+        let texts: Vec<&[u8]> = thinking.iter().map(|t| t.text.as_slice()).collect();
+        assert_eq!(texts, [&b"{"[..], b"</think>"]);
         let schema = Schema::compile(&generic).unwrap();
         let whole = |text: &str| {
             let end = schema.start().feed(&schema, text.as_bytes());

@@ -364,22 +364,8 @@ fn tool_use(
         let call = format.forced(&tools, named).map_err(bad)?;
         g.json = Some(JsonFormat::Schema(compile(&call.schema)?));
         prefix = call.prefix;
-    } else if let Some((schema, mut triggers)) = format.auto_constraint(&tools) {
+    } else if let Some((schema, triggers)) = format.auto_constraint(&tools, thinks) {
         let schema = compile(&schema)?;
-        if triggers.is_empty() && thinks {
-            // A reply that is all JSON, but may think first: JSON from its start or after its
-            // reasoning.
-            triggers = vec![
-                Trigger {
-                    text: b"{".to_vec(),
-                    at_start: true,
-                },
-                Trigger {
-                    text: reasoning::CLOSE.as_bytes().to_vec(),
-                    at_start: false,
-                },
-            ];
-        }
         g.json = Some(match triggers.is_empty() {
             true => JsonFormat::Schema(schema),
             false => JsonFormat::Lazy(schema, triggers),
