@@ -8,6 +8,7 @@ pub mod exec;
 pub mod generate;
 #[cfg(feature = "gpu")]
 pub mod gpu;
+pub mod infill;
 mod json_lex;
 pub mod json_output;
 pub mod json_schema;

@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use sapient::chat::{ChatTemplate, Message};
 use sapient::generate::Stats;
 use sapient::generate::{generate, Stop};
+use sapient::infill::{Fim, FimRequest};
 use sapient::json_output::{JsonOutput, JsonVocab};
 use sapient::json_schema::Schema;
 use sapient::load::{self, resolve, LoadOptions, ModelFiles, Quantize};
@@ -303,6 +304,11 @@ struct GenerateArgs {
     /// as the server's response_format json_schema.
     #[arg(long, value_name = "SCHEMA")]
     json_schema: Option<String>,
+    /// Fill in the middle: write what goes between --prompt and this text, in the model's
+    /// fill-in-the-middle prompt (code models: Qwen2.5-Coder, StarCoder 2, DeepSeek-Coder,
+    /// CodeLlama...); they are cut to fit the context less --max-tokens.
+    #[arg(long, conflicts_with_all = ["prompt_ids", "no_bos"])]
+    suffix: Option<String>,
 }
 
 #[derive(Args)]
@@ -1046,7 +1052,15 @@ fn run_command(command: Command) -> Result<()> {
 fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let schema = a.json_schema.as_deref().map(read_schema).transpose()?;
     let l = Loaded::open(&a.model)?;
-    let (prompt, tok) = l.prompt(&a.prompt)?;
+    let mut stop = l.files().map_or(Vec::new(), |f| f.eos_token_ids.clone());
+    let (prompt, tok) = match &a.suffix {
+        None => l.prompt(&a.prompt)?,
+        Some(suffix) => {
+            let (prompt, tok, ends) = fim_prompt(&l, &a, suffix)?;
+            stop.extend(ends);
+            (prompt, Some(tok))
+        }
+    };
     let tok = tok.map(Arc::new);
     let m = l.model()?;
     let c = &m.config;
@@ -1063,7 +1077,6 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let mut sampler = Sampler::new(sampling)?;
     let draft = a.draft.open(&l, &a.model)?;
     let engine = l.engine(&m)?;
-    let stop = l.files().map_or(Vec::new(), |f| f.eos_token_ids.clone());
     let mut json_output = match (&tok, a.json || schema.is_some()) {
         (_, false) => None,
         (_, true) if !matches!(draft, DraftChoice::None) => bail!(
@@ -1154,6 +1167,39 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         std::process::exit(130);
     }
     Ok(())
+}
+
+/// `generate --suffix`: the prompt's text and `suffix` around the gap, as the model's
+/// fill-in-the-middle prompt in the context less `--max-tokens` (at most half of it); with the
+/// tokenizer, and the tokens that end the middle.
+fn fim_prompt(
+    l: &Loaded,
+    a: &GenerateArgs,
+    suffix: &str,
+) -> Result<(Vec<u32>, Tokenizer, Vec<u32>)> {
+    let files = l.files()?;
+    let tok = Tokenizer::load(files)?;
+    let Some(fim) = Fim::find(&tok, files.gguf())? else {
+        bail!(
+            "--suffix needs a model with fill-in-the-middle tokens; {} has none",
+            files.path.display()
+        );
+    };
+    let Some(prefix) = a.prompt.prompt.as_deref() else {
+        bail!("--suffix needs the prompt as text (--prompt)");
+    };
+    let ctx = a.ctx.unwrap_or(files.config.context_length());
+    let limit = ctx - a.max_tokens.min(ctx / 2);
+    let request = FimRequest {
+        prefix,
+        suffix,
+        ..FimRequest::default()
+    };
+    let p = fim.prompt(&tok, &request, limit)?;
+    if p.truncated {
+        eprintln!("note: the prompt and the suffix were cut to fit {limit} tokens");
+    }
+    Ok((p.ids, tok, fim.end_ids().to_vec()))
 }
 
 /// `--json-schema`: inline JSON when it starts with `{`, otherwise a file holding it.

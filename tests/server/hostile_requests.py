@@ -85,6 +85,8 @@ BASES = {
         "top_p": 0.9, "seed": 1, "stop": ["\n"], "stream": False,
     },
     "/v1/embeddings": {"model": NAME, "input": ["one", "two"]},
+    "/infill": {"input_prefix": "def f(", "input_suffix": "\n", "prompt": "x",
+                "input_extra": [{"filename": "a.py", "text": "A = 1\n"}], "n_predict": 2},
     "/tokenize": {"content": "Hello world", "with_pieces": True},
     "/detokenize": {"tokens": [1, 2, 3]},
 }
@@ -94,7 +96,7 @@ FIELDS = ["model", "messages", "prompt", "input", "max_tokens", "max_completion_
           "n", "best_of", "logit_bias", "presence_penalty", "frequency_penalty",
           "repeat_penalty", "repeat_last_n", "logprobs", "top_logprobs", "response_format", "echo", "suffix",
           "tools", "tool_choice", "parallel_tool_calls", "user", "encoding_format", "content", "tokens",
-          "with_pieces", "add_special"]
+          "with_pieces", "add_special", "input_prefix", "input_suffix", "input_extra", "n_predict", "n_probs"]
 
 
 def weird(rng, depth=0):

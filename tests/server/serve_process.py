@@ -1,5 +1,7 @@
 """Starting `sapient serve` on a free loopback port for the server tests, and waiting for it."""
+import contextlib
 import json
+import signal
 import socket
 import subprocess
 import time
@@ -31,3 +33,15 @@ def start(binary, model, alias, *extra):
                 raise SystemExit(f"sapient serve exited: {proc.stderr.read()}")
             time.sleep(0.1)
     raise SystemExit("sapient serve did not come up in 60 s")
+
+
+@contextlib.contextmanager
+def served(binary, model, alias, *extra):
+    """`start` as a context: yields the port; the server gets SIGTERM and is waited for at the
+    end."""
+    proc, port = start(binary, model, alias, *extra)
+    try:
+        yield port
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)

@@ -14,7 +14,6 @@ shape) has the reply's reasoning in `reasoning_content`, whole and streamed alik
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -179,9 +178,7 @@ def carried_back(client, port, label):
           f"{label}: the call and its result in the prompt")
 
 
-serve = None
-try:
-    serve, port = serve_process.start(BIN, MODEL, NAME, "--parallel", "2", "--ctx", "1024")
+with serve_process.served(BIN, MODEL, NAME, "--parallel", "2", "--ctx", "1024") as port:
     client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
     forced_calls(client, "generic format")
 
@@ -249,33 +246,21 @@ try:
         check(False, "tools on the completions route: 400")
     except openai.BadRequestError as e:
         check("chat completions" in e.body["message"], "tools on the completions route: 400")
-finally:
-    if serve:
-        serve.send_signal(signal.SIGTERM)
-        serve.wait(timeout=30)
 
 with tempfile.TemporaryDirectory() as tmp:
     template = os.path.join(tmp, "hermes.jinja")
     with open(template, "w") as f:
         f.write(HERMES)
-    serve = None
-    try:
-        serve, port = serve_process.start(BIN, MODEL, NAME, "--ctx", "1024", "--chat-template-file", template)
+    with serve_process.served(BIN, MODEL, NAME, "--ctx", "1024", "--chat-template-file", template) as port:
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
         forced_calls(client, "Hermes format (--chat-template-file)")
         carried_back(client, port, "Hermes format")
-    finally:
-        if serve:
-            serve.send_signal(signal.SIGTERM)
-            serve.wait(timeout=30)
     # A thinking template (as Qwen3's): the reply opens inside <think> unless the request's
     # chat_template_kwargs turn thinking off.
     thinking = os.path.join(tmp, "thinking.jinja")
     with open(thinking, "w") as f:
         f.write(THINKING)
-    serve = None
-    try:
-        serve, port = serve_process.start(BIN, MODEL, NAME, "--ctx", "1024", "--chat-template-file", thinking)
+    with serve_process.served(BIN, MODEL, NAME, "--ctx", "1024", "--chat-template-file", thinking) as port:
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
         request = dict(model=NAME, messages=QUESTION, temperature=0, max_tokens=16)
         r = client.chat.completions.create(**request)
@@ -308,10 +293,6 @@ with tempfile.TemporaryDirectory() as tmp:
                 check(False, f"{what}: 400")
             except openai.BadRequestError as e:
                 check(e.status_code == 400, f"{what}: 400 ({e.body['message']})")
-    finally:
-        if serve:
-            serve.send_signal(signal.SIGTERM)
-            serve.wait(timeout=30)
     missing = os.path.join(tmp, "missing.jinja")
     out = subprocess.run([BIN, "serve", "-m", MODEL, "--port", "0", "--chat-template-file", missing],
                          capture_output=True, text=True, timeout=60)

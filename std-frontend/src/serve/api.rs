@@ -23,6 +23,7 @@ use super::detokenize::{chat_logprobs, completion_logprobs, token_text, Detokeni
 use super::engine::{Event, Finish, Job, Request, TokenLogprobs};
 use super::metrics::Metrics;
 use crate::chat::{ChatTemplate, Message, RenderOptions};
+use crate::infill::{ExtraFile, Fim, FimRequest};
 use crate::json_output::{JsonOutput, JsonVocab, Trigger};
 use crate::json_schema::Schema;
 use crate::reasoning::{self, ReasoningWatch};
@@ -53,6 +54,10 @@ pub struct AppState {
     pub body_limit: usize,
     /// The vocabulary sorted for JSON output, made at the first request that asks for it.
     pub json_vocab: OnceLock<Arc<JsonVocab>>,
+    /// The model's fill-in-the-middle tokens, where it has them.
+    pub fim: Option<Fim>,
+    /// Tokens that end a middle: the end of sequence and the FIM ends.
+    pub fim_stop: Vec<u32>,
 }
 
 impl AppState {
@@ -225,15 +230,10 @@ fn refuse_unsupported(body: &Value, kind: Kind) -> ApiResult<()> {
         Some(Value::Number(n)) => n.as_f64() != Some(0.0),
         Some(_) => true,
     };
-    for (key, what) in [
-        ("functions", " (the functions API before tools; send tools)"),
-        ("suffix", " (insertion)"),
-    ] {
-        if asked(key) {
-            return Err(ApiError::bad_request(format!(
-                "{key}{what} is not supported by this server"
-            )));
-        }
+    if asked("functions") {
+        return Err(ApiError::bad_request(
+            "functions (the functions API before tools; send tools) is not supported by this server",
+        ));
     }
     if matches!(kind, Kind::Completion) && asked("tools") {
         return Err(ApiError::bad_request(
@@ -698,6 +698,8 @@ fn start(
 struct Whole {
     text: String,
     finish: &'static str,
+    /// A stop string ended it.
+    stop_string: bool,
     completion_tokens: usize,
     /// The tokens' log-probabilities, when asked for.
     logprobs: Vec<Reported>,
@@ -724,6 +726,7 @@ async fn collect(
                     return Ok(Whole {
                         text: out,
                         finish: "stop",
+                        stop_string: true,
                         completion_tokens: text.tokens(),
                         logprobs,
                         prompt_logprobs,
@@ -740,6 +743,7 @@ async fn collect(
                 return Ok(Whole {
                     text: out,
                     finish: finish_reason(finish),
+                    stop_string: false,
                     completion_tokens,
                     logprobs,
                     prompt_logprobs,
@@ -770,7 +774,17 @@ enum Piece<'a> {
     Reasoning(&'a str),
     /// The reply's tool calls, in OpenAI's shape, whole.
     Calls(&'a [Value]),
-    Finish(&'static str),
+    Finish(Ended),
+}
+
+/// How a choice ended, for its last chunk.
+#[derive(Clone, Copy)]
+struct Ended {
+    /// OpenAI's `finish_reason`.
+    reason: &'static str,
+    /// A stop string ended it (llama.cpp's `stop_type: "word"`).
+    stop_string: bool,
+    completion_tokens: usize,
 }
 
 /// A streamed reply's tool calls: held back as they are written, sent whole at its end.
@@ -794,13 +808,15 @@ struct StreamedChoice {
 
 /// Server-sent events of a streaming request of one or more choices: `chunk(index, piece)`
 /// makes each `data:` object; a choice's last chunk carries its finish reason; after every
-/// choice's, the usage if asked, then `[DONE]`.
+/// choice's, the usage if asked, then `[DONE]` where `done_marker` (OpenAI's streams; not
+/// llama.cpp's own).
 fn sse(
     choices: Vec<StreamedChoice>,
     prompt_tokens: usize,
     include_usage: bool,
     chunk: impl Fn(usize, Piece<'_>) -> Value + Send + 'static,
     usage_chunk: impl Fn(Value) -> Value + Send + 'static,
+    done_marker: bool,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     struct St<C, U> {
         choices: Vec<StreamedChoice>,
@@ -912,12 +928,14 @@ fn sse(
                     });
                     st.queue.push_back((st.usage_chunk)(usage).to_string());
                 }
-                st.queue.push_back("[DONE]".into());
+                if done_marker {
+                    st.queue.push_back("[DONE]".into());
+                }
                 st.done = true;
                 continue;
             }
             let (i, event) = st.next_event().await;
-            let (finish, completion) = match event {
+            let (finish, stop_string, completion) = match event {
                 // Only `echo` asks for these, and it does not stream.
                 Some(Event::PromptLogprobs(_)) => continue,
                 Some(Event::Token { id, logprobs }) => {
@@ -928,7 +946,7 @@ fn sse(
                     }
                     // Closing the receiver frees the slot of a choice a stop string ended.
                     st.choices[i].events.close();
-                    ("stop", st.choices[i].text.tokens())
+                    ("stop", true, st.choices[i].text.tokens())
                 }
                 Some(Event::Done {
                     finish,
@@ -937,7 +955,7 @@ fn sse(
                 }) => {
                     let rest = st.choices[i].text.finish();
                     st.text(i, &rest);
-                    (finish_reason(finish), completion_tokens)
+                    (finish_reason(finish), false, completion_tokens)
                 }
                 Some(Event::Failed(e)) => {
                     st.queue.push_back(
@@ -951,10 +969,14 @@ fn sse(
                     continue;
                 }
             };
-            let finish = st.end(i, finish);
+            let ended = Ended {
+                reason: st.end(i, finish),
+                stop_string,
+                completion_tokens: completion,
+            };
             st.choices[i].ended = Some(completion);
             st.queue
-                .push_back((st.chunk)(i, Piece::Finish(finish)).to_string());
+                .push_back((st.chunk)(i, Piece::Finish(ended)).to_string());
         }
     });
     Sse::new(s.boxed()).keep_alive(KeepAlive::default())
@@ -1240,12 +1262,184 @@ pub async fn completions(
             ))
         }
     };
-    let echo = g.echo.then_some(text);
     let reply = ReplyParsing {
         tools: None,
         reasoning: None,
     };
+    // OpenAI's insertion: the prompt and `suffix` around the gap the model fills.
+    let suffix = match body.get("suffix") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(s.as_str()),
+        Some(_) => return Err(ApiError::bad_request("suffix must be a string")),
+    };
+    if let Some(suffix) = suffix {
+        if !prompt.is_string() {
+            return Err(ApiError::bad_request(
+                "suffix needs the prompt as text, not token ids",
+            ));
+        }
+        if g.echo {
+            return Err(ApiError::bad_request("echo does not combine with suffix"));
+        }
+        let request = FimRequest {
+            prefix: &text,
+            suffix,
+            ..FimRequest::default()
+        };
+        let ids = fim_prompt(&state, &request, &g)?.ids;
+        return answer(
+            &state,
+            Kind::Completion,
+            ids,
+            &g,
+            &state.fim_stop,
+            None,
+            reply,
+        )
+        .await;
+    }
+    let echo = g.echo.then_some(text);
     answer(&state, Kind::Completion, ids, &g, &state.eos, echo, reply).await
+}
+
+/// The fill-in-the-middle prompt of `request`, in the context less the tokens the request may
+/// generate (at most half of it).
+fn fim_prompt(
+    state: &AppState,
+    request: &FimRequest<'_>,
+    g: &Generation,
+) -> ApiResult<crate::infill::FimPrompt> {
+    let Some(fim) = &state.fim else {
+        return Err(ApiError::bad_request(
+            "this model has no fill-in-the-middle tokens (suffix and /infill need a code model \
+             that has them)",
+        ));
+    };
+    let reserve = g
+        .max_tokens
+        .unwrap_or(state.max_tokens_limit)
+        .min(state.ctx / 2)
+        .max(1);
+    fim.prompt(&state.tokenizer, request, state.ctx.saturating_sub(reserve))
+        .map_err(|e| ApiError::bad_request(format!("{e:#}")))
+}
+
+/// llama.cpp's `/infill`, as editors' plugins (llama.vim, llama.vscode) call it:
+/// `input_prefix`, `input_suffix`, `input_extra` (other files: `filename`, `text`) and
+/// `prompt` (the text the middle starts with), `n_predict`, and the sampling fields of the
+/// completions route; answered in llama.cpp's shape (`content`, `stop`, `stop_type`...),
+/// whole or streamed.
+pub async fn infill(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let body = read_body(&state, body)?;
+    let mut body = parse_body(&body)?;
+    if body.get("model").is_some_and(|m| !m.is_null()) {
+        check_model(&state, &body)?;
+    }
+    for key in ["echo", "suffix", "logprobs", "n_probs", "tools"] {
+        if body.get(key).is_some_and(|v| !v.is_null()) {
+            return Err(ApiError::bad_request(format!(
+                "{key} is not a field of /infill"
+            )));
+        }
+    }
+    if count(&body, "n", 1)? != 1 {
+        return Err(ApiError::bad_request("/infill answers one choice (n = 1)"));
+    }
+    // llama.cpp's name for max_tokens; negative: no limit but the context's.
+    match body
+        .get("n_predict")
+        .filter(|v| !v.is_null())
+        .map(Value::as_i64)
+    {
+        None => {}
+        Some(Some(n)) if n < 0 => {}
+        Some(Some(n)) if n > 0 => body["max_tokens"] = json!(n),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "n_predict must be a positive integer, or -1 for no limit",
+            ))
+        }
+    }
+    let g = generation(&body, Kind::Completion, state.vocab_size)?;
+    let text = |key: &str| match body.get(key) {
+        None | Some(Value::Null) => Ok(""),
+        Some(Value::String(s)) => Ok(s.as_str()),
+        Some(_) => Err(ApiError::bad_request(format!("{key} must be a string"))),
+    };
+    let extra = match body.get("input_extra") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(files)) => files
+            .iter()
+            .map(|f| match (f.get("filename"), f.get("text")) {
+                (None | Some(Value::Null), Some(Value::String(text))) => Some(ExtraFile {
+                    filename: "tmp".into(),
+                    text: text.clone(),
+                }),
+                (Some(Value::String(name)), Some(Value::String(text))) => Some(ExtraFile {
+                    filename: name.clone(),
+                    text: text.clone(),
+                }),
+                _ => None,
+            })
+            .collect::<Option<_>>()
+            .ok_or_else(|| {
+                ApiError::bad_request(
+                    "input_extra must be an array of objects with a text (and a filename)",
+                )
+            })?,
+        Some(_) => return Err(ApiError::bad_request("input_extra must be an array")),
+    };
+    let request = FimRequest {
+        prefix: text("input_prefix")?,
+        suffix: text("input_suffix")?,
+        middle: text("prompt")?,
+        extra: &extra,
+    };
+    let prompt = fim_prompt(&state, &request, &g)?;
+    let (evaluated, truncated) = (prompt.ids.len(), prompt.truncated);
+    let (events, stopped) = start(&state, prompt.ids, &g, &state.fim_stop, 0)?;
+    let text = Detokenizer::new(state.tokenizer.clone(), g.stop.clone(), stopped);
+    let stop_type = |reason: &str, stop_string: bool| match (reason, stop_string) {
+        ("length", _) => "limit",
+        (_, true) => "word",
+        _ => "eos",
+    };
+    let model = state.model_id.clone();
+    let last = move |content: &str, reason: &str, stop_string: bool, predicted: usize| {
+        json!({
+            "index": 0, "content": content, "stop": true, "model": model,
+            "stop_type": stop_type(reason, stop_string), "tokens_predicted": predicted,
+            "tokens_evaluated": evaluated, "truncated": truncated,
+        })
+    };
+    if !g.stream {
+        let whole = collect(events, text).await?;
+        let v = last(
+            &whole.text,
+            whole.finish,
+            whole.stop_string,
+            whole.completion_tokens,
+        );
+        return Ok(Json(v).into_response());
+    }
+    let chunk = move |_: usize, piece: Piece<'_>| match piece {
+        Piece::Text(text, _) => json!({ "index": 0, "content": text, "stop": false }),
+        Piece::Finish(e) => last("", e.reason, e.stop_string, e.completion_tokens),
+        Piece::Open | Piece::Reasoning(_) | Piece::Calls(_) => {
+            json!({ "index": 0, "content": "", "stop": false })
+        }
+    };
+    let choice = StreamedChoice {
+        events,
+        text,
+        calls: None,
+        reasoning: None,
+        ended: None,
+    };
+    Ok(sse(vec![choice], evaluated, false, chunk, |v| v, false).into_response())
 }
 
 /// A whole reply's parts.
@@ -1286,7 +1480,7 @@ impl Kind {
                 let lp = tokenizer.map_or(Value::Null, |t| self.logprobs(t, tokens, None));
                 (text, None, lp)
             }
-            Piece::Finish(f) => ("", Some(f), Value::Null),
+            Piece::Finish(ended) => ("", Some(ended.reason), Value::Null),
         };
         match self {
             Kind::Chat => {
@@ -1424,7 +1618,8 @@ async fn answer(
                 ended: None,
             })
             .collect();
-        return Ok(sse(choices, prompt_tokens, g.include_usage, chunk, usage).into_response());
+        let events = sse(choices, prompt_tokens, g.include_usage, chunk, usage, true);
+        return Ok(events.into_response());
     }
     let wholes = futures_util::future::try_join_all(
         started

@@ -11,6 +11,7 @@ use axum::{middleware, Router};
 use sapient_core::{KvFormat, Model};
 
 use crate::chat::{self, ChatTemplate};
+use crate::infill::Fim;
 use crate::load::ModelFiles;
 use crate::tokenizer::Tokenizer;
 use crate::Rayon;
@@ -68,6 +69,9 @@ pub fn serve(files: &ModelFiles, backend: ServeBackend<'_, '_>, opts: ServeOptio
     let eos = files.eos_token_ids.clone();
     let mut end_of_turn = eos.clone();
     end_of_turn.extend(chat::end_of_turn_ids(&tokenizer));
+    let fim = Fim::find(&tokenizer, files.gguf())?;
+    let mut fim_stop = eos.clone();
+    fim_stop.extend(fim.iter().flat_map(|f| f.end_ids()));
     let (engine_tx, engine_rx) = std::sync::mpsc::channel();
     let metrics = Arc::new(metrics::Metrics::default());
     let state = Arc::new(api::AppState {
@@ -86,6 +90,8 @@ pub fn serve(files: &ModelFiles, backend: ServeBackend<'_, '_>, opts: ServeOptio
         vocab_size: files.config.vocab_size,
         body_limit: opts.body_limit,
         json_vocab: std::sync::OnceLock::new(),
+        fim,
+        fim_stop,
     });
     let cfg = engine::EngineConfig {
         parallel: opts.parallel,
@@ -119,6 +125,7 @@ async fn http(state: Arc<api::AppState>, opts: &ServeOptions) -> Result<()> {
     let v1 = Router::new()
         .route("/v1/chat/completions", post(api::chat_completions))
         .route("/v1/completions", post(api::completions))
+        .route("/infill", post(api::infill))
         .route("/v1/embeddings", post(api::embeddings))
         .route("/v1/models", get(api::models))
         .route("/tokenize", post(api::tokenize))
