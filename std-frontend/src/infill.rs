@@ -8,8 +8,8 @@ use anyhow::{bail, Result};
 use crate::load::gguf::Gguf;
 use crate::tokenizer::Tokenizer;
 
-/// The token texts of each role, as the families write them (llama.cpp looks for the same when
-/// a GGUF file does not name the ids).
+/// The token texts of each role, as llama.cpp looks for them when a GGUF file does not name
+/// the ids (so that the same tokens are found, and the same prompt made).
 const PREFIX_TEXTS: &[&str] = &[
     "<|fim_prefix|>",
     "<fim-prefix>",
@@ -17,6 +17,8 @@ const PREFIX_TEXTS: &[&str] = &[
     "<｜fim▁begin｜>",
     "<PRE>",
     "▁<PRE>",
+    "<|code_prefix|>",
+    "<|prefix|>",
 ];
 const SUFFIX_TEXTS: &[&str] = &[
     "<|fim_suffix|>",
@@ -25,6 +27,8 @@ const SUFFIX_TEXTS: &[&str] = &[
     "<｜fim▁hole｜>",
     "<SUF>",
     "▁<SUF>",
+    "<|code_suffix|>",
+    "<|suffix|>",
 ];
 const MIDDLE_TEXTS: &[&str] = &[
     "<|fim_middle|>",
@@ -33,25 +37,22 @@ const MIDDLE_TEXTS: &[&str] = &[
     "<｜fim▁end｜>",
     "<MID>",
     "▁<MID>",
+    "<|code_middle|>",
+    "<|middle|>",
 ];
+const PAD_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"];
 const REPO_TEXTS: &[&str] = &[
     "<|fim_repo|>",
     "<|repo_name|>",
-    "<repo_name>",
     "<fim-repo>",
+    "<REPO>",
     "<reponame>",
 ];
-const FILE_SEP_TEXTS: &[&str] = &["<|file_sep|>", "<fim-sep>", "<file_sep>"];
-/// Tokens that end a middle besides the model's end of sequence: padding, the start of
-/// another file, an end-of-text the chat models' GGUF files do not name as their EOS.
-const END_TEXTS: &[&str] = &[
-    "<|fim_pad|>",
-    "<fim-pad>",
-    "<fim_pad>",
-    "<|endoftext|>",
-    "<EOT>",
-    "▁<EOT>",
-];
+const FILE_SEP_TEXTS: &[&str] = &["<|file_sep|>"];
+/// Tokens that end a middle besides the model's end of sequence and its padding, repository
+/// and file separator tokens: an end of text the chat models' GGUF files do not name as their
+/// EOS, CodeLlama's end of infill.
+const END_TEXTS: &[&str] = &["<|endoftext|>", "<EOT>", "▁<EOT>"];
 
 /// What separates the extra files' texts where the model has no file separator (llama.cpp's).
 const SNIPPET_SEPARATOR: &str = "\n\n--- snippet ---\n\n";
@@ -128,7 +129,7 @@ impl Fim {
             return Ok(None);
         };
         let mut ends: Vec<u32> = END_TEXTS.iter().filter_map(|t| tokenizer.id(t)).collect();
-        ends.extend(named(&["fim_pad_token_id"])?);
+        ends.extend(role(&["fim_pad_token_id"], PAD_TEXTS)?);
         ends.extend(repo);
         ends.extend(file_sep);
         ends.sort_unstable();
@@ -148,13 +149,15 @@ impl Fim {
         &self.ends
     }
 
-    /// The prompt of `request` in at most `limit` tokens: `[BOS] [extra files] PRE prefix
-    /// middle SUF suffix MID`. The extra files come as llama.cpp lays them out (after the
-    /// repository token and `myproject`, each after a file separator and its name; the
-    /// current file after one named `filename`), so that prompts tuned against llama-server
-    /// read the same here. What does not fit is cut: the prefix from its start and the suffix
-    /// from its end, three quarters of the room kept for the prefix when both are long, then
-    /// the extra files from their start.
+    /// The prompt of `request` in at most `limit` tokens: `[BOS] [context] PRE prefix middle
+    /// SUF suffix MID`. The context is llama-server's repository-level layout (Qwen2.5-Coder's
+    /// and StarCoder 2's): where the model has the tokens, the repository token and
+    /// `myproject`, each extra file after a file separator and its name, and the current file's
+    /// separator and the name `filename`; without a file separator, each extra file after a
+    /// `--- snippet ---` line. So a middle reads as llama-server's for the same request (which
+    /// puts a BOS after the context, not before it). What does not fit is cut: the prefix from
+    /// its start and the suffix from its end, three quarters of the room kept for the prefix
+    /// when both are long, then the context from its start.
     ///
     /// # Errors
     /// The text the middle starts with and the special tokens alone exceed `limit`.
@@ -192,12 +195,11 @@ impl Fim {
         Ok(FimPrompt { ids, truncated })
     }
 
-    /// The extra files as the context before the prefix (none: no context).
+    /// The context before the prefix: the repository, the extra files, and the current file's
+    /// separator, as llama-server writes them (its placeholder names included, with or without
+    /// extra files, where the model has the tokens).
     fn extra_ids(&self, tokenizer: &Tokenizer, extra: &[ExtraFile]) -> Result<Vec<u32>> {
         let mut ids = Vec::new();
-        if extra.is_empty() {
-            return Ok(ids);
-        }
         if let Some(repo) = self.repo {
             ids.push(repo);
             ids.extend(tokenizer.encode("myproject\n")?);

@@ -31,10 +31,15 @@ fn code_vocabularies_have_their_fim_tokens_and_others_none() {
     };
     let f = fim(&star);
     let ends = f.end_ids();
-    for end in ["<|endoftext|>", "<fim_pad>", "<repo_name>", "<file_sep>"] {
+    for end in ["<|endoftext|>", "<fim_pad>"] {
         assert!(ends.contains(&id(&star, end)), "{end} ends a middle");
     }
-    assert!(!ends.contains(&id(&star, "<fim_middle>")));
+    // StarCoder 2's repository tokens are not among the texts llama.cpp looks for.
+    for other in ["<fim_middle>", "<repo_name>", "<file_sep>"] {
+        assert!(!ends.contains(&id(&star, other)), "{other}");
+    }
+    let refact = vocab("refact").unwrap();
+    assert!(fim(&refact).end_ids().contains(&id(&refact, "<reponame>")));
     assert!(fim(&vocab("deepseek-coder").unwrap()).end_ids().is_empty());
     for name in ["llama-spm", "llama-bpe", "gpt-2", "phi-3"] {
         assert_eq!(
@@ -72,7 +77,8 @@ fn prompts_put_prefix_suffix_and_middle_in_psm_order() {
     assert_eq!(p.ids, want);
     assert!(!p.truncated);
 
-    // DeepSeek-Coder's vocabulary asks for BOS; its FIM tokens are named otherwise.
+    // DeepSeek-Coder's vocabulary asks for BOS, has no repository tokens, and names its FIM
+    // tokens otherwise.
     let ds = vocab("deepseek-coder").unwrap();
     let p = fim(&ds)
         .prompt(
@@ -153,9 +159,23 @@ fn long_prompts_keep_the_text_next_to_the_gap() {
     assert!(format!("{err}").contains("the limit is 100"), "{err}");
 }
 
+/// StarCoder's vocabulary with its repository and file separator tokens named by GGUF keys.
+fn starcoder_with_repo_tokens() -> Option<(Tokenizer, Fim)> {
+    let dir = llama_cpp_models()?;
+    let bytes = std::fs::read(dir.join("ggml-vocab-starcoder.gguf")).unwrap();
+    let mut g = Gguf::parse(&bytes).unwrap();
+    let tok = Tokenizer::from_gguf(&g).unwrap();
+    for (key, text) in [("fim_rep", "<repo_name>"), ("fim_sep", "<file_sep>")] {
+        let key = format!("tokenizer.ggml.{key}_token_id");
+        g.metadata.insert(key, Value::U32(id(&tok, text)));
+    }
+    let fim = Fim::find(&tok, Some(&g)).unwrap().unwrap();
+    Some((tok, fim))
+}
+
 #[test]
 fn extra_files_come_first_in_llama_cpps_layout() {
-    let Some(star) = vocab("starcoder") else {
+    let Some((star, star_fim)) = starcoder_with_repo_tokens() else {
         return;
     };
     let extra = [
@@ -174,7 +194,7 @@ fn extra_files_come_first_in_llama_cpps_layout() {
         middle: "",
         extra: &extra,
     };
-    let p = fim(&star).prompt(&star, &request, 4096).unwrap();
+    let p = star_fim.prompt(&star, &request, 4096).unwrap();
     let (repo, sep) = (id(&star, "<repo_name>"), id(&star, "<file_sep>"));
     let mut want = vec![repo];
     want.extend(star.encode("myproject\n").unwrap());
@@ -193,10 +213,23 @@ fn extra_files_come_first_in_llama_cpps_layout() {
     want.push(id(&star, "<fim_middle>"));
     assert_eq!(p.ids, want);
     // With less room the context loses its start first.
-    let short = fim(&star).prompt(&star, &request, want.len() - 5).unwrap();
+    let short = star_fim.prompt(&star, &request, want.len() - 5).unwrap();
     assert!(short.truncated);
     assert_eq!(short.ids[..], want[5..]);
     assert!(short.ids.len() > want.len() - context);
+    // The repository context goes in without extra files too, as llama-server puts it.
+    let alone = FimRequest {
+        extra: &[],
+        ..request
+    };
+    let p = star_fim.prompt(&star, &alone, 4096).unwrap();
+    let mut context = vec![repo];
+    context.extend(star.encode("myproject\n").unwrap());
+    context.push(sep);
+    context.extend(star.encode("filename\n").unwrap());
+    context.push(id(&star, "<fim_prefix>"));
+    assert_eq!(p.ids[..context.len()], context[..]);
+    assert!(star_fim.end_ids().contains(&repo) && star_fim.end_ids().contains(&sep));
 
     // A vocabulary without a file separator: llama.cpp's snippet separator.
     let ds = vocab("deepseek-coder").unwrap();
@@ -224,7 +257,7 @@ fn gguf_keys_name_the_tokens_and_are_checked() {
     let p = Fim::find(&tok, Some(&g))
         .unwrap()
         .unwrap()
-        .prompt(&tok, &FimRequest::default(), 8)
+        .prompt(&tok, &FimRequest::default(), 3)
         .unwrap();
     assert_eq!(
         p.ids,
