@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # `sapient serve` against the official openai Python client (tests/server/openai_client.py,
 # tests/server/tool_calls.py) and under malformed and hostile request bodies
-# (tests/server/hostile_requests.py), on loopback, with SmolLM2 Q4_1; fill-in-the-middle
-# (tests/server/fim.py) on SmolLM2's weights with StarCoder's vocabulary. The client lives in
-# a virtual environment under ~/.cache/sapient (made once). Part of scripts/test.sh.
+# (tests/server/hostile_requests.py), on loopback, with SmolLM2 Q4_1; llama-server's own
+# routes (tests/server/native_routes.py), fill in the middle on SmolLM2's weights with
+# StarCoder's vocabulary. The client lives in a virtual environment under ~/.cache/sapient
+# (made once). Part of scripts/test.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="$HOME/.cache/sapient/venv-openai"
@@ -23,4 +24,4 @@ trap 'rm -rf "$fim_dir"' EXIT
 llama_cpp="${SAPIENT_LLAMA_CPP_SRC:-$(bash scripts/fetch-llama-cpp.sh)}"
 PYTHONPATH="$llama_cpp/gguf-py" "$venv/bin/python" tests/server/fim_model.py \
     models/SmolLM2-135M-Instruct.Q4_1.gguf "$llama_cpp/models/ggml-vocab-starcoder.gguf" "$fim_dir/fim.gguf"
-timeout 300 "$venv/bin/python" tests/server/fim.py "$bin" "$fim_dir/fim.gguf" models/SmolLM2-135M-Instruct.Q4_1.gguf
+timeout 300 "$venv/bin/python" tests/server/native_routes.py "$bin" "$fim_dir/fim.gguf" models/SmolLM2-135M-Instruct.Q4_1.gguf

@@ -85,6 +85,7 @@ BASES = {
         "top_p": 0.9, "seed": 1, "stop": ["\n"], "stream": False,
     },
     "/v1/embeddings": {"model": NAME, "input": ["one", "two"]},
+    "/completion": {"prompt": "Once upon a time", "n_predict": 2, "temperature": 0.5, "top_k": 20},
     "/infill": {"input_prefix": "def f(", "input_suffix": "\n", "prompt": "x",
                 "input_extra": [{"filename": "a.py", "text": "A = 1\n"}], "n_predict": 2},
     "/tokenize": {"content": "Hello world", "with_pieces": True},

@@ -23,7 +23,7 @@ use super::detokenize::{chat_logprobs, completion_logprobs, token_text, Detokeni
 use super::engine::{Event, Finish, Job, Request, TokenLogprobs};
 use super::metrics::Metrics;
 use crate::chat::{ChatTemplate, Message, RenderOptions};
-use crate::infill::{ExtraFile, Fim, FimRequest};
+use crate::infill::{Fim, FimRequest};
 use crate::json_output::{JsonOutput, JsonVocab, Trigger};
 use crate::json_schema::Schema;
 use crate::reasoning::{self, ReasoningWatch};
@@ -31,6 +31,9 @@ use crate::tokenizer::Tokenizer;
 use crate::tool_calls::{
     call_id, openai_call, template_tool_calls, CallWatch, Tool, ToolCall, ToolFormat,
 };
+
+mod native;
+pub use native::{completion, infill};
 
 /// What every handler shares.
 pub struct AppState {
@@ -1322,124 +1325,6 @@ fn fim_prompt(
         .max(1);
     fim.prompt(&state.tokenizer, request, state.ctx.saturating_sub(reserve))
         .map_err(|e| ApiError::bad_request(format!("{e:#}")))
-}
-
-/// llama.cpp's `/infill`, as editors' plugins (llama.vim, llama.vscode) call it:
-/// `input_prefix`, `input_suffix`, `input_extra` (other files: `filename`, `text`) and
-/// `prompt` (the text the middle starts with), `n_predict`, and the sampling fields of the
-/// completions route; answered in llama.cpp's shape (`content`, `stop`, `stop_type`...),
-/// whole or streamed.
-pub async fn infill(
-    State(state): State<Arc<AppState>>,
-    body: Result<Bytes, BytesRejection>,
-) -> ApiResult<Response> {
-    let body = read_body(&state, body)?;
-    let mut body = parse_body(&body)?;
-    if body.get("model").is_some_and(|m| !m.is_null()) {
-        check_model(&state, &body)?;
-    }
-    for key in ["echo", "suffix", "logprobs", "n_probs", "tools"] {
-        if body.get(key).is_some_and(|v| !v.is_null()) {
-            return Err(ApiError::bad_request(format!(
-                "{key} is not a field of /infill"
-            )));
-        }
-    }
-    if count(&body, "n", 1)? != 1 {
-        return Err(ApiError::bad_request("/infill answers one choice (n = 1)"));
-    }
-    // llama.cpp's name for max_tokens; negative: no limit but the context's.
-    match body
-        .get("n_predict")
-        .filter(|v| !v.is_null())
-        .map(Value::as_i64)
-    {
-        None => {}
-        Some(Some(n)) if n < 0 => {}
-        Some(Some(n)) if n > 0 => body["max_tokens"] = json!(n),
-        Some(_) => {
-            return Err(ApiError::bad_request(
-                "n_predict must be a positive integer, or -1 for no limit",
-            ))
-        }
-    }
-    let g = generation(&body, Kind::Completion, state.vocab_size)?;
-    let text = |key: &str| match body.get(key) {
-        None | Some(Value::Null) => Ok(""),
-        Some(Value::String(s)) => Ok(s.as_str()),
-        Some(_) => Err(ApiError::bad_request(format!("{key} must be a string"))),
-    };
-    let extra = match body.get("input_extra") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(files)) => files
-            .iter()
-            .map(|f| match (f.get("filename"), f.get("text")) {
-                (None | Some(Value::Null), Some(Value::String(text))) => Some(ExtraFile {
-                    filename: "tmp".into(),
-                    text: text.clone(),
-                }),
-                (Some(Value::String(name)), Some(Value::String(text))) => Some(ExtraFile {
-                    filename: name.clone(),
-                    text: text.clone(),
-                }),
-                _ => None,
-            })
-            .collect::<Option<_>>()
-            .ok_or_else(|| {
-                ApiError::bad_request(
-                    "input_extra must be an array of objects with a text (and a filename)",
-                )
-            })?,
-        Some(_) => return Err(ApiError::bad_request("input_extra must be an array")),
-    };
-    let request = FimRequest {
-        prefix: text("input_prefix")?,
-        suffix: text("input_suffix")?,
-        middle: text("prompt")?,
-        extra: &extra,
-    };
-    let prompt = fim_prompt(&state, &request, &g)?;
-    let (evaluated, truncated) = (prompt.ids.len(), prompt.truncated);
-    let (events, stopped) = start(&state, prompt.ids, &g, &state.fim_stop, 0)?;
-    let text = Detokenizer::new(state.tokenizer.clone(), g.stop.clone(), stopped);
-    let stop_type = |reason: &str, stop_string: bool| match (reason, stop_string) {
-        ("length", _) => "limit",
-        (_, true) => "word",
-        _ => "eos",
-    };
-    let model = state.model_id.clone();
-    let last = move |content: &str, reason: &str, stop_string: bool, predicted: usize| {
-        json!({
-            "index": 0, "content": content, "stop": true, "model": model,
-            "stop_type": stop_type(reason, stop_string), "tokens_predicted": predicted,
-            "tokens_evaluated": evaluated, "truncated": truncated,
-        })
-    };
-    if !g.stream {
-        let whole = collect(events, text).await?;
-        let v = last(
-            &whole.text,
-            whole.finish,
-            whole.stop_string,
-            whole.completion_tokens,
-        );
-        return Ok(Json(v).into_response());
-    }
-    let chunk = move |_: usize, piece: Piece<'_>| match piece {
-        Piece::Text(text, _) => json!({ "index": 0, "content": text, "stop": false }),
-        Piece::Finish(e) => last("", e.reason, e.stop_string, e.completion_tokens),
-        Piece::Open | Piece::Reasoning(_) | Piece::Calls(_) => {
-            json!({ "index": 0, "content": "", "stop": false })
-        }
-    };
-    let choice = StreamedChoice {
-        events,
-        text,
-        calls: None,
-        reasoning: None,
-        ended: None,
-    };
-    Ok(sse(vec![choice], evaluated, false, chunk, |v| v, false).into_response())
 }
 
 /// A whole reply's parts.

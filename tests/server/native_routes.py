@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""Fill-in-the-middle through `sapient serve`: llama.cpp's `/infill` (as llama.vim and
-llama.vscode call it) and OpenAI's `suffix` on the completions route.
+"""llama-server's own routes through `sapient serve`: `/infill` (fill in the middle, as
+llama.vim and llama.vscode call it) with OpenAI's `suffix` on the completions route beside it,
+and `/completion`.
 
-Usage: tests/server/fim.py SAPIENT_BINARY FIM_MODEL.gguf PLAIN_MODEL.gguf
+Usage: tests/server/native_routes.py SAPIENT_BINARY FIM_MODEL.gguf PLAIN_MODEL.gguf
 
 FIM_MODEL has fill-in-the-middle tokens (tests/server/fim_model.py writes one); PLAIN_MODEL has
-none. Greedy middles equal `sapient generate --suffix`'s, whole and streamed; the answers have
-llama.cpp's shape; the context, stop strings and token limits reach them; every malformed field
-is a 400 naming it.
+none. Greedy middles and continuations equal `sapient generate`'s (`--suffix` for middles),
+whole and streamed; the answers have llama-server's shape; the context, stop strings and token
+limits reach them; every malformed field is a 400 naming it.
 """
 import json
 import subprocess
@@ -53,16 +54,15 @@ def events(port, path, body):
     return [json.loads(d) for d in data if d != "[DONE]"], done
 
 
-def generated(n, *extra):
-    """`sapient generate --suffix` on the FIM model, greedy: (text, prompt ids, generated ids)."""
-    out = subprocess.run([BIN, "generate", "-m", FIM_MODEL, "-t", "2", "-p", PREFIX, "--suffix", SUFFIX,
-                          "--temperature", "0", "-n", str(n), "--format", "json", *extra],
-                         capture_output=True, text=True, timeout=120, check=True)
+def generated(model, n, *extra):
+    """`sapient generate` greedy: (text, prompt ids, generated ids)."""
+    out = subprocess.run([BIN, "generate", "-m", model, "-t", "2", "--temperature", "0", "-n", str(n),
+                          "--format", "json", *extra], capture_output=True, text=True, timeout=120, check=True)
     r = json.loads(out.stdout)
     return r["text"], r["prompt_ids"], r["generated_ids"]
 
 
-want_text, want_prompt, want_ids = generated(24, "--ctx", "1024")
+want_text, want_prompt, want_ids = generated(FIM_MODEL, 24, "-p", PREFIX, "--suffix", SUFFIX, "--ctx", "1024")
 
 with serve_process.served(BIN, FIM_MODEL, NAME, "--ctx", "1024", "--parallel", "2") as port:
     base = dict(input_prefix=PREFIX, input_suffix=SUFFIX, temperature=0, n_predict=24)
@@ -131,8 +131,27 @@ with serve_process.served(BIN, PLAIN_MODEL, NAME, "--ctx", "512") as port:
         status, e = post(port, path, body)
         check(status == 400 and "fill-in-the-middle" in e["error"]["message"],
               f"{path} on a model without FIM tokens: 400 saying so")
+
+    # /completion: a prompt's continuation in llama-server's shape.
+    prompt = "The three primary colors are"
+    text, prompt_ids, ids = generated(PLAIN_MODEL, 16, "-p", prompt, "--ctx", "512")
+    base = {"prompt": prompt, "temperature": 0, "n_predict": 16}
+    status, r = post(port, "/completion", base)
+    check(status == 200 and r["content"] == text and r["tokens_evaluated"] == len(prompt_ids) and
+          r["tokens_predicted"] == len(ids) and r["stop"] is True and r["stop_type"] in ("eos", "limit"),
+          "/completion: sapient generate's continuation, llama-server's fields")
+    check(post(port, "/completions", base)[1]["content"] == text, "/completions: the same route")
+    check(post(port, "/completion", base | {"prompt": prompt_ids})[1]["content"] == text,
+          "/completion: the prompt as token ids")
+    chunks, done = events(port, "/completion", base | {"stream": True})
+    check("".join(c["content"] for c in chunks) == text and not done and chunks[-1]["stop"] is True,
+          "/completion streamed: the same text, no [DONE]")
+    for body, word in [({"n_predict": 16}, "prompt"), (base | {"n_probs": 2}, "n_probs"),
+                       (base | {"prompt": []}, "prompt"), (base | {"model": "other"}, "model")]:
+        status, e = post(port, "/completion", body)
+        check(status in (400, 404) and word in e["error"]["message"], f"/completion {body}: {status} naming {word!r}")
 out = subprocess.run([BIN, "generate", "-m", PLAIN_MODEL, "-p", "x", "--suffix", "y"],
                      capture_output=True, text=True, timeout=60)
 check(out.returncode != 0 and "fill-in-the-middle" in out.stderr,
       "generate --suffix on a model without FIM tokens: an error saying so")
-print("all fill-in-the-middle checks passed")
+print("all llama-server route checks passed")

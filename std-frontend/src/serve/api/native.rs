@@ -1,0 +1,186 @@
+//! llama-server's own routes, in its own shapes, for the clients written against them:
+//! `/completion` (a prompt's continuation: Continue's llama.cpp provider, scripts) and `/infill`
+//! (fill in the middle: llama.vim, llama.vscode). `n_predict` is their `max_tokens`; the other
+//! fields are the completions route's. Answers are `{"content", "stop", "stop_type", ...}`,
+//! whole, or streamed as such events with no `[DONE]` after the last.
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::{
+    check_model, collect, count, fim_prompt, generation, parse_body, read_body, sse, start,
+    ApiError, ApiResult, AppState, Detokenizer, Generation, Kind, Piece, StreamedChoice,
+};
+use crate::infill::{ExtraFile, FimRequest};
+
+/// A native route's body, parsed, with its generation settings. The model need not be named
+/// (llama-server serves one); fields of OpenAI's routes these answers have no place for are
+/// refused.
+fn native_request(state: &AppState, body: &[u8], route: &str) -> ApiResult<(Value, Generation)> {
+    let mut body = parse_body(body)?;
+    if body.get("model").is_some_and(|m| !m.is_null()) {
+        check_model(state, &body)?;
+    }
+    for key in ["echo", "suffix", "logprobs", "n_probs", "tools"] {
+        if body.get(key).is_some_and(|v| !v.is_null()) {
+            return Err(ApiError::bad_request(format!(
+                "{key} is not a field of {route}"
+            )));
+        }
+    }
+    if count(&body, "n", 1)? != 1 {
+        return Err(ApiError::bad_request(format!(
+            "{route} answers one choice (n = 1)"
+        )));
+    }
+    // Negative: no limit but the context's.
+    match body
+        .get("n_predict")
+        .filter(|v| !v.is_null())
+        .map(Value::as_i64)
+    {
+        None => {}
+        Some(Some(n)) if n < 0 => {}
+        Some(Some(n)) if n > 0 => body["max_tokens"] = json!(n),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "n_predict must be a positive integer, or -1 for no limit",
+            ))
+        }
+    }
+    let g = generation(&body, Kind::Completion, state.vocab_size)?;
+    Ok((body, g))
+}
+
+/// Generates from `ids` until one of `stop` (or a stop string, or the limit) and answers in
+/// llama-server's shape; `truncated`: the prompt was cut to fit.
+async fn native_answer(
+    state: &AppState,
+    ids: Vec<u32>,
+    g: &Generation,
+    stop: &[u32],
+    truncated: bool,
+) -> ApiResult<Response> {
+    let evaluated = ids.len();
+    let (events, stopped) = start(state, ids, g, stop, 0)?;
+    let text = Detokenizer::new(state.tokenizer.clone(), g.stop.clone(), stopped);
+    let stop_type = |reason: &str, stop_string: bool| match (reason, stop_string) {
+        ("length", _) => "limit",
+        (_, true) => "word",
+        _ => "eos",
+    };
+    let model = state.model_id.clone();
+    let last = move |content: &str, reason: &str, stop_string: bool, predicted: usize| {
+        json!({
+            "index": 0, "content": content, "stop": true, "model": model,
+            "stop_type": stop_type(reason, stop_string), "tokens_predicted": predicted,
+            "tokens_evaluated": evaluated, "truncated": truncated,
+        })
+    };
+    if !g.stream {
+        let whole = collect(events, text).await?;
+        let v = last(
+            &whole.text,
+            whole.finish,
+            whole.stop_string,
+            whole.completion_tokens,
+        );
+        return Ok(Json(v).into_response());
+    }
+    let chunk = move |_: usize, piece: Piece<'_>| match piece {
+        Piece::Text(text, _) => json!({ "index": 0, "content": text, "stop": false }),
+        Piece::Finish(e) => last("", e.reason, e.stop_string, e.completion_tokens),
+        Piece::Open | Piece::Reasoning(_) | Piece::Calls(_) => {
+            json!({ "index": 0, "content": "", "stop": false })
+        }
+    };
+    let choice = StreamedChoice {
+        events,
+        text,
+        calls: None,
+        reasoning: None,
+        ended: None,
+    };
+    Ok(sse(vec![choice], evaluated, false, chunk, |v| v, false).into_response())
+}
+
+/// `/completion` (and `/completions`): `prompt`, text (after the model's BOS where it asks
+/// for one) or token ids.
+pub async fn completion(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let body = read_body(&state, body)?;
+    let (body, g) = native_request(&state, &body, "/completion")?;
+    let ids = match body.get("prompt") {
+        Some(Value::String(text)) => state
+            .tokenizer
+            .encode_prompt(text)
+            .map_err(|e| ApiError::bad_request(format!("{e:#}")))?,
+        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => a
+            .iter()
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|t| u32::try_from(t).ok())
+                    .unwrap_or(u32::MAX)
+            })
+            .collect(),
+        _ => {
+            return Err(ApiError::bad_request(
+                "prompt must be a string or an array of token ids",
+            ))
+        }
+    };
+    native_answer(&state, ids, &g, &state.eos, false).await
+}
+
+/// `/infill`: `input_prefix`, `input_suffix`, `input_extra` (other files: `filename`, `text`)
+/// and `prompt` (the text the middle starts with), as the model's fill-in-the-middle prompt.
+pub async fn infill(
+    State(state): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Response> {
+    let body = read_body(&state, body)?;
+    let (body, g) = native_request(&state, &body, "/infill")?;
+    let text = |key: &str| match body.get(key) {
+        None | Some(Value::Null) => Ok(""),
+        Some(Value::String(s)) => Ok(s.as_str()),
+        Some(_) => Err(ApiError::bad_request(format!("{key} must be a string"))),
+    };
+    let extra = match body.get("input_extra") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(files)) => files
+            .iter()
+            .map(|f| match (f.get("filename"), f.get("text")) {
+                (None | Some(Value::Null), Some(Value::String(text))) => Some(ExtraFile {
+                    filename: "tmp".into(),
+                    text: text.clone(),
+                }),
+                (Some(Value::String(name)), Some(Value::String(text))) => Some(ExtraFile {
+                    filename: name.clone(),
+                    text: text.clone(),
+                }),
+                _ => None,
+            })
+            .collect::<Option<_>>()
+            .ok_or_else(|| {
+                ApiError::bad_request(
+                    "input_extra must be an array of objects with a text (and a filename)",
+                )
+            })?,
+        Some(_) => return Err(ApiError::bad_request("input_extra must be an array")),
+    };
+    let request = FimRequest {
+        prefix: text("input_prefix")?,
+        suffix: text("input_suffix")?,
+        middle: text("prompt")?,
+        extra: &extra,
+    };
+    let prompt = fim_prompt(&state, &request, &g)?;
+    native_answer(&state, prompt.ids, &g, &state.fim_stop, prompt.truncated).await
+}
