@@ -701,8 +701,8 @@ fn start(
 struct Whole {
     text: String,
     finish: &'static str,
-    /// A stop string ended it.
-    stop_string: bool,
+    /// The stop string that ended it.
+    stop_string: Option<String>,
     completion_tokens: usize,
     /// The tokens' log-probabilities, when asked for.
     logprobs: Vec<Reported>,
@@ -729,7 +729,7 @@ async fn collect(
                     return Ok(Whole {
                         text: out,
                         finish: "stop",
-                        stop_string: true,
+                        stop_string: text.stop_string().map(str::to_owned),
                         completion_tokens: text.tokens(),
                         logprobs,
                         prompt_logprobs,
@@ -746,7 +746,7 @@ async fn collect(
                 return Ok(Whole {
                     text: out,
                     finish: finish_reason(finish),
-                    stop_string: false,
+                    stop_string: None,
                     completion_tokens,
                     logprobs,
                     prompt_logprobs,
@@ -781,13 +781,27 @@ enum Piece<'a> {
 }
 
 /// How a choice ended, for its last chunk.
-#[derive(Clone, Copy)]
 struct Ended {
     /// OpenAI's `finish_reason`.
     reason: &'static str,
-    /// A stop string ended it (llama.cpp's `stop_type: "word"`).
-    stop_string: bool,
+    /// The stop string that ended it.
+    stop_string: Option<String>,
     completion_tokens: usize,
+}
+
+/// How a stream's pieces go on the wire: OpenAI's chunks, llama-server's, Anthropic's events.
+trait StreamShape: Send + 'static {
+    /// The events of choice `choice`'s `piece`.
+    fn piece(&mut self, choice: usize, piece: Piece<'_>) -> Vec<SseEvent>;
+    /// The events after every choice has ended (the tokens of the prompt and of all choices).
+    fn end(&mut self, prompt_tokens: usize, completion_tokens: usize) -> Vec<SseEvent>;
+    /// The event of a failure mid-stream, after which the stream ends.
+    fn error(&mut self, message: &str) -> SseEvent;
+}
+
+/// An event whose data is `v`.
+fn data(v: Value) -> SseEvent {
+    SseEvent::default().data(v.to_string())
 }
 
 /// A streamed reply's tool calls: held back as they are written, sent whole at its end.
@@ -809,43 +823,41 @@ struct StreamedChoice {
     ended: Option<usize>,
 }
 
-/// Server-sent events of a streaming request of one or more choices: `chunk(index, piece)`
-/// makes each `data:` object; a choice's last chunk carries its finish reason; after every
-/// choice's, the usage if asked, then `[DONE]` where `done_marker` (OpenAI's streams; not
-/// llama.cpp's own).
+/// Server-sent events of a streaming request of one or more choices, in `shape`: each choice
+/// opens, streams its pieces and ends with its finish; after every choice's, `shape`'s end.
 fn sse(
     choices: Vec<StreamedChoice>,
     prompt_tokens: usize,
-    include_usage: bool,
-    chunk: impl Fn(usize, Piece<'_>) -> Value + Send + 'static,
-    usage_chunk: impl Fn(Value) -> Value + Send + 'static,
-    done_marker: bool,
+    shape: impl StreamShape,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
-    struct St<C, U> {
+    struct St<S> {
         choices: Vec<StreamedChoice>,
-        chunk: C,
-        usage_chunk: U,
-        queue: std::collections::VecDeque<String>,
+        shape: S,
+        queue: std::collections::VecDeque<SseEvent>,
         done: bool,
     }
-    impl<C: Fn(usize, Piece<'_>) -> Value, U> St<C, U> {
+    impl<S: StreamShape> St<S> {
+        fn queue(&mut self, i: usize, piece: Piece<'_>) {
+            let events = self.shape.piece(i, piece);
+            self.queue.extend(events);
+        }
+
         /// Queues a chunk of choice `i`'s `piece` (what of it may stream before a tool call)
         /// and the log-probabilities of the tokens it completes.
         fn text(&mut self, i: usize, piece: &str) {
-            let choice = &mut self.choices[i];
             let split;
-            let piece = match &mut choice.reasoning {
+            let piece = match &mut self.choices[i].reasoning {
                 Some(watch) => {
                     let reasoning;
                     (reasoning, split) = watch.push(piece);
                     if !reasoning.is_empty() {
-                        let data = (self.chunk)(i, Piece::Reasoning(&reasoning)).to_string();
-                        self.queue.push_back(data);
+                        self.queue(i, Piece::Reasoning(&reasoning));
                     }
                     &split
                 }
                 None => piece,
             };
+            let choice = &mut self.choices[i];
             let held;
             let piece = match &mut choice.calls {
                 Some(calls) => {
@@ -856,8 +868,7 @@ fn sse(
             };
             let reported = choice.text.reported();
             if !piece.is_empty() || !reported.is_empty() {
-                let data = (self.chunk)(i, Piece::Text(piece, &reported)).to_string();
-                self.queue.push_back(data);
+                self.queue(i, Piece::Text(piece, &reported));
             }
         }
 
@@ -867,8 +878,7 @@ fn sse(
             if let Some(watch) = self.choices[i].reasoning.take() {
                 let (reasoning, content) = watch.finish();
                 if !reasoning.is_empty() {
-                    let data = (self.chunk)(i, Piece::Reasoning(&reasoning)).to_string();
-                    self.queue.push_back(data);
+                    self.queue(i, Piece::Reasoning(&reasoning));
                 }
                 self.text(i, &content);
             }
@@ -880,15 +890,13 @@ fn sse(
                 reply.calls.truncate(1);
             }
             if !reply.content.is_empty() {
-                let data = (self.chunk)(i, Piece::Text(&reply.content, &[])).to_string();
-                self.queue.push_back(data);
+                self.queue(i, Piece::Text(&reply.content, &[]));
             }
             if reply.calls.is_empty() {
                 return finish;
             }
             let calls = openai_calls(&reply.calls, calls.ids);
-            self.queue
-                .push_back((self.chunk)(i, Piece::Calls(&calls)).to_string());
+            self.queue(i, Piece::Calls(&calls));
             "tool_calls"
         }
 
@@ -903,37 +911,27 @@ fn sse(
             futures_util::future::select_all(waits).await.0
         }
     }
-    let queue = (0..choices.len())
-        .map(|i| chunk(i, Piece::Open).to_string())
-        .collect();
-    let state = St {
+    let mut state = St {
         choices,
-        chunk,
-        usage_chunk,
-        queue,
+        shape,
+        queue: Default::default(),
         done: false,
     };
+    for i in 0..state.choices.len() {
+        state.queue(i, Piece::Open);
+    }
     let s = stream::unfold(state, move |mut st| async move {
         loop {
-            if let Some(data) = st.queue.pop_front() {
-                return Some((Ok(SseEvent::default().data(data)), st));
+            if let Some(event) = st.queue.pop_front() {
+                return Some((Ok(event), st));
             }
             if st.done {
                 return None;
             }
             if st.choices.iter().all(|c| c.ended.is_some()) {
-                if include_usage {
-                    let completion: usize = st.choices.iter().filter_map(|c| c.ended).sum();
-                    let usage = json!({
-                        "prompt_tokens": prompt_tokens,
-                        "completion_tokens": completion,
-                        "total_tokens": prompt_tokens + completion,
-                    });
-                    st.queue.push_back((st.usage_chunk)(usage).to_string());
-                }
-                if done_marker {
-                    st.queue.push_back("[DONE]".into());
-                }
+                let completion: usize = st.choices.iter().filter_map(|c| c.ended).sum();
+                let events = st.shape.end(prompt_tokens, completion);
+                st.queue.extend(events);
                 st.done = true;
                 continue;
             }
@@ -949,7 +947,8 @@ fn sse(
                     }
                     // Closing the receiver frees the slot of a choice a stop string ended.
                     st.choices[i].events.close();
-                    ("stop", true, st.choices[i].text.tokens())
+                    let text = &st.choices[i].text;
+                    ("stop", text.stop_string().map(str::to_owned), text.tokens())
                 }
                 Some(Event::Done {
                     finish,
@@ -958,12 +957,11 @@ fn sse(
                 }) => {
                     let rest = st.choices[i].text.finish();
                     st.text(i, &rest);
-                    (finish_reason(finish), false, completion_tokens)
+                    (finish_reason(finish), None, completion_tokens)
                 }
                 Some(Event::Failed(e)) => {
-                    st.queue.push_back(
-                        json!({ "error": { "message": e, "type": "server_error" } }).to_string(),
-                    );
+                    let event = st.shape.error(&e);
+                    st.queue.push_back(event);
                     st.done = true;
                     continue;
                 }
@@ -978,8 +976,7 @@ fn sse(
                 completion_tokens: completion,
             };
             st.choices[i].ended = Some(completion);
-            st.queue
-                .push_back((st.chunk)(i, Piece::Finish(ended)).to_string());
+            st.queue(i, Piece::Finish(ended));
         }
     });
     Sse::new(s.boxed()).keep_alive(KeepAlive::default())
@@ -1365,7 +1362,7 @@ impl Kind {
                 let lp = tokenizer.map_or(Value::Null, |t| self.logprobs(t, tokens, None));
                 (text, None, lp)
             }
-            Piece::Finish(ended) => ("", Some(ended.reason), Value::Null),
+            Piece::Finish(ref ended) => ("", Some(ended.reason), Value::Null),
         };
         match self {
             Kind::Chat => {
@@ -1440,6 +1437,165 @@ struct ReplyParsing<'a> {
     reasoning: Option<bool>,
 }
 
+/// Every choice of a request started on the engine, and how their text is read.
+struct Launched<'a> {
+    choices: Vec<(mpsc::UnboundedReceiver<Event>, Arc<AtomicBool>)>,
+    tokenizer: Arc<Tokenizer>,
+    stop: Vec<String>,
+    reply: ReplyParsing<'a>,
+    /// Special tokens that open calls, kept in the text.
+    markers: Vec<u32>,
+    /// Each choice's calls' ids: this seed plus 64 a choice, plus one a call.
+    call_ids: u64,
+}
+
+/// One choice of a whole answer: its reply read into its parts, how it ended, and its tokens.
+struct WholeChoice {
+    reply: WholeReply,
+    finish: &'static str,
+    whole: Whole,
+}
+
+/// Starts `g.n` choices of `ids`, each ending at one of `stop_tokens`, their replies read as
+/// `reply` says.
+fn launch<'a>(
+    state: &AppState,
+    ids: &[u32],
+    g: &Generation,
+    stop_tokens: &[u32],
+    reply: ReplyParsing<'a>,
+) -> ApiResult<Launched<'a>> {
+    let mut choices = Vec::with_capacity(g.n);
+    for choice in 0..g.n {
+        // A choice that cannot start drops those started before it: the engine cancels them.
+        choices.push(start(state, ids.to_vec(), g, stop_tokens, choice)?);
+    }
+    // A call's markers may be special tokens, which text leaves out unless kept.
+    let markers = reply.tools.map_or(Vec::new(), |t| {
+        let markers = t.format.markers().iter();
+        markers.filter_map(|m| state.tokenizer.id(m)).collect()
+    });
+    Ok(Launched {
+        choices,
+        tokenizer: state.tokenizer.clone(),
+        stop: g.stop.clone(),
+        reply,
+        markers,
+        call_ids: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64),
+    })
+}
+
+impl Launched<'_> {
+    fn detokenizer(&self, stopped: Arc<AtomicBool>) -> Detokenizer {
+        Detokenizer::new(self.tokenizer.clone(), self.stop.clone(), stopped)
+            .keeping(self.markers.clone())
+    }
+
+    /// The choices as they stream.
+    fn streamed(mut self) -> Vec<StreamedChoice> {
+        let tools = self.reply.tools;
+        let choices = std::mem::take(&mut self.choices);
+        let mut out = Vec::with_capacity(choices.len());
+        for (i, (events, stopped)) in choices.into_iter().enumerate() {
+            out.push(StreamedChoice {
+                events,
+                text: self.detokenizer(stopped),
+                calls: tools.map(|t| StreamedCalls {
+                    watch: CallWatch::new(t.format, &t.prefix),
+                    parallel: t.parallel,
+                    ids: self.call_ids.wrapping_add(64 * i as u64),
+                }),
+                reasoning: self.reply.reasoning.map(ReasoningWatch::new),
+                ended: None,
+            });
+        }
+        out
+    }
+
+    /// The choices once they have ended, each reply read into its reasoning, content and
+    /// calls.
+    async fn wholes(mut self) -> ApiResult<Vec<WholeChoice>> {
+        let choices = std::mem::take(&mut self.choices);
+        let wholes = futures_util::future::try_join_all(
+            choices
+                .into_iter()
+                .map(|(events, stopped)| collect(events, self.detokenizer(stopped))),
+        )
+        .await?;
+        let mut out = Vec::with_capacity(wholes.len());
+        for (index, mut whole) in wholes.into_iter().enumerate() {
+            let (reasoning, text) = match self.reply.reasoning {
+                Some(opened) => {
+                    let split = reasoning::split(&whole.text, opened);
+                    (split.reasoning, split.content)
+                }
+                None => (String::new(), std::mem::take(&mut whole.text)),
+            };
+            let (content, calls) = match self.reply.tools {
+                Some(t) => t.reply(&text),
+                None => (text, Vec::new()),
+            };
+            let finish = if calls.is_empty() {
+                whole.finish
+            } else {
+                "tool_calls"
+            };
+            let calls = openai_calls(&calls, self.call_ids.wrapping_add(64 * index as u64));
+            out.push(WholeChoice {
+                reply: WholeReply {
+                    content,
+                    reasoning,
+                    calls,
+                },
+                finish,
+                whole,
+            });
+        }
+        Ok(out)
+    }
+}
+
+/// OpenAI's streamed chunks of `kind`'s route.
+struct OpenAiChunks {
+    kind: Kind,
+    /// `id`, `object`, `created` and `model`.
+    head: Value,
+    /// Names the tokens of `logprobs`, for requests that ask for them.
+    tokenizer: Option<Arc<Tokenizer>>,
+    include_usage: bool,
+}
+
+impl StreamShape for OpenAiChunks {
+    fn piece(&mut self, choice: usize, piece: Piece<'_>) -> Vec<SseEvent> {
+        let mut v = self.head.clone();
+        let tokenizer = self.tokenizer.as_deref();
+        v["choices"] = json!([self.kind.chunk_choice(choice, piece, tokenizer)]);
+        vec![data(v)]
+    }
+
+    fn end(&mut self, prompt_tokens: usize, completion_tokens: usize) -> Vec<SseEvent> {
+        let mut events = Vec::new();
+        if self.include_usage {
+            let mut v = self.head.clone();
+            v["choices"] = json!([]);
+            v["usage"] = json!({
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            });
+            events.push(data(v));
+        }
+        events.push(SseEvent::default().data("[DONE]"));
+        events
+    }
+
+    fn error(&mut self, message: &str) -> SseEvent {
+        data(json!({ "error": { "message": message, "type": "server_error" } }))
+    }
+}
+
 /// Generates from `ids` and answers in `kind`'s shape: server-sent chunks, or one object. With
 /// `echo` (the prompt's text; whole answers only), the answer starts with the prompt.
 async fn answer(
@@ -1451,105 +1607,42 @@ async fn answer(
     echo: Option<String>,
     reply: ReplyParsing<'_>,
 ) -> ApiResult<Response> {
-    let tools = reply.tools;
     let prompt_tokens = ids.len();
-    let mut started = Vec::with_capacity(g.n);
-    for choice in 0..g.n {
-        // A choice that cannot start drops those started before it: the engine cancels them.
-        started.push(start(state, ids.clone(), g, stop_tokens, choice)?);
-    }
-    // A call's markers may be special tokens, which text leaves out unless kept.
-    let markers: Vec<u32> = tools.map_or(Vec::new(), |t| {
-        let markers = t.format.markers().iter();
-        markers.filter_map(|m| state.tokenizer.id(m)).collect()
-    });
-    let detokenizer = |stopped| {
-        Detokenizer::new(state.tokenizer.clone(), g.stop.clone(), stopped).keeping(markers.clone())
-    };
-    // Each choice's calls' ids: this seed plus 64 a choice, plus one a call.
-    let call_ids = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
+    let launched = launch(state, &ids, g, stop_tokens, reply)?;
     let (prefix, chunk_object, object) = kind.names();
-    let (id, created, model) = (request_id(prefix), now_secs(), state.model_id.clone());
-    let head = move |object: &str| json!({ "id": id, "object": object, "created": created, "model": model });
-    // The tokenizer names the tokens of `logprobs`, for requests that ask for them.
+    let head = |object: &str| {
+        json!({ "id": request_id(prefix), "object": object, "created": now_secs(),
+                "model": state.model_id })
+    };
     let tokenizer = g.logprobs.map(|_| state.tokenizer.clone());
     if g.stream {
-        let usage_head = head.clone();
-        let chunk = move |index: usize, piece: Piece<'_>| {
-            let mut v = head(chunk_object);
-            v["choices"] = json!([kind.chunk_choice(index, piece, tokenizer.as_deref())]);
-            v
+        let shape = OpenAiChunks {
+            kind,
+            head: head(chunk_object),
+            tokenizer,
+            include_usage: g.include_usage,
         };
-        let usage = move |usage: Value| {
-            let mut v = usage_head(chunk_object);
-            v["choices"] = json!([]);
-            v["usage"] = usage;
-            v
-        };
-        let choices = started
-            .into_iter()
-            .enumerate()
-            .map(|(i, (events, stopped))| StreamedChoice {
-                events,
-                text: detokenizer(stopped),
-                calls: tools.map(|t| StreamedCalls {
-                    watch: CallWatch::new(t.format, &t.prefix),
-                    parallel: t.parallel,
-                    ids: call_ids.wrapping_add(64 * i as u64),
-                }),
-                reasoning: reply.reasoning.map(ReasoningWatch::new),
-                ended: None,
-            })
-            .collect();
-        let events = sse(choices, prompt_tokens, g.include_usage, chunk, usage, true);
-        return Ok(events.into_response());
+        return Ok(sse(launched.streamed(), prompt_tokens, shape).into_response());
     }
-    let wholes = futures_util::future::try_join_all(
-        started
-            .into_iter()
-            .map(|(events, stopped)| collect(events, detokenizer(stopped))),
-    )
-    .await?;
-    let mut choices = Vec::with_capacity(wholes.len());
+    let mut choices = Vec::with_capacity(g.n);
     let mut completion = 0;
-    for (index, whole) in wholes.into_iter().enumerate() {
+    for (index, choice) in launched.wholes().await?.into_iter().enumerate() {
         let echoed = echo.as_ref().map(|text| {
             (
                 ids.as_slice(),
-                whole.prompt_logprobs.as_slice(),
+                choice.whole.prompt_logprobs.as_slice(),
                 text.chars().count(),
             )
         });
-        let logprobs = tokenizer
-            .as_ref()
-            .map_or(Value::Null, |t| kind.logprobs(t, &whole.logprobs, echoed));
-        completion += whole.completion_tokens;
-        let (reasoning, text) = match reply.reasoning {
-            Some(opened) => {
-                let split = reasoning::split(&whole.text, opened);
-                (split.reasoning, split.content)
-            }
-            None => (String::new(), whole.text),
-        };
-        let (text, calls) = match tools {
-            Some(t) => t.reply(&text),
-            None => (text, Vec::new()),
-        };
-        let finish = if calls.is_empty() {
-            whole.finish
-        } else {
-            "tool_calls"
-        };
-        let calls = openai_calls(&calls, call_ids.wrapping_add(64 * index as u64));
-        let content = echo.clone().unwrap_or_default() + &text;
-        let message = WholeReply {
-            content,
-            reasoning,
-            calls,
-        };
-        choices.push(kind.whole_choice(index, message, finish, logprobs));
+        let logprobs = tokenizer.as_ref().map_or(Value::Null, |t| {
+            kind.logprobs(t, &choice.whole.logprobs, echoed)
+        });
+        completion += choice.whole.completion_tokens;
+        let mut reply = choice.reply;
+        if let Some(echo) = &echo {
+            reply.content.insert_str(0, echo);
+        }
+        choices.push(kind.whole_choice(index, reply, choice.finish, logprobs));
     }
     let mut v = head(object);
     v["choices"] = Value::Array(choices);

@@ -34,6 +34,8 @@ pub struct Detokenizer {
     stop: Vec<String>,
     /// Set when a stop string ends the text (the engine counts the request as stopped).
     stopped: Arc<AtomicBool>,
+    /// The stop string that ended the text, as an index into `stop`.
+    matched: Option<usize>,
     /// Bytes and characters of the text without its trailing half character, if any.
     whole: (usize, usize),
     pending: VecDeque<Pending>,
@@ -51,6 +53,7 @@ impl Detokenizer {
             sent: 0,
             stop,
             stopped,
+            matched: None,
             whole: (0, 0),
             pending: VecDeque::new(),
             finished: false,
@@ -114,7 +117,10 @@ impl Detokenizer {
         if let Some(added) = text.get(self.whole.0..complete) {
             self.whole = (complete, self.whole.1 + added.chars().count());
         }
-        if let Some(at) = self.stop.iter().filter_map(|s| text.find(s.as_str())).min() {
+        let first_stop = self.stop.iter().enumerate();
+        let first_stop = first_stop.filter_map(|(i, s)| Some((text.find(s.as_str())?, i)));
+        if let Some((at, i)) = first_stop.min() {
+            self.matched = Some(i);
             self.stopped.store(true, Ordering::Relaxed);
             let piece = text.get(self.sent..at).unwrap_or_default().to_owned();
             self.sent = at;
@@ -135,6 +141,11 @@ impl Detokenizer {
         let piece = text.get(self.sent..safe).unwrap_or_default().to_owned();
         self.sent = safe;
         (piece, false)
+    }
+
+    /// The stop string that ended the text, once one has.
+    pub fn stop_string(&self) -> Option<&str> {
+        self.matched.map(|i| self.stop[i].as_str())
     }
 
     /// Whatever was held back, at the end.

@@ -8,13 +8,14 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
+use axum::response::sse::Event as SseEvent;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
 use super::{
-    check_model, collect, count, fim_prompt, generation, parse_body, read_body, sse, start,
-    ApiError, ApiResult, AppState, Detokenizer, Generation, Kind, Piece, StreamedChoice,
+    check_model, count, data, fim_prompt, generation, launch, parse_body, read_body, sse, ApiError,
+    ApiResult, AppState, Ended, Generation, Kind, Piece, ReplyParsing, StreamShape,
 };
 use crate::infill::{ExtraFile, FimRequest};
 
@@ -57,6 +58,51 @@ fn native_request(state: &AppState, body: &[u8], route: &str) -> ApiResult<(Valu
     Ok((body, g))
 }
 
+/// llama-server's answer, whole or as the last event of a stream.
+fn last(model: &str, content: &str, ended: &Ended, evaluated: usize, truncated: bool) -> Value {
+    let stop_type = match (ended.reason, &ended.stop_string) {
+        ("length", _) => "limit",
+        (_, Some(_)) => "word",
+        _ => "eos",
+    };
+    json!({
+        "index": 0, "content": content, "stop": true, "model": model,
+        "stop_type": stop_type, "stopping_word": ended.stop_string.as_deref().unwrap_or(""),
+        "tokens_predicted": ended.completion_tokens, "tokens_evaluated": evaluated,
+        "truncated": truncated,
+    })
+}
+
+/// llama-server's streamed events.
+struct NativeChunks {
+    model: String,
+    evaluated: usize,
+    truncated: bool,
+}
+
+impl StreamShape for NativeChunks {
+    fn piece(&mut self, _: usize, piece: Piece<'_>) -> Vec<SseEvent> {
+        match piece {
+            Piece::Text(text, _) => {
+                vec![data(json!({ "index": 0, "content": text, "stop": false }))]
+            }
+            Piece::Finish(ended) => {
+                let v = last(&self.model, "", &ended, self.evaluated, self.truncated);
+                vec![data(v)]
+            }
+            Piece::Open | Piece::Reasoning(_) | Piece::Calls(_) => Vec::new(),
+        }
+    }
+
+    fn end(&mut self, _: usize, _: usize) -> Vec<SseEvent> {
+        Vec::new()
+    }
+
+    fn error(&mut self, message: &str) -> SseEvent {
+        data(json!({ "error": { "message": message, "type": "server_error" } }))
+    }
+}
+
 /// Generates from `ids` until one of `stop` (or a stop string, or the limit) and answers in
 /// llama-server's shape; `truncated`: the prompt was cut to fit.
 async fn native_answer(
@@ -67,46 +113,34 @@ async fn native_answer(
     truncated: bool,
 ) -> ApiResult<Response> {
     let evaluated = ids.len();
-    let (events, stopped) = start(state, ids, g, stop, 0)?;
-    let text = Detokenizer::new(state.tokenizer.clone(), g.stop.clone(), stopped);
-    let stop_type = |reason: &str, stop_string: bool| match (reason, stop_string) {
-        ("length", _) => "limit",
-        (_, true) => "word",
-        _ => "eos",
-    };
-    let model = state.model_id.clone();
-    let last = move |content: &str, reason: &str, stop_string: bool, predicted: usize| {
-        json!({
-            "index": 0, "content": content, "stop": true, "model": model,
-            "stop_type": stop_type(reason, stop_string), "tokens_predicted": predicted,
-            "tokens_evaluated": evaluated, "truncated": truncated,
-        })
-    };
-    if !g.stream {
-        let whole = collect(events, text).await?;
-        let v = last(
-            &whole.text,
-            whole.finish,
-            whole.stop_string,
-            whole.completion_tokens,
-        );
-        return Ok(Json(v).into_response());
-    }
-    let chunk = move |_: usize, piece: Piece<'_>| match piece {
-        Piece::Text(text, _) => json!({ "index": 0, "content": text, "stop": false }),
-        Piece::Finish(e) => last("", e.reason, e.stop_string, e.completion_tokens),
-        Piece::Open | Piece::Reasoning(_) | Piece::Calls(_) => {
-            json!({ "index": 0, "content": "", "stop": false })
-        }
-    };
-    let choice = StreamedChoice {
-        events,
-        text,
-        calls: None,
+    let reply = ReplyParsing {
+        tools: None,
         reasoning: None,
-        ended: None,
     };
-    Ok(sse(vec![choice], evaluated, false, chunk, |v| v, false).into_response())
+    let launched = launch(state, &ids, g, stop, reply)?;
+    if g.stream {
+        let shape = NativeChunks {
+            model: state.model_id.clone(),
+            evaluated,
+            truncated,
+        };
+        return Ok(sse(launched.streamed(), evaluated, shape).into_response());
+    }
+    let mut wholes = launched.wholes().await?;
+    let choice = wholes.remove(0);
+    let ended = Ended {
+        reason: choice.finish,
+        stop_string: choice.whole.stop_string,
+        completion_tokens: choice.whole.completion_tokens,
+    };
+    let v = last(
+        &state.model_id,
+        &choice.reply.content,
+        &ended,
+        evaluated,
+        truncated,
+    );
+    Ok(Json(v).into_response())
 }
 
 /// `/completion` (and `/completions`): `prompt`, text (after the model's BOS where it asks
