@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `sapient serve` against the official openai Python client (tests/server/openai_client.py,
-# tests/server/tool_calls.py) and under malformed and hostile request bodies
+# tests/server/tool_calls.py), the anthropic one (tests/server/anthropic_client.py), and under
+# malformed and hostile request bodies
 # (tests/server/hostile_requests.py), on loopback, with SmolLM2 Q4_1; llama-server's own
 # routes (tests/server/native_routes.py), fill in the middle on SmolLM2's weights with
 # StarCoder's vocabulary. The client lives in a virtual environment under ~/.cache/sapient
@@ -9,15 +10,16 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="$HOME/.cache/sapient/venv-openai"
 # numpy and pyyaml: llama.cpp's gguf-py, which writes the fill-in-the-middle test model.
-if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import openai, numpy, yaml" 2>/dev/null; then
+if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import openai, anthropic, numpy, yaml" 2>/dev/null; then
     python3 -m venv "$venv"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check openai numpy pyyaml
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check openai anthropic numpy pyyaml
 fi
 bash scripts/fetch-model.sh >/dev/null
 cargo build --release -q -p sapient
 bin="$(bash scripts/target-dir.sh)/release/sapient"
 timeout 600 "$venv/bin/python" tests/server/openai_client.py "$bin" models/SmolLM2-135M-Instruct.Q4_1.gguf
 timeout 300 "$venv/bin/python" tests/server/tool_calls.py "$bin" models/SmolLM2-135M-Instruct.Q4_1.gguf
+timeout 300 "$venv/bin/python" tests/server/anthropic_client.py "$bin" models/SmolLM2-135M-Instruct.Q4_1.gguf
 timeout 300 python3 tests/server/hostile_requests.py "$bin" models/SmolLM2-135M-Instruct.Q4_1.gguf
 fim_dir=$(mktemp -d)
 trap 'rm -rf "$fim_dir"' EXIT

@@ -85,6 +85,10 @@ BASES = {
         "top_p": 0.9, "seed": 1, "stop": ["\n"], "stream": False,
     },
     "/v1/embeddings": {"model": NAME, "input": ["one", "two"]},
+    "/v1/messages": {
+        "model": NAME, "max_tokens": 2, "system": "Be brief.", "stop_sequences": ["\n"],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi!"}]}],
+    },
     "/completion": {"prompt": "Once upon a time", "n_predict": 2, "temperature": 0.5, "top_k": 20},
     "/infill": {"input_prefix": "def f(", "input_suffix": "\n", "prompt": "x",
                 "input_extra": [{"filename": "a.py", "text": "A = 1\n"}], "n_predict": 2},
@@ -97,7 +101,8 @@ FIELDS = ["model", "messages", "prompt", "input", "max_tokens", "max_completion_
           "n", "best_of", "logit_bias", "presence_penalty", "frequency_penalty",
           "repeat_penalty", "repeat_last_n", "logprobs", "top_logprobs", "response_format", "echo", "suffix",
           "tools", "tool_choice", "parallel_tool_calls", "user", "encoding_format", "content", "tokens",
-          "with_pieces", "add_special", "input_prefix", "input_suffix", "input_extra", "n_predict", "n_probs"]
+          "with_pieces", "add_special", "input_prefix", "input_suffix", "input_extra", "n_predict", "n_probs",
+          "system", "stop_sequences", "thinking", "output_config", "max_tokens"]
 
 
 def weird(rng, depth=0):
@@ -162,15 +167,18 @@ def mutate(rng, path):
     return json.dumps(base).encode()
 
 
-def check_answer(status, body, what):
+def check_answer(status, body, what, anthropic=False):
+    """A 200, or a 4xx with an error object: OpenAI's, or on `anthropic` routes Anthropic's
+    (`{"type": "error", "error": {"type", "message"}}`)."""
     if status == 200:
         return
     if not 400 <= status < 500:
         raise SystemExit(f"FAILED: {what}: status {status}: {body[:300]!r}")
     try:
-        err = json.loads(body)["error"]
+        answer = json.loads(body)
+        err = answer["error"]
         ok = isinstance(err["message"], str) and err["message"] and isinstance(err["type"], str)
-        ok = ok and "code" in err
+        ok = ok and (answer["type"] == "error" if anthropic else "code" in err)
     except (ValueError, KeyError, TypeError):
         ok = False
     if not ok:
@@ -188,13 +196,13 @@ try:
             status, answer = post(port, path, body)
         except Exception as e:  # a dropped connection, a reset or a timeout
             raise SystemExit(f"FAILED: request {i} to {path} ({body[:300]!r}): {e!r}")
-        check_answer(status, answer, f"request {i} to {path} ({body[:200]!r})")
+        check_answer(status, answer, f"request {i} to {path} ({body[:200]!r})", path == "/v1/messages")
         statuses[status] = statuses.get(status, 0) + 1
     print(f"ok: {COUNT} malformed or hostile bodies answered 200 or 4xx with an error object: {statuses}")
     big = json.dumps({"model": NAME, "prompt": "a" * (9 << 20), "max_tokens": 1}).encode()
     for path in BASES:
         status, answer = post_oversized(port, path, big)
-        check_answer(status, answer, f"a 9 MiB body to {path}")
+        check_answer(status, answer, f"a 9 MiB body to {path}", path == "/v1/messages")
         if status != 413:
             raise SystemExit(f"FAILED: a 9 MiB body to {path}: status {status}, not 413")
     print("ok: a body over the 8 MiB limit is a 413 with an error object")

@@ -23,6 +23,7 @@ import openai
 from openai import OpenAI
 
 import serve_process
+from templates import HERMES, THINKING
 
 BIN, MODEL = sys.argv[1], sys.argv[2]
 NAME = "smollm2"
@@ -37,46 +38,6 @@ CLOCK = {"type": "function", "function": {
     "parameters": {"type": "object", "required": ["timezone"],
                    "properties": {"timezone": {"type": "string"}}}}}
 QUESTION = [{"role": "user", "content": "What is the weather like in Paris today?"}]
-
-# A Hermes-style template (as Qwen2.5's): tools listed in the system turn, calls in
-# <tool_call> blocks, results in <tool_response> blocks of a user turn.
-HERMES = """{%- if tools %}<|im_start|>system
-{% if messages[0].role == 'system' %}{{ messages[0].content }}
-{% endif %}# Tools
-<tools>
-{% for tool in tools %}{{ tool | tojson }}
-{% endfor %}</tools>
-For each call, return {"name": <function-name>, "arguments": <args-json-object>} within <tool_call></tool_call> tags.<|im_end|>
-{% endif %}
-{%- for message in messages %}
-{%- if message.role == 'system' and tools %}
-{%- elif message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant
-{% for call in message.tool_calls %}<tool_call>
-{"name": "{{ call.function.name }}", "arguments": {{ call.function.arguments | tojson }}}
-</tool_call>{% endfor %}<|im_end|>
-{% elif message.role == 'tool' %}<|im_start|>user
-<tool_response>
-{{ message.content }}
-</tool_response><|im_end|>
-{% else %}<|im_start|>{{ message.role }}
-{{ message.content }}<|im_end|>
-{% endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}"""
-
-
-THINKING = """{%- for message in messages %}<|im_start|>{{ message.role }}
-{{ message.content }}<|im_end|>
-{% endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% if enable_thinking is defined and enable_thinking is false %}<think>
-
-</think>
-
-{% else %}<think>
-{% endif %}{% endif %}"""
-
 
 def check(cond, what):
     if not cond:

@@ -32,7 +32,9 @@ use crate::tool_calls::{
     call_id, openai_call, template_tool_calls, CallWatch, Tool, ToolCall, ToolFormat,
 };
 
+mod anthropic;
 mod native;
+pub use anthropic::{count_tokens, messages};
 pub use native::{completion, infill};
 
 /// What every handler shares.
@@ -130,26 +132,32 @@ impl IntoResponse for ApiError {
 
 type ApiResult<T> = Result<T, ApiError>;
 
-/// Checks `Authorization: Bearer KEY` on every `/v1` route when the server has a key.
+/// Checks `Authorization: Bearer KEY` (or `x-api-key: KEY`) on every `/v1` route when the
+/// server has a key.
 pub async fn authorize(
     State(state): State<Arc<AppState>>,
     request: HttpRequest,
     next: Next,
 ) -> Response {
     if let Some(key) = &state.api_key {
-        let given = request
-            .headers()
+        let headers = request.headers();
+        let bearer = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
-        if given != Some(key.as_str()) {
-            return ApiError {
+        // Anthropic's clients send the key as `x-api-key`.
+        let x_api_key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+        if bearer != Some(key.as_str()) && x_api_key != Some(key.as_str()) {
+            let e = ApiError {
                 status: StatusCode::UNAUTHORIZED,
                 kind: "invalid_request_error",
                 code: Some("invalid_api_key"),
                 message: "Incorrect API key provided.".into(),
-            }
-            .into_response();
+            };
+            return match anthropic::is_anthropic_path(request.uri().path()) {
+                true => anthropic::anthropic_error(e),
+                false => e.into_response(),
+            };
         }
     }
     next.run(request).await
@@ -1194,16 +1202,52 @@ pub async fn chat_completions(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
     let body = read_body(&state, body)?;
-    let (body, mut g) = generating_request(&state, Kind::Chat, &body)?;
-    let thinks = reasoning_split(&state, &body)?;
-    let tools = tool_use(&state, &body, &mut g, thinks)?;
-    let prompt = chat_prompt(&state, &body, tools.as_ref())?;
-    let ids = chat_ids(&state, &prompt)?;
-    let reply = ReplyParsing {
-        tools: tools.as_ref(),
+    let chat = prepare_chat(&state, &parse_body(&body)?)?;
+    let reply = chat.reply();
+    answer(
+        &state,
+        Kind::Chat,
+        chat.ids.clone(),
+        &chat.g,
+        &state.end_of_turn,
+        None,
+        reply,
+    )
+    .await
+}
+
+/// A chat request made ready to generate: its settings, its tools, its prompt's ids, and
+/// whether its reasoning is told apart (`Some(opened)`: the prompt opened it when `opened`).
+struct PreparedChat {
+    g: Generation,
+    tools: Option<ToolUse>,
+    ids: Vec<u32>,
+    reasoning: Option<bool>,
+}
+
+impl PreparedChat {
+    fn reply(&self) -> ReplyParsing<'_> {
+        ReplyParsing {
+            tools: self.tools.as_ref(),
+            reasoning: self.reasoning,
+        }
+    }
+}
+
+/// Reads a chat request (OpenAI's fields) and renders its prompt.
+fn prepare_chat(state: &AppState, body: &Value) -> ApiResult<PreparedChat> {
+    check_model(state, body)?;
+    let mut g = generation(body, Kind::Chat, state.vocab_size)?;
+    let thinks = reasoning_split(state, body)?;
+    let tools = tool_use(state, body, &mut g, thinks)?;
+    let prompt = chat_prompt(state, body, tools.as_ref())?;
+    let ids = chat_ids(state, &prompt)?;
+    Ok(PreparedChat {
+        g,
+        tools,
+        ids,
         reasoning: thinks.then(|| reasoning::prompt_opens_thinking(&prompt)),
-    };
-    answer(&state, Kind::Chat, ids, &g, &state.end_of_turn, None, reply).await
+    })
 }
 
 /// Whether a chat reply's reasoning is split from its content: the server's

@@ -126,6 +126,8 @@ async fn http(state: Arc<api::AppState>, opts: &ServeOptions) -> Result<()> {
         .route("/v1/chat/completions", post(api::chat_completions))
         .route("/v1/completions", post(api::completions))
         .route("/infill", post(api::infill))
+        .route("/v1/messages", post(api::messages))
+        .route("/v1/messages/count_tokens", post(api::count_tokens))
         .route("/completion", post(api::completion))
         .route("/completions", post(api::completion))
         .route("/v1/embeddings", post(api::embeddings))
