@@ -163,7 +163,8 @@ enum Command {
         threads: Option<usize>,
     },
     /// Serve the model over HTTP with OpenAI's API (chat, completions, embeddings, models) and
-    /// continuous batching; /health and Prometheus /metrics beside it.
+    /// continuous batching; Anthropic's Messages API, llama-server's /completion and /infill
+    /// (fill in the middle), /health and Prometheus /metrics beside it.
     Serve(ServeArgs),
     /// Describe a model: architecture, hyper-parameters, tensors, KV cache memory.
     Inspect {
