@@ -525,3 +525,66 @@ pub async fn count_tokens(
     })();
     counted.unwrap_or_else(anthropic_error)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_conversation_with_tools_reads_as_the_chat_routes() {
+        let body = json!({
+            "model": "m", "max_tokens": 64, "stop_sequences": ["END"], "top_k": 5,
+            "system": [{"type": "text", "text": "Be terse."}, {"type": "text", "text": "Use tools."}],
+            "tools": [{"name": "get_weather", "description": "Weather",
+                       "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "any", "disable_parallel_tool_use": true},
+            "thinking": {"type": "disabled"},
+            "messages": [
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": "...", "signature": ""},
+                    {"type": "text", "text": "Let me look."},
+                    {"type": "tool_use", "id": "t1", "name": "get_weather", "input": {"city": "Paris"}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "18C"}]},
+                    {"type": "tool_result", "tool_use_id": "t2", "content": "down", "is_error": true},
+                    {"type": "text", "text": "Thanks."}]},
+            ],
+        });
+        let want = json!({
+            "model": "m", "max_tokens": 64, "stop": ["END"], "top_k": 5,
+            "messages": [
+                {"role": "system", "content": "Be terse.\nUse tools."},
+                {"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": "Let me look.", "tool_calls": [
+                    {"id": "t1", "type": "function",
+                     "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+                {"role": "tool", "tool_call_id": "t1", "content": "18C"},
+                {"role": "tool", "tool_call_id": "t2", "content": "Error: down"},
+                {"role": "user", "content": "Thanks."},
+            ],
+            "tools": [{"type": "function", "function": {"name": "get_weather",
+                       "description": "Weather", "parameters": {"type": "object"}}}],
+            "tool_choice": "required",
+            "parallel_tool_calls": false,
+            "chat_template_kwargs": {"enable_thinking": false},
+        });
+        assert_eq!(chat_request(&body).ok(), Some(want));
+    }
+
+    #[test]
+    fn stop_reasons_follow_how_the_reply_ended() {
+        let ended = |reason, stop: Option<&str>| Ended {
+            reason,
+            stop_string: stop.map(str::to_owned),
+            completion_tokens: 1,
+        };
+        assert_eq!(stop_reason(&ended("stop", None)).0, "end_turn");
+        assert_eq!(
+            stop_reason(&ended("stop", Some("END"))),
+            ("stop_sequence", json!("END"))
+        );
+        assert_eq!(stop_reason(&ended("length", None)).0, "max_tokens");
+        assert_eq!(stop_reason(&ended("tool_calls", None)).0, "tool_use");
+    }
+}
