@@ -70,6 +70,9 @@ with serve_process.served(BIN, MODEL, NAME, "--api-key", KEY, "--ctx", "1024", "
     check(streamed == want and final.content[0].text == want and final.stop_reason == finish and
           final.usage.output_tokens == m.usage.output_tokens, "streamed: the same text, stop reason and usage")
 
+    ceiling = client.messages.create(model=NAME, max_tokens=64000, system=system, messages=question, extra_body=GREEDY)
+    check(ceiling.content[0].text.startswith(want), "max_tokens above the server's limit: lowered to it, not refused")
+
     blocks = client.messages.create(model=NAME, max_tokens=24, extra_body=GREEDY, messages=[
         {"role": "user", "content": [{"type": "text", "text": "What is the capital"},
                                      {"type": "text", "text": "of France?"}]}])

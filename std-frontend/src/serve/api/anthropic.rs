@@ -466,7 +466,13 @@ pub async fn messages(
 
 async fn message(state: &AppState, body: Result<Bytes, BytesRejection>) -> ApiResult<Response> {
     let body = parse_body(&read_body(state, body)?)?;
-    let chat = prepare_chat(state, &chat_request(&body)?)?;
+    let mut request = chat_request(&body)?;
+    // Anthropic's max_tokens is a ceiling, and agents send their model's (32000 and more):
+    // above this server's limit it is lowered to it, not refused.
+    if request["max_tokens"].as_u64() > Some(state.max_tokens_limit as u64) {
+        request["max_tokens"] = json!(state.max_tokens_limit);
+    }
+    let chat = prepare_chat(state, &request)?;
     let input_tokens = chat.ids.len();
     let launched = launch(state, &chat.ids, &chat.g, &state.end_of_turn, chat.reply())?;
     let id = request_id("msg").replacen('-', "_", 1);
