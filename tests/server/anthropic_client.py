@@ -9,9 +9,7 @@ streamed; stop sequences, tool use (forced, and a result carried back), structur
 token counting and the API key reach it; errors come in Anthropic's shape with their statuses.
 """
 import json
-import os
 import sys
-import tempfile
 import urllib.error
 import urllib.request
 
@@ -154,21 +152,17 @@ with serve_process.served(BIN, MODEL, NAME, "--api-key", KEY, "--ctx", "1024", "
 
 # A thinking template (as Qwen3's): the reasoning comes back as a thinking block, whole and
 # streamed; `thinking: {"type": "disabled"}` reaches the template.
-with tempfile.TemporaryDirectory() as tmp:
-    template = os.path.join(tmp, "thinking.jinja")
-    with open(template, "w") as f:
-        f.write(THINKING)
-    with serve_process.served(BIN, MODEL, NAME, "--ctx", "1024", "--chat-template-file", template) as port:
-        client = Anthropic(base_url=f"http://127.0.0.1:{port}", api_key="none", max_retries=0, timeout=120)
-        request = dict(model=NAME, max_tokens=16, messages=[{"role": "user", "content": "Why is the sky blue?"}],
-                       extra_body=GREEDY)
-        m = client.messages.create(**request)
-        check(m.content[0].type == "thinking" and m.content[0].thinking, "a thinking model: a thinking block first")
-        with client.messages.stream(**request) as s:
-            final = s.get_final_message()
-        check([b.model_dump() for b in final.content] == [b.model_dump() for b in m.content],
-              "a thinking model, streamed: the same blocks (thinking_delta)")
-        off = client.messages.create(**request, thinking={"type": "disabled"})
-        check(off.usage.input_tokens > m.usage.input_tokens and off.content[0].type == "text",
-              "thinking disabled: the template closes <think>, the reply is text")
+with serve_process.served_with_template(BIN, MODEL, NAME, THINKING, "--ctx", "1024") as port:
+    client = Anthropic(base_url=f"http://127.0.0.1:{port}", api_key="none", max_retries=0, timeout=120)
+    request = dict(model=NAME, max_tokens=16, messages=[{"role": "user", "content": "Why is the sky blue?"}],
+                   extra_body=GREEDY)
+    m = client.messages.create(**request)
+    check(m.content[0].type == "thinking" and m.content[0].thinking, "a thinking model: a thinking block first")
+    with client.messages.stream(**request) as s:
+        final = s.get_final_message()
+    check([b.model_dump() for b in final.content] == [b.model_dump() for b in m.content],
+          "a thinking model, streamed: the same blocks (thinking_delta)")
+    off = client.messages.create(**request, thinking={"type": "disabled"})
+    check(off.usage.input_tokens > m.usage.input_tokens and off.content[0].type == "text",
+          "thinking disabled: the template closes <think>, the reply is text")
 print("all Anthropic API checks passed")

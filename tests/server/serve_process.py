@@ -1,9 +1,11 @@
 """Starting `sapient serve` on a free loopback port for the server tests, and waiting for it."""
 import contextlib
 import json
+import os
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.request
 
@@ -45,3 +47,14 @@ def served(binary, model, alias, *extra):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+@contextlib.contextmanager
+def served_with_template(binary, model, alias, template, *extra):
+    """`served` with `--chat-template-file` naming a file that holds `template`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "template.jinja")
+        with open(path, "w") as f:
+            f.write(template)
+        with served(binary, model, alias, "--chat-template-file", path, *extra) as port:
+            yield port

@@ -208,52 +208,47 @@ with serve_process.served(BIN, MODEL, NAME, "--parallel", "2", "--ctx", "1024") 
     except openai.BadRequestError as e:
         check("chat completions" in e.body["message"], "tools on the completions route: 400")
 
+with serve_process.served_with_template(BIN, MODEL, NAME, HERMES, "--ctx", "1024") as port:
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+    forced_calls(client, "Hermes format (--chat-template-file)")
+    carried_back(client, port, "Hermes format")
+# A thinking template (as Qwen3's): the reply opens inside <think> unless the request's
+# chat_template_kwargs turn thinking off.
+with serve_process.served_with_template(BIN, MODEL, NAME, THINKING, "--ctx", "1024") as port:
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+    request = dict(model=NAME, messages=QUESTION, temperature=0, max_tokens=16)
+    r = client.chat.completions.create(**request)
+    message = r.choices[0].message
+    reasoning = getattr(message, "reasoning_content", None)
+    check(bool(reasoning) and not message.content,
+          f"a reply inside an opened <think>: all reasoning_content ({reasoning!r})")
+
+    def gathered(**extra):
+        parts = {"reasoning_content": "", "content": ""}
+        for chunk in client.chat.completions.create(stream=True, **request, **extra):
+            for choice in chunk.choices:
+                parts["content"] += choice.delta.content or ""
+                parts["reasoning_content"] += getattr(choice.delta, "reasoning_content", None) or ""
+        return parts
+
+    check(gathered() == {"reasoning_content": reasoning, "content": ""}, "reasoning streamed as whole")
+    plain = client.chat.completions.create(**request, extra_body={"reasoning_format": "none"})
+    check(plain.choices[0].message.content.strip() == reasoning and
+          getattr(plain.choices[0].message, "reasoning_content", None) is None,
+          "reasoning_format none: the text as written, in content")
+    off = client.chat.completions.create(**request, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    check(off.usage.prompt_tokens > r.usage.prompt_tokens and off.choices[0].message.content and
+          getattr(off.choices[0].message, "reasoning_content", None) is None,
+          "chat_template_kwargs enable_thinking false: the template closes <think>, the reply is content")
+    for what, extra in [("chat_template_kwargs not an object", {"chat_template_kwargs": "x"}),
+                        ("an unknown reasoning_format", {"reasoning_format": "loud"})]:
+        try:
+            client.chat.completions.create(**request, extra_body=extra)
+            check(False, f"{what}: 400")
+        except openai.BadRequestError as e:
+            check(e.status_code == 400, f"{what}: 400 ({e.body['message']})")
+
 with tempfile.TemporaryDirectory() as tmp:
-    template = os.path.join(tmp, "hermes.jinja")
-    with open(template, "w") as f:
-        f.write(HERMES)
-    with serve_process.served(BIN, MODEL, NAME, "--ctx", "1024", "--chat-template-file", template) as port:
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
-        forced_calls(client, "Hermes format (--chat-template-file)")
-        carried_back(client, port, "Hermes format")
-    # A thinking template (as Qwen3's): the reply opens inside <think> unless the request's
-    # chat_template_kwargs turn thinking off.
-    thinking = os.path.join(tmp, "thinking.jinja")
-    with open(thinking, "w") as f:
-        f.write(THINKING)
-    with serve_process.served(BIN, MODEL, NAME, "--ctx", "1024", "--chat-template-file", thinking) as port:
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
-        request = dict(model=NAME, messages=QUESTION, temperature=0, max_tokens=16)
-        r = client.chat.completions.create(**request)
-        message = r.choices[0].message
-        reasoning = getattr(message, "reasoning_content", None)
-        check(bool(reasoning) and not message.content,
-              f"a reply inside an opened <think>: all reasoning_content ({reasoning!r})")
-
-        def gathered(**extra):
-            parts = {"reasoning_content": "", "content": ""}
-            for chunk in client.chat.completions.create(stream=True, **request, **extra):
-                for choice in chunk.choices:
-                    parts["content"] += choice.delta.content or ""
-                    parts["reasoning_content"] += getattr(choice.delta, "reasoning_content", None) or ""
-            return parts
-
-        check(gathered() == {"reasoning_content": reasoning, "content": ""}, "reasoning streamed as whole")
-        plain = client.chat.completions.create(**request, extra_body={"reasoning_format": "none"})
-        check(plain.choices[0].message.content.strip() == reasoning and
-              getattr(plain.choices[0].message, "reasoning_content", None) is None,
-              "reasoning_format none: the text as written, in content")
-        off = client.chat.completions.create(**request, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
-        check(off.usage.prompt_tokens > r.usage.prompt_tokens and off.choices[0].message.content and
-              getattr(off.choices[0].message, "reasoning_content", None) is None,
-              "chat_template_kwargs enable_thinking false: the template closes <think>, the reply is content")
-        for what, extra in [("chat_template_kwargs not an object", {"chat_template_kwargs": "x"}),
-                            ("an unknown reasoning_format", {"reasoning_format": "loud"})]:
-            try:
-                client.chat.completions.create(**request, extra_body=extra)
-                check(False, f"{what}: 400")
-            except openai.BadRequestError as e:
-                check(e.status_code == 400, f"{what}: 400 ({e.body['message']})")
     missing = os.path.join(tmp, "missing.jinja")
     out = subprocess.run([BIN, "serve", "-m", MODEL, "--port", "0", "--chat-template-file", missing],
                          capture_output=True, text=True, timeout=60)
