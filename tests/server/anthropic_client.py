@@ -141,6 +141,7 @@ with serve_process.served(BIN, MODEL, NAME, "--api-key", KEY, "--ctx", "1024", "
         ("an unknown tool_choice", {"max_tokens": 4, "messages": question, "tools": [WEATHER],
                                     "tool_choice": {"type": "sometimes"}}, "tool_choice"),
         ("a bad thinking", {"max_tokens": 4, "messages": question, "thinking": {"type": "maybe"}}, "thinking"),
+        ("five stop sequences", {"max_tokens": 4, "messages": question, "stop_sequences": list("abcde")}, "stop_sequences"),
         ("a format that is not a schema", {"max_tokens": 4, "messages": question,
                                             "output_config": {"format": {"type": "xml"}}}, "output_config"),
         ("temperature out of range", {"max_tokens": 4, "messages": question, "temperature": 5}, "temperature"),

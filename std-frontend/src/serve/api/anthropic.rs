@@ -198,8 +198,12 @@ fn chat_request(body: &Value) -> ApiResult<Value> {
         }
     }
     if let Some(stop) = body.get("stop_sequences").filter(|v| !v.is_null()) {
-        let Value::Array(list) = stop else {
-            return Err(bad("stop_sequences must be an array of strings"));
+        // The chat route's limit (OpenAI's): a 400 naming this field, not `stop`.
+        let Some(list) = stop
+            .as_array()
+            .filter(|l| l.len() <= 4 && l.iter().all(Value::is_string))
+        else {
+            return Err(bad("stop_sequences must be an array of up to 4 strings"));
         };
         chat.insert("stop".into(), Value::Array(list.clone()));
     }
