@@ -336,9 +336,10 @@ pub struct JsonOutput {
     /// The logits before a draw, to draw again under the mask.
     saved: Vec<f32>,
     allowed: Vec<bool>,
-    /// A lazy constraint's triggers (llama.cpp's lazy grammars): it holds from a trigger to the
-    /// end of the value, then waits for the next; empty for output that is all JSON.
-    triggers: Vec<Trigger>,
+    /// A lazy constraint's schemas, each with the triggers after which its values come
+    /// (llama.cpp's lazy grammars): one holds from its trigger to the end of the value, then
+    /// the output waits for the next; empty for output that is all JSON.
+    lazy: Vec<(Arc<Schema>, Vec<Trigger>)>,
     /// `Some` while a lazy constraint waits for a trigger.
     waiting: Option<Waiting>,
 }
@@ -353,82 +354,70 @@ impl JsonOutput {
             progress: Progress::Object(JsonPrefix::default()),
             saved: Vec::new(),
             allowed: Vec::new(),
-            triggers: Vec::new(),
+            lazy: Vec::new(),
             waiting: None,
         }
     }
 
-    /// Output that is free text, but a value of `schema` after each of `triggers` (a tool
-    /// call's JSON after the text that opens it).
+    /// Output that is free text, but a value of a schema after each of its triggers (a tool
+    /// call's JSON after the text that opens it; with schemas of their own, a call's
+    /// arguments after the text that names its tool). `lazy` is not empty.
     pub fn lazy(
         vocab: Arc<JsonVocab>,
         tokenizer: Arc<Tokenizer>,
-        schema: Arc<Schema>,
-        triggers: Vec<Trigger>,
+        lazy: Vec<(Arc<Schema>, Vec<Trigger>)>,
     ) -> Self {
+        let first = lazy[0].0.clone();
         JsonOutput {
-            triggers,
+            lazy,
             waiting: Some(Waiting {
                 tail: Vec::new(),
                 started: false,
             }),
-            ..Self::with_schema(vocab, tokenizer, schema)
+            ..Self::with_schema(vocab, tokenizer, first)
         }
     }
 
-    /// The progress at the start of a value.
-    fn start(&self) -> Progress {
-        match &self.schema {
-            Some(schema) => Progress::Schema(schema.start()),
-            None => Progress::Object(JsonPrefix::default()),
-        }
-    }
-
-    /// While waiting: takes in a drawn token's bytes, and begins the value where they complete
-    /// a trigger and the bytes after it may start the value.
+    /// While waiting: takes in a drawn token's bytes, and begins a value of the schema whose
+    /// trigger they complete where the bytes after it may start the value.
     fn watch(&mut self, bytes: &[u8]) {
-        let start = self.start();
         let Some(waiting) = &mut self.waiting else {
             return;
         };
         let new_from = waiting.tail.len();
         waiting.tail.extend_from_slice(bytes);
         let tail = &waiting.tail;
-        let mut json_from = None;
-        for t in &self.triggers {
-            if t.at_start {
-                let skipped = tail.iter().take_while(|b| b.is_ascii_whitespace()).count();
-                if !waiting.started && tail[skipped..].starts_with(&t.text) {
-                    json_from = Some(skipped);
+        let fired = self.lazy.iter().find_map(|(schema, triggers)| {
+            let from = triggers.iter().find_map(|t| {
+                if t.at_start {
+                    let skipped = tail.iter().take_while(|b| b.is_ascii_whitespace()).count();
+                    (!waiting.started && tail[skipped..].starts_with(&t.text)).then_some(skipped)
+                } else {
+                    let at = tail
+                        .windows(t.text.len().max(1))
+                        .position(|w| w == t.text.as_slice())
+                        .filter(|&at| at + t.text.len() > new_from)?;
+                    Some(at + t.text.len())
                 }
-            } else if let Some(at) = tail
-                .windows(t.text.len().max(1))
-                .position(|w| w == t.text.as_slice())
-                .filter(|&at| at + t.text.len() > new_from)
-            {
-                json_from = Some(at + t.text.len());
-            }
-            if json_from.is_some() {
-                break;
-            }
-        }
-        let began = json_from.and_then(|from| match (start, &self.schema) {
-            (Progress::Object(p), _) => p.feed(&(), &tail[from..]).map(Progress::Object),
-            (Progress::Schema(p), Some(schema)) => {
-                p.feed(schema, &tail[from..]).map(Progress::Schema)
-            }
-            (Progress::Schema(_), None) => None,
+            })?;
+            Some((schema, from))
         });
-        if let Some(progress) = began {
-            self.progress = progress;
+        let began = fired.and_then(|(schema, from)| {
+            let progress = schema.start().feed(schema, &tail[from..])?;
+            Some((schema.clone(), progress))
+        });
+        if let Some((schema, progress)) = began {
+            self.schema = Some(schema);
+            self.progress = Progress::Schema(progress);
             self.waiting = None;
             return;
         }
         waiting.started |= waiting.tail.iter().any(|b| !b.is_ascii_whitespace());
         // Keep what may be the start of a trigger.
         let keep = self
-            .triggers
+            .lazy
             .iter()
+            .flat_map(|(_, triggers)| triggers)
             .map(|t| t.text.len())
             .max()
             .unwrap_or(1)
@@ -510,7 +499,7 @@ impl JsonOutput {
         history: &[u32],
         stop: &[u32],
     ) -> Result<u32> {
-        if !self.triggers.is_empty() && self.waiting.is_none() && self.is_complete() {
+        if !self.lazy.is_empty() && self.waiting.is_none() && self.is_complete() {
             // A lazy constraint's value is whole: free text again, until the next trigger.
             self.waiting = Some(Waiting {
                 tail: Vec::new(),

@@ -243,13 +243,14 @@ impl ToolFormat {
         Ok(Forced { prefix, schema })
     }
 
-    /// What keeps a reply that may call `tools` (`tool_choice` `auto`) well formed: the schema
-    /// of the JSON, and the texts after which it applies (llama.cpp's lazy grammars: a call's
-    /// JSON after the text that opens it, free text elsewhere). The generic format's reply is
-    /// all JSON (no triggers): a call, or a response; where the model `thinks`, from the
-    /// reply's start or after its reasoning. `None` where the call's JSON has no opening of its
-    /// own (Mistral's `[ARGS]` format: the name comes first, outside it).
-    pub fn auto_constraint(self, tools: &[Tool], thinks: bool) -> Option<(Value, Vec<Trigger>)> {
+    /// What keeps a reply that may call `tools` (`tool_choice` `auto`) well formed: schemas of
+    /// the JSON, each with the texts after which it applies (llama.cpp's lazy grammars: a
+    /// call's JSON after the text that opens it, free text elsewhere). One schema for most
+    /// formats; Mistral's `[ARGS]` format, whose call names its tool before the JSON, one a
+    /// tool: its arguments after `[TOOL_CALLS]name[ARGS]`. The generic format's reply is all
+    /// JSON (one schema, no triggers): a call, or a response; where the model `thinks`, from
+    /// the reply's start or after its reasoning.
+    pub fn auto_constraint(self, tools: &[Tool], thinks: bool) -> Vec<(Value, Vec<Trigger>)> {
         let all: Vec<&Tool> = tools.iter().collect();
         let anywhere = |text: &str| Trigger {
             text: text.as_bytes().to_vec(),
@@ -264,7 +265,17 @@ impl ToolFormat {
             ToolFormat::Llama3 => vec![first_brace(), anywhere(PYTHON_TAG)],
             // The first call of the list; the list's closing goes free.
             ToolFormat::MistralJson => vec![anywhere(&format!("{MISTRAL_CALLS}["))],
-            ToolFormat::MistralArgs => return None,
+            ToolFormat::MistralArgs => {
+                return tools
+                    .iter()
+                    .map(|t| {
+                        let mut defs = Map::new();
+                        let schema = with_defs(arguments(t, &mut defs), defs);
+                        let opening = format!("{MISTRAL_CALLS}{}{MISTRAL_ARGS}", t.name);
+                        (schema, vec![anywhere(&opening)])
+                    })
+                    .collect()
+            }
             ToolFormat::Generic => {
                 let schema = self.reply_schema(&all, |call| {
                     json!({
@@ -276,10 +287,10 @@ impl ToolFormat {
                     true => vec![first_brace(), anywhere(crate::reasoning::CLOSE)],
                     false => Vec::new(),
                 };
-                return Some((schema, triggers));
+                return vec![(schema, triggers)];
             }
         };
-        Some((self.reply_schema(&all, |call| call), triggers))
+        vec![(self.reply_schema(&all, |call| call), triggers)]
     }
 
     /// The schema of a reply (`in_reply` puts a call in it) whose call is to one of `chosen`,
@@ -921,34 +932,61 @@ mod tests {
             for format in [ToolFormat::Hermes, ToolFormat::Generic] {
                 let forced = format.forced(&tools, None).unwrap();
                 Schema::compile(&forced.schema).unwrap_or_else(|e| panic!("{n} tools: {e}"));
-                let (auto, _) = format.auto_constraint(&tools, false).unwrap();
-                Schema::compile(&auto).unwrap_or_else(|e| panic!("{n} tools: {e}"));
+                let (auto, _) = &format.auto_constraint(&tools, false)[0];
+                Schema::compile(auto).unwrap_or_else(|e| panic!("{n} tools: {e}"));
             }
         }
     }
 
     /// `auto`: Hermes, Llama 3 and Mistral's JSON list constrain a call after its opening;
-    /// the generic format's reply is a call or a response; Mistral's `[ARGS]` goes free.
+    /// Mistral's `[ARGS]` a tool's arguments after the opening that names it; the generic
+    /// format's reply is a call or a response.
     #[test]
     fn auto_constraints_follow_the_format() {
         use crate::json_output::Automaton;
         let tools = weather();
-        let (hermes, triggers) = ToolFormat::Hermes.auto_constraint(&tools, false).unwrap();
+        let [(hermes, triggers)] = &ToolFormat::Hermes.auto_constraint(&tools, false)[..] else {
+            panic!("one schema");
+        };
         assert_eq!(triggers.len(), 1);
         assert_eq!(triggers[0].text, b"<tool_call>");
-        Schema::compile(&hermes).unwrap();
-        let (_, llama) = ToolFormat::Llama3.auto_constraint(&tools, false).unwrap();
+        Schema::compile(hermes).unwrap();
+        let (_, llama) = &ToolFormat::Llama3.auto_constraint(&tools, false)[0];
         assert!(llama[0].at_start && llama[0].text == b"{");
-        assert!(ToolFormat::MistralArgs
-            .auto_constraint(&tools, false)
+        let two = Tool::list(&json!([
+            {"type": "function", "function": {"name": "get_weather", "parameters": {
+                "type": "object", "required": ["city"],
+                "properties": {"city": {"type": "string"}}}}},
+            {"type": "function", "function": {"name": "get_time"}},
+        ]))
+        .unwrap();
+        let mistral = ToolFormat::MistralArgs.auto_constraint(&two, false);
+        let openings: Vec<&[u8]> = mistral.iter().map(|(_, t)| t[0].text.as_slice()).collect();
+        assert_eq!(
+            openings,
+            [
+                &b"[TOOL_CALLS]get_weather[ARGS]"[..],
+                b"[TOOL_CALLS]get_time[ARGS]"
+            ]
+        );
+        let weather_args = Schema::compile(&mistral[0].0).unwrap();
+        let end = weather_args
+            .start()
+            .feed(&weather_args, br#"{"city": "Paris"}"#);
+        assert!(end.is_some_and(|s| s.is_complete()));
+        assert!(weather_args
+            .start()
+            .feed(&weather_args, br#"{"town""#)
             .is_none());
-        let (generic, none) = ToolFormat::Generic.auto_constraint(&tools, false).unwrap();
+        let [(generic, none)] = &ToolFormat::Generic.auto_constraint(&tools, false)[..] else {
+            panic!("one schema");
+        };
         assert!(none.is_empty());
         // A model that thinks first: JSON from the reply's start, or after its reasoning.
-        let (_, thinking) = ToolFormat::Generic.auto_constraint(&tools, true).unwrap();
+        let (_, thinking) = &ToolFormat::Generic.auto_constraint(&tools, true)[0];
         let texts: Vec<&[u8]> = thinking.iter().map(|t| t.text.as_slice()).collect();
         assert_eq!(texts, [&b"{"[..], b"</think>"]);
-        let schema = Schema::compile(&generic).unwrap();
+        let schema = Schema::compile(generic).unwrap();
         let whole = |text: &str| {
             let end = schema.start().feed(&schema, text.as_bytes());
             end.is_some_and(|s| s.is_complete())

@@ -320,7 +320,8 @@ fn json_output_is_the_json_asked_for() {
             text: fence.as_bytes().to_vec(),
             at_start: false,
         };
-        let output = JsonOutput::lazy(vocab.clone(), tok.clone(), schema.clone(), vec![trigger]);
+        let lazy = vec![(schema.clone(), vec![trigger])];
+        let output = JsonOutput::lazy(vocab.clone(), tok.clone(), lazy);
         let (text, why) = run(cat, sampling, 120, Some(output));
         let Some(at) = text.find(fence) else {
             assert!(seed != 0, "greedy: no fence in {text:?}");
@@ -346,4 +347,86 @@ fn json_output_is_the_json_asked_for() {
         }
     }
     assert!(triggered >= 1);
+}
+
+/// A lazy constraint of several schemas, each after its own trigger (Mistral's `[ARGS]` tool
+/// format under `tool_choice` `auto`: a tool's arguments after the text that names it), driven
+/// by a scripted model (each step one token far likelier than the rest, greedy): text before
+/// a trigger goes free, arguments that keep the named tool's schema pass as written, and a
+/// token that would break it is replaced by one that keeps it.
+#[test]
+fn each_lazy_schema_holds_after_its_own_trigger() {
+    use sapient::json_output::{Automaton, JsonOutput, JsonVocab};
+    use sapient::json_schema::Schema;
+    use sapient::tool_calls::{Tool, ToolFormat};
+    use sapient_core::sample::{Sampler, SamplerConfig};
+    use std::sync::Arc;
+
+    let files = open();
+    let tok = Arc::new(Tokenizer::load(&files).unwrap());
+    let vocab_size = files.config.vocab_size;
+    let vocab = Arc::new(JsonVocab::new(&tok, vocab_size));
+    let tools = Tool::list(&serde_json::json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+            "required": ["city"], "properties": {"city": {"type": "string"}}}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object",
+            "required": ["zone"], "properties": {"zone": {"type": "string"}}}}},
+    ]))
+    .unwrap();
+    let groups = ToolFormat::MistralArgs.auto_constraint(&tools, false);
+    let schemas: Vec<Arc<Schema>> = groups
+        .iter()
+        .map(|(s, _)| Arc::new(Schema::compile(s).unwrap()))
+        .collect();
+    let lazy: Vec<_> = schemas
+        .iter()
+        .cloned()
+        .zip(groups.into_iter().map(|g| g.1))
+        .collect();
+    let eos = files.eos_token_ids.clone();
+    // The tokens drawn while the model wants `script`, a step at a time, until one differs.
+    let drawn = |script: &str| {
+        let mut output = JsonOutput::lazy(vocab.clone(), tok.clone(), lazy.clone());
+        let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
+        let mut out: Vec<u32> = Vec::new();
+        for want in tok.encode(script).unwrap() {
+            let mut logits = vec![0.0f32; vocab_size];
+            logits[want as usize] = 100.0;
+            let got = output
+                .sample(&mut sampler, &mut logits, &out, &eos)
+                .unwrap();
+            out.push(got);
+            if got != want {
+                break;
+            }
+        }
+        (tok.decode(&out, false).unwrap(), output.is_complete())
+    };
+    let opening = "Let me check. [TOOL_CALLS]get_weather[ARGS]";
+    let (text, complete) = drawn(&format!("{opening}{{\"city\": \"Paris\"}}"));
+    assert_eq!(text, format!("{opening}{{\"city\": \"Paris\"}}"));
+    assert!(
+        complete,
+        "the arguments are a whole value of get_weather's schema"
+    );
+    // get_time's zone is a string: the number the script wants is replaced.
+    let opening = "[TOOL_CALLS]get_time[ARGS]";
+    let (text, _) = drawn(&format!("{opening}{{\"zone\": 5}}"));
+    let args = text.strip_prefix(opening).unwrap();
+    assert!(
+        args.starts_with("{\"zone\": ") && !args.contains('5'),
+        "{text:?}"
+    );
+    assert!(schemas[1]
+        .start()
+        .feed(&schemas[1], args.as_bytes())
+        .is_some());
+    // ... where get_weather's schema would have refused `zone` at once.
+    assert!(schemas[0]
+        .start()
+        .feed(&schemas[0], args.as_bytes())
+        .is_none());
+    // A name that is no tool's opens nothing: the text goes free.
+    let free = "[TOOL_CALLS]get_wether[ARGS]{\"zone\": 5}";
+    assert_eq!(drawn(free).0, free);
 }

@@ -77,12 +77,7 @@ impl AppState {
             JsonFormat::Schema(schema) => {
                 JsonOutput::with_schema(vocab, self.tokenizer.clone(), schema.clone())
             }
-            JsonFormat::Lazy(schema, triggers) => JsonOutput::lazy(
-                vocab,
-                self.tokenizer.clone(),
-                schema.clone(),
-                triggers.clone(),
-            ),
+            JsonFormat::Lazy(lazy) => JsonOutput::lazy(vocab, self.tokenizer.clone(), lazy.clone()),
         }
     }
 }
@@ -263,8 +258,9 @@ enum JsonFormat {
     Object,
     /// `json_schema`: a value of this schema.
     Schema(Arc<Schema>),
-    /// Free text with a value of this schema after each trigger (tool calls a reply may make).
-    Lazy(Arc<Schema>, Vec<Trigger>),
+    /// Free text with a value of a schema after each of its triggers (tool calls a reply may
+    /// make).
+    Lazy(Vec<(Arc<Schema>, Vec<Trigger>)>),
 }
 
 /// `response_format`: text (`None`), one JSON object, or a value of a JSON schema.
@@ -375,11 +371,15 @@ fn tool_use(
         let call = format.forced(&tools, named).map_err(bad)?;
         g.json = Some(JsonFormat::Schema(compile(&call.schema)?));
         prefix = call.prefix;
-    } else if let Some((schema, triggers)) = format.auto_constraint(&tools, thinks) {
-        let schema = compile(&schema)?;
-        g.json = Some(match triggers.is_empty() {
-            true => JsonFormat::Schema(schema),
-            false => JsonFormat::Lazy(schema, triggers),
+    } else {
+        let lazy = format
+            .auto_constraint(&tools, thinks)
+            .into_iter()
+            .map(|(schema, triggers)| Ok((compile(&schema)?, triggers)))
+            .collect::<ApiResult<Vec<_>>>()?;
+        g.json = Some(match &lazy[..] {
+            [(schema, triggers)] if triggers.is_empty() => JsonFormat::Schema(schema.clone()),
+            _ => JsonFormat::Lazy(lazy),
         });
     }
     Ok(Some(ToolUse {
