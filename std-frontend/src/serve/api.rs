@@ -180,6 +180,26 @@ fn read_body(state: &AppState, body: Result<Bytes, BytesRejection>) -> ApiResult
 }
 
 /// The body as JSON, or a 400 naming what is wrong with it.
+/// A prompt as text (encoded as a prompt: after the model's BOS where it asks for one) or as
+/// token ids, which `start` checks against the vocabulary; anything else is a 400 saying `wrong`.
+fn prompt_ids(state: &AppState, prompt: Option<&Value>, wrong: &str) -> ApiResult<Vec<u32>> {
+    match prompt {
+        Some(Value::String(text)) => state
+            .tokenizer
+            .encode_prompt(text)
+            .map_err(|e| ApiError::bad_request(format!("{e:#}"))),
+        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => Ok(a
+            .iter()
+            .map(|v| {
+                v.as_u64()
+                    .and_then(|t| u32::try_from(t).ok())
+                    .unwrap_or(u32::MAX)
+            })
+            .collect()),
+        _ => Err(ApiError::bad_request(wrong)),
+    }
+}
+
 fn parse_body(body: &[u8]) -> ApiResult<Value> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
@@ -1279,32 +1299,15 @@ pub async fn completions(
             prompt = one;
         }
     }
-    let (ids, text) = match prompt {
-        Value::String(s) => {
-            let ids = state
-                .tokenizer
-                .encode_prompt(s)
-                .map_err(|e| ApiError::bad_request(format!("{e:#}")))?;
-            (ids, s.clone())
-        }
-        Value::Array(a) if !a.is_empty() && a.iter().all(Value::is_u64) => {
-            let ids: Vec<u32> = a
-                .iter()
-                .map(|v| {
-                    v.as_u64()
-                        .and_then(|t| u32::try_from(t).ok())
-                        .unwrap_or(u32::MAX)
-                })
-                .collect();
-            // `start` checks the ids against the vocabulary.
-            let text = state.tokenizer.decode(&ids, true).unwrap_or_default();
-            (ids, text)
-        }
-        _ => {
-            return Err(ApiError::bad_request(
-                "prompt must be a string or an array of token ids (one prompt per request)",
-            ))
-        }
+    let ids = prompt_ids(
+        &state,
+        Some(prompt),
+        "prompt must be a string or an array of token ids (one prompt per request)",
+    )?;
+    let text = match prompt {
+        Value::String(s) => s.clone(),
+        // `start` checks the ids against the vocabulary.
+        _ => state.tokenizer.decode(&ids, true).unwrap_or_default(),
     };
     let reply = ReplyParsing {
         tools: None,

@@ -14,8 +14,8 @@ use axum::Json;
 use serde_json::{json, Value};
 
 use super::{
-    check_model, count, data, fim_prompt, generation, launch, parse_body, read_body, sse, ApiError,
-    ApiResult, AppState, Ended, Generation, Kind, Piece, ReplyParsing, StreamShape,
+    check_model, count, data, fim_prompt, generation, launch, parse_body, prompt_ids, read_body,
+    sse, ApiError, ApiResult, AppState, Ended, Generation, Kind, Piece, ReplyParsing, StreamShape,
 };
 use crate::infill::{ExtraFile, FimRequest};
 
@@ -151,25 +151,11 @@ pub async fn completion(
 ) -> ApiResult<Response> {
     let body = read_body(&state, body)?;
     let (body, g) = native_request(&state, &body, "/completion")?;
-    let ids = match body.get("prompt") {
-        Some(Value::String(text)) => state
-            .tokenizer
-            .encode_prompt(text)
-            .map_err(|e| ApiError::bad_request(format!("{e:#}")))?,
-        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => a
-            .iter()
-            .map(|v| {
-                v.as_u64()
-                    .and_then(|t| u32::try_from(t).ok())
-                    .unwrap_or(u32::MAX)
-            })
-            .collect(),
-        _ => {
-            return Err(ApiError::bad_request(
-                "prompt must be a string or an array of token ids",
-            ))
-        }
-    };
+    let ids = prompt_ids(
+        &state,
+        body.get("prompt"),
+        "prompt must be a string or an array of token ids",
+    )?;
     native_answer(&state, ids, &g, &state.eos, false).await
 }
 
