@@ -120,6 +120,11 @@ try:
           "streamed chat equals the whole one")
     check(chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens,
           "the last streamed chunk carries the usage")
+    # The same prompt again: all of it but the last token is in a slot's cache already.
+    again = client.chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=24)
+    cached = [u.prompt_tokens_details.cached_tokens for u in (chunks[-1].usage, again.usage)]
+    check(cached == [whole.usage.prompt_tokens - 1] * 2,
+          f"usage.prompt_tokens_details.cached_tokens: the prompt found in the cache ({cached})")
     stops_before = metrics(port)['sapient:request_success_total{finished_reason="stop"}']
     stopped = client.chat.completions.create(model=NAME, messages=messages, temperature=0, max_tokens=24, stop=["Paris"])
     check("Paris" not in stopped.choices[0].message.content and stopped.choices[0].finish_reason == "stop",

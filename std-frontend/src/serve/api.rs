@@ -732,6 +732,8 @@ struct Whole {
     /// The stop string that ended it.
     stop_string: Option<String>,
     completion_tokens: usize,
+    /// The prompt's tokens found in the cache.
+    cached_tokens: usize,
     /// The tokens' log-probabilities, when asked for.
     logprobs: Vec<Reported>,
     /// The prompt's tokens' after the first, with `echo`.
@@ -745,8 +747,10 @@ async fn collect(
     let mut out = String::new();
     let mut logprobs = Vec::new();
     let mut prompt_logprobs = Vec::new();
+    let mut cached_tokens = 0;
     while let Some(event) = events.recv().await {
         match event {
+            Event::Started { cached_tokens: c } => cached_tokens = c,
             Event::PromptLogprobs(entries) => prompt_logprobs.extend(entries),
             Event::Token { id, logprobs: lp } => {
                 let (piece, stopped) = text.push(id, lp);
@@ -759,6 +763,7 @@ async fn collect(
                         finish: "stop",
                         stop_string: text.stop_string().map(str::to_owned),
                         completion_tokens: text.tokens(),
+                        cached_tokens,
                         logprobs,
                         prompt_logprobs,
                     });
@@ -776,6 +781,7 @@ async fn collect(
                     finish: finish_reason(finish),
                     stop_string: None,
                     completion_tokens,
+                    cached_tokens,
                     logprobs,
                     prompt_logprobs,
                 });
@@ -815,14 +821,36 @@ struct Ended {
     /// The stop string that ended it.
     stop_string: Option<String>,
     completion_tokens: usize,
+    /// The prompt's tokens found in the cache.
+    cached_tokens: usize,
+}
+
+/// A request's tokens: its prompt's (those found in the cache among them) and its choices'.
+struct Usage {
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    /// The prompt's tokens the first choice found in the cache.
+    cached_tokens: usize,
+}
+
+impl Usage {
+    /// OpenAI's `usage`.
+    fn openai(&self) -> Value {
+        json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": { "cached_tokens": self.cached_tokens },
+        })
+    }
 }
 
 /// How a stream's pieces go on the wire: OpenAI's chunks, llama-server's, Anthropic's events.
 trait StreamShape: Send + 'static {
     /// The events of choice `choice`'s `piece`.
     fn piece(&mut self, choice: usize, piece: Piece<'_>) -> Vec<SseEvent>;
-    /// The events after every choice has ended (the tokens of the prompt and of all choices).
-    fn end(&mut self, prompt_tokens: usize, completion_tokens: usize) -> Vec<SseEvent>;
+    /// The events after every choice has ended, with the request's tokens.
+    fn end(&mut self, usage: &Usage) -> Vec<SseEvent>;
     /// The event of a failure mid-stream, after which the stream ends.
     fn error(&mut self, message: &str) -> SseEvent;
 }
@@ -848,6 +876,8 @@ struct StreamedChoice {
     calls: Option<StreamedCalls>,
     /// Splits the reasoning from the content, where the reply's is told apart.
     reasoning: Option<ReasoningWatch>,
+    /// The prompt's tokens found in the cache.
+    cached: usize,
     ended: Option<usize>,
 }
 
@@ -957,8 +987,12 @@ fn sse(
                 return None;
             }
             if st.choices.iter().all(|c| c.ended.is_some()) {
-                let completion: usize = st.choices.iter().filter_map(|c| c.ended).sum();
-                let events = st.shape.end(prompt_tokens, completion);
+                let usage = Usage {
+                    prompt_tokens,
+                    completion_tokens: st.choices.iter().filter_map(|c| c.ended).sum(),
+                    cached_tokens: st.choices.first().map_or(0, |c| c.cached),
+                };
+                let events = st.shape.end(&usage);
                 st.queue.extend(events);
                 st.done = true;
                 continue;
@@ -967,6 +1001,10 @@ fn sse(
             let (finish, stop_string, completion) = match event {
                 // Only `echo` asks for these, and it does not stream.
                 Some(Event::PromptLogprobs(_)) => continue,
+                Some(Event::Started { cached_tokens }) => {
+                    st.choices[i].cached = cached_tokens;
+                    continue;
+                }
                 Some(Event::Token { id, logprobs }) => {
                     let (piece, stopped) = st.choices[i].text.push(id, logprobs);
                     st.text(i, &piece);
@@ -1002,6 +1040,7 @@ fn sse(
                 reason: st.end(i, finish),
                 stop_string,
                 completion_tokens: completion,
+                cached_tokens: st.choices[i].cached,
             };
             st.choices[i].ended = Some(completion);
             st.queue(i, Piece::Finish(ended));
@@ -1555,6 +1594,7 @@ impl Launched<'_> {
                     ids: self.call_ids.wrapping_add(64 * i as u64),
                 }),
                 reasoning: self.reply.reasoning.map(ReasoningWatch::new),
+                cached: 0,
                 ended: None,
             });
         }
@@ -1622,16 +1662,12 @@ impl StreamShape for OpenAiChunks {
         vec![data(v)]
     }
 
-    fn end(&mut self, prompt_tokens: usize, completion_tokens: usize) -> Vec<SseEvent> {
+    fn end(&mut self, usage: &Usage) -> Vec<SseEvent> {
         let mut events = Vec::new();
         if self.include_usage {
             let mut v = self.head.clone();
             v["choices"] = json!([]);
-            v["usage"] = json!({
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-            });
+            v["usage"] = usage.openai();
             events.push(data(v));
         }
         events.push(SseEvent::default().data("[DONE]"));
@@ -1673,7 +1709,9 @@ async fn answer(
     }
     let mut choices = Vec::with_capacity(g.n);
     let mut completion = 0;
+    let mut cached = None;
     for (index, choice) in launched.wholes().await?.into_iter().enumerate() {
+        cached.get_or_insert(choice.whole.cached_tokens);
         let echoed = echo.as_ref().map(|text| {
             (
                 ids.as_slice(),
@@ -1693,8 +1731,12 @@ async fn answer(
     }
     let mut v = head(object);
     v["choices"] = Value::Array(choices);
-    v["usage"] = json!({ "prompt_tokens": prompt_tokens, "completion_tokens": completion,
-                         "total_tokens": prompt_tokens + completion });
+    let usage = Usage {
+        prompt_tokens,
+        completion_tokens: completion,
+        cached_tokens: cached.unwrap_or(0),
+    };
+    v["usage"] = usage.openai();
     Ok(Json(v).into_response())
 }
 

@@ -60,6 +60,11 @@ pub enum Event {
         prompt_tokens: usize,
         completion_tokens: usize,
     },
+    /// The request has a slot: this many of its prompt's first tokens were in the slot's cache
+    /// already and are not run again.
+    Started {
+        cached_tokens: usize,
+    },
     /// The log-probabilities of prompt tokens after the first, in order, as their positions
     /// are run (a request that asked for `prompt_logprobs`).
     PromptLogprobs(Vec<TokenLogprobs>),
@@ -234,6 +239,9 @@ fn run(
             metrics
                 .prompt_tokens_cached
                 .fetch_add(kept as u64, Ordering::Relaxed);
+            let _ = job.events.send(Event::Started {
+                cached_tokens: kept,
+            });
             slots[i] = Some(Running {
                 sampler,
                 tokens: job.prompt.clone(),

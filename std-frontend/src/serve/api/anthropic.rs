@@ -18,7 +18,7 @@ use serde_json::{json, Map, Value};
 
 use super::{
     launch, parse_body, prepare_chat, read_body, request_id, sse, ApiError, ApiResult, AppState,
-    Ended, Piece, StreamShape,
+    Ended, Piece, StreamShape, Usage,
 };
 
 /// An error in Anthropic's shape (`{"type": "error", "error": {"type", "message"}}`), with the
@@ -445,7 +445,7 @@ impl StreamShape for MessageEvents {
         out
     }
 
-    fn end(&mut self, _: usize, _: usize) -> Vec<SseEvent> {
+    fn end(&mut self, _: &Usage) -> Vec<SseEvent> {
         Vec::new()
     }
 
@@ -511,6 +511,7 @@ async fn message(state: &AppState, body: Result<Bytes, BytesRejection>) -> ApiRe
         reason: choice.finish,
         stop_string: choice.whole.stop_string,
         completion_tokens: choice.whole.completion_tokens,
+        cached_tokens: choice.whole.cached_tokens,
     };
     let (reason, sequence) = stop_reason(&ended);
     Ok(Json(json!({
@@ -588,6 +589,7 @@ mod tests {
             reason,
             stop_string: stop.map(str::to_owned),
             completion_tokens: 1,
+            cached_tokens: 0,
         };
         assert_eq!(stop_reason(&ended("stop", None)).0, "end_turn");
         assert_eq!(

@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use super::{
     check_model, count, data, fim_prompt, generation, launch, parse_body, prompt_ids, read_body,
     sse, ApiError, ApiResult, AppState, Ended, Generation, Kind, Piece, ReplyParsing, StreamShape,
+    Usage,
 };
 use crate::infill::{ExtraFile, FimRequest};
 
@@ -94,7 +95,7 @@ impl StreamShape for NativeChunks {
         }
     }
 
-    fn end(&mut self, _: usize, _: usize) -> Vec<SseEvent> {
+    fn end(&mut self, _: &Usage) -> Vec<SseEvent> {
         Vec::new()
     }
 
@@ -132,6 +133,7 @@ async fn native_answer(
         reason: choice.finish,
         stop_string: choice.whole.stop_string,
         completion_tokens: choice.whole.completion_tokens,
+        cached_tokens: choice.whole.cached_tokens,
     };
     let v = last(
         &state.model_id,
