@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `sapient serve` against the official openai Python client (tests/server/openai_client.py,
-# tests/server/tool_calls.py), the anthropic one (tests/server/anthropic_client.py), and under
+# tests/server/tool_calls.py, and its Responses API in tests/server/responses_client.py), the
+# anthropic one (tests/server/anthropic_client.py), and under
 # malformed and hostile request bodies
 # (tests/server/hostile_requests.py), on loopback, with SmolLM2 Q4_1; llama-server's own
 # routes (tests/server/native_routes.py), fill in the middle on SmolLM2's weights with
@@ -20,6 +21,7 @@ bin="$(bash scripts/target-dir.sh)/release/sapient"
 timeout 600 "$venv/bin/python" tests/server/openai_client.py "$bin" models/SmolLM2-135M-Instruct.Q4_1.gguf
 timeout 300 "$venv/bin/python" tests/server/tool_calls.py "$bin" models/SmolLM2-135M-Instruct.Q4_1.gguf
 timeout 300 "$venv/bin/python" tests/server/anthropic_client.py "$bin" models/SmolLM2-135M-Instruct.Q4_1.gguf
+timeout 300 "$venv/bin/python" tests/server/responses_client.py "$bin" models/SmolLM2-135M-Instruct.Q4_1.gguf
 timeout 300 python3 tests/server/hostile_requests.py "$bin" models/SmolLM2-135M-Instruct.Q4_1.gguf
 fim_dir=$(mktemp -d)
 trap 'rm -rf "$fim_dir"' EXIT

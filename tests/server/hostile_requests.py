@@ -89,6 +89,14 @@ BASES = {
         "model": NAME, "max_tokens": 2, "system": "Be brief.", "stop_sequences": ["\n"],
         "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi!"}]}],
     },
+    "/v1/responses": {
+        "model": NAME, "instructions": "Be brief.", "max_output_tokens": 2, "temperature": 0,
+        "input": [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi!"}]},
+                  {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                  {"type": "function_call_output", "call_id": "c1", "output": "ok"}],
+        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
+        "text": {"format": {"type": "text"}}, "store": False,
+    },
     "/completion": {"prompt": "Once upon a time", "n_predict": 2, "temperature": 0.5, "top_k": 20},
     "/infill": {"input_prefix": "def f(", "input_suffix": "\n", "prompt": "x",
                 "input_extra": [{"filename": "a.py", "text": "A = 1\n"}], "n_predict": 2},
@@ -102,7 +110,8 @@ FIELDS = ["model", "messages", "prompt", "input", "max_tokens", "max_completion_
           "repeat_penalty", "repeat_last_n", "logprobs", "top_logprobs", "response_format", "echo", "suffix",
           "tools", "tool_choice", "parallel_tool_calls", "user", "encoding_format", "content", "tokens",
           "with_pieces", "add_special", "input_prefix", "input_suffix", "input_extra", "n_predict", "n_probs",
-          "system", "stop_sequences", "thinking", "output_config", "max_tokens"]
+          "system", "stop_sequences", "thinking", "output_config", "max_tokens", "instructions",
+          "max_output_tokens", "text", "reasoning", "store", "previous_response_id", "background", "truncation"]
 
 
 def weird(rng, depth=0):

@@ -34,8 +34,10 @@ use crate::tool_calls::{
 
 mod anthropic;
 mod native;
+mod responses;
 pub use anthropic::{count_tokens, messages};
 pub use native::{completion, infill};
+pub use responses::{create_response, delete_response, get_response, ResponseStore};
 
 /// What every handler shares.
 pub struct AppState {
@@ -63,6 +65,8 @@ pub struct AppState {
     pub fim: Option<Fim>,
     /// Tokens that end a middle: the end of sequence and the FIM ends.
     pub fim_stop: Vec<u32>,
+    /// Responses kept for `previous_response_id`.
+    pub responses: ResponseStore,
 }
 
 impl AppState {

@@ -92,6 +92,7 @@ pub fn serve(files: &ModelFiles, backend: ServeBackend<'_, '_>, opts: ServeOptio
         json_vocab: std::sync::OnceLock::new(),
         fim,
         fim_stop,
+        responses: api::ResponseStore::default(),
     });
     let cfg = engine::EngineConfig {
         parallel: opts.parallel,
@@ -128,6 +129,11 @@ async fn http(state: Arc<api::AppState>, opts: &ServeOptions) -> Result<()> {
         .route("/infill", post(api::infill))
         .route("/v1/messages", post(api::messages))
         .route("/v1/messages/count_tokens", post(api::count_tokens))
+        .route("/v1/responses", post(api::create_response))
+        .route(
+            "/v1/responses/{id}",
+            get(api::get_response).delete(api::delete_response),
+        )
         .route("/completion", post(api::completion))
         .route("/completions", post(api::completion))
         .route("/v1/embeddings", post(api::embeddings))
