@@ -16,6 +16,8 @@ Usage: scripts/fuzz-corpus.py SAPIENT_BINARY
   enums, Optional fields, recursive $refs, dictionaries, discriminated unions) with a value of
   each as the output.
 - reply_parsing: replies with tool calls in each format, reasoning, and text that only looks so.
+- grammar: GBNF grammars of each construct (strings, classes, negation, `.`, groups, the
+  repetitions, comments, escapes) with a sentence of each as the output.
 """
 import json
 import math
@@ -186,3 +188,13 @@ replies = {
 }
 for step, (name, text) in enumerate(replies.items()):
     seed("reply_parsing", name, bytes([step]) + text.encode())
+
+grammars = {
+    "arithmetic": ('root ::= expr\nexpr ::= term ([-+*/] term)*\nterm ::= [0-9]+ | "(" expr ")"\n',
+                   "(1+23)*4"),
+    "list": ('root ::= ("- " item)+ # a list\nitem ::= [^\\n]+ "\\n"\n', "- one\n- two\n"),
+    "repeats": ('root ::= ("0x" [A-F0-9]{2} " "?){3,5} "é"? .{0,2}\n', "0xFF 0x12 0xABé\u2603"),
+    "nested": ('root ::= (\n  "a" |\n  "b" ( "c" )*\n)+ [\\x41-\\u0042\\-]\n', "abccA"),
+}
+for name, (grammar, sentence) in grammars.items():
+    seed("grammar", name, (grammar + "\n--\n" + sentence).encode())

@@ -3,7 +3,8 @@
 //! request): errors rather than panics, bounded work. The input is the schema's JSON, then after
 //! a line `--` the bytes fed to the automaton (and to the one for any object).
 use libfuzzer_sys::fuzz_target;
-use sapient::json_output::{Automaton, JsonPrefix};
+use sapient::constraint::Automaton;
+use sapient::json_output::JsonPrefix;
 use sapient::json_schema::Schema;
 
 fuzz_target!(|data: &[u8]| {

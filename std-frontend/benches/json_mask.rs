@@ -4,7 +4,8 @@
 use std::path::Path;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use sapient::json_output::{Automaton, JsonPrefix, JsonVocab};
+use sapient::constraint::{Automaton, SortedVocab};
+use sapient::json_output::JsonPrefix;
 use sapient::json_schema::Schema;
 use sapient::tokenizer::Tokenizer;
 
@@ -19,8 +20,8 @@ fn json_mask(c: &mut Criterion) {
         return;
     };
     let n = tok.vocab_size();
-    c.bench_function("json_vocab_sort", |b| b.iter(|| JsonVocab::new(&tok, n)));
-    let vocab = JsonVocab::new(&tok, n);
+    c.bench_function("json_vocab_sort", |b| b.iter(|| SortedVocab::new(&tok, n)));
+    let vocab = SortedVocab::new(&tok, n);
     let mut mask = Vec::new();
     for (name, point) in [
         ("object_open", "{"),

@@ -5,7 +5,7 @@ use anyhow::Result;
 use sapient_core::sample::Sampler;
 use sapient_core::Want;
 
-use crate::json_output::JsonOutput;
+use crate::constraint::OutputConstraint;
 use crate::run::Session;
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -41,13 +41,14 @@ pub enum Stop {
 /// Runs `new_tokens` after what the session's cache holds, then samples up to `max_tokens`
 /// tokens, calling `on_token` with each (it returns false to stop). The cache ends holding every
 /// token that was fed through the model; the last token sampled (a stop token, or the last of
-/// `max_tokens`) is reported but not fed. With `json`, every token keeps the text one JSON
-/// object, and a stop token comes only once it is whole.
+/// `max_tokens`) is reported but not fed. With `constraint`, every token keeps the text a
+/// prefix of its language (a JSON object, a schema's value, a grammar's sentence), and a stop
+/// token comes only once it is whole.
 #[allow(clippy::too_many_arguments)]
 pub fn generate(
     session: &mut dyn Session,
     sampler: &mut Sampler,
-    mut json: Option<&mut JsonOutput>,
+    mut constraint: Option<&mut OutputConstraint>,
     new_tokens: &[u32],
     history: &mut Vec<u32>,
     max_tokens: usize,
@@ -61,8 +62,8 @@ pub fn generate(
     };
     check_room(session, new_tokens.len())?;
     // Greedy decoding lets the backend pick the token (a GPU then reads back one id), unless
-    // the JSON constraint must see the logits.
-    let argmax = sampler.is_argmax() && json.is_none();
+    // the constraint must see the logits.
+    let argmax = sampler.is_argmax() && constraint.is_none();
     let mut next = 0;
     let step = |s: &mut dyn Session, tokens: &[u32], logits: &mut [f32], next: &mut u32| {
         if argmax {
@@ -79,8 +80,8 @@ pub fn generate(
     let t1 = Instant::now();
     let mut why = Stop::MaxTokens;
     for i in 0..max_tokens {
-        if let Some(json) = json.as_deref_mut() {
-            next = json.sample(sampler, &mut logits, history, stop)?;
+        if let Some(constraint) = constraint.as_deref_mut() {
+            next = constraint.sample(sampler, &mut logits, history, stop)?;
         } else if !argmax {
             next = sampler.sample(&mut logits, history)?;
         }

@@ -15,8 +15,9 @@ use std::collections::HashMap;
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
 
+use crate::constraint::Automaton;
 use crate::json_lex::{Number, Step, Str, Word};
-use crate::json_output::{Automaton, JsonPrefix, MAX_SPACES};
+use crate::json_output::{JsonPrefix, MAX_SPACES};
 
 /// Containers open at once.
 const MAX_DEPTH: usize = 16;
@@ -559,7 +560,7 @@ pub struct SchemaPrefix {
 impl Automaton for SchemaPrefix {
     type Rules = Schema;
 
-    fn step(self, schema: &Schema, b: u8) -> Option<Self> {
+    fn step(&self, schema: &Schema, b: u8) -> Option<Self> {
         self.advance(schema, b)
     }
 

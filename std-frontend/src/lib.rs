@@ -3,11 +3,13 @@
 //! command line.
 pub mod bench;
 pub mod chat;
+pub mod constraint;
 pub mod convert;
 pub mod exec;
 pub mod generate;
 #[cfg(feature = "gpu")]
 pub mod gpu;
+pub mod grammar;
 pub mod infill;
 mod json_lex;
 pub mod json_output;

@@ -9,10 +9,11 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use sapient::chat::{ChatTemplate, Message};
+use sapient::constraint::{OutputConstraint, SortedVocab};
 use sapient::generate::Stats;
 use sapient::generate::{generate, Stop};
+use sapient::grammar::Grammar;
 use sapient::infill::{Fim, FimRequest};
-use sapient::json_output::{JsonOutput, JsonVocab};
 use sapient::json_schema::Schema;
 use sapient::load::{self, resolve, LoadOptions, ModelFiles, Quantize};
 use sapient::run::{self, CpuRunner, PerplexityRecipe, Runner, Session, DEFAULT_BATCH};
@@ -303,8 +304,15 @@ struct GenerateArgs {
     json: bool,
     /// Keep the output a value of this JSON schema (inline, starting with `{`, or a file's path),
     /// as the server's response_format json_schema.
-    #[arg(long, value_name = "SCHEMA")]
+    #[arg(long, value_name = "SCHEMA", conflicts_with_all = ["grammar", "grammar_file"])]
     json_schema: Option<String>,
+    /// Keep the output a sentence of this GBNF grammar (llama.cpp's format; its `root` rule is
+    /// the whole output), as llama.cpp's --grammar and the server's `grammar` field.
+    #[arg(long, value_name = "GBNF", conflicts_with_all = ["json", "grammar_file"])]
+    grammar: Option<String>,
+    /// --grammar, read from a file (llama.cpp's grammars/*.gbnf).
+    #[arg(long, value_name = "FILE", conflicts_with = "json")]
+    grammar_file: Option<PathBuf>,
     /// Fill in the middle: write what goes between --prompt and this text, in the model's
     /// fill-in-the-middle prompt (code models: Qwen2.5-Coder, StarCoder 2, DeepSeek-Coder,
     /// CodeLlama...); they are cut to fit the context less --max-tokens.
@@ -1052,6 +1060,18 @@ fn run_command(command: Command) -> Result<()> {
 
 fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let schema = a.json_schema.as_deref().map(read_schema).transpose()?;
+    let grammar = match (&a.grammar, &a.grammar_file) {
+        (Some(text), _) => Some(Grammar::parse(text).context("--grammar")?),
+        (_, Some(path)) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--grammar-file: cannot read {}", path.display()))?;
+            Some(
+                Grammar::parse(&text)
+                    .with_context(|| format!("--grammar-file {}", path.display()))?,
+            )
+        }
+        (None, None) => None,
+    };
     let l = Loaded::open(&a.model)?;
     let mut stop = l.files().map_or(Vec::new(), |f| f.eos_token_ids.clone());
     let (prompt, tok) = match &a.suffix {
@@ -1078,20 +1098,28 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let mut sampler = Sampler::new(sampling)?;
     let draft = a.draft.open(&l, &a.model)?;
     let engine = l.engine(&m)?;
-    let mut json_output = match (&tok, a.json || schema.is_some()) {
+    let constrained = a.json || schema.is_some() || grammar.is_some();
+    let mut constraint = match (&tok, constrained) {
         (_, false) => None,
         (_, true) if !matches!(draft, DraftChoice::None) => bail!(
-            "--json and --json-schema do not combine with speculative decoding (--draft-model, \
-             --draft)"
+            "--json, --json-schema and --grammar do not combine with speculative decoding \
+             (--draft-model, --draft)"
         ),
         (None, true) => {
-            bail!("--json and --json-schema need the model's tokenizer (the tokens' text)")
+            bail!(
+                "--json, --json-schema and --grammar need the model's tokenizer (the tokens' text)"
+            )
         }
         (Some(t), true) => {
-            let vocab = Arc::new(JsonVocab::new(t, c.vocab_size));
-            Some(match schema {
-                Some(schema) => JsonOutput::with_schema(vocab, t.clone(), Arc::new(schema)),
-                None => JsonOutput::new(vocab, t.clone()),
+            let vocab = Arc::new(SortedVocab::new(t, c.vocab_size));
+            Some(match (schema, grammar) {
+                (Some(schema), _) => {
+                    OutputConstraint::with_schema(vocab, t.clone(), Arc::new(schema))
+                }
+                (None, Some(grammar)) => {
+                    OutputConstraint::with_grammar(vocab, t.clone(), Arc::new(grammar))
+                }
+                (None, None) => OutputConstraint::new(vocab, t.clone()),
             })
         }
     };
@@ -1109,7 +1137,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
             session,
             d.map(|d| (d, draft_tokens)),
             &mut sampler,
-            json_output.as_mut(),
+            constraint.as_mut(),
             &prompt,
             &mut history,
             a.max_tokens,
@@ -1215,14 +1243,14 @@ fn read_schema(arg: &str) -> Result<Schema> {
     Schema::compile(&value).context("--json-schema")
 }
 
-/// `generate` (constrained to JSON with `json`), or `generate_speculative` with a draft and its
-/// tokens per pass.
+/// `generate` (its output kept to a language with `constraint`), or `generate_speculative`
+/// with a draft and its tokens per pass.
 #[allow(clippy::too_many_arguments)]
 fn generate_with(
     session: &mut dyn Session,
     draft: Option<(&mut Draft<'_>, usize)>,
     sampler: &mut Sampler,
-    json: Option<&mut JsonOutput>,
+    constraint: Option<&mut OutputConstraint>,
     new_tokens: &[u32],
     history: &mut Vec<u32>,
     max_tokens: usize,
@@ -1231,7 +1259,7 @@ fn generate_with(
 ) -> Result<(Stats, Stop, Option<DraftStats>)> {
     match draft {
         None => generate(
-            session, sampler, json, new_tokens, history, max_tokens, stop, on_token,
+            session, sampler, constraint, new_tokens, history, max_tokens, stop, on_token,
         )
         .map(|(stats, why)| (stats, why, None)),
         Some((draft, k)) => generate_speculative(

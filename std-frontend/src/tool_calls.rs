@@ -9,7 +9,7 @@ use anyhow::{bail, Result};
 use serde_json::{json, Map, Value};
 
 use crate::chat::Message;
-use crate::json_output::Trigger;
+use crate::constraint::Trigger;
 use crate::json_schema::Schema;
 
 /// The most tools one request may offer.
@@ -856,7 +856,7 @@ mod tests {
     /// keep.
     #[test]
     fn a_call_to_any_of_several_tools_keeps_its_own_schema() {
-        use crate::json_output::Automaton;
+        use crate::constraint::Automaton;
         let mut tools = weather();
         tools.extend(
             Tool::list(&json!([{"function": {"name": "get_time", "parameters": {
@@ -943,7 +943,7 @@ mod tests {
     /// format's reply is a call or a response.
     #[test]
     fn auto_constraints_follow_the_format() {
-        use crate::json_output::Automaton;
+        use crate::constraint::Automaton;
         let tools = weather();
         let [(hermes, triggers)] = &ToolFormat::Hermes.auto_constraint(&tools, false)[..] else {
             panic!("one schema");

@@ -111,7 +111,8 @@ FIELDS = ["model", "messages", "prompt", "input", "max_tokens", "max_completion_
           "tools", "tool_choice", "parallel_tool_calls", "user", "encoding_format", "content", "tokens",
           "with_pieces", "add_special", "input_prefix", "input_suffix", "input_extra", "n_predict", "n_probs",
           "system", "stop_sequences", "thinking", "output_config", "max_tokens", "instructions",
-          "max_output_tokens", "text", "reasoning", "store", "previous_response_id", "background", "truncation"]
+          "max_output_tokens", "text", "reasoning", "store", "previous_response_id", "background", "truncation",
+          "grammar", "json_schema"]
 
 
 def weird(rng, depth=0):

@@ -13,6 +13,7 @@ bounded.
 import concurrent.futures
 import json
 import math
+import re
 import signal
 import subprocess
 import sys
@@ -331,6 +332,42 @@ try:
                          json.dumps({"model": NAME, "messages": asked, "response_format": dated}).encode())
     check(status == 400 and "format" in err["error"]["message"],
           f"json_schema with a keyword it cannot check: 400 naming it ({err['error']['message']!r})")
+
+    # grammar (llama-server's field): a GBNF grammar, on the completions, chat and native routes,
+    # as `generate --grammar` keeps it.
+    yes_no = 'root ::= ("Yes" | "No") ", " [a-z ]{1,30} "."'
+    question = "Is Paris in France?"
+    for seed in range(3):
+        c = client.completions.create(model=NAME, prompt=question, max_tokens=40, temperature=1.0, seed=seed,
+                                      extra_body={"grammar": yes_no}).choices[0]
+        check(c.finish_reason == "stop" and re.fullmatch(r"(Yes|No), [a-z ]{1,30}\.", c.text),
+              f"grammar, sampled with seed {seed}: a whole sentence of it ({c.text!r})")
+    mine = cli("generate", "-p", question, "-n", "40", "--temperature", "0", "--grammar", yes_no)["text"]
+    c = client.completions.create(model=NAME, prompt=question, max_tokens=40, temperature=0,
+                                  extra_body={"grammar": yes_no}).choices[0]
+    check(c.text == mine and re.fullmatch(r"(Yes|No), [a-z ]{1,30}\.", mine),
+          f"grammar: the completions route equals generate --grammar ({mine!r})")
+    legs = client.chat.completions.create(model=NAME, temperature=0, max_tokens=8, messages=[
+        {"role": "user", "content": "How many legs has a cat?"}], extra_body={"grammar": "root ::= [0-9]{1,2}"})
+    check(legs.choices[0].finish_reason == "stop" and legs.choices[0].message.content.isdigit(),
+          f"grammar on the chat route: digits ({legs.choices[0].message.content!r})")
+    status, native, _ = raw(port, "/completion", json.dumps({"prompt": question, "n_predict": 40, "temperature": 0,
+                                                             "grammar": yes_no}).encode())
+    check(status == 200 and native["content"] == mine, "grammar on /completion: the same text")
+    city_schema = {"type": "object", "required": ["city"], "properties": {"city": {"type": "string"}}}
+    status, native, _ = raw(port, "/completion", json.dumps({"prompt": question, "n_predict": 40, "temperature": 0,
+                                                             "json_schema": city_schema}).encode())
+    check(status == 200 and set(json.loads(native["content"])) == {"city"},
+          f"json_schema on /completion: a value of the schema ({native['content']!r})")
+    for what, extra, word in [
+        ("a rule used but not defined", {"grammar": "root ::= answer"}, "answer is used but not defined"),
+        ("left recursion", {"grammar": 'root ::= root "x" | "y"'}, "left-recursive"),
+        ("a token reference", {"grammar": "root ::= <[1]>"}, "token references"),
+        ("not a string", {"grammar": 5}, "grammar must be a string"),
+        ("with response_format", {"grammar": yes_no, "response_format": {"type": "json_object"}}, "send one"),
+    ]:
+        status, err, _ = raw(port, "/v1/completions", json.dumps({"model": NAME, "prompt": "x", **extra}).encode())
+        check(status == 400 and word in err["error"]["message"], f"grammar, {what}: 400 naming it")
 
     emb = client.embeddings.create(model=NAME, input=["Hello world", prompt])
     mine = cli("embed", "-p", prompt, "--normalize")["embedding"]

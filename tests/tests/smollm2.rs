@@ -170,16 +170,19 @@ fn matrices<'m>(m: &'m Model<'_>) -> Vec<&'m sapient_core::Matrix<'m>> {
     all
 }
 
-/// JSON output on the real model, through the chat template. Any object: the text is a prefix
-/// of a JSON object at every step, a whole one whenever the model stopped, never the code fence
-/// it writes unconstrained; greedily, a request it can answer ends in a whole object. A schema:
-/// greedy and sampled runs stop only on a value of the schema (its required keys, their types,
-/// the enum's values, no other keys), and the text is always a prefix of one.
+/// Constrained output on the real model, through the chat template. Any object: the text is a
+/// prefix of a JSON object at every step, a whole one whenever the model stopped, never the
+/// code fence it writes unconstrained; greedily, a request it can answer ends in a whole object.
+/// A schema: greedy and sampled runs stop only on a value of the schema (its required keys,
+/// their types, the enum's values, no other keys), and the text is always a prefix of one. A
+/// GBNF grammar of JSON: the same, for its sentences.
 #[test]
-fn json_output_is_the_json_asked_for() {
+fn constrained_output_is_the_language_asked_for() {
     use sapient::chat::{end_of_turn_ids, ChatTemplate, Message};
+    use sapient::constraint::{Automaton, OutputConstraint, SortedVocab, Trigger};
     use sapient::generate::{generate, Stop};
-    use sapient::json_output::{Automaton, JsonOutput, JsonPrefix, JsonVocab, Trigger};
+    use sapient::grammar::Grammar;
+    use sapient::json_output::JsonPrefix;
     use sapient::json_schema::Schema;
     use sapient_core::sample::{Sampler, SamplerConfig};
     use std::sync::Arc;
@@ -189,11 +192,11 @@ fn json_output_is_the_json_asked_for() {
     let pool = sapient::Rayon::new(None).unwrap();
     let tok = Arc::new(Tokenizer::load(&files).unwrap());
     let template = ChatTemplate::load(&files, &tok, None).unwrap();
-    let vocab = Arc::new(JsonVocab::new(&tok, model.config.vocab_size));
+    let vocab = Arc::new(SortedVocab::new(&tok, model.config.vocab_size));
     let mut stop = files.eos_token_ids.clone();
     stop.extend(end_of_turn_ids(&tok));
     let runner = CpuRunner::new(&model, KvFormat::default_for(&model.config), &pool);
-    let object = || JsonOutput::new(vocab.clone(), tok.clone());
+    let object = || OutputConstraint::new(vocab.clone(), tok.clone());
     let sampled = |seed| SamplerConfig {
         temperature: 1.0,
         top_k: 0,
@@ -202,7 +205,7 @@ fn json_output_is_the_json_asked_for() {
         seed,
         ..SamplerConfig::default()
     };
-    let run = |content: &str, sampling, max_tokens, mut output: Option<JsonOutput>| {
+    let run = |content: &str, sampling, max_tokens, mut output: Option<OutputConstraint>| {
         let text = template
             .render(&[Message::text("user", content)], true)
             .unwrap();
@@ -274,7 +277,7 @@ fn json_output_is_the_json_asked_for() {
         } else {
             sampled(seed)
         };
-        let output = JsonOutput::with_schema(vocab.clone(), tok.clone(), schema.clone());
+        let output = OutputConstraint::with_schema(vocab.clone(), tok.clone(), schema.clone());
         let (text, why) = run("Describe a cat as JSON.", sampling, 80, Some(output));
         let state = schema
             .start()
@@ -321,7 +324,7 @@ fn json_output_is_the_json_asked_for() {
             at_start: false,
         };
         let lazy = vec![(schema.clone(), vec![trigger])];
-        let output = JsonOutput::lazy(vocab.clone(), tok.clone(), lazy);
+        let output = OutputConstraint::lazy(vocab.clone(), tok.clone(), lazy);
         let (text, why) = run(cat, sampling, 120, Some(output));
         let Some(at) = text.find(fence) else {
             assert!(seed != 0, "greedy: no fence in {text:?}");
@@ -347,6 +350,46 @@ fn json_output_is_the_json_asked_for() {
         }
     }
     assert!(triggered >= 1);
+
+    // A GBNF grammar (JSON's, as llama.cpp's grammars/json.gbnf writes it): the text is always
+    // a prefix of a sentence, and a whole one whenever the model stopped.
+    let grammar = Arc::new(
+        Grammar::parse(
+            r#"
+root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+ws     ::= | " " | "\n" [ \t]{0,20}
+"#,
+        )
+        .unwrap(),
+    );
+    let mut whole = 0;
+    for seed in 0..4 {
+        let sampling = if seed == 0 {
+            SamplerConfig::greedy()
+        } else {
+            sampled(seed)
+        };
+        let output = OutputConstraint::with_grammar(vocab.clone(), tok.clone(), grammar.clone());
+        let (text, why) = run(cat, sampling, 64, Some(output));
+        let state = grammar
+            .start()
+            .feed(&grammar, text.as_bytes())
+            .unwrap_or_else(|| panic!("seed {seed}: {text:?} is no prefix of the grammar's"));
+        if why == Stop::EndOfSequence {
+            assert!(state.is_complete(), "seed {seed}: stopped in {text:?}");
+            let _: serde_json::Value = serde_json::from_str(&text).unwrap();
+            whole += 1;
+        }
+    }
+    assert!(
+        whole >= 1,
+        "no run under the grammar ended in a whole sentence"
+    );
 }
 
 /// A lazy constraint of several schemas, each after its own trigger (Mistral's `[ARGS]` tool
@@ -356,7 +399,7 @@ fn json_output_is_the_json_asked_for() {
 /// token that would break it is replaced by one that keeps it.
 #[test]
 fn each_lazy_schema_holds_after_its_own_trigger() {
-    use sapient::json_output::{Automaton, JsonOutput, JsonVocab};
+    use sapient::constraint::{Automaton, OutputConstraint, SortedVocab};
     use sapient::json_schema::Schema;
     use sapient::tool_calls::{Tool, ToolFormat};
     use sapient_core::sample::{Sampler, SamplerConfig};
@@ -365,7 +408,7 @@ fn each_lazy_schema_holds_after_its_own_trigger() {
     let files = open();
     let tok = Arc::new(Tokenizer::load(&files).unwrap());
     let vocab_size = files.config.vocab_size;
-    let vocab = Arc::new(JsonVocab::new(&tok, vocab_size));
+    let vocab = Arc::new(SortedVocab::new(&tok, vocab_size));
     let tools = Tool::list(&serde_json::json!([
         {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
             "required": ["city"], "properties": {"city": {"type": "string"}}}}},
@@ -386,7 +429,7 @@ fn each_lazy_schema_holds_after_its_own_trigger() {
     let eos = files.eos_token_ids.clone();
     // The tokens drawn while the model wants `script`, a step at a time, until one differs.
     let drawn = |script: &str| {
-        let mut output = JsonOutput::lazy(vocab.clone(), tok.clone(), lazy.clone());
+        let mut output = OutputConstraint::lazy(vocab.clone(), tok.clone(), lazy.clone());
         let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
         let mut out: Vec<u32> = Vec::new();
         for want in tok.encode(script).unwrap() {

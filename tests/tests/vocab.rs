@@ -5,7 +5,8 @@
 //! command sets it); without it these tests say SKIPPED.
 use sapient_tests::{llama_cpp_models, llama_cpp_vocab_cases as cases, tekken_vocab};
 
-use sapient::json_output::{Automaton, JsonPrefix, JsonVocab};
+use sapient::constraint::{Automaton, SortedVocab};
+use sapient::json_output::JsonPrefix;
 use sapient::json_schema::Schema;
 use sapient::load::gguf::Gguf;
 use sapient::tokenizer::Tokenizer;
@@ -115,7 +116,7 @@ fn json_mask_allows_what_the_automaton_accepts_token_by_token() {
     for name in ["llama-spm", "llama-bpe", "qwen2"] {
         let tok = load(&dir, name).unwrap_or_else(|e| panic!("{name}: {e:#}"));
         let n = tok.vocab_size();
-        let vocab = JsonVocab::new(&tok, n);
+        let vocab = SortedVocab::new(&tok, n);
         let special = tok.special_ids();
         let mut mask = Vec::new();
         for point in points {

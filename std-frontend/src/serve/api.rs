@@ -23,8 +23,9 @@ use super::detokenize::{chat_logprobs, completion_logprobs, token_text, Detokeni
 use super::engine::{Event, Finish, Job, Request, TokenLogprobs};
 use super::metrics::Metrics;
 use crate::chat::{ChatTemplate, Message, RenderOptions};
+use crate::constraint::{OutputConstraint, SortedVocab, Trigger};
+use crate::grammar::Grammar;
 use crate::infill::{Fim, FimRequest};
-use crate::json_output::{JsonOutput, JsonVocab, Trigger};
 use crate::json_schema::Schema;
 use crate::reasoning::{self, ReasoningWatch};
 use crate::tokenizer::Tokenizer;
@@ -59,8 +60,9 @@ pub struct AppState {
     pub vocab_size: usize,
     /// Largest request body, in bytes.
     pub body_limit: usize,
-    /// The vocabulary sorted for JSON output, made at the first request that asks for it.
-    pub json_vocab: OnceLock<Arc<JsonVocab>>,
+    /// The vocabulary sorted for constrained output, made at the first request that asks for
+    /// it.
+    pub sorted_vocab: OnceLock<Arc<SortedVocab>>,
     /// The model's fill-in-the-middle tokens, where it has them.
     pub fim: Option<Fim>,
     /// Tokens that end a middle: the end of sequence and the FIM ends.
@@ -71,17 +73,22 @@ pub struct AppState {
 
 impl AppState {
     /// A request's constraint to JSON output.
-    fn json_output(&self, format: &JsonFormat) -> JsonOutput {
+    fn output_constraint(&self, constraint: &Constraint) -> OutputConstraint {
         let vocab = self
-            .json_vocab
-            .get_or_init(|| Arc::new(JsonVocab::new(&self.tokenizer, self.vocab_size)))
+            .sorted_vocab
+            .get_or_init(|| Arc::new(SortedVocab::new(&self.tokenizer, self.vocab_size)))
             .clone();
-        match format {
-            JsonFormat::Object => JsonOutput::new(vocab, self.tokenizer.clone()),
-            JsonFormat::Schema(schema) => {
-                JsonOutput::with_schema(vocab, self.tokenizer.clone(), schema.clone())
+        match constraint {
+            Constraint::Object => OutputConstraint::new(vocab, self.tokenizer.clone()),
+            Constraint::Grammar(grammar) => {
+                OutputConstraint::with_grammar(vocab, self.tokenizer.clone(), grammar.clone())
             }
-            JsonFormat::Lazy(lazy) => JsonOutput::lazy(vocab, self.tokenizer.clone(), lazy.clone()),
+            Constraint::Schema(schema) => {
+                OutputConstraint::with_schema(vocab, self.tokenizer.clone(), schema.clone())
+            }
+            Constraint::Lazy(lazy) => {
+                OutputConstraint::lazy(vocab, self.tokenizer.clone(), lazy.clone())
+            }
         }
     }
 }
@@ -276,23 +283,57 @@ fn refuse_unsupported(body: &Value, kind: Kind) -> ApiResult<()> {
     Ok(())
 }
 
-/// What `response_format` asks the output to be, beyond text.
-enum JsonFormat {
+/// What the output must be, beyond text: as `response_format` or `grammar` asks, or as tools
+/// need.
+enum Constraint {
     /// `json_object`: any one JSON object.
     Object,
     /// `json_schema`: a value of this schema.
     Schema(Arc<Schema>),
+    /// `grammar`: a sentence of this GBNF grammar.
+    Grammar(Arc<Grammar>),
     /// Free text with a value of a schema after each of its triggers (tool calls a reply may
     /// make).
     Lazy(Vec<(Arc<Schema>, Vec<Trigger>)>),
 }
 
+/// `response_format` (text, `None`; one JSON object; a value of a JSON schema), or
+/// llama-server's `json_schema` (a schema) or `grammar` (GBNF text; empty is none).
+fn constraint(body: &Value) -> ApiResult<Option<Constraint>> {
+    let grammar = match body.get("grammar") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(g)) if g.trim().is_empty() => None,
+        Some(Value::String(g)) => {
+            Some(Grammar::parse(g).map_err(|e| ApiError::bad_request(format!("grammar: {e:#}")))?)
+        }
+        Some(_) => return Err(ApiError::bad_request("grammar must be a string (GBNF)")),
+    };
+    // llama-server's `json_schema`: the schema itself.
+    let schema = match body.get("json_schema") {
+        None | Some(Value::Null) => None,
+        Some(schema) => Some(Constraint::Schema(Arc::new(
+            Schema::compile(schema)
+                .map_err(|e| ApiError::bad_request(format!("json_schema: {e:#}")))?,
+        ))),
+    };
+    let grammar = grammar.map(|g| Constraint::Grammar(Arc::new(g)));
+    let mut asked = [response_format(body)?, schema, grammar]
+        .into_iter()
+        .flatten();
+    match (asked.next(), asked.next()) {
+        (Some(_), Some(_)) => Err(ApiError::bad_request(
+            "response_format, json_schema and grammar each shape the output: send one",
+        )),
+        (one, _) => Ok(one),
+    }
+}
+
 /// `response_format`: text (`None`), one JSON object, or a value of a JSON schema.
-fn json_format(body: &Value) -> ApiResult<Option<JsonFormat>> {
+fn response_format(body: &Value) -> ApiResult<Option<Constraint>> {
     match body.pointer("/response_format/type") {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(t)) if t == "text" => Ok(None),
-        Some(Value::String(t)) if t == "json_object" => Ok(Some(JsonFormat::Object)),
+        Some(Value::String(t)) if t == "json_object" => Ok(Some(Constraint::Object)),
         Some(Value::String(t)) if t == "json_schema" => {
             let schema = body
                 .pointer("/response_format/json_schema/schema")
@@ -301,7 +342,7 @@ fn json_format(body: &Value) -> ApiResult<Option<JsonFormat>> {
                 })?;
             let schema = Schema::compile(schema)
                 .map_err(|e| ApiError::bad_request(format!("response_format: {e:#}")))?;
-            Ok(Some(JsonFormat::Schema(Arc::new(schema))))
+            Ok(Some(Constraint::Schema(Arc::new(schema))))
         }
         Some(t) => Err(ApiError::bad_request(format!(
             "response_format {t} is not supported by this server (text, json_object and \
@@ -333,7 +374,7 @@ impl ToolUse {
 }
 
 /// `tools`, `tool_choice` and `parallel_tool_calls` of a chat request: `None` when the reply
-/// calls nothing. The reply's calls are kept to the tools' schemas (`g.json`): a forced call's
+/// calls nothing. The reply's calls are kept to the tools' schemas (`g.constraint`): a forced call's
 /// whole reply, a chosen call's JSON from its opening on (`ToolFormat::auto_constraint`).
 fn tool_use(
     state: &AppState,
@@ -379,9 +420,10 @@ fn tool_use(
             false => Ok(None),
         };
     };
-    if g.json.is_some() {
+    if g.constraint.is_some() {
         return Err(ApiError::bad_request(
-            "response_format and tools both shape the reply: send one (or tool_choice \"none\")",
+            "response_format (or grammar) and tools both shape the reply: send one (or \
+             tool_choice \"none\")",
         ));
     }
     let format = state.template.tool_format();
@@ -393,7 +435,7 @@ fn tool_use(
     let mut prefix = String::new();
     if forced {
         let call = format.forced(&tools, named).map_err(bad)?;
-        g.json = Some(JsonFormat::Schema(compile(&call.schema)?));
+        g.constraint = Some(Constraint::Schema(compile(&call.schema)?));
         prefix = call.prefix;
     } else {
         let lazy = format
@@ -401,9 +443,9 @@ fn tool_use(
             .into_iter()
             .map(|(schema, triggers)| Ok((compile(&schema)?, triggers)))
             .collect::<ApiResult<Vec<_>>>()?;
-        g.json = Some(match &lazy[..] {
-            [(schema, triggers)] if triggers.is_empty() => JsonFormat::Schema(schema.clone()),
-            _ => JsonFormat::Lazy(lazy),
+        g.constraint = Some(match &lazy[..] {
+            [(schema, triggers)] if triggers.is_empty() => Constraint::Schema(schema.clone()),
+            _ => Constraint::Lazy(lazy),
         });
     }
     Ok(Some(ToolUse {
@@ -483,8 +525,8 @@ struct Generation {
     include_usage: bool,
     /// `Some(n)`: each token's log-probability and the `n` likeliest tokens' with it.
     logprobs: Option<usize>,
-    /// The output is JSON: one object, or a value of a schema.
-    json: Option<JsonFormat>,
+    /// What the output must be: one JSON object, a value of a schema, a sentence of a grammar.
+    constraint: Option<Constraint>,
     /// The completions route's `echo`: the answer starts with the prompt (and its tokens'
     /// logprobs, when asked for).
     echo: bool,
@@ -624,7 +666,7 @@ fn generation(body: &Value, kind: Kind, vocab_size: usize) -> ApiResult<Generati
         stream,
         include_usage,
         logprobs: logprobs(body, kind)?,
-        json: json_format(body)?,
+        constraint: constraint(body)?,
         echo,
         n,
     })
@@ -720,7 +762,7 @@ fn start(
             stop: stop_tokens.to_vec(),
             logprobs: g.logprobs,
             prompt_logprobs: g.echo && g.logprobs.is_some(),
-            json: g.json.as_ref().map(|f| state.json_output(f)),
+            constraint: g.constraint.as_ref().map(|c| state.output_constraint(c)),
             events,
             stopped_by_text: stopped_by_text.clone(),
             arrived: Instant::now(),

@@ -25,7 +25,7 @@ use sapient_core::{KvFormat, Model, Want};
 use tokio::sync::{mpsc, oneshot};
 
 use super::metrics::Metrics;
-use crate::json_output::JsonOutput;
+use crate::constraint::OutputConstraint;
 use crate::slots::{self, KvSlots};
 use crate::Rayon;
 
@@ -85,8 +85,9 @@ pub struct Job {
     /// Report those of the prompt's tokens too (`echo`): the prompt is run whole, from no
     /// cached start, in chunks of at most `PROMPT_LOGPROBS_CHUNK` tokens.
     pub prompt_logprobs: bool,
-    /// Keeps the output JSON (`response_format` `json_object` or `json_schema`).
-    pub json: Option<JsonOutput>,
+    /// Keeps the output to a language (`response_format` `json_object` or `json_schema`,
+    /// `grammar`, tools' calls).
+    pub constraint: Option<OutputConstraint>,
     pub events: mpsc::UnboundedSender<Event>,
     /// Set by the receiving side when a stop string ended the request before it dropped its
     /// events: the request finished, it was not abandoned.
@@ -457,8 +458,10 @@ fn next_token(r: &mut Running, cfg: &EngineConfig, metrics: &Metrics) -> Outcome
             *l += bias;
         }
     }
-    let token = match &mut r.job.json {
-        Some(json) => json.sample(&mut r.sampler, &mut r.logits, &r.tokens, &r.job.stop),
+    let token = match &mut r.job.constraint {
+        Some(constraint) => {
+            constraint.sample(&mut r.sampler, &mut r.logits, &r.tokens, &r.job.stop)
+        }
         None => r
             .sampler
             .sample(&mut r.logits, &r.tokens)

@@ -89,7 +89,7 @@ pub fn serve(files: &ModelFiles, backend: ServeBackend<'_, '_>, opts: ServeOptio
         max_tokens_limit: opts.max_tokens_limit,
         vocab_size: files.config.vocab_size,
         body_limit: opts.body_limit,
-        json_vocab: std::sync::OnceLock::new(),
+        sorted_vocab: std::sync::OnceLock::new(),
         fim,
         fim_stop,
         responses: api::ResponseStore::default(),
