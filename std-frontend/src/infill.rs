@@ -155,9 +155,10 @@ impl Fim {
     /// `myproject`, each extra file after a file separator and its name, and the current file's
     /// separator and the name `filename`; without a file separator, each extra file after a
     /// `--- snippet ---` line. So a middle reads as llama-server's for the same request (which
-    /// puts a BOS after the context, not before it). What does not fit is cut: the prefix from
-    /// its start and the suffix from its end, three quarters of the room kept for the prefix
-    /// when both are long, then the context from its start.
+    /// puts a BOS after the context, not before it); the texts are read as text, special
+    /// tokens' texts in them included, as llama-server reads them. What does not fit is cut:
+    /// the prefix from its start and the suffix from its end, three quarters of the room kept
+    /// for the prefix when both are long, then the context from its start.
     ///
     /// # Errors
     /// The text the middle starts with and the special tokens alone exceed `limit`.
@@ -167,9 +168,9 @@ impl Fim {
         request: &FimRequest<'_>,
         limit: usize,
     ) -> Result<FimPrompt> {
-        let prefix = tokenizer.encode(request.prefix)?;
-        let suffix = tokenizer.encode(request.suffix)?;
-        let middle = tokenizer.encode(request.middle)?;
+        let prefix = tokenizer.encode_plain(request.prefix)?;
+        let suffix = tokenizer.encode_plain(request.suffix)?;
+        let middle = tokenizer.encode_plain(request.middle)?;
         let extra = self.extra_ids(tokenizer, request.extra)?;
         let fixed = usize::from(tokenizer.bos.is_some()) + 3 + middle.len();
         let Some(room) = limit.checked_sub(fixed) else {
@@ -202,21 +203,21 @@ impl Fim {
         let mut ids = Vec::new();
         if let Some(repo) = self.repo {
             ids.push(repo);
-            ids.extend(tokenizer.encode("myproject\n")?);
+            ids.extend(tokenizer.encode_plain("myproject\n")?);
         }
         for file in extra {
             match self.file_sep {
                 Some(sep) => {
                     ids.push(sep);
-                    ids.extend(tokenizer.encode(&format!("{}\n", file.filename))?);
+                    ids.extend(tokenizer.encode_plain(&format!("{}\n", file.filename))?);
                 }
-                None => ids.extend(tokenizer.encode(SNIPPET_SEPARATOR)?),
+                None => ids.extend(tokenizer.encode_plain(SNIPPET_SEPARATOR)?),
             }
-            ids.extend(tokenizer.encode(&file.text)?);
+            ids.extend(tokenizer.encode_plain(&file.text)?);
         }
         if let Some(sep) = self.file_sep {
             ids.push(sep);
-            ids.extend(tokenizer.encode("filename\n")?);
+            ids.extend(tokenizer.encode_plain("filename\n")?);
         }
         Ok(ids)
     }

@@ -271,3 +271,46 @@ fn gguf_keys_name_the_tokens_and_are_checked() {
         "{err}"
     );
 }
+
+/// A special token's text in the code (a tokenizer's source, say) stays text, as llama-server
+/// tokenizes it: `<|endoftext|>` in a prefix does not end it; and the same for SentencePiece
+/// vocabularies' `encode_plain`.
+#[test]
+fn special_tokens_texts_in_the_code_stay_text() {
+    let Some(star) = vocab("starcoder") else {
+        return;
+    };
+    let eot = id(&star, "<|endoftext|>");
+    let prefix = "EOT = \"<|endoftext|>\"\nPRE = '<fim_prefix>'\n";
+    assert!(
+        star.encode(prefix).unwrap().contains(&eot),
+        "encode reads it as the token"
+    );
+    let plain = star.encode_plain(prefix).unwrap();
+    assert!(!plain.contains(&eot) && !plain.contains(&id(&star, "<fim_prefix>")));
+    assert_eq!(star.decode(&plain, false).unwrap(), prefix);
+    let request = FimRequest {
+        prefix,
+        suffix: "<|endoftext|>",
+        ..FimRequest::default()
+    };
+    let p = fim(&star).prompt(&star, &request, 4096).unwrap();
+    assert_eq!(
+        p.ids.iter().filter(|&&t| t == eot).count(),
+        0,
+        "{:?}",
+        p.ids
+    );
+    assert_eq!(p.ids[1..1 + plain.len()], plain[..]);
+
+    let spm = vocab("llama-spm").unwrap();
+    let eos = id(&spm, "</s>");
+    assert!(spm.encode("a</s>b").unwrap().contains(&eos));
+    let plain = spm.encode_plain("a</s>b").unwrap();
+    assert!(!plain.contains(&eos));
+    assert_eq!(spm.decode(&plain, false).unwrap(), "a</s>b");
+    assert_eq!(
+        spm.encode_plain("plain text").unwrap(),
+        spm.encode("plain text").unwrap()
+    );
+}

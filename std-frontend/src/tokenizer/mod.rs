@@ -1,6 +1,8 @@
 //! Text <-> token ids: from `tokenizer.json` with the `tokenizers` crate, or built from a GGUF
 //! file's `tokenizer.ggml.*` keys. From GGUF, byte-level BPE (`tokenizer.ggml.model = "gpt2"`)
 //! with the pre-tokenizers `pre_tokenizer` lists, and SentencePiece (`llama`, see `spm`).
+use std::sync::OnceLock;
+
 use anyhow::{anyhow, bail, Result};
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::BPE;
@@ -81,6 +83,9 @@ pub struct Tokenizer {
     model: Model,
     /// Prepended to prompts when the model's files ask for it.
     pub bos: Option<u32>,
+    /// A `tokenizers` model's twin that reads special tokens' texts as text, made when
+    /// `encode_plain` first needs it.
+    plain: OnceLock<Box<tokenizers::Tokenizer>>,
 }
 
 enum Model {
@@ -140,6 +145,7 @@ impl Tokenizer {
         Ok(Tokenizer {
             model: Model::Hf(Box::new(inner)),
             bos: None,
+            plain: OnceLock::new(),
         })
     }
 
@@ -181,7 +187,11 @@ impl Tokenizer {
             }
             _ => None,
         };
-        Ok(Tokenizer { model, bos })
+        Ok(Tokenizer {
+            model,
+            bos,
+            plain: OnceLock::new(),
+        })
     }
 
     /// Token ids of `text`; special tokens written in the text (`<|im_start|>`) are recognized, no
@@ -195,6 +205,26 @@ impl Tokenizer {
                 Ok(enc.get_ids().to_vec())
             }
             Model::Spm(s) => s.encode(text),
+        }
+    }
+
+    /// Token ids of `text` read as text: special tokens' texts in it (`<|endoftext|>` in a
+    /// source file) stay text, as llama.cpp tokenizes with `parse_special` off; no BOS. For
+    /// text from outside a prompt's own markup (the code of a fill-in-the-middle prompt).
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        match &self.model {
+            Model::Hf(t) => {
+                let plain = self.plain.get_or_init(|| {
+                    let mut plain = t.clone();
+                    plain.set_encode_special_tokens(true);
+                    plain
+                });
+                let enc = plain
+                    .encode(text, false)
+                    .map_err(|e| anyhow!("tokenizer: {e}"))?;
+                Ok(enc.get_ids().to_vec())
+            }
+            Model::Spm(s) => s.encode_plain(text),
         }
     }
 

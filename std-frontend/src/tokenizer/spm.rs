@@ -172,6 +172,17 @@ impl Spm {
         Ok(out)
     }
 
+    /// Token ids of `text` with no special token matched in it; no BOS.
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        let mut out = Vec::new();
+        if text.is_empty() {
+            return Ok(out);
+        }
+        let prefix = if self.add_space_prefix { " " } else { "" };
+        self.encode_text(&format!("{prefix}{text}").replace(' ', SPACE), &mut out)?;
+        Ok(out)
+    }
+
     /// Splits `text` at the special tokens it holds, longest first.
     fn partition<'t>(&self, text: &'t str) -> Vec<Fragment<'t>> {
         if text.is_empty() {
