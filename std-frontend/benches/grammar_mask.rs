@@ -1,6 +1,6 @@
 //! A GBNF grammar's cost per masked draw: the mask of SmolLM2's vocabulary at points of a JSON
 //! grammar written in GBNF (as llama.cpp's grammars/json.gbnf is: compare with `json_mask`'s
-//! automaton) and of a free-text one. Reads `models/SmolLM2-135M-Instruct.Q4_1.gguf`
+//! automaton), of a free-text one, and of one that keeps the matcher's most ways. Reads `models/SmolLM2-135M-Instruct.Q4_1.gguf`
 //! (scripts/fetch-model.sh).
 use std::path::Path;
 
@@ -35,12 +35,20 @@ fn grammar_mask(c: &mut Criterion) {
     let mut mask = Vec::new();
     let json = Grammar::parse(JSON).expect("the JSON grammar parses");
     let words = Grammar::parse(WORDS).expect("the words grammar parses");
+    // Near the most a grammar may ask: 60 ways (each rule's words, and its number after them).
+    let alternatives: Vec<String> = (0..30).map(|i| format!("w{i}")).collect();
+    let rules: String = (0..30)
+        .map(|i| format!("w{i} ::= [a-z ]* \"{i}\"\n"))
+        .collect();
+    let ways = format!("root ::= {}\n{rules}", alternatives.join(" | "));
+    let ways = Grammar::parse(&ways).expect("the ways grammar parses");
     for (name, grammar, point) in [
         ("json_object_open", &json, "{"),
         ("json_in_string", &json, "{\"name\": \"Jo"),
         ("json_in_number", &json, "{\"a\": [1, 2."),
         ("words_start", &words, ""),
         ("words_in_text", &words, "Yes, it is"),
+        ("sixty_ways_in_text", &ways, "it is"),
     ] {
         let from = grammar
             .start()

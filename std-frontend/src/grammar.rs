@@ -9,7 +9,7 @@
 //! past it and expanded until its top is a character again (or it is empty: the text may end).
 //! Stacks are bounded in number and depth, so that no grammar makes a step run away; token
 //! references (`<[id]>`, `<think>`) are refused, as the matcher sees the output's bytes.
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::OnceLock;
 
 use anyhow::{bail, Result};
@@ -18,8 +18,13 @@ use crate::constraint::Automaton;
 
 /// Elements of a compiled grammar: bounds the work of compiling a hostile one.
 const MAX_ELEMENTS: usize = 100_000;
-/// Ways the text can continue at once; a step that would need more is refused.
-const MAX_STACKS: usize = 1024;
+/// Ways the text can continue at once; a step that would need more is refused. llama.cpp's
+/// grammars need at most 12 on their sample texts; the bound keeps a hostile grammar's mask (a
+/// step for each byte of the vocabulary's tokens, each over every way) from stalling the
+/// engine.
+const MAX_STACKS: usize = 64;
+/// Groups open at once in the grammar's text (the parser recurses into each).
+const MAX_NESTING: usize = 64;
 /// Rules open at once in one way.
 const MAX_DEPTH: usize = 512;
 /// Stacks one expansion may visit.
@@ -73,6 +78,8 @@ struct Parser {
     rules: Vec<Option<Alternatives>>,
     ranges: Vec<(u32, u32)>,
     elements: usize,
+    /// Groups open here.
+    nesting: usize,
 }
 
 fn is_word_char(c: char) -> bool {
@@ -257,10 +264,18 @@ impl Parser {
                     sequence.push(Element::Any);
                 }
                 '(' => {
+                    if self.nesting == MAX_NESTING {
+                        bail!(
+                            "grammar: groups nested more than {MAX_NESTING} deep at {}",
+                            self.at()
+                        );
+                    }
                     self.pos += 1;
                     self.space(true);
                     let group = self.generated(rule);
+                    self.nesting += 1;
                     let alternatives = self.alternatives(rule, true)?;
+                    self.nesting -= 1;
                     self.define(group, alternatives)?;
                     if self.peek() != Some(')') {
                         bail!("grammar: expected ')' at {}", self.at());
@@ -464,6 +479,12 @@ impl Parser {
                 self.names[rule]
             );
         }
+        if grammar.try_start().is_none() {
+            bail!(
+                "grammar: its start has more ways of continuing than the matcher keeps \
+                 ({MAX_STACKS}; rules {MAX_DEPTH} deep)"
+            );
+        }
         Ok(grammar)
     }
 }
@@ -482,6 +503,7 @@ impl Grammar {
             rules: Vec::new(),
             ranges: Vec::new(),
             elements: 0,
+            nesting: 0,
         }
         .grammar()
     }
@@ -547,20 +569,25 @@ impl Grammar {
 
     /// Before any output.
     pub fn start(&self) -> GrammarState {
+        // `parse` checked that the start is within the bounds.
+        self.try_start().unwrap_or(GrammarState {
+            ways: Ways::default(),
+            partial: None,
+        })
+    }
+
+    /// Before any output, unless that takes more ways than the matcher keeps.
+    fn try_start(&self) -> Option<GrammarState> {
         let mut ways = Ways::default();
         for &start in &self.rules[self.root as usize] {
-            // A root too large to expand leaves no way: nothing can be written.
             if !self.settle(&[], start, &mut ways) {
-                return GrammarState {
-                    ways: Ways::default(),
-                    partial: None,
-                };
+                return None;
             }
         }
-        GrammarState {
+        Some(GrammarState {
             ways,
             partial: None,
-        }
+        })
     }
 
     /// The expansion of the rule reference at `at`.
@@ -618,7 +645,7 @@ impl Grammar {
     /// them. Returns false when the expansion grows past the bounds.
     fn expand(&self, stack: Vec<u32>, out: &mut Stacks) -> bool {
         let mut todo = vec![stack];
-        let mut seen: Vec<Vec<u32>> = Vec::new();
+        let mut seen: HashSet<Vec<u32>> = HashSet::new();
         while let Some(stack) = todo.pop() {
             if seen.contains(&stack) {
                 continue;
@@ -648,7 +675,7 @@ impl Grammar {
                 Element::Chars { .. } | Element::Any => out.push(stack.clone()),
                 Element::End => unreachable!("stacks never hold the end of an alternative"),
             }
-            seen.push(stack);
+            seen.insert(stack);
         }
         true
     }
@@ -1007,7 +1034,19 @@ mod tests {
                 "left-recursive",
             ),
             ("root ::= <[10]> \"a\"", "token references"),
+            (
+                &format!("root ::= {}", vec!["[a-z]"; 65].join(" | ")),
+                "more ways",
+            ),
             ("root ::= \"a\"{100000}{100000}", "elements"),
+            (
+                &format!(
+                    "root ::= {}\"a\"{}",
+                    "(".repeat(100_000),
+                    ")".repeat(100_000)
+                ),
+                "nested",
+            ),
         ] {
             let e = Grammar::parse(grammar).map(|_| ()).unwrap_err();
             assert!(format!("{e:#}").contains(want), "{grammar}: {e:#}");
