@@ -118,6 +118,11 @@ with serve_process.served(BIN, MODEL, NAME, "--api-key", KEY, "--ctx", "1024", "
         check(set(value) == {"name", "country", "population"} and isinstance(value["population"], int),
               f"output_config.format (seed {seed}): a value of the schema")
 
+    digits = client.messages.create(model=NAME, max_tokens=8, messages=[{"role": "user", "content": "How many legs has a cat?"}],
+                                    extra_body={"temperature": 0, "grammar": "root ::= [0-9]{1,2}"})
+    check(digits.stop_reason == "end_turn" and digits.content[0].text.isdigit(),
+          f"the grammar extension: a sentence of it ({digits.content[0].text!r})")
+
     try:
         Anthropic(base_url=f"http://127.0.0.1:{port}", api_key="wrong", max_retries=0).messages.create(
             model=NAME, max_tokens=4, messages=question)

@@ -150,6 +150,11 @@ with serve_process.served(BIN, MODEL, NAME, "--api-key", KEY, "--ctx", "1024", "
         check(out.status == "completed" and set(value) == {"name", "country", "population"} and
               isinstance(value["population"], int), f"text.format json_schema (seed {seed}): a value of the schema")
 
+    digits = client.responses.create(model=NAME, input="How many legs has a cat?", max_output_tokens=8,
+                                     temperature=0, extra_body={"grammar": "root ::= [0-9]{1,2}"})
+    check(digits.status == "completed" and digits.output_text.isdigit(),
+          f"the grammar extension: a sentence of it ({digits.output_text!r})")
+
     try:
         OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong", max_retries=0).responses.create(
             model=NAME, input=question)

@@ -166,7 +166,8 @@ fn assistant_message(content: &Value) -> ApiResult<Value> {
 /// The chat route's request for a Messages API request.
 fn chat_request(body: &Value) -> ApiResult<Value> {
     let mut chat = Map::new();
-    // Anthropic's fields of the same meaning, and the chat route's sampling extensions.
+    // Anthropic's fields of the same meaning, and the chat route's sampling extensions and
+    // grammar.
     let same = [
         "model",
         "temperature",
@@ -175,6 +176,7 @@ fn chat_request(body: &Value) -> ApiResult<Value> {
         "stream",
         "seed",
         "min_p",
+        "grammar",
     ];
     let penalties = [
         "repeat_penalty",

@@ -382,7 +382,7 @@ fn read_request(state: &AppState, body: &Value) -> ApiResult<ResponseRequest> {
     messages.extend(history.iter().cloned());
 
     let mut chat = Map::new();
-    // The chat route's fields of the same meaning, and its extensions.
+    // The chat route's fields of the same meaning, and its extensions (sampling, grammar).
     let same = [
         "model",
         "temperature",
@@ -398,6 +398,7 @@ fn read_request(state: &AppState, body: &Value) -> ApiResult<ResponseRequest> {
         "presence_penalty",
         "frequency_penalty",
         "reasoning_format",
+        "grammar",
     ];
     for key in same {
         if let Some(v) = body.get(key) {
