@@ -473,6 +473,16 @@ fn template_variables(body: &Value) -> ApiResult<Map<String, Value>> {
     Ok(variables)
 }
 
+/// A new response's id: its time and 64 bits no client can guess (std's per-process random
+/// hash keys), since a stored response is read back by its id alone.
+fn response_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let time = request_id("resp").replacen('-', "_", 1);
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write(time.as_bytes());
+    format!("{time}{:016x}", hasher.finish())
+}
+
 /// The response object before its output: its id, and the request's settings as it echoes
 /// them (`max_tokens`: the chat route's, after lowering).
 fn response_head(state: &AppState, body: &Value, max_tokens: Option<&Value>, store: bool) -> Value {
@@ -485,7 +495,7 @@ fn response_head(state: &AppState, body: &Value, max_tokens: Option<&Value>, sto
         Some(f) => f.clone(),
     };
     json!({
-        "id": request_id("resp").replacen('-', "_", 1),
+        "id": response_id(),
         "object": "response",
         "created_at": now_secs(),
         "status": "in_progress",
