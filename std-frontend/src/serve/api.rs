@@ -72,7 +72,7 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// A request's constraint to JSON output.
+    /// A request's constraint on its output.
     fn output_constraint(&self, constraint: &Constraint) -> OutputConstraint {
         let vocab = self
             .sorted_vocab
@@ -190,7 +190,6 @@ fn read_body(state: &AppState, body: Result<Bytes, BytesRejection>) -> ApiResult
     })
 }
 
-/// The body as JSON, or a 400 naming what is wrong with it.
 /// A prompt as text (encoded as a prompt: after the model's BOS where it asks for one) or as
 /// token ids, which `start` checks against the vocabulary; anything else is a 400 saying `wrong`.
 fn prompt_ids(state: &AppState, prompt: Option<&Value>, wrong: &str) -> ApiResult<Vec<u32>> {
@@ -211,6 +210,7 @@ fn prompt_ids(state: &AppState, prompt: Option<&Value>, wrong: &str) -> ApiResul
     }
 }
 
+/// The body as JSON, or a 400 naming what is wrong with it.
 fn parse_body(body: &[u8]) -> ApiResult<Value> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
@@ -374,8 +374,9 @@ impl ToolUse {
 }
 
 /// `tools`, `tool_choice` and `parallel_tool_calls` of a chat request: `None` when the reply
-/// calls nothing. The reply's calls are kept to the tools' schemas (`g.constraint`): a forced call's
-/// whole reply, a chosen call's JSON from its opening on (`ToolFormat::auto_constraint`).
+/// calls nothing. The reply's calls are kept to the tools' schemas (`g.constraint`): a forced
+/// call's whole reply, a chosen call's JSON from its opening on
+/// (`ToolFormat::auto_constraint`).
 fn tool_use(
     state: &AppState,
     body: &Value,
