@@ -12,6 +12,8 @@ use crate::chat::Message;
 use crate::constraint::Trigger;
 use crate::json_schema::Schema;
 
+mod partial;
+
 /// The most tools one request may offer.
 pub const MAX_TOOLS: usize = 128;
 
@@ -154,8 +156,7 @@ impl ToolFormat {
         self != ToolFormat::Generic
     }
 
-    /// The texts that open a call: held back from a stream, and kept in the reply's text where
-    /// they are special tokens.
+    /// The texts of a call's markup: kept in the reply's text where they are special tokens.
     pub fn markers(self) -> &'static [&'static str] {
         match self {
             ToolFormat::Hermes => &[HERMES_OPEN, HERMES_CLOSE],
@@ -172,26 +173,48 @@ impl ToolFormat {
         matches!(self, ToolFormat::Llama3 | ToolFormat::Generic)
     }
 
-    /// The reply's content and calls. Text that is not a well-formed call stays content.
+    /// The texts that open a reply's calls (besides the JSON-first formats' opening `{`).
+    fn openers(self) -> &'static [&'static str] {
+        match self {
+            ToolFormat::Hermes => &[HERMES_OPEN],
+            ToolFormat::Llama3 => &[PYTHON_TAG],
+            ToolFormat::MistralJson | ToolFormat::MistralArgs => &[MISTRAL_CALLS],
+            ToolFormat::Generic => &[],
+        }
+    }
+
+    /// Where the calls of a reply's `text` would begin.
+    fn calls_start(self, text: &str) -> Option<usize> {
+        let start = text.trim_start();
+        if self.calls_from_the_start() && start.starts_with('{') {
+            return Some(text.len() - start.len());
+        }
+        self.openers().iter().filter_map(|o| text.find(o)).min()
+    }
+
+    /// The reply's content and calls: the text before the calls (less its trailing white
+    /// space), the generic format's response, and any text after the calls. A call cut short
+    /// (the reply ran out of tokens) is a call as far as it is written, as a stream gives it
+    /// out. Text that is not calls stays content, whole.
     pub fn parse(self, text: &str) -> Reply {
-        let calls = match self {
-            ToolFormat::Hermes => hermes_calls(text),
-            ToolFormat::Llama3 => llama3_calls(text),
-            ToolFormat::MistralJson => text
-                .find(MISTRAL_CALLS)
-                .and_then(|at| Some((at, json_call_list(&text[at + MISTRAL_CALLS.len()..])?))),
-            ToolFormat::MistralArgs => mistral_args_calls(text),
-            ToolFormat::Generic => return generic_reply(text),
-        };
-        match calls {
-            Some((at, calls)) if !calls.is_empty() => Reply {
-                content: text[..at].trim_end().to_owned(),
-                calls,
-            },
-            _ => Reply {
+        let read = self
+            .calls_start(text)
+            .and_then(|at| Some((at, partial::read(self, &text[at..], true)?)));
+        let Some((at, calls)) = read else {
+            return Reply {
                 content: text.to_owned(),
                 calls: Vec::new(),
-            },
+            };
+        };
+        let after = calls.end.map_or("", |end| &text[at + end..]);
+        let mut content = text[..at].trim_end().to_owned() + &calls.response.unwrap_or_default();
+        content += match content.is_empty() {
+            true => after.trim(),
+            false => after.trim_end(),
+        };
+        Reply {
+            content,
+            calls: calls.calls,
         }
     }
 
@@ -436,183 +459,104 @@ fn with_defs(mut schema: Value, defs: Map<String, Value>) -> Value {
     schema
 }
 
-/// The JSON value at the start of `text` (after white space), and the text after it.
-fn json_value(text: &str) -> Option<(Value, &str)> {
-    let text = text.trim_start();
-    let mut values = serde_json::Deserializer::from_str(text).into_iter::<Value>();
-    let value = values.next()?.ok()?;
-    Some((value, &text[values.byte_offset()..]))
+/// What a stream gives out of a reply as it is written.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Streamed {
+    Content(String),
+    /// A call begins: its function's name.
+    Call(String),
+    /// More of the last call's arguments.
+    Arguments(String),
 }
 
-/// A call object: its name, and its arguments under the first of `argument_keys` it has (an
-/// object written out, or a string kept as it is).
-fn call_of(v: &Value, argument_keys: &[&str]) -> Option<ToolCall> {
-    let name = v.get("name")?.as_str().filter(|n| !n.is_empty())?;
-    let arguments = match argument_keys.iter().find_map(|k| v.get(*k)) {
-        None => "{}".to_owned(),
-        Some(Value::String(s)) => s.clone(),
-        Some(a @ Value::Object(_)) => a.to_string(),
-        Some(_) => return None,
-    };
-    Some(ToolCall {
-        name: name.to_owned(),
-        arguments,
-    })
-}
-
-/// Where the first `<tool_call>` block starts, and the calls of the blocks (a missing closing
-/// tag is forgiven: a forced call's reply ends with its JSON).
-fn hermes_calls(text: &str) -> Option<(usize, Vec<ToolCall>)> {
-    let first = text.find(HERMES_OPEN)?;
-    let mut calls = Vec::new();
-    let mut rest = &text[first..];
-    while let Some(after) = rest.trim_start().strip_prefix(HERMES_OPEN) {
-        let (value, after) = json_value(after)?;
-        calls.push(call_of(&value, &["arguments", "parameters"])?);
-        let after = after.trim_start();
-        rest = after.strip_prefix(HERMES_CLOSE).unwrap_or(after);
-    }
-    rest.trim().is_empty().then_some((first, calls))
-}
-
-/// Llama 3's calls: a reply that is JSON call objects (separated by `;` or white space), or
-/// text then `<|python_tag|>` and such objects.
-fn llama3_calls(text: &str) -> Option<(usize, Vec<ToolCall>)> {
-    let (at, mut rest) = match text.find(PYTHON_TAG) {
-        Some(at) => (at, &text[at + PYTHON_TAG.len()..]),
-        None => (0, text),
-    };
-    if at == 0 && !rest.trim_start().starts_with('{') {
-        return None;
-    }
-    let mut calls = Vec::new();
-    loop {
-        rest = rest.trim_start().trim_start_matches(';').trim_start();
-        if rest.is_empty() {
-            return Some((at, calls));
-        }
-        let (value, after) = json_value(rest)?;
-        calls.push(call_of(&value, &["parameters", "arguments"])?);
-        rest = after;
-    }
-}
-
-/// Call objects in a JSON array after `[TOOL_CALLS]`; the closing bracket may be missing.
-fn json_call_list(text: &str) -> Option<Vec<ToolCall>> {
-    let mut rest = text.trim_start().strip_prefix('[')?;
-    let mut calls = Vec::new();
-    loop {
-        rest = rest.trim_start();
-        if rest.is_empty() || rest.starts_with(']') {
-            return Some(calls);
-        }
-        let (value, after) = json_value(rest)?;
-        calls.push(call_of(&value, &["arguments"])?);
-        rest = after.trim_start();
-        rest = rest.strip_prefix(',').unwrap_or(rest);
-    }
-}
-
-/// `[TOOL_CALLS]name[ARGS]{...}`, repeated.
-fn mistral_args_calls(text: &str) -> Option<(usize, Vec<ToolCall>)> {
-    let first = text.find(MISTRAL_CALLS)?;
-    let mut calls = Vec::new();
-    let mut rest = &text[first..];
-    while let Some(after) = rest.trim_start().strip_prefix(MISTRAL_CALLS) {
-        let (name, args) = after.split_once(MISTRAL_ARGS)?;
-        let (arguments, after) = json_value(args)?;
-        let name = name.trim();
-        if name.is_empty() || !arguments.is_object() {
-            return None;
-        }
-        calls.push(ToolCall {
-            name: name.to_owned(),
-            arguments: arguments.to_string(),
-        });
-        rest = after;
-    }
-    rest.trim().is_empty().then_some((first, calls))
-}
-
-/// The generic format's reply: `{"tool_call": {...}}`, `{"tool_calls": [...]}` or
-/// `{"response": "..."}`; any other text is content as it is.
-fn generic_reply(text: &str) -> Reply {
-    let as_is = || Reply {
-        content: text.to_owned(),
-        calls: Vec::new(),
-    };
-    let Some((Value::Object(reply), rest)) = json_value(text) else {
-        return as_is();
-    };
-    if !rest.trim().is_empty() {
-        return as_is();
-    }
-    let call = |v: &Value| call_of(v, &["arguments", "parameters"]);
-    let calls: Option<Vec<ToolCall>> = match (&reply.get("tool_call"), reply.get("tool_calls")) {
-        (Some(one), _) => call(one).map(|c| vec![c]),
-        (None, Some(Value::Array(many))) => many.iter().map(call).collect(),
-        _ => None,
-    };
-    match (calls, reply.get("response")) {
-        (Some(calls), _) if !calls.is_empty() => Reply {
-            content: String::new(),
-            calls,
-        },
-        (_, Some(Value::String(response))) => Reply {
-            content: response.clone(),
-            calls: Vec::new(),
-        },
-        _ => as_is(),
-    }
-}
-
-/// A streamed reply's text, held back from where a call may begin: what comes before a call
-/// streams as it comes, the call is answered whole when the reply ends.
+/// A streamed reply's text, read as it comes: the text before its calls streams as content,
+/// each call's name once whole and its arguments as they are written (`partial` reads them;
+/// the pieces add up to what `ToolFormat::parse` makes of the whole reply).
 pub struct CallWatch {
     format: ToolFormat,
+    /// More than one call (`parallel_tool_calls`); otherwise the first alone.
+    parallel: bool,
     text: String,
-    /// Bytes of `text` streamed as content.
+    /// Bytes of `text` streamed as content before the calls.
     sent: usize,
-    /// A call has begun: nothing more streams.
-    capturing: bool,
+    /// Where the calls begin in `text`, once seen.
+    calls_at: Option<usize>,
+    /// Of each call streamed, the bytes of its arguments streamed.
+    calls: Vec<usize>,
+    /// Bytes streamed of the generic format's response, and of the text after the calls.
+    response_sent: usize,
+    after_sent: usize,
 }
 
 impl CallWatch {
     /// A watch over a reply that starts with `prefix` (a forced call's: it is all call).
-    pub fn new(format: ToolFormat, prefix: &str) -> Self {
+    pub fn new(format: ToolFormat, prefix: &str, parallel: bool) -> Self {
         CallWatch {
             format,
+            parallel,
             text: prefix.to_owned(),
             sent: 0,
-            capturing: !prefix.is_empty(),
+            calls_at: (!prefix.is_empty()).then_some(0),
+            calls: Vec::new(),
+            response_sent: 0,
+            after_sent: 0,
         }
     }
 
-    /// Adds `piece` of the reply; returns the content that may stream now.
-    pub fn push(&mut self, piece: &str) -> String {
+    /// Adds `piece` of the reply; returns what may stream now.
+    pub fn push(&mut self, piece: &str) -> Vec<Streamed> {
         self.text += piece;
-        if self.capturing {
-            return String::new();
+        let mut out = Vec::new();
+        if self.calls_at.is_none() {
+            let content = self.before_calls();
+            if !content.is_empty() {
+                out.push(Streamed::Content(content));
+            }
         }
+        if self.calls_at.is_some() {
+            self.follow(false, &mut out);
+        }
+        out
+    }
+
+    /// The reply's end: what is left to stream, and how many calls it made.
+    pub fn finish(&mut self) -> (Vec<Streamed>, usize) {
+        let mut out = Vec::new();
+        match self.calls_at {
+            Some(_) => self.follow(true, &mut out),
+            None if self.sent < self.text.len() => {
+                out.push(Streamed::Content(self.text[self.sent..].to_owned()))
+            }
+            None => {}
+        }
+        (out, self.calls.len())
+    }
+
+    /// The content before the calls that may stream now; notes where the calls begin once
+    /// they do.
+    fn before_calls(&mut self) -> String {
         if self.format.calls_from_the_start() && self.sent == 0 {
             let start = self.text.trim_start();
-            if start.is_empty() || start.starts_with('{') || PYTHON_TAG.starts_with(start) {
-                self.capturing = start.starts_with('{');
+            if start.starts_with('{') {
+                self.calls_at = Some(self.text.len() - start.len());
+                return String::new();
+            }
+            if start.is_empty() || PYTHON_TAG.starts_with(start) {
                 return String::new();
             }
         }
         let rest = &self.text[self.sent..];
-        let markers = self.format.markers();
-        // White space before a call is not content (`parse` trims it): it waits for what
+        let openers = self.format.openers();
+        // White space before the calls is not content (`parse` trims it): it waits for what
         // follows it.
-        if let Some(at) = markers.iter().filter_map(|m| rest.find(m)).min() {
-            self.capturing = true;
+        if let Some(at) = openers.iter().filter_map(|m| rest.find(m)).min() {
+            self.calls_at = Some(self.sent + at);
             let piece = rest[..at].trim_end().to_owned();
             self.sent += piece.len();
             return piece;
         }
-        // Hold back a tail that may be the start of a marker.
-        let hold = markers
+        // Hold back a tail that may be the start of an opener.
+        let hold = openers
             .iter()
             .filter_map(|m| (1..m.len()).rev().find(|&k| rest.ends_with(&m[..k])))
             .max()
@@ -622,12 +566,46 @@ impl CallWatch {
         piece
     }
 
-    /// The reply's end: the content not yet streamed, and the calls.
-    pub fn finish(self) -> Reply {
-        let reply = self.format.parse(&self.text);
-        Reply {
-            content: reply.content.get(self.sent..).unwrap_or("").to_owned(),
-            calls: reply.calls,
+    /// Streams what more the calls' text holds: the response, calls begun, their arguments,
+    /// and the text after the calls once they end.
+    fn follow(&mut self, ended: bool, out: &mut Vec<Streamed>) {
+        let at = self.calls_at.unwrap_or(0);
+        let region = &self.text[at..];
+        let Some(calls) = partial::read(self.format, region, ended) else {
+            // Not calls: the text is content (none of it streamed yet).
+            if ended && self.sent < self.text.len() {
+                out.push(Streamed::Content(self.text[self.sent..].to_owned()));
+            }
+            return;
+        };
+        if let Some(response) = &calls.response {
+            if response.len() > self.response_sent {
+                out.push(Streamed::Content(response[self.response_sent..].to_owned()));
+                self.response_sent = response.len();
+            }
+        }
+        let limit = if self.parallel { usize::MAX } else { 1 };
+        for (k, call) in calls.calls.into_iter().take(limit).enumerate() {
+            if k == self.calls.len() {
+                out.push(Streamed::Call(call.name));
+                self.calls.push(0);
+            }
+            let sent = &mut self.calls[k];
+            if call.arguments.len() > *sent {
+                out.push(Streamed::Arguments(call.arguments[*sent..].to_owned()));
+                *sent = call.arguments.len();
+            }
+        }
+        if let Some(end) = calls.end {
+            let after = &region[end..];
+            let after = match self.sent == 0 && self.response_sent == 0 {
+                true => after.trim(),
+                false => after.trim_end(),
+            };
+            if after.len() > self.after_sent {
+                out.push(Streamed::Content(after[self.after_sent..].to_owned()));
+                self.after_sent = after.len();
+            }
         }
     }
 }
@@ -762,15 +740,9 @@ mod tests {
                 ToolFormat::Hermes,
                 "Use <tool_call> tags, like <tool_call>{\"oops\": 1}",
             ),
-            (
-                ToolFormat::Hermes,
-                "<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\"",
-            ),
             (ToolFormat::Llama3, "{\"answer\": 42}"),
-            (
-                ToolFormat::Llama3,
-                "{\"name\": \"a\", \"parameters\": {}} and more text",
-            ),
+            (ToolFormat::Llama3, "{\"name\": \"a\", \"parameters\": 5}"),
+            (ToolFormat::Hermes, "<tool_call>\n{\"name\": 7}</tool_call>"),
             (ToolFormat::MistralJson, "[TOOL_CALLS] not json"),
             (ToolFormat::MistralArgs, "[TOOL_CALLS]a{\"x\": 1}"),
             (ToolFormat::Generic, "{\"tool_call\": {\"arguments\": {}}}"),
@@ -1001,35 +973,150 @@ mod tests {
         assert!(!whole(r#"{"answer": "Hello."}"#));
     }
 
-    /// A stream gives out the text before a call as it comes and nothing of the call.
+    /// A call cut short (the reply ran out of tokens) is a call as far as it is written; text
+    /// after the calls is content.
     #[test]
-    fn a_stream_holds_back_calls() {
-        let text = "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
-        for step in [1, 2, 3, 7, 1000] {
-            let mut watch = CallWatch::new(ToolFormat::Hermes, "");
-            let mut streamed = String::new();
-            let chars: Vec<char> = text.chars().collect();
-            for piece in chars.chunks(step) {
-                streamed += &watch.push(&piece.iter().collect::<String>());
-                assert!(!streamed.contains('<'), "{streamed}");
-            }
-            let reply = watch.finish();
-            assert_eq!(streamed + &reply.content, "Let me look.");
-            assert_eq!(reply.calls.len(), 1);
+    fn cut_calls_and_text_after_calls() {
+        let cut =
+            ToolFormat::Hermes.parse("<tool_call>\n{\"name\": \"a\", \"arguments\": {\"x\": [1, ");
+        assert_eq!(cut.calls, [call("a", r#"{"x":[1,"#)]);
+        assert_eq!(cut.content, "");
+        let named = ToolFormat::MistralArgs.parse("[TOOL_CALLS]a[ARGS]");
+        assert!(named.calls.is_empty(), "no arguments begun: not yet a call");
+        let after = ToolFormat::Llama3.parse("{\"name\": \"a\", \"parameters\": {}} and more text");
+        assert_eq!(after.calls, [call("a", "{}")]);
+        assert_eq!(after.content, "and more text");
+        let both = ToolFormat::Hermes.parse(
+            "Looking.\n<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>\nDone.\n",
+        );
+        assert_eq!(both.content, "Looking.\nDone.");
+    }
+
+    /// Arguments are the JSON the model wrote, its white space between tokens left out; a
+    /// string of arguments is its text.
+    #[test]
+    fn arguments_keep_what_the_model_wrote() {
+        let text = "<tool_call>{\"name\": \"a\", \"arguments\": {\"n\": 1.50, \"s\": \"x \\u00e9 \\\" y\",\n \"z\": [ ]}}</tool_call>";
+        let reply = ToolFormat::Hermes.parse(text);
+        assert_eq!(
+            reply.calls,
+            [call("a", r#"{"n":1.50,"s":"x \u00e9 \" y","z":[]}"#)]
+        );
+        let stringly = r#"{"tool_call": {"name": "a", "arguments": "{\"x\": 1}"}}"#;
+        assert_eq!(
+            ToolFormat::Generic.parse(stringly).calls,
+            [call("a", r#"{"x": 1}"#)]
+        );
+    }
+
+    /// What a stream gives out, put together: its content and its calls.
+    fn streamed(
+        format: ToolFormat,
+        prefix: &str,
+        text: &str,
+        step: usize,
+        parallel: bool,
+    ) -> Reply {
+        let mut watch = CallWatch::new(format, prefix, parallel);
+        let chars: Vec<char> = text.chars().collect();
+        let mut pieces = Vec::new();
+        for piece in chars.chunks(step) {
+            pieces.extend(watch.push(&piece.iter().collect::<String>()));
         }
-        // Plain text streams whole, a `<` that starts no marker included.
-        let mut watch = CallWatch::new(ToolFormat::Hermes, "");
-        let streamed = watch.push("a < b") + &watch.push(" <t");
-        assert_eq!(streamed + &watch.finish().content, "a < b <t");
-        // The JSON-first formats hold a reply that opens with `{` and give back a response.
-        let mut watch = CallWatch::new(ToolFormat::Generic, "");
-        assert_eq!(watch.push(" {\"response\": "), "");
-        assert_eq!(watch.push("\"Hi.\"}"), "");
-        assert_eq!(watch.finish().content, "Hi.");
-        let mut watch = CallWatch::new(ToolFormat::Llama3, "");
-        assert_eq!(watch.push("It is "), "It is");
-        assert_eq!(watch.push("sunny."), " sunny.");
-        assert_eq!(watch.finish().content, "");
+        let (rest, made) = watch.finish();
+        pieces.extend(rest);
+        let mut reply = Reply {
+            content: String::new(),
+            calls: Vec::new(),
+        };
+        for piece in pieces {
+            match piece {
+                Streamed::Content(text) => reply.content += &text,
+                Streamed::Call(name) => reply.calls.push(call(&name, "")),
+                Streamed::Arguments(more) => reply.calls.last_mut().unwrap().arguments += &more,
+            }
+        }
+        assert_eq!(made, reply.calls.len());
+        reply
+    }
+
+    /// A stream's pieces add up to what the whole reply parses into, in every format, however
+    /// the text comes in pieces and wherever it is cut short.
+    #[test]
+    fn a_stream_adds_up_to_the_whole_reply() {
+        let cases = [
+            (ToolFormat::Hermes, "", "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris \\ud83d\\ude00\"}}\n</tool_call>"),
+            (ToolFormat::Hermes, "", "<tool_call>{\"name\": \"a\", \"arguments\": {\"x\": {\"y\": [1, 2]}}}</tool_call><tool_call>{\"arguments\": \"{}\", \"name\": \"b\"}</tool_call> then text"),
+            (ToolFormat::Hermes, "<tool_call>\n", "{\"name\": \"a\", \"arguments\": {\"q\": \"<tool_call>\"}}"),
+            (ToolFormat::Hermes, "", "Use <tool_call> tags, like <tool_call>{\"oops\": 1}"),
+            (ToolFormat::Hermes, "", "a < b <t"),
+            (ToolFormat::Llama3, "", "  {\"name\": \"a\", \"parameters\": {\"x\": 1}}; {\"name\": \"b\", \"parameters\": {}}"),
+            (ToolFormat::Llama3, "", "Checking.<|python_tag|>{\"name\": \"a\", \"parameters\": {\"x\": \"}\"}}"),
+            (ToolFormat::Llama3, "", "{\"answer\": 42}"),
+            (ToolFormat::Llama3, "", "It is sunny."),
+            (ToolFormat::MistralJson, "", "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {\"x\": 1}, \"id\": \"abc\"}, {\"name\": \"b\", \"arguments\": {}}] "),
+            (ToolFormat::MistralJson, "[TOOL_CALLS][", "{\"name\": \"a\", \"arguments\": {\"x\": true}}"),
+            (ToolFormat::MistralJson, "", "[TOOL_CALLS] not json"),
+            (ToolFormat::MistralArgs, "", "Sure. [TOOL_CALLS]a[ARGS]{\"x\": 1}[TOOL_CALLS]b[ARGS]{}"),
+            (ToolFormat::MistralArgs, "", "[TOOL_CALLS]a{\"x\": 1}"),
+            (ToolFormat::Generic, "", " {\"tool_call\": {\"name\": \"a\", \"arguments\": {\"x\": \"\\n\"}}}"),
+            (ToolFormat::Generic, "", "{\"tool_calls\": [{\"name\": \"a\", \"arguments\": {\"x\": 1}}, {\"name\": \"b\"}]}"),
+            (ToolFormat::Generic, "", "{\"response\": \"It is \\\"sunny\\\" \\u00e9\\ud83d\\ude00.\"}"),
+            (ToolFormat::Generic, "", "{\"tool_call\": {\"arguments\": {}}}"),
+            (ToolFormat::Generic, "", "Plain words."),
+        ];
+        for (format, prefix, text) in cases {
+            let ends: Vec<usize> = (0..=text.len())
+                .filter(|&k| text.is_char_boundary(k))
+                .collect();
+            for end in ends {
+                let text = &text[..end];
+                for parallel in [true, false] {
+                    let mut whole = format.parse(&(prefix.to_owned() + text));
+                    if !parallel {
+                        whole.calls.truncate(1);
+                    }
+                    for step in [1, 2, 3, 7, 1000] {
+                        let stream = streamed(format, prefix, text, step, parallel);
+                        assert_eq!(stream, whole, "{format:?}, step {step}: {prefix}{text}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// A call's name streams once whole, its arguments as they are written; the text before a
+    /// call streams as it comes, white space that may precede a call held back.
+    #[test]
+    fn a_stream_gives_out_calls_as_they_are_written() {
+        let mut watch = CallWatch::new(ToolFormat::Hermes, "", true);
+        assert_eq!(
+            watch.push("Let me look. "),
+            [Streamed::Content("Let me look.".into())]
+        );
+        assert_eq!(watch.push("<tool_call>\n{\"name\": \"get_wea"), []);
+        assert_eq!(
+            watch.push("ther\", \"arguments\": {\"city\": \"Pa"),
+            [
+                Streamed::Call("get_weather".into()),
+                Streamed::Arguments(r#"{"city":"Pa"#.into())
+            ]
+        );
+        assert_eq!(
+            watch.push("ris\"}}\n</tool"),
+            [Streamed::Arguments(r#"ris"}"#.into())]
+        );
+        assert_eq!(watch.push("_call>"), []);
+        assert_eq!(watch.finish(), (Vec::new(), 1));
+        // The generic format's response streams as its characters come.
+        let mut watch = CallWatch::new(ToolFormat::Generic, "", true);
+        assert_eq!(
+            watch.push(" {\"response\": \"Hi"),
+            [Streamed::Content("Hi".into())]
+        );
+        assert_eq!(watch.push(" \\u00"), [Streamed::Content(" ".into())]);
+        assert_eq!(watch.push("e9\"}"), [Streamed::Content("\u{e9}".into())]);
+        assert_eq!(watch.finish(), (Vec::new(), 0));
     }
 
     #[test]

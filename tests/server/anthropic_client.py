@@ -92,10 +92,12 @@ with serve_process.served(BIN, MODEL, NAME, "--api-key", KEY, "--ctx", "1024", "
     with client.messages.stream(model=NAME, max_tokens=80, extra_body=GREEDY, messages=[
             {"role": "user", "content": "What is the weather like in Paris?"}], tools=[WEATHER],
             tool_choice={"type": "tool", "name": "get_weather"}) as s:
+        deltas = sum(e.type == "content_block_delta" and e.delta.type == "input_json_delta" for e in s)
         final = s.get_final_message()
     streamed_uses = [b for b in final.content if b.type == "tool_use"]
-    check(final.stop_reason == "tool_use" and [(b.name, b.input) for b in streamed_uses] == [(b.name, b.input) for b in uses],
-          "a named tool, streamed: the same tool_use blocks (input_json_delta)")
+    check(final.stop_reason == "tool_use" and deltas > 1 and
+          [(b.name, b.input) for b in streamed_uses] == [(b.name, b.input) for b in uses],
+          f"a named tool, streamed: the same tool_use blocks, the input in {deltas} input_json_delta events")
     follow = client.messages.create(model=NAME, max_tokens=24, extra_body=GREEDY, tools=[WEATHER], messages=[
         {"role": "user", "content": "What is the weather like in Paris?"},
         {"role": "assistant", "content": [{"type": "tool_use", "id": uses[0].id, "name": "get_weather", "input": uses[0].input}]},

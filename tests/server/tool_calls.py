@@ -65,18 +65,25 @@ def valid_call(call, tools):
 
 
 def streamed(client, **request):
-    """A streamed reply gathered: (content, calls as (id, name, arguments), finish reason)."""
-    content, calls, finish = "", {}, None
+    """A streamed reply gathered: (content, calls as (id, name, arguments), finish reason, the
+    chunks that carried arguments). A call's first chunk has its id, type and name (and no
+    arguments yet); later chunks only more of its arguments."""
+    content, calls, finish, argument_chunks = "", {}, None, 0
     for chunk in client.chat.completions.create(stream=True, **request):
         for choice in chunk.choices:
             content += choice.delta.content or ""
             for c in choice.delta.tool_calls or []:
-                entry = calls.setdefault(c.index, ["", "", ""])
-                entry[0] += c.id or ""
-                entry[1] += c.function.name or ""
-                entry[2] += c.function.arguments or ""
+                if c.index not in calls:
+                    if not (c.id and c.type == "function" and c.function.name and c.function.arguments == ""):
+                        raise SystemExit(f"FAILED: a call's first chunk without its id, type and name: {c}")
+                    calls[c.index] = [c.id, c.function.name, ""]
+                elif c.id or c.function.name:
+                    raise SystemExit(f"FAILED: a call's later chunk names it again: {c}")
+                else:
+                    calls[c.index][2] += c.function.arguments or ""
+                    argument_chunks += 1
             finish = choice.finish_reason or finish
-    return content, [tuple(calls[k]) for k in sorted(calls)], finish
+    return content, [tuple(calls[k]) for k in sorted(calls)], finish, argument_chunks
 
 
 def whole_calls(message):
@@ -100,9 +107,24 @@ def forced_calls(client, label):
         check(choice0.finish_reason == "tool_calls" and choice0.message.content is None and
               len(calls) == 1 and calls[0].function.name in names and valid_call(calls[0], tools),
               f"{what}: a call of the tool's schema")
-        content, stream_calls, finish = streamed(client, **request)
+        content, stream_calls, finish, chunks = streamed(client, **request)
         same = [(n, a) for _, n, a in stream_calls] == [(n, a) for _, n, a in whole_calls(choice0.message)]
-        check(content == "" and finish == "tool_calls" and same, f"{what}: streamed as whole")
+        check(content == "" and finish == "tool_calls" and same and chunks > 1,
+              f"{what}: streamed as whole, the arguments in {chunks} chunks as written")
+    # A call cut short by max_tokens: a call as far as it is written, finish_reason length, and
+    # streamed alike.
+    request = dict(model=NAME, messages=QUESTION, tools=[WEATHER], tool_choice="required", temperature=0)
+    full = client.chat.completions.create(max_tokens=120, **request)
+    cut_at = full.usage.completion_tokens * 2 // 3
+    cut = client.chat.completions.create(max_tokens=cut_at, **request).choices[0]
+    cut_calls = whole_calls(cut.message)
+    full_arguments = full.choices[0].message.tool_calls[0].function.arguments
+    content, stream_calls, finish, _ = streamed(client, max_tokens=cut_at, **request)
+    check(cut.finish_reason == "length" and len(cut_calls) == 1 and cut_calls[0][1] == "get_weather" and
+          full_arguments.startswith(cut_calls[0][2]) and len(cut_calls[0][2]) < len(full_arguments) and
+          finish == "length" and [(n, a) for _, n, a in stream_calls] == [(n, a) for _, n, a in cut_calls],
+          f"{label}: a call cut short at {cut_at} tokens: {cut_calls[0][2] if cut_calls else None!r}, "
+          "as written, streamed alike")
     for seed in range(4):
         r = client.chat.completions.create(model=NAME, messages=QUESTION, tools=[WEATHER, CLOCK],
                                            tool_choice="required", temperature=1.0, seed=seed,
@@ -148,7 +170,7 @@ with serve_process.served(BIN, MODEL, NAME, "--parallel", "2", "--ctx", "1024") 
     r = client.chat.completions.create(**request)
     message = r.choices[0].message
     check(bool(message.content) or bool(message.tool_calls), "tool_choice auto: a reply or a call")
-    content, calls, finish = streamed(client, **request)
+    content, calls, finish, _ = streamed(client, **request)
     check(content == (message.content or "") and
           [(n, a) for _, n, a in calls] == [(n, a) for _, n, a in whole_calls(message)] and
           finish == r.choices[0].finish_reason, "tool_choice auto: streamed as whole")

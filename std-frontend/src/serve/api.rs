@@ -30,7 +30,7 @@ use crate::json_schema::Schema;
 use crate::reasoning::{self, ReasoningWatch};
 use crate::tokenizer::Tokenizer;
 use crate::tool_calls::{
-    call_id, openai_call, template_tool_calls, CallWatch, Tool, ToolCall, ToolFormat,
+    call_id, openai_call, template_tool_calls, CallWatch, Streamed, Tool, ToolCall, ToolFormat,
 };
 
 mod anthropic;
@@ -466,6 +466,15 @@ fn openai_calls(calls: &[ToolCall], ids: u64) -> Vec<Value> {
         .collect()
 }
 
+/// A chat reply's finish reason: `tool_calls` where it `called`, unless it ran out of tokens
+/// (its last call cut short).
+fn reply_finish(called: bool, finish: &'static str) -> &'static str {
+    match called && finish != "length" {
+        true => "tool_calls",
+        false => finish,
+    }
+}
+
 /// `logit_bias`: token ids (as strings) to a bias in [-100, 100] added to their logits.
 fn logit_bias(body: &Value, vocab_size: usize) -> ApiResult<Vec<(u32, f32)>> {
     let map = match body.get("logit_bias") {
@@ -856,8 +865,10 @@ enum Piece<'a> {
     Text(&'a str, &'a [Reported]),
     /// Reasoning, told apart from the reply's content.
     Reasoning(&'a str),
-    /// The reply's tool calls, in OpenAI's shape, whole.
-    Calls(&'a [Value]),
+    /// A tool call begins: its index in the reply, its id and its function's name.
+    Call(usize, &'a str, &'a str),
+    /// More of call `.0`'s arguments (JSON text).
+    Arguments(usize, &'a str),
     Finish(Ended),
 }
 
@@ -907,12 +918,13 @@ fn data(v: Value) -> SseEvent {
     SseEvent::default().data(v.to_string())
 }
 
-/// A streamed reply's tool calls: held back as they are written, sent whole at its end.
+/// A streamed reply's tool calls, given out as they are written.
 struct StreamedCalls {
     watch: CallWatch,
-    parallel: bool,
     /// The first call's id seed.
     ids: u64,
+    /// The calls begun.
+    made: usize,
 }
 
 /// One choice of a streaming request: its events, its text, its calls (when it may make
@@ -947,8 +959,8 @@ fn sse(
             self.queue.extend(events);
         }
 
-        /// Queues a chunk of choice `i`'s `piece` (what of it may stream before a tool call)
-        /// and the log-probabilities of the tokens it completes.
+        /// Queues choice `i`'s `piece`, read for its reasoning and its calls, and the
+        /// log-probabilities of the tokens it completes.
         fn text(&mut self, i: usize, piece: &str) {
             let split;
             let piece = match &mut self.choices[i].reasoning {
@@ -962,23 +974,47 @@ fn sse(
                 }
                 None => piece,
             };
-            let choice = &mut self.choices[i];
-            let held;
-            let piece = match &mut choice.calls {
-                Some(calls) => {
-                    held = calls.watch.push(piece);
-                    &held
-                }
-                None => piece,
+            let streamed = match &mut self.choices[i].calls {
+                Some(calls) => calls.watch.push(piece),
+                None => vec![Streamed::Content(piece.to_owned())],
             };
-            let reported = choice.text.reported();
-            if !piece.is_empty() || !reported.is_empty() {
-                self.queue(i, Piece::Text(piece, &reported));
+            let reported = self.choices[i].text.reported();
+            self.streamed(i, streamed, reported);
+        }
+
+        /// Queues what choice `i`'s calls' watch gave out, the tokens `reported` with its
+        /// first text (or alone).
+        fn streamed(&mut self, i: usize, streamed: Vec<Streamed>, reported: Vec<Reported>) {
+            let mut reported = Some(reported);
+            for piece in streamed {
+                match piece {
+                    Streamed::Content(text) if text.is_empty() => {}
+                    Streamed::Content(text) => {
+                        let tokens = reported.take().unwrap_or_default();
+                        self.queue(i, Piece::Text(&text, &tokens));
+                    }
+                    Streamed::Call(name) => {
+                        let Some(calls) = &mut self.choices[i].calls else {
+                            continue;
+                        };
+                        let index = calls.made;
+                        calls.made += 1;
+                        let id = call_id(calls.ids.wrapping_add(index as u64));
+                        self.queue(i, Piece::Call(index, &id, &name));
+                    }
+                    Streamed::Arguments(delta) => {
+                        let index = self.choices[i].calls.as_ref().map_or(0, |c| c.made);
+                        self.queue(i, Piece::Arguments(index.saturating_sub(1), &delta));
+                    }
+                }
+            }
+            if let Some(tokens) = reported.filter(|t| !t.is_empty()) {
+                self.queue(i, Piece::Text("", &tokens));
             }
         }
 
-        /// Choice `i`'s end: the content held back and its calls queued; the finish reason,
-        /// `tool_calls` where it made some.
+        /// Choice `i`'s end: the content held back and the rest of its calls queued; the
+        /// finish reason, `tool_calls` where it made some (unless it ran out of tokens).
         fn end(&mut self, i: usize, finish: &'static str) -> &'static str {
             if let Some(watch) = self.choices[i].reasoning.take() {
                 let (reasoning, content) = watch.finish();
@@ -987,22 +1023,12 @@ fn sse(
                 }
                 self.text(i, &content);
             }
-            let Some(calls) = self.choices[i].calls.take() else {
+            let Some(calls) = &mut self.choices[i].calls else {
                 return finish;
             };
-            let mut reply = calls.watch.finish();
-            if !calls.parallel {
-                reply.calls.truncate(1);
-            }
-            if !reply.content.is_empty() {
-                self.queue(i, Piece::Text(&reply.content, &[]));
-            }
-            if reply.calls.is_empty() {
-                return finish;
-            }
-            let calls = openai_calls(&reply.calls, calls.ids);
-            self.queue(i, Piece::Calls(&calls));
-            "tool_calls"
+            let (streamed, made) = calls.watch.finish();
+            self.streamed(i, streamed, Vec::new());
+            reply_finish(made > 0, finish)
         }
 
         /// The next event of any choice still running, with the choice's index.
@@ -1490,7 +1516,9 @@ impl Kind {
     /// A choice of a streamed chunk; `logprobs` is null unless the request asked for them.
     fn chunk_choice(self, index: usize, piece: Piece<'_>, tokenizer: Option<&Tokenizer>) -> Value {
         let (content, finish, logprobs) = match piece {
-            Piece::Open | Piece::Calls(_) | Piece::Reasoning(_) => ("", None, Value::Null),
+            Piece::Open | Piece::Call(..) | Piece::Arguments(..) | Piece::Reasoning(_) => {
+                ("", None, Value::Null)
+            }
             Piece::Text(text, tokens) => {
                 let lp = tokenizer.map_or(Value::Null, |t| self.logprobs(t, tokens, None));
                 (text, None, lp)
@@ -1503,17 +1531,14 @@ impl Kind {
                     Piece::Open => json!({ "role": "assistant", "content": "" }),
                     Piece::Text(..) => json!({ "content": content }),
                     Piece::Reasoning(text) => json!({ "reasoning_content": text }),
-                    Piece::Calls(calls) => {
-                        let indexed: Vec<Value> = calls
-                            .iter()
-                            .enumerate()
-                            .map(|(k, c)| {
-                                let mut c = c.clone();
-                                c["index"] = json!(k);
-                                c
-                            })
-                            .collect();
-                        json!({ "tool_calls": indexed })
+                    Piece::Call(k, id, name) => {
+                        let function = json!({ "name": name, "arguments": "" });
+                        json!({ "tool_calls": [{ "index": k, "id": id, "type": "function",
+                                                 "function": function }] })
+                    }
+                    Piece::Arguments(k, delta) => {
+                        json!({ "tool_calls": [{ "index": k,
+                                                 "function": { "arguments": delta } }] })
                     }
                     Piece::Finish(_) => json!({}),
                 };
@@ -1636,9 +1661,9 @@ impl Launched<'_> {
                 events,
                 text: self.detokenizer(stopped),
                 calls: tools.map(|t| StreamedCalls {
-                    watch: CallWatch::new(t.format, &t.prefix),
-                    parallel: t.parallel,
+                    watch: CallWatch::new(t.format, &t.prefix, t.parallel),
                     ids: self.call_ids.wrapping_add(64 * i as u64),
+                    made: 0,
                 }),
                 reasoning: self.reply.reasoning.map(ReasoningWatch::new),
                 cached: 0,
@@ -1671,11 +1696,7 @@ impl Launched<'_> {
                 Some(t) => t.reply(&text),
                 None => (text, Vec::new()),
             };
-            let finish = if calls.is_empty() {
-                whole.finish
-            } else {
-                "tool_calls"
-            };
+            let finish = reply_finish(!calls.is_empty(), whole.finish);
             let calls = openai_calls(&calls, self.call_ids.wrapping_add(64 * index as u64));
             out.push(WholeChoice {
                 reply: WholeReply {

@@ -337,6 +337,7 @@ fn tool_use_block(call: &Value) -> Value {
 enum Block {
     Text,
     Thinking,
+    ToolUse,
 }
 
 /// Anthropic's streamed events: `message_start`, each content block's start, deltas and stop,
@@ -364,22 +365,24 @@ impl MessageEvents {
         }
     }
 
-    /// Opens a block of `kind` unless one is open, and returns its index.
-    fn ensure(&mut self, kind: Block, out: &mut Vec<SseEvent>) -> usize {
+    /// Opens a block of `kind` (its start showing `block`) unless one is open, and returns
+    /// its index.
+    fn ensure(&mut self, kind: Block, block: Value, out: &mut Vec<SseEvent>) -> usize {
         if self.open != Some(kind) {
-            self.close(out);
-            let block = match kind {
-                Block::Text => json!({ "type": "text", "text": "" }),
-                Block::Thinking => json!({ "type": "thinking", "thinking": "", "signature": "" }),
-            };
-            out.push(event(
-                "content_block_start",
-                json!({ "type": "content_block_start", "index": self.next, "content_block": block }),
-            ));
-            self.open = Some(kind);
-            self.next += 1;
+            self.start(kind, block, out);
         }
         self.next - 1
+    }
+
+    /// Closes the open block and starts `block`, of `kind`.
+    fn start(&mut self, kind: Block, block: Value, out: &mut Vec<SseEvent>) {
+        self.close(out);
+        out.push(event(
+            "content_block_start",
+            json!({ "type": "content_block_start", "index": self.next, "content_block": block }),
+        ));
+        self.open = Some(kind);
+        self.next += 1;
     }
 }
 
@@ -393,7 +396,8 @@ impl StreamShape for MessageEvents {
             )),
             Piece::Text("", _) | Piece::Reasoning("") => {}
             Piece::Text(text, _) => {
-                let index = self.ensure(Block::Text, &mut out);
+                let block = json!({ "type": "text", "text": "" });
+                let index = self.ensure(Block::Text, block, &mut out);
                 let delta = json!({ "type": "text_delta", "text": text });
                 out.push(event(
                     "content_block_delta",
@@ -401,36 +405,25 @@ impl StreamShape for MessageEvents {
                 ));
             }
             Piece::Reasoning(text) => {
-                let index = self.ensure(Block::Thinking, &mut out);
+                let block = json!({ "type": "thinking", "thinking": "", "signature": "" });
+                let index = self.ensure(Block::Thinking, block, &mut out);
                 let delta = json!({ "type": "thinking_delta", "thinking": text });
                 out.push(event(
                     "content_block_delta",
                     json!({ "type": "content_block_delta", "index": index, "delta": delta }),
                 ));
             }
-            Piece::Calls(calls) => {
-                for call in calls {
-                    self.close(&mut out);
-                    let index = self.next;
-                    self.next += 1;
-                    let mut block = tool_use_block(call);
-                    let input = std::mem::replace(&mut block["input"], json!({}));
-                    out.push(event(
-                        "content_block_start",
-                        json!({ "type": "content_block_start", "index": index,
-                                "content_block": block }),
-                    ));
-                    let delta = json!({ "type": "input_json_delta",
-                                        "partial_json": input.to_string() });
-                    out.push(event(
-                        "content_block_delta",
-                        json!({ "type": "content_block_delta", "index": index, "delta": delta }),
-                    ));
-                    out.push(event(
-                        "content_block_stop",
-                        json!({ "type": "content_block_stop", "index": index }),
-                    ));
-                }
+            Piece::Call(_, id, name) => {
+                let block = json!({ "type": "tool_use", "id": id, "name": name, "input": {} });
+                self.start(Block::ToolUse, block, &mut out);
+            }
+            Piece::Arguments(_, delta) => {
+                let delta = json!({ "type": "input_json_delta", "partial_json": delta });
+                out.push(event(
+                    "content_block_delta",
+                    json!({ "type": "content_block_delta", "index": self.next - 1,
+                            "delta": delta }),
+                ));
             }
             Piece::Finish(ended) => {
                 self.close(&mut out);

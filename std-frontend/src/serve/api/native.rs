@@ -91,7 +91,9 @@ impl StreamShape for NativeChunks {
                 let v = last(&self.model, "", &ended, self.evaluated, self.truncated);
                 vec![data(v)]
             }
-            Piece::Open | Piece::Reasoning(_) | Piece::Calls(_) => Vec::new(),
+            Piece::Open | Piece::Reasoning(_) | Piece::Call(..) | Piece::Arguments(..) => {
+                Vec::new()
+            }
         }
     }
 

@@ -626,7 +626,7 @@ fn output_items(id: &str, f: &Finished<'_>) -> Vec<Value> {
     for call in f.calls {
         let arguments = call["function"]["arguments"].as_str().unwrap_or("{}");
         let item_id = item_id("fc", id, items.len());
-        items.push(function_call_item(&item_id, call, arguments, "completed"));
+        items.push(function_call_item(&item_id, call, arguments, status));
     }
     items
 }
@@ -650,6 +650,9 @@ struct ResponseEvents {
     output: Vec<Value>,
     /// The open item's kind and text.
     open: Option<(Open, String)>,
+    /// The open call in the chat route's shape, and its arguments so far (filled in when it
+    /// ends).
+    call: Option<(Value, String)>,
     reasoning: String,
     content: String,
     calls: Vec<Value>,
@@ -671,14 +674,17 @@ impl ResponseEvents {
 
     /// Ends the open item: its text's `done`, its part's and its own.
     fn close(&mut self, out: &mut Vec<SseEvent>) {
-        let Some((kind, text)) = self.open.take() else {
-            return;
-        };
-        let index = self.output.len();
         let status = match &self.ended {
             Some(e) if e.reason == "length" => "incomplete",
             _ => "completed",
         };
+        if let Some((call, arguments)) = self.call.take() {
+            self.close_call(call, arguments, status, out);
+        }
+        let Some((kind, text)) = self.open.take() else {
+            return;
+        };
+        let index = self.output.len();
         let (item, part, done) = match kind {
             Open::Reasoning => {
                 let id = item_id("rs", &self.response_id(), index);
@@ -763,33 +769,58 @@ impl ResponseEvents {
         out.push(self.event(name, v));
     }
 
-    /// A call's item: added, its arguments' delta and done, the item done.
-    fn call(&mut self, call: &Value, out: &mut Vec<SseEvent>) {
+    /// A call's item begins: added, in progress.
+    fn call(&mut self, id: &str, name: &str, out: &mut Vec<SseEvent>) {
         self.close(out);
         let index = self.output.len();
-        let id = item_id("fc", &self.response_id(), index);
-        let arguments = call["function"]["arguments"].as_str().unwrap_or("{}");
-        let added = function_call_item(&id, call, "", "in_progress");
+        let item_id = item_id("fc", &self.response_id(), index);
+        let call = json!({ "id": id, "type": "function",
+                           "function": { "name": name, "arguments": "" } });
+        let added = function_call_item(&item_id, &call, "", "in_progress");
         out.push(self.event(
             "response.output_item.added",
             json!({ "output_index": index, "item": added }),
         ));
+        self.call = Some((call, String::new()));
+    }
+
+    /// More of the open call's arguments.
+    fn arguments(&mut self, delta: &str, out: &mut Vec<SseEvent>) {
+        let Some((_, arguments)) = &mut self.call else {
+            return;
+        };
+        *arguments += delta;
+        let index = self.output.len();
+        let id = item_id("fc", &self.response_id(), index);
         out.push(self.event(
             "response.function_call_arguments.delta",
-            json!({ "item_id": id, "output_index": index, "delta": arguments }),
+            json!({ "item_id": id, "output_index": index, "delta": delta }),
         ));
+    }
+
+    /// The open call's end: its arguments done, the item done.
+    fn close_call(
+        &mut self,
+        mut call: Value,
+        arguments: String,
+        status: &str,
+        out: &mut Vec<SseEvent>,
+    ) {
+        let index = self.output.len();
+        let id = item_id("fc", &self.response_id(), index);
         out.push(self.event(
             "response.function_call_arguments.done",
             json!({ "item_id": id, "output_index": index, "arguments": arguments,
                     "name": call["function"]["name"] }),
         ));
-        let item = function_call_item(&id, call, arguments, "completed");
+        let item = function_call_item(&id, &call, &arguments, status);
         out.push(self.event(
             "response.output_item.done",
             json!({ "output_index": index, "item": item }),
         ));
         self.output.push(item);
-        self.calls.push(call.clone());
+        call["function"]["arguments"] = json!(arguments);
+        self.calls.push(call);
     }
 }
 
@@ -805,11 +836,8 @@ impl StreamShape for ResponseEvents {
             Piece::Text("", _) | Piece::Reasoning("") => {}
             Piece::Text(text, _) => self.delta(Open::Message, text, &mut out),
             Piece::Reasoning(text) => self.delta(Open::Reasoning, text, &mut out),
-            Piece::Calls(calls) => {
-                for call in calls {
-                    self.call(call, &mut out);
-                }
-            }
+            Piece::Call(_, id, name) => self.call(id, name, &mut out),
+            Piece::Arguments(_, delta) => self.arguments(delta, &mut out),
             Piece::Finish(ended) => {
                 self.ended = Some(ended);
                 self.close(&mut out);
@@ -886,6 +914,7 @@ pub async fn create_response(
             reasoning: String::new(),
             content: String::new(),
             calls: Vec::new(),
+            call: None,
             ended: None,
             sequence: 0,
         };
