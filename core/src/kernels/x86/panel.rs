@@ -460,7 +460,7 @@ unsafe fn transpose_x8_avx2(nb: usize, xs: [*const u8; X8], b0: usize, out: *mut
 const QUAD: usize = 4;
 
 /// `X8_ROWS` weight rows' blocks `b0 ..` against a transposed tile of eight tokens (see
-/// `super::panel`), `QUAD` rows at a time.
+/// `super::panel`): `OCT` rows at a time on 512-bit vectors, `QUAD` on 256-bit ones.
 pub(super) fn rows_x8<W: Unpack, const ISA: u8>(
     w: [&[u8]; X8_ROWS],
     b0: usize,
@@ -471,13 +471,21 @@ pub(super) fn rows_x8<W: Unpack, const ISA: u8>(
         n.min(blocks::<W>(w.len()).saturating_sub(b0))
     });
     let row_len = w[0].len();
+    if ISA == AVX512_VNNI {
+        for (o, acc) in acc.as_chunks_mut::<OCT>().0.iter_mut().enumerate() {
+            let w: [*const u8; OCT] = core::array::from_fn(|i| w[o * OCT + i].as_ptr());
+            // SAFETY: as for `dot`; blocks `b0 .. b0 + nb` lie inside every row, `nb`
+            // transposed blocks inside `xt`.
+            unsafe { rows_x8_zmm::<W>(nb, w, row_len, b0, xt.as_ptr(), acc) }
+        }
+        return;
+    }
     for (q, acc) in acc.as_chunks_mut::<QUAD>().0.iter_mut().enumerate() {
         let w: [*const u8; QUAD] = core::array::from_fn(|i| w[q * QUAD + i].as_ptr());
         // SAFETY: as for `dot`; blocks `b0 .. b0 + nb` lie inside every row, `nb` transposed
         // blocks inside `xt`.
         unsafe {
             match ISA {
-                AVX512_VNNI => rows_x8_avx512::<W>(nb, w, row_len, b0, xt.as_ptr(), acc),
                 AVX_VNNI => rows_x8_vnni::<W>(nb, w, row_len, b0, xt.as_ptr(), acc),
                 _ => rows_x8_avx2::<W>(nb, w, row_len, b0, xt.as_ptr(), acc),
             }
@@ -618,19 +626,110 @@ unsafe fn rows_x8_vnni<W: Unpack>(
     unsafe { rows_x8_tile::<W, AVX_VNNI>(nb, w, row_len, b0, xt, acc) }
 }
 
+/// Weight rows per pass of the 512-bit transposed-tile kernel: one accumulator per row, eight
+/// chains of `vpdpwssd` in flight.
+const OCT: usize = 8;
+
+/// As `rows_x8_tile`, on 512-bit vectors: each row's widened block holds a pair and its partner
+/// of the block's other half side by side (`[q0, q8, q1, q9, ...]`), and the tile's pairs are
+/// interleaved alike, so one 64-bit broadcast and one `vpdpwssd` multiply both halves against
+/// the eight tokens (half the multiplies and broadcasts of the 256-bit kernel). A token's two
+/// halves are added at the block's end: the same exact integer sums, so the same results.
+///
 /// # Safety
-/// As for `rows_x8_tile`, with the features enabled here.
+/// The CPU has AVX2, FMA, F16C, AVX512F/BW/VL and AVX512-VNNI; blocks `b0 .. b0 + nb` of format
+/// `W` lie inside every row at `w[r]`, and `nb` transposed blocks at `xt`. `row_len` (a row's
+/// bytes) only aims the prefetches.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn rows_x8_avx512<W: Unpack>(
+unsafe fn rows_x8_zmm<W: Unpack>(
     nb: usize,
-    w: [*const u8; QUAD],
+    w: [*const u8; OCT],
     row_len: usize,
     b0: usize,
     xt: *const u8,
-    acc: &mut [[f32; X8]; QUAD],
+    acc: &mut [[f32; X8]; OCT],
 ) {
-    // SAFETY: as the caller guarantees for this function.
-    unsafe { rows_x8_tile::<W, AVX512_VNNI>(nb, w, row_len, b0, xt, acc) }
+    // SAFETY: the caller guarantees the blocks in every row and in `xt`, and the features.
+    unsafe {
+        let mut facc = [_mm256_setzero_ps(); OCT];
+        for r in 0..OCT {
+            facc[r] = _mm256_loadu_ps(acc[r].as_ptr());
+        }
+        // Lane 2t from lane t of the first vector, lane 2t + 1 from lane t of the second.
+        let interleave = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+        // Two blocks' widened quants, as in `rows_x8_tile`.
+        let mut quants = InterleavedQuants([[[0; QK / 2]; OCT]; 2]);
+        if nb > 0 {
+            widen_interleaved::<W>(w, row_len, b0, interleave, &mut quants.0[0]);
+        }
+        for b in 0..nb {
+            if b + 1 < nb {
+                let next = &mut quants.0[(b + 1) % 2];
+                widen_interleaved::<W>(w, row_len, b0 + b + 1, interleave, next);
+            }
+            let q = &quants.0[b % 2];
+            let x = xt.add(b * X8_BLOCK_BYTES);
+            let xq = x.add(X8_QUANTS) as *const __m256i;
+            let mut sums = [_mm512_setzero_si512(); OCT];
+            for p in 0..QK / 4 {
+                let xs = _mm512_permutex2var_epi32(
+                    _mm512_castsi256_si512(_mm256_loadu_si256(xq.add(p))),
+                    interleave,
+                    _mm512_castsi256_si512(_mm256_loadu_si256(xq.add(p + QK / 4))),
+                );
+                for r in 0..OCT {
+                    // Pairs p and p + 8 of row r, side by side, in every 64-bit lane.
+                    let pairs = (q[r].as_ptr() as *const i64).add(p).read();
+                    sums[r] = dpwssd_zmm(sums[r], _mm512_set1_epi64(pairs), xs);
+                }
+            }
+            let dx = _mm256_loadu_ps(x as *const f32);
+            let s = _mm256_loadu_ps(x.add(X8 * 4) as *const f32);
+            for r in 0..OCT {
+                let scales = W::scales(block_at::<W>(w[r], b0 + b));
+                // Token t's halves, lanes 2t and 2t + 1, added into the low half of 64-bit
+                // lane t, which the narrowing keeps.
+                let halves = _mm512_add_epi32(sums[r], _mm512_srli_epi64::<32>(sums[r]));
+                let isum = _mm512_cvtepi64_epi32(halves);
+                facc[r] = add_block::<W>(facc[r], isum, scales, dx, s);
+            }
+        }
+        for r in 0..OCT {
+            _mm256_storeu_ps(acc[r].as_mut_ptr(), facc[r]);
+        }
+    }
+}
+
+#[repr(align(64))]
+struct InterleavedQuants([[[i32; QK / 2]; OCT]; 2]);
+
+/// Widens block `b` of each row into `out`, a pair and its partner of the other half side by
+/// side (`interleave`), and prefetches the same block of the next pass's rows (as `widen_rows`).
+///
+/// # Safety
+/// The CPU has AVX2, F16C and AVX512F; block `b` of format `W` lies inside every row at `w[r]`.
+#[inline(always)]
+unsafe fn widen_interleaved<W: Unpack>(
+    w: [*const u8; OCT],
+    row_len: usize,
+    b: usize,
+    interleave: __m512i,
+    out: &mut [[i32; QK / 2]; OCT],
+) {
+    // SAFETY: as the caller guarantees; `out[r]` is 64 bytes at a 64-byte boundary.
+    unsafe {
+        for r in 0..OCT {
+            let p = block_at::<W>(w[r], b);
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(OCT * row_len) as *const i8);
+            let (lo, hi) = W::unpack(p);
+            let pairs = _mm512_permutex2var_epi32(
+                _mm512_castsi256_si512(lo),
+                interleave,
+                _mm512_castsi256_si512(hi),
+            );
+            _mm512_store_si512(out[r].as_mut_ptr() as *mut __m512i, pairs);
+        }
+    }
 }
 
 /// Lane `r` of the result: the sum of `v[r]`'s eight lanes.
