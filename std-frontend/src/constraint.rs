@@ -111,6 +111,8 @@ enum Progress {
     Schema(Arc<Schema>, SchemaPrefix),
     /// A sentence of a grammar.
     Grammar(Arc<Grammar>, GrammarState),
+    /// One of several openings, then a value of its schema.
+    Choice(Arc<Choice>, ChoicePrefix),
 }
 
 impl Progress {
@@ -119,6 +121,7 @@ impl Progress {
             Progress::Object(p) => p.is_complete(),
             Progress::Schema(_, p) => p.is_complete(),
             Progress::Grammar(_, p) => p.is_complete(),
+            Progress::Choice(_, p) => p.is_complete(),
         }
     }
 
@@ -131,6 +134,7 @@ impl Progress {
                 let p = p.clone().feed(g, bytes)?;
                 Some(Progress::Grammar(g.clone(), p))
             }
+            Progress::Choice(c, p) => p.feed(c, bytes).map(|p| Progress::Choice(c.clone(), p)),
         }
     }
 
@@ -140,7 +144,95 @@ impl Progress {
             Progress::Object(p) => vocab.allowed(&(), *p, allowed),
             Progress::Schema(s, p) => vocab.allowed(s.as_ref(), *p, allowed),
             Progress::Grammar(g, p) => vocab.allowed(g.as_ref(), p.clone(), allowed),
+            Progress::Choice(c, p) => vocab.allowed(c.as_ref(), *p, allowed),
         }
+    }
+}
+
+/// One of several openings, then a value of the schema that opening picks: a call to any of
+/// several tools in a format that names the tool before its JSON (Mistral's `[ARGS]`: the
+/// tool's name and `[ARGS]`, then its arguments).
+pub struct Choice {
+    /// (opening, schema), sorted by opening.
+    options: Vec<(Vec<u8>, Arc<Schema>)>,
+}
+
+impl Choice {
+    /// # Errors
+    /// No options, an empty opening, or an opening that begins another (the text could not
+    /// tell them apart).
+    pub fn new(mut options: Vec<(Vec<u8>, Arc<Schema>)>) -> Result<Self> {
+        options.sort_by(|a, b| a.0.cmp(&b.0));
+        if options.is_empty() || options[0].0.is_empty() {
+            bail!("a choice needs options, each with an opening");
+        }
+        if let Some(pair) = options.windows(2).find(|p| p[1].0.starts_with(&p[0].0)) {
+            bail!(
+                "the opening {:?} begins another, {:?}",
+                String::from_utf8_lossy(&pair[0].0),
+                String::from_utf8_lossy(&pair[1].0)
+            );
+        }
+        Ok(Choice { options })
+    }
+
+    pub fn start(&self) -> ChoicePrefix {
+        ChoicePrefix::Opening {
+            from: 0,
+            to: self.options.len(),
+            len: 0,
+        }
+    }
+}
+
+/// How far a choice has got. Stepped once a byte, as a schema's prefix is: its size costs less
+/// than a box.
+#[derive(Clone, Copy, Debug)]
+#[allow(clippy::large_enum_variant)]
+pub enum ChoicePrefix {
+    /// `len` bytes written, the first `len` of each of the openings `from..to` (sorted, so the
+    /// openings a prefix leaves are a run of them).
+    Opening { from: usize, to: usize, len: usize },
+    /// Option `option`'s opening written, and its value this far.
+    Value { option: usize, value: SchemaPrefix },
+}
+
+impl Automaton for ChoicePrefix {
+    type Rules = Choice;
+
+    fn step(&self, choice: &Choice, b: u8) -> Option<Self> {
+        match *self {
+            ChoicePrefix::Value { option, value } => Some(ChoicePrefix::Value {
+                option,
+                value: value.step(&choice.options[option].1, b)?,
+            }),
+            ChoicePrefix::Opening { from, to, len } => {
+                // Every opening of the run is longer than `len` (a whole one became a value).
+                let run = &choice.options[from..to];
+                let lo = from + run.partition_point(|(o, _)| o[len] < b);
+                let hi = from + run.partition_point(|(o, _)| o[len] <= b);
+                if lo == hi {
+                    return None;
+                }
+                let (opening, schema) = &choice.options[lo];
+                // Whole: the only opening of the run, as none begins another.
+                if opening.len() == len + 1 {
+                    return Some(ChoicePrefix::Value {
+                        option: lo,
+                        value: schema.start(),
+                    });
+                }
+                Some(ChoicePrefix::Opening {
+                    from: lo,
+                    to: hi,
+                    len: len + 1,
+                })
+            }
+        }
+    }
+
+    fn is_complete(&self) -> bool {
+        matches!(self, ChoicePrefix::Value { value, .. } if value.is_complete())
     }
 }
 
@@ -276,6 +368,18 @@ impl OutputConstraint {
     ) -> Self {
         OutputConstraint {
             progress: Progress::Grammar(grammar.clone(), grammar.start()),
+            ..Self::new(vocab, tokenizer)
+        }
+    }
+
+    /// Output that is one of `choice`'s openings, then a value of its schema.
+    pub fn with_choice(
+        vocab: Arc<SortedVocab>,
+        tokenizer: Arc<Tokenizer>,
+        choice: Arc<Choice>,
+    ) -> Self {
+        OutputConstraint {
+            progress: Progress::Choice(choice.clone(), choice.start()),
             ..Self::new(vocab, tokenizer)
         }
     }

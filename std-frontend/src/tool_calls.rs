@@ -93,11 +93,31 @@ pub struct Reply {
 }
 
 /// A reply that must be a call (`tool_choice` `required` or a named function): the text the
-/// reply starts with, put after the prompt, and the schema of the JSON the model writes after it.
+/// reply starts with, put after the prompt, and what the model writes after it.
 #[derive(Debug)]
 pub struct Forced {
     pub prefix: String,
-    pub schema: Value,
+    pub body: ForcedBody,
+}
+
+/// What the model writes after a forced call's prefix.
+#[derive(Debug)]
+pub enum ForcedBody {
+    /// JSON of this schema.
+    Json(Value),
+    /// One of these openings, then JSON of its schema: a tool's name and `[ARGS]`, then its
+    /// arguments (Mistral's `[ARGS]` format, whose call names its tool outside its JSON).
+    Named(Vec<(String, Value)>),
+}
+
+impl Forced {
+    /// The schema of the JSON after the prefix, where the body is JSON alone.
+    pub fn schema(&self) -> Option<&Value> {
+        match &self.body {
+            ForcedBody::Json(schema) => Some(schema),
+            ForcedBody::Named(_) => None,
+        }
+    }
 }
 
 /// How a family writes its calls.
@@ -219,13 +239,14 @@ impl ToolFormat {
     }
 
     /// What makes the reply a call of `name` (or, with `None`, of any of `tools`): the prefix
-    /// the format opens a call with, and the JSON schema of the rest. A call's arguments follow
-    /// its function's schema where the schema compiler takes it (any object otherwise); a call
-    /// to any of several tools is a union told apart by the name, written first.
+    /// the format opens a call with, and what follows: JSON whose schema makes it a call (a
+    /// call to any of several tools is a union told apart by the name, written first), or in
+    /// Mistral's `[ARGS]` format a tool's name and `[ARGS]`, then that tool's arguments. A
+    /// call's arguments follow its function's schema where the schema compiler takes it (any
+    /// object otherwise).
     ///
     /// # Errors
-    /// `name` is not one of `tools`; Mistral's `[ARGS]` format, whose function name is not
-    /// JSON, with several tools and no name.
+    /// `name` is not one of `tools`.
     pub fn forced(self, tools: &[Tool], name: Option<&str>) -> Result<Forced> {
         let chosen: Vec<&Tool> = match name {
             Some(name) => match tools.iter().find(|t| t.name == name) {
@@ -234,18 +255,18 @@ impl ToolFormat {
             },
             None => tools.iter().collect(),
         };
-        let mut defs = Map::new();
         if self == ToolFormat::MistralArgs {
-            let [t] = chosen[..] else {
-                bail!(
-                    "this model writes a call's name outside its JSON, so tool_choice \
-                     \"required\" needs one tool, or the function named"
-                );
-            };
-            let schema = arguments(t, &mut defs);
+            let named = chosen
+                .iter()
+                .map(|t| {
+                    let mut defs = Map::new();
+                    let schema = with_defs(arguments(t, &mut defs), defs);
+                    (format!("{}{MISTRAL_ARGS}", t.name), schema)
+                })
+                .collect();
             return Ok(Forced {
-                prefix: format!("{MISTRAL_CALLS}{}{MISTRAL_ARGS}", t.name),
-                schema: with_defs(schema, defs),
+                prefix: MISTRAL_CALLS.to_owned(),
+                body: ForcedBody::Named(named),
             });
         }
         let schema = self.reply_schema(&chosen, |call| match self {
@@ -259,11 +280,14 @@ impl ToolFormat {
         let prefix = match self {
             ToolFormat::Hermes => format!("{HERMES_OPEN}\n"),
             // The array's closing bracket never comes (the reply ends with the object), and
-            // `json_call_list` does without it.
+            // the reading does without it.
             ToolFormat::MistralJson => format!("{MISTRAL_CALLS}["),
             _ => String::new(),
         };
-        Ok(Forced { prefix, schema })
+        Ok(Forced {
+            prefix,
+            body: ForcedBody::Json(schema),
+        })
     }
 
     /// What keeps a reply that may call `tools` (`tool_choice` `auto`) well formed: schemas of
@@ -804,24 +828,71 @@ mod tests {
         let arguments = r#"{"city":"Paris"}"#;
         for format in ToolFormat::ALL {
             let forced = format.forced(&tools, Some("get_weather")).unwrap();
-            Schema::compile(&forced.schema).unwrap();
-            let body = match format {
-                ToolFormat::Llama3 => {
+            let body = match (format, &forced.body) {
+                (ToolFormat::MistralArgs, ForcedBody::Named(named)) => {
+                    let [(opening, schema)] = &named[..] else {
+                        panic!("one tool named");
+                    };
+                    Schema::compile(schema).unwrap();
+                    format!("{opening}{arguments}")
+                }
+                (_, ForcedBody::Named(_)) => panic!("{format:?}: the name is in the JSON"),
+                (ToolFormat::Llama3, ForcedBody::Json(_)) => {
                     format!(r#"{{"name":"get_weather","parameters":{arguments}}}"#)
                 }
-                ToolFormat::MistralArgs => arguments.to_owned(),
-                ToolFormat::Generic => {
+                (ToolFormat::Generic, ForcedBody::Json(_)) => {
                     format!(r#"{{"tool_call":{{"name":"get_weather","arguments":{arguments}}}}}"#)
                 }
-                _ => format!(r#"{{"name":"get_weather","arguments":{arguments}}}"#),
+                (_, ForcedBody::Json(_)) => {
+                    format!(r#"{{"name":"get_weather","arguments":{arguments}}}"#)
+                }
             };
+            if let Some(schema) = forced.schema() {
+                Schema::compile(schema).unwrap();
+            }
             let reply = format.parse(&(forced.prefix.clone() + &body));
             assert_eq!(reply.calls, [call("get_weather", arguments)], "{format:?}");
             assert_eq!(reply.content, "");
         }
         assert!(ToolFormat::Hermes.forced(&tools, Some("other")).is_err());
-        let two = Tool::list(&json!([{"function": {"name": "a"}}, {"function": {"name": "b"}}]));
-        assert!(ToolFormat::MistralArgs.forced(&two.unwrap(), None).is_err());
+    }
+
+    /// Mistral's `[ARGS]` format forced to call any of several tools: the reply is one tool's
+    /// name, `[ARGS]` and JSON of that tool's arguments' schema, nothing else.
+    #[test]
+    fn a_named_call_to_any_of_several_tools() {
+        use crate::constraint::{Automaton, Choice};
+        use std::sync::Arc;
+        let mut tools = weather();
+        tools.extend(
+            Tool::list(&json!([{"function": {"name": "get_time", "parameters": {
+                "type": "object", "properties": {"zone": {"type": "string"}},
+                "required": ["zone"]}}}, {"function": {"name": "get"}}]))
+            .unwrap(),
+        );
+        let forced = ToolFormat::MistralArgs.forced(&tools, None).unwrap();
+        assert_eq!(forced.prefix, "[TOOL_CALLS]");
+        let ForcedBody::Named(named) = forced.body else {
+            panic!("a name, then JSON");
+        };
+        let options = named
+            .iter()
+            .map(|(o, s)| (o.as_bytes().to_vec(), Arc::new(Schema::compile(s).unwrap())))
+            .collect();
+        let choice = Choice::new(options).unwrap();
+        let whole = |text: &str| {
+            let end = choice.start().feed(&choice, text.as_bytes());
+            end.is_some_and(|s| s.is_complete())
+        };
+        assert!(whole(r#"get_weather[ARGS]{"city": "Paris"}"#));
+        assert!(whole(r#"get_time[ARGS]{"zone": "UTC"}"#));
+        assert!(whole(r#"get[ARGS]{}"#));
+        assert!(!whole(r#"get_time[ARGS]{"city": "Paris"}"#));
+        assert!(!whole(r#"get_date[ARGS]{}"#));
+        assert!(!whole(r#"get_weather[ARGS]"#));
+        assert!(choice.start().feed(&choice, b"got").is_none());
+        let reply = ToolFormat::MistralArgs.parse(r#"[TOOL_CALLS]get_time[ARGS]{"zone": "UTC"}"#);
+        assert_eq!(reply.calls, [call("get_time", r#"{"zone":"UTC"}"#)]);
     }
 
     /// A call to any of several tools: the name picks the tool, whose own schema the arguments
@@ -838,7 +909,7 @@ mod tests {
         );
         for format in [ToolFormat::Hermes, ToolFormat::MistralJson] {
             let forced = format.forced(&tools, None).unwrap();
-            let schema = Schema::compile(&forced.schema).unwrap();
+            let schema = Schema::compile(forced.schema().unwrap()).unwrap();
             let whole = |text: &str| {
                 let end = schema.start().feed(&schema, text.as_bytes());
                 end.is_some_and(|s| s.is_complete())
@@ -866,9 +937,13 @@ mod tests {
             "$defs": {"P": {"type": "integer"}}}}}, {"function": {"name": "g", "parameters": {
             "type": "object", "properties": {"s": {"type": "string", "pattern": "^a"}}}}}]))
         .unwrap();
-        let f = ToolFormat::Hermes.forced(&tools, Some("f")).unwrap();
-        assert!(f.schema["$defs"]["P"].is_object());
-        Schema::compile(&f.schema).unwrap();
+        let forced = |tools: &[Tool], name| {
+            let forced = ToolFormat::Hermes.forced(tools, name).unwrap();
+            forced.schema().unwrap().clone()
+        };
+        let f = forced(&tools, Some("f"));
+        assert!(f["$defs"]["P"].is_object());
+        Schema::compile(&f).unwrap();
         // Two tools' definitions of one name, unlike: the second's arguments are any object.
         let clash = Tool::list(&json!([{"function": {"name": "f", "parameters": {
             "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}},
@@ -876,18 +951,15 @@ mod tests {
             "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}},
             "$defs": {"P": {"type": "string"}}}}}]))
         .unwrap();
-        let both = ToolFormat::Hermes.forced(&clash, None).unwrap();
-        Schema::compile(&both.schema).unwrap();
-        assert_eq!(both.schema["$defs"]["P"]["type"], "integer");
+        let both = forced(&clash, None);
+        Schema::compile(&both).unwrap();
+        assert_eq!(both["$defs"]["P"]["type"], "integer");
         assert_eq!(
-            both.schema["anyOf"][1]["properties"]["arguments"],
+            both["anyOf"][1]["properties"]["arguments"],
             json!({"type": "object"})
         );
-        let g = ToolFormat::Hermes.forced(&tools, Some("g")).unwrap();
-        assert_eq!(
-            g.schema["properties"]["arguments"],
-            json!({"type": "object"})
-        );
+        let g = forced(&tools, Some("g"));
+        assert_eq!(g["properties"]["arguments"], json!({"type": "object"}));
     }
 
     /// However many tools a request offers (up to `MAX_TOOLS`), a call's schema compiles.
@@ -903,7 +975,8 @@ mod tests {
             let tools = Tool::list(&Value::Array(list)).unwrap();
             for format in [ToolFormat::Hermes, ToolFormat::Generic] {
                 let forced = format.forced(&tools, None).unwrap();
-                Schema::compile(&forced.schema).unwrap_or_else(|e| panic!("{n} tools: {e}"));
+                let schema = forced.schema().unwrap();
+                Schema::compile(schema).unwrap_or_else(|e| panic!("{n} tools: {e}"));
                 let (auto, _) = &format.auto_constraint(&tools, false)[0];
                 Schema::compile(auto).unwrap_or_else(|e| panic!("{n} tools: {e}"));
             }

@@ -39,3 +39,15 @@ THINKING = """{%- for message in messages %}<|im_start|>{{ message.role }}
 
 {% else %}<think>
 {% endif %}{% endif %}"""
+
+
+# Mistral's `[ARGS]` format (as Devstral's and Mistral Small 3.2's): a call names its tool
+# before its JSON, `[TOOL_CALLS]name[ARGS]{...}`.
+MISTRAL_ARGS = """{%- for message in messages %}
+{%- if message.role == 'system' %}[SYSTEM_PROMPT]{{ message.content }}[/SYSTEM_PROMPT]
+{%- elif message.role == 'user' %}{% if loop.last and tools %}[AVAILABLE_TOOLS]{{ tools | tojson }}[/AVAILABLE_TOOLS]{% endif %}[INST]{{ message.content }}[/INST]
+{%- elif message.role == 'assistant' and message.tool_calls %}{% for call in message.tool_calls %}[TOOL_CALLS]{{ call.function.name }}[ARGS]{{ call.function.arguments | tojson }}{% endfor %}</s>
+{%- elif message.role == 'tool' %}[TOOL_RESULTS]{{ message.content }}[/TOOL_RESULTS]
+{%- else %}{{ message.content }}</s>
+{%- endif %}
+{%- endfor %}"""

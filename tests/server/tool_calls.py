@@ -5,8 +5,10 @@ Usage: tests/server/tool_calls.py SAPIENT_BINARY MODEL.gguf
 
 SmolLM2's template shows no tool format, so its replies take llama.cpp's generic one (the tools
 in the system prompt, the reply a JSON object); a Hermes template (`--chat-template-file`)
-takes the `<tool_call>` one. Forced calls (`required`, a named function) are calls of the
-tools' schemas, greedy and sampled, whole and streamed alike; a conversation carries calls and
+takes the `<tool_call>` one, and a Mistral template the `[TOOL_CALLS]name[ARGS]{...}` one, whose
+forced call of any of several tools names one of them. Forced calls (`required`, a named function) are calls of the
+tools' schemas, greedy and sampled, whole and streamed alike (arguments as they are written,
+a call cut short by max_tokens as far as written); a conversation carries calls and
 their results back; every malformed field is a 400 naming it. A thinking template (Qwen3's
 shape) has the reply's reasoning in `reasoning_content`, whole and streamed alike, and
 `chat_template_kwargs` reach the template.
@@ -23,7 +25,7 @@ import openai
 from openai import OpenAI
 
 import serve_process
-from templates import HERMES, THINKING
+from templates import HERMES, MISTRAL_ARGS, THINKING
 
 BIN, MODEL = sys.argv[1], sys.argv[2]
 NAME = "smollm2"
@@ -36,7 +38,8 @@ WEATHER = {"type": "function", "function": {
 CLOCK = {"type": "function", "function": {
     "name": "get_time", "description": "The time now in a time zone",
     "parameters": {"type": "object", "required": ["timezone"],
-                   "properties": {"timezone": {"type": "string"}}}}}
+                   "properties": {"timezone": {"type": "string", "enum": [
+                       "UTC", "Europe/Paris", "America/New_York", "Asia/Tokyo"]}}}}}
 QUESTION = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 
 def check(cond, what):
@@ -106,7 +109,7 @@ def forced_calls(client, label):
         what = f"{label}: tool_choice {json.dumps(choice)} of {len(tools)} tools"
         check(choice0.finish_reason == "tool_calls" and choice0.message.content is None and
               len(calls) == 1 and calls[0].function.name in names and valid_call(calls[0], tools),
-              f"{what}: a call of the tool's schema")
+              f"{what}: a call of the tool's schema ({whole_calls(choice0.message)}, {choice0.finish_reason})")
         content, stream_calls, finish, chunks = streamed(client, **request)
         same = [(n, a) for _, n, a in stream_calls] == [(n, a) for _, n, a in whole_calls(choice0.message)]
         check(content == "" and finish == "tool_calls" and same and chunks > 1,
@@ -234,6 +237,13 @@ with serve_process.served_with_template(BIN, MODEL, NAME, HERMES, "--ctx", "1024
     client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
     forced_calls(client, "Hermes format (--chat-template-file)")
     carried_back(client, port, "Hermes format")
+
+# Mistral's [ARGS] format names the tool before its JSON: a forced call of any of several tools
+# is one of their names, then that tool's arguments.
+with serve_process.served_with_template(BIN, MODEL, NAME, MISTRAL_ARGS, "--ctx", "1024") as port:
+    client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+    forced_calls(client, "Mistral [ARGS] format (--chat-template-file)")
+    carried_back(client, port, "Mistral [ARGS] format")
 # A thinking template (as Qwen3's): the reply opens inside <think> unless the request's
 # chat_template_kwargs turn thinking off.
 with serve_process.served_with_template(BIN, MODEL, NAME, THINKING, "--ctx", "1024") as port:

@@ -473,3 +473,76 @@ fn each_lazy_schema_holds_after_its_own_trigger() {
     let free = "[TOOL_CALLS]get_wether[ARGS]{\"zone\": 5}";
     assert_eq!(drawn(free).0, free);
 }
+
+/// A forced call in Mistral's `[ARGS]` format, any of several tools: the reply names one of
+/// the tools, then keeps to that tool's arguments' schema, driven by a scripted model as above:
+/// a script that does so passes as written, and a token that would leave the tools' names or
+/// break the named tool's schema is replaced by one that keeps them.
+#[test]
+fn a_forced_call_names_one_of_its_tools() {
+    use sapient::constraint::{Automaton, Choice, OutputConstraint, SortedVocab};
+    use sapient::json_schema::Schema;
+    use sapient::tool_calls::{ForcedBody, Tool, ToolFormat};
+    use sapient_core::sample::{Sampler, SamplerConfig};
+    use std::sync::Arc;
+
+    let files = open();
+    let tok = Arc::new(Tokenizer::load(&files).unwrap());
+    let vocab_size = files.config.vocab_size;
+    let vocab = Arc::new(SortedVocab::new(&tok, vocab_size));
+    let tools = Tool::list(&serde_json::json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+            "required": ["city"], "properties": {"city": {"type": "string"}}}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object",
+            "required": ["zone"], "properties": {"zone": {"type": "string"}}}}},
+    ]))
+    .unwrap();
+    let forced = ToolFormat::MistralArgs.forced(&tools, None).unwrap();
+    assert_eq!(forced.prefix, "[TOOL_CALLS]");
+    let ForcedBody::Named(named) = forced.body else {
+        panic!("the tool's name, then its arguments");
+    };
+    let options = named
+        .iter()
+        .map(|(opening, schema)| {
+            let schema = Arc::new(Schema::compile(schema).unwrap());
+            (opening.as_bytes().to_vec(), schema)
+        })
+        .collect();
+    let choice = Arc::new(Choice::new(options).unwrap());
+    let eos = files.eos_token_ids.clone();
+    let drawn = |script: &str| {
+        let mut output = OutputConstraint::with_choice(vocab.clone(), tok.clone(), choice.clone());
+        let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
+        let mut out: Vec<u32> = Vec::new();
+        for want in tok.encode(script).unwrap() {
+            let mut logits = vec![0.0f32; vocab_size];
+            logits[want as usize] = 100.0;
+            let got = output
+                .sample(&mut sampler, &mut logits, &out, &eos)
+                .unwrap();
+            out.push(got);
+            if got != want {
+                break;
+            }
+        }
+        let text = tok.decode(&out, false).unwrap();
+        let prefix = choice.start().feed(&choice, text.as_bytes());
+        assert!(prefix.is_some(), "{text:?} left the choice");
+        (text, output.is_complete())
+    };
+    let call = "get_time[ARGS]{\"zone\": \"UTC\"}";
+    assert_eq!(drawn(call), (call.to_owned(), true));
+    // Text before the call, or a name that is no tool's: replaced at once, or where it leaves
+    // the names.
+    let (text, _) = drawn("Sure: get_time[ARGS]{}");
+    assert!(!text.starts_with("Sure"), "{text:?}");
+    let (text, _) = drawn("get_wether[ARGS]{}");
+    assert!(!text.starts_with("get_wether"), "{text:?}");
+    // get_time's zone is a string: the number the script wants is replaced.
+    let (text, _) = drawn("get_time[ARGS]{\"zone\": 5}");
+    assert!(
+        text.starts_with("get_time[ARGS]{\"zone\": ") && !text.contains('5'),
+        "{text:?}"
+    );
+}

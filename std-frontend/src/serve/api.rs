@@ -23,14 +23,15 @@ use super::detokenize::{chat_logprobs, completion_logprobs, token_text, Detokeni
 use super::engine::{Event, Finish, Job, Request, TokenLogprobs};
 use super::metrics::Metrics;
 use crate::chat::{ChatTemplate, Message, RenderOptions};
-use crate::constraint::{OutputConstraint, SortedVocab, Trigger};
+use crate::constraint::{Choice, OutputConstraint, SortedVocab, Trigger};
 use crate::grammar::Grammar;
 use crate::infill::{Fim, FimRequest};
 use crate::json_schema::Schema;
 use crate::reasoning::{self, ReasoningWatch};
 use crate::tokenizer::Tokenizer;
 use crate::tool_calls::{
-    call_id, openai_call, template_tool_calls, CallWatch, Streamed, Tool, ToolCall, ToolFormat,
+    call_id, openai_call, template_tool_calls, CallWatch, ForcedBody, Streamed, Tool, ToolCall,
+    ToolFormat,
 };
 
 mod anthropic;
@@ -88,6 +89,9 @@ impl AppState {
             }
             Constraint::Lazy(lazy) => {
                 OutputConstraint::lazy(vocab, self.tokenizer.clone(), lazy.clone())
+            }
+            Constraint::Choice(choice) => {
+                OutputConstraint::with_choice(vocab, self.tokenizer.clone(), choice.clone())
             }
         }
     }
@@ -295,6 +299,9 @@ enum Constraint {
     /// Free text with a value of a schema after each of its triggers (tool calls a reply may
     /// make).
     Lazy(Vec<(Arc<Schema>, Vec<Trigger>)>),
+    /// One of several openings, then a value of its schema (a forced call that names its tool
+    /// before its JSON).
+    Choice(Arc<Choice>),
 }
 
 /// `response_format` (text, `None`; one JSON object; a value of a JSON schema), or
@@ -436,7 +443,16 @@ fn tool_use(
     let mut prefix = String::new();
     if forced {
         let call = format.forced(&tools, named).map_err(bad)?;
-        g.constraint = Some(Constraint::Schema(compile(&call.schema)?));
+        g.constraint = Some(match &call.body {
+            ForcedBody::Json(schema) => Constraint::Schema(compile(schema)?),
+            ForcedBody::Named(named) => {
+                let options = named
+                    .iter()
+                    .map(|(opening, schema)| Ok((opening.as_bytes().to_vec(), compile(schema)?)))
+                    .collect::<ApiResult<Vec<_>>>()?;
+                Constraint::Choice(Arc::new(Choice::new(options).map_err(bad)?))
+            }
+        });
         prefix = call.prefix;
     } else {
         let lazy = format
