@@ -26,6 +26,17 @@ pub struct SamplerConfig {
     pub presence_penalty: f32,
     /// How many of the latest tokens the penalties look at.
     pub repeat_last_n: usize,
+    /// Keep the tokens whose logits are within `top_n_sigma` standard deviations (of the
+    /// logits) of the largest; 0 or less keeps all (llama.cpp's `--top-nsigma`).
+    pub top_n_sigma: f32,
+    /// Locally typical sampling: keep the tokens whose surprise is closest to the
+    /// distribution's entropy, up to this much probability; 1 keeps all.
+    pub typical_p: f32,
+    /// Exclude top choices (XTC): with this probability a draw drops every token at least
+    /// `xtc_threshold` likely but the least likely of them; 0 is off.
+    pub xtc_probability: f32,
+    /// XTC's threshold; above 0.5 no two tokens reach it, so nothing is dropped.
+    pub xtc_threshold: f32,
     /// Seeds the random draws: the same seed and logits give the same tokens.
     pub seed: u64,
 }
@@ -41,6 +52,10 @@ impl Default for SamplerConfig {
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
             repeat_last_n: 64,
+            top_n_sigma: 0.0,
+            typical_p: 1.0,
+            xtc_probability: 0.0,
+            xtc_threshold: 0.1,
             seed: 0,
         }
     }
@@ -78,6 +93,18 @@ impl SamplerConfig {
         }
         if !self.presence_penalty.is_finite() {
             return bad("presence_penalty", "must be finite");
+        }
+        if !self.top_n_sigma.is_finite() {
+            return bad("top_n_sigma", "must be finite");
+        }
+        if !(self.typical_p > 0.0 && self.typical_p <= 1.0) {
+            return bad("typical_p", "must be in (0, 1]");
+        }
+        if !(0.0..=1.0).contains(&self.xtc_probability) {
+            return bad("xtc_probability", "must be in [0, 1]");
+        }
+        if !(0.0..=1.0).contains(&self.xtc_threshold) {
+            return bad("xtc_threshold", "must be in [0, 1]");
         }
         Ok(())
     }
@@ -327,7 +354,8 @@ impl<'c> Sampler<'c> {
 
     /// Applies the repetition penalty to `logits`, then (unless the choice is deterministic)
     /// fills the candidates with the surviving tokens and their probabilities, most likely
-    /// first.
+    /// first. The filters run in llama.cpp's order: top-n-sigma, top-k, typical, top-p, min-p,
+    /// XTC, temperature.
     fn filter(&mut self, logits: &mut [f32], history: &[u32]) -> Result<Choice> {
         let c = &self.config;
         if c.penalizes() {
@@ -347,6 +375,9 @@ impl<'c> Sampler<'c> {
         if n == 0 {
             return Ok(Choice::Token(0));
         }
+        if c.top_n_sigma > 0.0 {
+            n = top_n_sigma(&mut room[..n], c.top_n_sigma);
+        }
         // Most likely first; ties keep the lower id first, so runs are reproducible.
         let by_logit = |a: &Candidate, b: &Candidate| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if c.top_k > 0 && c.top_k < n {
@@ -356,9 +387,12 @@ impl<'c> Sampler<'c> {
         let cand = &mut room[..n];
         cand.sort_unstable_by(by_logit);
         softmax_in_place(cand, 1.0);
+        if c.typical_p < 1.0 {
+            n = typical(cand, c.typical_p);
+        }
         if c.top_p < 1.0 {
             let mut sum = 0.0;
-            for (i, (_, p)) in cand.iter().enumerate() {
+            for (i, (_, p)) in cand[..n].iter().enumerate() {
                 sum += p;
                 if sum >= c.top_p {
                     n = i + 1;
@@ -374,7 +408,16 @@ impl<'c> Sampler<'c> {
                 .count()
                 .max(1);
         }
-        let cand = &mut cand[..n];
+        let mut cand = &mut cand[..n];
+        if c.xtc_probability > 0.0 && c.xtc_threshold <= 0.5 && n > 1 {
+            let u = self.rng.next_f32();
+            if u < c.xtc_probability {
+                let dropped = xtc_dropped(cand, c.xtc_threshold);
+                cand.copy_within(dropped.., 0);
+                n -= dropped;
+                cand = &mut cand[..n];
+            }
+        }
         // Temperature rescales the survivors' logits: p^(1/T), renormalized.
         for (_, p) in cand.iter_mut() {
             *p = libm::logf(*p);
@@ -383,6 +426,65 @@ impl<'c> Sampler<'c> {
         self.kept = n;
         Ok(Choice::Candidates)
     }
+}
+
+/// Keeps (first, in place) the candidates whose logits are within `n` standard deviations of
+/// the largest, the mean and deviation taken over the finite logits (llama.cpp's top-n-sigma);
+/// returns how many.
+fn top_n_sigma(cand: &mut [Candidate], n: f32) -> usize {
+    let finite = || cand.iter().map(|c| c.1).filter(|l| l.is_finite());
+    let count = finite().count();
+    if count == 0 {
+        return cand.len();
+    }
+    let max = finite().fold(f32::NEG_INFINITY, f32::max);
+    let mean = finite().sum::<f32>() / count as f32;
+    let variance = finite().map(|l| (l - mean) * (l - mean)).sum::<f32>() / count as f32;
+    let floor = max - n * libm::sqrtf(variance);
+    let mut kept = 0;
+    for i in 0..cand.len() {
+        if cand[i].1 >= floor {
+            cand.swap(kept, i);
+            kept += 1;
+        }
+    }
+    kept
+}
+
+/// Locally typical sampling (Meister et al., 2022) on `cand` (probabilities, most likely
+/// first): the candidates whose surprise `-ln p` is closest to the entropy, in that order,
+/// until their probability passes `p`; they are put first, most likely first again, and
+/// renormalized. Returns how many.
+fn typical(cand: &mut [Candidate], p: f32) -> usize {
+    let entropy: f32 = cand
+        .iter()
+        .filter(|c| c.1 > 0.0)
+        .map(|c| -c.1 * libm::logf(c.1))
+        .sum();
+    let distance = |c: &Candidate| libm::fabsf(-libm::logf(c.1) - entropy);
+    cand.sort_unstable_by(|a, b| distance(a).total_cmp(&distance(b)).then(a.0.cmp(&b.0)));
+    let mut sum = 0.0;
+    let mut n = cand.len();
+    for (i, c) in cand.iter().enumerate() {
+        sum += c.1;
+        if sum > p {
+            n = i + 1;
+            break;
+        }
+    }
+    let kept = &mut cand[..n];
+    kept.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    let total: f32 = kept.iter().map(|c| c.1).sum();
+    kept.iter_mut().for_each(|c| c.1 /= total);
+    n
+}
+
+/// How many of `cand`'s first candidates (most likely first) XTC drops: every one at least
+/// `threshold` likely (among `cand`, renormalized) but the last of them.
+fn xtc_dropped(cand: &[Candidate], threshold: f32) -> usize {
+    let total: f32 = cand.iter().map(|c| c.1).sum();
+    let above = cand.iter().take_while(|c| c.1 / total >= threshold).count();
+    above.saturating_sub(1)
 }
 
 /// What `Sampler::verify` decided about a draft token.
@@ -889,5 +991,124 @@ mod tests {
             ..SamplerConfig::default()
         })
         .is_err());
+    }
+
+    /// The distribution a sampler draws from for `probabilities` (as logits `ln p`),
+    /// temperature 1 and every other filter off but those `c` sets.
+    fn drawn_from(c: SamplerConfig, probabilities: &[f32]) -> Vec<Candidate> {
+        let c = SamplerConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..c
+        };
+        let mut s = Sampler::new(c).unwrap();
+        let mut logits: Vec<f32> = probabilities.iter().map(|p| libm::logf(*p)).collect();
+        let mut probs = Vec::new();
+        s.sample_with_probs(&mut logits, &[], &mut probs).unwrap();
+        probs
+    }
+
+    fn assert_close(got: &[Candidate], want: &[(u32, f32)]) {
+        assert_eq!(got.len(), want.len(), "{got:?}");
+        for (g, w) in got.iter().zip(want) {
+            assert!(
+                g.0 == w.0 && (g.1 - w.1).abs() < 1e-5,
+                "{got:?} against {want:?}"
+            );
+        }
+    }
+
+    /// Typical sampling keeps the tokens whose surprise is nearest the entropy (1.168 nats):
+    /// 0.3's (1.204) and 0.5's (0.693), which pass 0.5 together, renormalized.
+    #[test]
+    fn typical_keeps_the_tokens_nearest_the_entropy() {
+        let c = SamplerConfig {
+            typical_p: 0.5,
+            ..SamplerConfig::default()
+        };
+        let got = drawn_from(c, &[0.1, 0.5, 0.1, 0.3]);
+        assert_close(&got, &[(1, 0.625), (3, 0.375)]);
+        // Up to all of them.
+        let all = drawn_from(
+            SamplerConfig {
+                typical_p: 0.99,
+                ..c
+            },
+            &[0.1, 0.5, 0.1, 0.3],
+        );
+        assert_eq!(all.len(), 4);
+    }
+
+    /// XTC drops every token at least as likely as its threshold but the least likely of them,
+    /// when its draw says so (always, at probability 1); under two such tokens, none.
+    #[test]
+    fn xtc_excludes_the_top_choices() {
+        let c = SamplerConfig {
+            xtc_probability: 1.0,
+            xtc_threshold: 0.25,
+            ..SamplerConfig::default()
+        };
+        let got = drawn_from(c, &[0.1, 0.4, 0.2, 0.3]);
+        assert_close(&got, &[(3, 0.5), (2, 1.0 / 3.0), (0, 1.0 / 6.0)]);
+        let one = drawn_from(c, &[0.1, 0.7, 0.1, 0.1]);
+        assert_eq!(one.len(), 4);
+        let off = drawn_from(
+            SamplerConfig {
+                xtc_threshold: 0.6,
+                ..c
+            },
+            &[0.1, 0.4, 0.2, 0.3],
+        );
+        assert_eq!(off.len(), 4);
+    }
+
+    /// Top-n-sigma keeps the logits within n standard deviations of the largest: of 10, 9, 1
+    /// and 0 (mean 5, deviation 4.53), one deviation keeps 10 and 9.
+    #[test]
+    fn top_n_sigma_keeps_the_logits_near_the_largest() {
+        let c = SamplerConfig {
+            top_n_sigma: 1.0,
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..SamplerConfig::default()
+        };
+        let mut s = Sampler::new(c).unwrap();
+        let mut probs = Vec::new();
+        let mut logits = vec![1.0, 10.0, 0.0, 9.0, f32::NEG_INFINITY];
+        s.sample_with_probs(&mut logits, &[], &mut probs).unwrap();
+        let e = libm::expf(-1.0);
+        assert_close(&probs, &[(1, 1.0 / (1.0 + e)), (3, e / (1.0 + e))]);
+    }
+
+    #[test]
+    fn the_new_filters_refuse_values_out_of_range() {
+        for c in [
+            SamplerConfig {
+                typical_p: 0.0,
+                ..SamplerConfig::default()
+            },
+            SamplerConfig {
+                typical_p: 1.5,
+                ..SamplerConfig::default()
+            },
+            SamplerConfig {
+                xtc_probability: -0.1,
+                ..SamplerConfig::default()
+            },
+            SamplerConfig {
+                xtc_threshold: 2.0,
+                ..SamplerConfig::default()
+            },
+            SamplerConfig {
+                top_n_sigma: f32::NAN,
+                ..SamplerConfig::default()
+            },
+        ] {
+            assert!(c.validate().is_err(), "{c:?}");
+        }
     }
 }

@@ -256,6 +256,24 @@ struct SamplingArgs {
     /// How many of the latest tokens the penalties look at.
     #[arg(long, default_value_t = 64)]
     repeat_last_n: usize,
+    /// Keep the tokens within this many standard deviations of the largest logit; 0 disables.
+    #[arg(
+        long = "top-nsigma",
+        default_value_t = 0.0,
+        allow_negative_numbers = true
+    )]
+    top_n_sigma: f32,
+    /// Locally typical sampling: keep the tokens nearest the entropy up to this probability; 1
+    /// disables.
+    #[arg(long = "typical", default_value_t = 1.0)]
+    typical_p: f32,
+    /// XTC: the chance that a draw excludes its top choices (every token above
+    /// --xtc-threshold but the least likely of them); 0 disables.
+    #[arg(long, default_value_t = 0.0)]
+    xtc_probability: f32,
+    /// XTC's threshold (above 0.5 nothing is excluded).
+    #[arg(long, default_value_t = 0.1)]
+    xtc_threshold: f32,
     /// Seed of the sampler (default: from the clock, printed on stderr).
     #[arg(long)]
     seed: Option<u64>,
@@ -766,6 +784,10 @@ impl SamplingArgs {
             frequency_penalty: self.frequency_penalty,
             presence_penalty: self.presence_penalty,
             repeat_last_n: self.repeat_last_n,
+            top_n_sigma: self.top_n_sigma,
+            typical_p: self.typical_p,
+            xtc_probability: self.xtc_probability,
+            xtc_threshold: self.xtc_threshold,
             seed,
         }
     }

@@ -105,6 +105,30 @@ try:
                                     presence_penalty=1.5, frequency_penalty=0.5)
     check(got.choices[0].text == penalized != want,
           f"presence and frequency penalties equal sapient generate's ({penalized!r})")
+    # llama-server's samplers beyond: XTC (every draw excludes its top choices), top-n-sigma
+    # (a sliver of a deviation leaves the largest logit alone: greedy at any temperature) and
+    # typical sampling, each as `sapient generate`'s flags give it for the same seed.
+    for label, fields, flags in [
+        ("xtc", {"xtc_probability": 1.0, "xtc_threshold": 0.05},
+         ["--xtc-probability", "1", "--xtc-threshold", "0.05"]),
+        ("top_n_sigma", {"top_n_sigma": 0.001}, ["--top-nsigma", "0.001"]),
+        ("typical_p", {"typical_p": 0.3}, ["--typical", "0.3"]),
+    ]:
+        extra = dict(fields, top_k=0, min_p=0.0)
+        served = client.completions.create(model=NAME, prompt=prompt, max_tokens=16, temperature=1.5,
+                                           top_p=1.0, seed=7, extra_body=extra).choices[0].text
+        generated = cli("generate", "-p", prompt, "-n", "16", "--temperature", "1.5", "--top-k", "0",
+                        "--top-p", "1", "--min-p", "0", "--seed", "7", *flags)["text"]
+        check(served == generated, f"{label}: as sapient generate gives it ({served!r})")
+        if label == "xtc":
+            check(served != want, "xtc: the greedy answer's top choices excluded")
+        if label == "top_n_sigma":
+            check(served == want, "top_n_sigma: only the largest logit left, the greedy answer")
+    for bad in [{"typical_p": 0}, {"xtc_probability": 2}, {"xtc_threshold": -1}, {"top_n_sigma": "x"}]:
+        request = json.dumps(dict(model=NAME, prompt=prompt, max_tokens=2, **bad)).encode()
+        status, err, _ = raw(port, "/v1/completions", request)
+        check(status == 400 and list(bad)[0] in err["error"]["message"],
+              f"{bad}: 400 naming the field ({err['error']['message']})")
     comma = cli("tokenize", "-p", ",", "--no-bos")["ids"]
     biased = client.completions.create(model=NAME, prompt=prompt, max_tokens=4, temperature=0,
                                        logit_bias={str(comma[0]): 100})

@@ -601,6 +601,18 @@ fn logprobs(body: &Value, kind: Kind) -> ApiResult<Option<usize>> {
     }
 }
 
+/// llama-server's sampling fields beyond OpenAI's, which every chat-like route passes on.
+const LLAMA_SAMPLING: [&str; 8] = [
+    "top_k",
+    "min_p",
+    "repeat_penalty",
+    "repeat_last_n",
+    "top_n_sigma",
+    "typical_p",
+    "xtc_probability",
+    "xtc_threshold",
+];
+
 fn generation(body: &Value, kind: Kind, vocab_size: usize) -> ApiResult<Generation> {
     refuse_unsupported(body, kind)?;
     let echo = match (body.get("echo"), kind) {
@@ -657,8 +669,13 @@ fn generation(body: &Value, kind: Kind, vocab_size: usize) -> ApiResult<Generati
     if top_p == 0.0 {
         return Err(ApiError::bad_request("top_p must be a number in (0, 1]"));
     }
-    // OpenAI's fields, then llama-server's extensions (top_k, min_p, repeat_penalty,
-    // repeat_last_n), all off by default.
+    let typical_p = number(body, "typical_p", 1.0, 0.0..=1.0)?;
+    if typical_p == 0.0 {
+        return Err(ApiError::bad_request(
+            "typical_p must be a number in (0, 1]",
+        ));
+    }
+    // OpenAI's fields, then llama-server's extensions (`LLAMA_SAMPLING`), all off by default.
     let sampling = SamplerConfig {
         temperature: number(body, "temperature", 1.0, 0.0..=2.0)? as f32,
         top_p: top_p as f32,
@@ -668,6 +685,10 @@ fn generation(body: &Value, kind: Kind, vocab_size: usize) -> ApiResult<Generati
         frequency_penalty: number(body, "frequency_penalty", 0.0, -2.0..=2.0)? as f32,
         presence_penalty: number(body, "presence_penalty", 0.0, -2.0..=2.0)? as f32,
         repeat_last_n: count(body, "repeat_last_n", 64)?.min(MAX_PENALTY_WINDOW),
+        top_n_sigma: number(body, "top_n_sigma", 0.0, -1.0..=100.0)? as f32,
+        typical_p: typical_p as f32,
+        xtc_probability: number(body, "xtc_probability", 0.0, 0.0..=1.0)? as f32,
+        xtc_threshold: number(body, "xtc_threshold", 0.1, 0.0..=1.0)? as f32,
         seed,
     };
     let stream = match body.get("stream") {

@@ -18,7 +18,7 @@ use serde_json::{json, Map, Value};
 
 use super::{
     launch, parse_body, prepare_chat, read_body, request_id, sse, ApiError, ApiResult, AppState,
-    Ended, Piece, StreamShape, Usage,
+    Ended, Piece, StreamShape, Usage, LLAMA_SAMPLING,
 };
 
 /// An error in Anthropic's shape (`{"type": "error", "error": {"type", "message"}}`), with the
@@ -175,16 +175,11 @@ fn chat_request(body: &Value) -> ApiResult<Value> {
         "top_k",
         "stream",
         "seed",
-        "min_p",
         "grammar",
-    ];
-    let penalties = [
-        "repeat_penalty",
-        "repeat_last_n",
         "presence_penalty",
         "frequency_penalty",
     ];
-    for key in same.into_iter().chain(penalties) {
+    for key in same.into_iter().chain(LLAMA_SAMPLING) {
         if let Some(v) = body.get(key) {
             chat.insert(key.into(), v.clone());
         }

@@ -20,7 +20,7 @@ use serde_json::{json, Map, Value};
 
 use super::{
     launch, now_secs, parse_body, prepare_chat, read_body, request_id, sse, ApiError, ApiResult,
-    AppState, Ended, Piece, StreamShape, Usage,
+    AppState, Ended, Piece, StreamShape, Usage, LLAMA_SAMPLING,
 };
 
 /// Most responses kept for `previous_response_id` and `GET /v1/responses/{id}`.
@@ -389,18 +389,14 @@ fn read_request(state: &AppState, body: &Value) -> ApiResult<ResponseRequest> {
         "top_p",
         "stream",
         "parallel_tool_calls",
-        "top_k",
-        "min_p",
         "seed",
         "stop",
-        "repeat_penalty",
-        "repeat_last_n",
         "presence_penalty",
         "frequency_penalty",
         "reasoning_format",
         "grammar",
     ];
-    for key in same {
+    for key in same.into_iter().chain(LLAMA_SAMPLING) {
         if let Some(v) = body.get(key) {
             chat.insert(key.into(), v.clone());
         }
