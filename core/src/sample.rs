@@ -1,6 +1,7 @@
 //! Choosing the next token from logits: greedy, temperature, top-k, top-p, min-p and a
 //! repetition penalty, applied in llama.cpp's order (penalty, top-k, top-p, min-p, temperature),
 //! with a seeded RNG so that a seed reproduces a run exactly.
+use alloc::sync::Arc;
 use alloc::vec::Vec;
 
 use crate::error::{Error, Result};
@@ -37,6 +38,17 @@ pub struct SamplerConfig {
     pub xtc_probability: f32,
     /// XTC's threshold; above 0.5 no two tokens reach it, so nothing is dropped.
     pub xtc_threshold: f32,
+    /// DRY ("don't repeat yourself", llama.cpp's): a token that would extend a repetition of
+    /// `dry_allowed_length` tokens or more has `dry_multiplier · dry_base^(length − allowed)`
+    /// taken off its logit; 0 is off.
+    pub dry_multiplier: f32,
+    /// DRY's base, at least 1.
+    pub dry_base: f32,
+    /// The longest repetition DRY lets go unpenalized.
+    pub dry_allowed_length: usize,
+    /// How many of the latest tokens DRY looks at (`usize::MAX`: all, up to the vocabulary's
+    /// size, as many as the candidates' buffer holds); 0 is off.
+    pub dry_penalty_last_n: usize,
     /// Seeds the random draws: the same seed and logits give the same tokens.
     pub seed: u64,
 }
@@ -56,6 +68,10 @@ impl Default for SamplerConfig {
             typical_p: 1.0,
             xtc_probability: 0.0,
             xtc_threshold: 0.1,
+            dry_multiplier: 0.0,
+            dry_base: 1.75,
+            dry_allowed_length: 2,
+            dry_penalty_last_n: usize::MAX,
             seed: 0,
         }
     }
@@ -106,12 +122,26 @@ impl SamplerConfig {
         if !(0.0..=1.0).contains(&self.xtc_threshold) {
             return bad("xtc_threshold", "must be in [0, 1]");
         }
+        if !(self.dry_multiplier.is_finite() && self.dry_multiplier >= 0.0) {
+            return bad("dry_multiplier", "must be finite and >= 0");
+        }
+        if !(self.dry_base.is_finite() && self.dry_base >= 1.0) {
+            return bad("dry_base", "must be finite and >= 1");
+        }
         Ok(())
     }
 
     /// Whether any penalty changes the logits.
     fn penalizes(&self) -> bool {
-        self.repeat_penalty != 1.0 || self.frequency_penalty != 0.0 || self.presence_penalty != 0.0
+        self.repeat_penalty != 1.0
+            || self.frequency_penalty != 0.0
+            || self.presence_penalty != 0.0
+            || self.dry()
+    }
+
+    /// Whether DRY is on.
+    fn dry(&self) -> bool {
+        self.dry_multiplier > 0.0 && self.dry_penalty_last_n > 0
     }
 }
 
@@ -166,6 +196,8 @@ pub struct Sampler<'c> {
     config: SamplerConfig,
     rng: Rng,
     candidates: Candidates<'c>,
+    /// DRY's sequence breakers (none unless given).
+    breakers: Option<Arc<SequenceBreakers>>,
     /// How many candidates the last draw kept.
     kept: usize,
 }
@@ -218,8 +250,9 @@ impl Sampler<'static> {
 
 impl<'c> Sampler<'c> {
     /// A sampler that keeps its candidates in `buf`, which needs
-    /// [`Sampler::candidates_needed`]`(vocab_size)` entries unless sampling is greedy (greedy
-    /// decoding never touches it; an empty slice will do). Allocates nothing.
+    /// [`Sampler::candidates_needed`]`(vocab_size)` entries unless sampling is greedy without
+    /// DRY (greedy decoding never touches it otherwise; an empty slice will do). Allocates
+    /// nothing.
     ///
     /// # Errors
     /// [`Error::InvalidSampling`] naming a parameter out of its range.
@@ -238,8 +271,16 @@ impl<'c> Sampler<'c> {
             rng: Rng::new(config.seed),
             config,
             candidates,
+            breakers: None,
             kept: 0,
         })
+    }
+
+    /// The sampler with DRY's sequence breakers: a repetition that crosses one does not count
+    /// on past it.
+    pub fn with_sequence_breakers(mut self, breakers: Arc<SequenceBreakers>) -> Self {
+        self.breakers = Some(breakers);
+        self
     }
 
     /// Its configuration.
@@ -354,12 +395,16 @@ impl<'c> Sampler<'c> {
 
     /// Applies the repetition penalty to `logits`, then (unless the choice is deterministic)
     /// fills the candidates with the surviving tokens and their probabilities, most likely
-    /// first. The filters run in llama.cpp's order: top-n-sigma, top-k, typical, top-p, min-p,
-    /// XTC, temperature.
+    /// first. The filters run in llama.cpp's order: penalties, DRY, top-n-sigma, top-k,
+    /// typical, top-p, min-p, XTC, temperature.
     fn filter(&mut self, logits: &mut [f32], history: &[u32]) -> Result<Choice> {
         let c = &self.config;
         if c.penalizes() {
             apply_penalties(c, logits, history);
+        }
+        if c.dry() {
+            let scratch = self.candidates.room(logits.len())?;
+            apply_dry(c, self.breakers.as_deref(), logits, history, scratch);
         }
         if c.temperature == 0.0 || c.top_k == 1 {
             return Ok(Choice::Token(argmax(logits)));
@@ -509,6 +554,9 @@ enum Choice {
 /// `frequency_penalty` times its count and `presence_penalty`. Quadratic in the window (no
 /// memory to count in); the window is short.
 fn apply_penalties(c: &SamplerConfig, logits: &mut [f32], history: &[u32]) {
+    if c.repeat_penalty == 1.0 && c.frequency_penalty == 0.0 && c.presence_penalty == 0.0 {
+        return;
+    }
     let start = history.len().saturating_sub(c.repeat_last_n);
     let recent = &history[start..];
     for (i, &t) in recent.iter().enumerate() {
@@ -525,6 +573,106 @@ fn apply_penalties(c: &SamplerConfig, logits: &mut [f32], history: &[u32]) {
             let count = recent[i..].iter().filter(|&&u| u == t).count();
             *l -= count as f32 * c.frequency_penalty + c.presence_penalty;
         }
+    }
+}
+
+/// DRY's sequence breakers, as token sequences: a head token (whose text holds a breaker, or
+/// ends with its start) and the tokens of the rest of the breaker's text (none when the head
+/// holds it all), as llama.cpp works them out from a vocabulary.
+#[derive(Debug, Default)]
+pub struct SequenceBreakers {
+    /// (head, tail), sorted.
+    sequences: Vec<(u32, Vec<u32>)>,
+}
+
+impl SequenceBreakers {
+    /// Breakers of these (head, tail) sequences.
+    pub fn new(mut sequences: Vec<(u32, Vec<u32>)>) -> Self {
+        sequences.sort_unstable();
+        sequences.dedup();
+        SequenceBreakers { sequences }
+    }
+
+    /// The tails of the breakers whose head is `token`.
+    fn tails(&self, token: u32) -> impl Iterator<Item = &[u32]> {
+        let from = self.sequences.partition_point(|(h, _)| *h < token);
+        let to = self.sequences.partition_point(|(h, _)| *h <= token);
+        self.sequences[from..to].iter().map(|(_, t)| t.as_slice())
+    }
+}
+
+/// DRY, as llama.cpp applies it: among the last `dry_penalty_last_n` tokens of `history`
+/// (at most `scratch`'s length), each earlier place whose tokens up to it repeat the text's
+/// last ones (no further back than the latest sequence breaker) makes the token that followed it
+/// there a repetition's next token; the longest repetition each such token would extend, if
+/// `dry_allowed_length` or more, takes `dry_multiplier · dry_base^(length − allowed)` off its
+/// logit (the exponent clamped where the power would overflow), unless the token is a breaker
+/// itself. `scratch` holds the (token, length) pairs.
+fn apply_dry(
+    c: &SamplerConfig,
+    breakers: Option<&SequenceBreakers>,
+    logits: &mut [f32],
+    history: &[u32],
+    scratch: &mut [Candidate],
+) {
+    let n = history.len().min(c.dry_penalty_last_n).min(scratch.len());
+    let h = &history[history.len() - n..];
+    // A repetition reaches back no further than the latest breaker's end.
+    let mut rep_limit = n;
+    if let Some(breakers) = breakers {
+        for i in 0..n {
+            let longest = breakers
+                .tails(h[n - 1 - i])
+                .filter(|tail| tail.len() <= i && tail.iter().zip(&h[n - i..]).all(|(a, b)| a == b))
+                .map(<[u32]>::len)
+                .max();
+            if let Some(longest) = longest {
+                rep_limit = i - longest;
+                break;
+            }
+        }
+    }
+    if rep_limit < c.dry_allowed_length || n < 2 {
+        return;
+    }
+    const FLOAT_MAX_LOG: f32 = 88.722_84;
+    let max_exponent = if c.dry_base > 1.000_001 {
+        (FLOAT_MAX_LOG / libm::logf(c.dry_base)) as usize
+    } else {
+        0
+    };
+    // Longer repetitions than this take the clamped penalty all the same.
+    let cap = rep_limit.min(c.dry_allowed_length.saturating_add(max_exponent));
+    let mut found = 0;
+    for p in 0..n - 1 {
+        let limit = cap.min(p + 1);
+        let length = (0..limit).take_while(|&k| h[p - k] == h[n - 1 - k]).count();
+        if length >= c.dry_allowed_length {
+            scratch[found] = (h[p + 1], length as f32);
+            found += 1;
+        }
+    }
+    let found = &mut scratch[..found];
+    // Each token's longest first.
+    found.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.total_cmp(&a.1)));
+    let mut previous = None;
+    for &(token, length) in found.iter() {
+        if previous == Some(token) {
+            continue;
+        }
+        previous = Some(token);
+        let single_breaker = breakers.is_some_and(|b| b.tails(token).any(|t| t.is_empty()));
+        let Some(logit) = logits.get_mut(token as usize) else {
+            continue;
+        };
+        if single_breaker {
+            continue;
+        }
+        let mut exponent = length as usize - c.dry_allowed_length;
+        if max_exponent > 0 {
+            exponent = exponent.min(max_exponent);
+        }
+        *logit -= c.dry_multiplier * libm::powf(c.dry_base, exponent as f32);
     }
 }
 
@@ -1110,5 +1258,79 @@ mod tests {
         ] {
             assert!(c.validate().is_err(), "{c:?}");
         }
+    }
+
+    /// DRY on llama.cpp's worked example, `a b c c b c y a b c` (base 2, multiplier 1,
+    /// repetitions of 2 allowed): `c` would extend `a b c` (3 tokens: a penalty of 2), `y` would
+    /// extend `b c` (2: 1); a breaker limits how far back a repetition counts, and a
+    /// single-token breaker is never penalized.
+    #[test]
+    fn dry_penalizes_the_tokens_that_extend_a_repetition() {
+        let history = [1, 2, 3, 3, 2, 3, 9, 1, 2, 3];
+        let c = SamplerConfig {
+            temperature: 0.0,
+            dry_multiplier: 1.0,
+            dry_base: 2.0,
+            dry_allowed_length: 2,
+            ..SamplerConfig::default()
+        };
+        let penalties = |breakers: Option<SequenceBreakers>| {
+            let mut s = Sampler::new(c).unwrap();
+            if let Some(b) = breakers {
+                s = s.with_sequence_breakers(Arc::new(b));
+            }
+            let mut logits = vec![0.0f32; 10];
+            s.sample(&mut logits, &history).unwrap();
+            logits
+        };
+        let mut want = vec![0.0f32; 10];
+        (want[3], want[9]) = (-2.0, -1.0);
+        assert_eq!(penalties(None), want);
+        // `y` a breaker: the repetitions after it still count, `y` itself goes free.
+        want[9] = 0.0;
+        assert_eq!(
+            penalties(Some(SequenceBreakers::new(vec![(9, vec![])]))),
+            want
+        );
+        // The last `a` a breaker: repetitions reach back two tokens at most.
+        (want[3], want[9]) = (-1.0, -1.0);
+        assert_eq!(
+            penalties(Some(SequenceBreakers::new(vec![(1, vec![])]))),
+            want
+        );
+        // `b c` a breaker of two tokens, at the very end: nothing repeats past it.
+        let two = SequenceBreakers::new(vec![(2, vec![3])]);
+        assert_eq!(penalties(Some(two)), vec![0.0f32; 10]);
+        // A window of the last four tokens: `y a b c` holds no repetition.
+        let window = SamplerConfig {
+            dry_penalty_last_n: 4,
+            ..c
+        };
+        let mut logits = vec![0.0f32; 10];
+        Sampler::new(window)
+            .unwrap()
+            .sample(&mut logits, &history)
+            .unwrap();
+        assert_eq!(logits, vec![0.0f32; 10]);
+    }
+
+    /// A long run of one token: the penalty's exponent stops where the power would overflow,
+    /// so the logit stays finite.
+    #[test]
+    fn dry_penalties_stay_finite() {
+        let history = vec![5u32; 2000];
+        let c = SamplerConfig {
+            temperature: 0.0,
+            dry_multiplier: 1.0,
+            dry_base: 1.75,
+            ..SamplerConfig::default()
+        };
+        let mut logits = vec![0.0f32; 4096];
+        Sampler::new(c)
+            .unwrap()
+            .sample(&mut logits, &history)
+            .unwrap();
+        assert!(logits[5].is_finite() && logits[5] < -1e30, "{}", logits[5]);
+        assert!(logits.iter().enumerate().all(|(t, l)| t == 5 || *l == 0.0));
     }
 }

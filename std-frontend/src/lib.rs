@@ -5,6 +5,7 @@ pub mod bench;
 pub mod chat;
 pub mod constraint;
 pub mod convert;
+pub mod dry;
 pub mod exec;
 pub mod generate;
 #[cfg(feature = "gpu")]

@@ -10,6 +10,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use sapient::chat::{ChatTemplate, Message};
 use sapient::constraint::{OutputConstraint, SortedVocab};
+use sapient::dry::{sequence_breakers, DEFAULT_BREAKERS};
 use sapient::generate::Stats;
 use sapient::generate::{generate, Stop};
 use sapient::grammar::Grammar;
@@ -274,6 +275,24 @@ struct SamplingArgs {
     /// XTC's threshold (above 0.5 nothing is excluded).
     #[arg(long, default_value_t = 0.1)]
     xtc_threshold: f32,
+    /// DRY: lower the logit of a token that would extend a repetition of the text by this
+    /// times --dry-base to the power of (its length - --dry-allowed-length); 0 disables.
+    #[arg(long, default_value_t = 0.0)]
+    dry_multiplier: f32,
+    /// DRY's base.
+    #[arg(long, default_value_t = 1.75)]
+    dry_base: f32,
+    /// DRY: the longest repetition left alone.
+    #[arg(long, default_value_t = 2)]
+    dry_allowed_length: usize,
+    /// DRY: how many of the latest tokens it looks at; -1 all, 0 disables.
+    #[arg(long, default_value_t = -1, allow_negative_numbers = true,
+          value_parser = clap::value_parser!(i64).range(-1..))]
+    dry_penalty_last_n: i64,
+    /// DRY: a text a repetition does not count across (repeatable; replaces the defaults:
+    /// newline, ':', '"' and '*'; "none" for none).
+    #[arg(long = "dry-sequence-breaker")]
+    dry_sequence_breaker: Vec<String>,
     /// Seed of the sampler (default: from the clock, printed on stderr).
     #[arg(long)]
     seed: Option<u64>,
@@ -748,7 +767,7 @@ fn with_draft<R>(
                     seed: sampling.seed ^ 0xd4af_7000,
                     ..sampling
                 })?;
-                let mut draft = Draft::Model(ModelDraft::new(ds, sampler));
+                let mut draft = Draft::Model(Box::new(ModelDraft::new(ds, sampler)));
                 engine.with_session(ctx, batch, |s| f(s, Some(&mut draft)))
             })
         }
@@ -788,8 +807,32 @@ impl SamplingArgs {
             typical_p: self.typical_p,
             xtc_probability: self.xtc_probability,
             xtc_threshold: self.xtc_threshold,
+            dry_multiplier: self.dry_multiplier,
+            dry_base: self.dry_base,
+            dry_allowed_length: self.dry_allowed_length,
+            dry_penalty_last_n: usize::try_from(self.dry_penalty_last_n).unwrap_or(usize::MAX),
             seed,
         }
+    }
+
+    /// A sampler of `sampling`, with DRY's sequence breakers in `tokenizer`'s vocabulary
+    /// where DRY is on (none without a tokenizer: token ids in, token ids out).
+    fn sampler(
+        &self,
+        sampling: SamplerConfig,
+        tokenizer: Option<&Tokenizer>,
+    ) -> Result<Sampler<'static>> {
+        let sampler = Sampler::new(sampling)?;
+        let (Some(tok), true) = (tokenizer, sampling.dry_multiplier > 0.0) else {
+            return Ok(sampler);
+        };
+        let breakers: Vec<String> = match &self.dry_sequence_breaker[..] {
+            [] => DEFAULT_BREAKERS.iter().map(|b| b.to_string()).collect(),
+            [none] if none == "none" => return Ok(sampler),
+            given => given.to_vec(),
+        };
+        let breakers = sequence_breakers(tok, &breakers).context("--dry-sequence-breaker")?;
+        Ok(sampler.with_sequence_breakers(Arc::new(breakers)))
     }
 }
 
@@ -1117,7 +1160,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
         );
     }
     let sampling = a.sampling.config();
-    let mut sampler = Sampler::new(sampling)?;
+    let mut sampler = a.sampling.sampler(sampling, tok.as_deref())?;
     let draft = a.draft.open(&l, &a.model)?;
     let engine = l.engine(&m)?;
     let constrained = a.json || schema.is_some() || grammar.is_some();
@@ -1309,7 +1352,7 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
     let template = ChatTemplate::load(l.files()?, &tok, a.chat_template_file.as_deref())?;
     let m = l.model()?;
     let sampling = a.sampling.config();
-    let mut sampler = Sampler::new(sampling)?;
+    let mut sampler = a.sampling.sampler(sampling, Some(&tok))?;
     let draft = a.draft.open(&l, &a.model)?;
     let draft_tokens = a.draft.draft_tokens as usize;
     let engine = l.engine(&m)?;

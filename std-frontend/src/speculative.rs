@@ -17,7 +17,7 @@ use crate::run::Session;
 /// Where proposals come from.
 pub enum Draft<'s> {
     /// A smaller model with the target's vocabulary, in a session of its own.
-    Model(ModelDraft<'s>),
+    Model(Box<ModelDraft<'s>>),
     /// Prompt lookup: the tokens that followed the latest earlier occurrence of the context's
     /// last n-gram (longest n first, down to one token). No second model; it pays off where the
     /// output repeats its input (code edits, summaries, chat over a document).

@@ -113,6 +113,10 @@ try:
          ["--xtc-probability", "1", "--xtc-threshold", "0.05"]),
         ("top_n_sigma", {"top_n_sigma": 0.001}, ["--top-nsigma", "0.001"]),
         ("typical_p", {"typical_p": 0.3}, ["--typical", "0.3"]),
+        ("dry", {"dry_multiplier": 0.8, "dry_allowed_length": 1, "dry_penalty_last_n": 64},
+         ["--dry-multiplier", "0.8", "--dry-allowed-length", "1", "--dry-penalty-last-n", "64"]),
+        ("dry with breakers", {"dry_multiplier": 0.8, "dry_sequence_breakers": [" the", "."]},
+         ["--dry-multiplier", "0.8", "--dry-sequence-breaker", " the", "--dry-sequence-breaker", "."]),
     ]:
         extra = dict(fields, top_k=0, min_p=0.0)
         served = client.completions.create(model=NAME, prompt=prompt, max_tokens=16, temperature=1.5,
@@ -124,7 +128,17 @@ try:
             check(served != want, "xtc: the greedy answer's top choices excluded")
         if label == "top_n_sigma":
             check(served == want, "top_n_sigma: only the largest logit left, the greedy answer")
-    for bad in [{"typical_p": 0}, {"xtc_probability": 2}, {"xtc_threshold": -1}, {"top_n_sigma": "x"}]:
+    # DRY against a loop: greedy repeats "one two three", DRY takes the repetition's next token
+    # down.
+    loop = "one two three one two three one two three one two"
+    plain = client.completions.create(model=NAME, prompt=loop, max_tokens=2, temperature=0).choices[0].text
+    dry = client.completions.create(model=NAME, prompt=loop, max_tokens=2, temperature=0,
+                                    extra_body={"dry_multiplier": 2.0}).choices[0].text
+    check(plain.startswith(" three") and not dry.startswith(" three"),
+          f"dry: the loop broken ({plain!r} -> {dry!r})")
+    for bad in [{"typical_p": 0}, {"xtc_probability": 2}, {"xtc_threshold": -1}, {"top_n_sigma": "x"},
+                {"dry_base": 0.5}, {"dry_penalty_last_n": -2}, {"dry_sequence_breakers": [""]},
+                {"dry_sequence_breakers": "x"}, {"dry_multiplier": -1}]:
         request = json.dumps(dict(model=NAME, prompt=prompt, max_tokens=2, **bad)).encode()
         status, err, _ = raw(port, "/v1/completions", request)
         check(status == 400 and list(bad)[0] in err["error"]["message"],

@@ -546,3 +546,55 @@ fn a_forced_call_names_one_of_its_tools() {
         "{text:?}"
     );
 }
+
+/// DRY's sequence breakers on SmolLM2's vocabulary, as llama.cpp works them out: `:` alone
+/// wherever a token holds it; `"ab` as the token `"` followed by `ab`'s tokens; and with the
+/// defaults, a repetition that crosses a newline counts only from after it.
+#[test]
+fn dry_breakers_follow_the_vocabulary() {
+    use sapient::dry::{sequence_breakers, DEFAULT_BREAKERS, MAX_BREAKERS};
+    use sapient_core::sample::{Sampler, SamplerConfig};
+    use std::sync::Arc;
+
+    let files = open();
+    let tok = Tokenizer::load(&files).unwrap();
+    let colon = tok.encode(":").unwrap();
+    let breakers = format!("{:?}", sequence_breakers(&tok, &[":".into()]).unwrap());
+    assert!(
+        breakers.contains(&format!("({}, [])", colon[0])),
+        "{breakers}"
+    );
+    let quote = tok.encode("\"").unwrap()[0];
+    let ab = tok.encode("ab").unwrap();
+    let two = format!("{:?}", sequence_breakers(&tok, &["\"ab".into()]).unwrap());
+    assert!(two.contains(&format!("({quote}, {ab:?})")), "{two}");
+    assert!(sequence_breakers(&tok, &[String::new()]).is_err());
+    assert!(sequence_breakers(&tok, &vec!["x".to_owned(); MAX_BREAKERS + 1]).is_err());
+
+    // " one two\n three four one two\n three": " four" would extend " one two\n three", a
+    // repetition of four tokens; past the newline only " three" repeats, under the two allowed.
+    let defaults: Vec<String> = DEFAULT_BREAKERS.iter().map(|b| b.to_string()).collect();
+    let breakers = Arc::new(sequence_breakers(&tok, &defaults).unwrap());
+    let history = tok.encode(" one two\n three four one two\n three").unwrap();
+    let four = tok.encode(" four").unwrap()[0];
+    let config = SamplerConfig {
+        temperature: 0.0,
+        dry_multiplier: 1.0,
+        dry_base: 2.0,
+        dry_allowed_length: 2,
+        ..SamplerConfig::default()
+    };
+    let penalty = |sampler: Sampler<'static>| {
+        let mut logits = vec![0.0f32; files.config.vocab_size];
+        let mut sampler = sampler;
+        sampler.sample(&mut logits, &history).unwrap();
+        -logits[four as usize]
+    };
+    let free = penalty(Sampler::new(config).unwrap());
+    let broken = penalty(
+        Sampler::new(config)
+            .unwrap()
+            .with_sequence_breakers(breakers),
+    );
+    assert_eq!((free, broken), (4.0, 0.0), "{history:?}");
+}

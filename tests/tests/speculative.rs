@@ -97,7 +97,7 @@ fn speculative(
         Some(draft) => draft
             .with_session(c.ctx, 16, |ds| {
                 let sampler = Sampler::new(SamplerConfig::greedy())?;
-                let mut d = Draft::Model(ModelDraft::new(ds, sampler));
+                let mut d = Draft::Model(Box::new(ModelDraft::new(ds, sampler)));
                 target.with_session(c.ctx, 16, |s| run(s, &mut d))
             })
             .unwrap(),

@@ -15,7 +15,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::stream::{self, Stream, StreamExt};
-use sapient_core::sample::SamplerConfig;
+use sapient_core::sample::{SamplerConfig, SequenceBreakers};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, oneshot};
 
@@ -24,6 +24,7 @@ use super::engine::{Event, Finish, Job, Request, TokenLogprobs};
 use super::metrics::Metrics;
 use crate::chat::{ChatTemplate, Message, RenderOptions};
 use crate::constraint::{Choice, OutputConstraint, SortedVocab, Trigger};
+use crate::dry::{sequence_breakers, DEFAULT_BREAKERS, MAX_BREAKERS};
 use crate::grammar::Grammar;
 use crate::infill::{Fim, FimRequest};
 use crate::json_schema::Schema;
@@ -70,9 +71,28 @@ pub struct AppState {
     pub fim_stop: Vec<u32>,
     /// Responses kept for `previous_response_id`.
     pub responses: ResponseStore,
+    /// DRY's default sequence breakers in this vocabulary, made at the first request that
+    /// asks for DRY without its own.
+    pub default_breakers: OnceLock<Arc<SequenceBreakers>>,
 }
 
 impl AppState {
+    /// DRY's sequence breakers for a request: its own, or the defaults.
+    fn sequence_breakers(&self, asked: Option<&[String]>) -> ApiResult<Arc<SequenceBreakers>> {
+        let bad = |e: anyhow::Error| ApiError::bad_request(format!("dry_sequence_breakers: {e:#}"));
+        if let Some(asked) = asked {
+            return Ok(Arc::new(
+                sequence_breakers(&self.tokenizer, asked).map_err(bad)?,
+            ));
+        }
+        if let Some(defaults) = self.default_breakers.get() {
+            return Ok(defaults.clone());
+        }
+        let defaults: Vec<String> = DEFAULT_BREAKERS.iter().map(|b| b.to_string()).collect();
+        let made = Arc::new(sequence_breakers(&self.tokenizer, &defaults).map_err(bad)?);
+        Ok(self.default_breakers.get_or_init(|| made).clone())
+    }
+
     /// A request's constraint on its output.
     fn output_constraint(&self, constraint: &Constraint) -> OutputConstraint {
         let vocab = self
@@ -559,6 +579,8 @@ struct Generation {
     /// Choices: the prompt generated from this many times, each its own request to the engine,
     /// choice `i` sampled with `seed + i`.
     n: usize,
+    /// DRY's sequence breakers, where the request gives its own.
+    dry_breakers: Option<Vec<String>>,
 }
 
 /// Most choices (`n`) of one request.
@@ -602,7 +624,7 @@ fn logprobs(body: &Value, kind: Kind) -> ApiResult<Option<usize>> {
 }
 
 /// llama-server's sampling fields beyond OpenAI's, which every chat-like route passes on.
-const LLAMA_SAMPLING: [&str; 8] = [
+const LLAMA_SAMPLING: [&str; 13] = [
     "top_k",
     "min_p",
     "repeat_penalty",
@@ -611,7 +633,27 @@ const LLAMA_SAMPLING: [&str; 8] = [
     "typical_p",
     "xtc_probability",
     "xtc_threshold",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "dry_sequence_breakers",
 ];
+
+/// llama-server's `dry_penalty_last_n`: how many of the latest tokens DRY looks at, -1 all of
+/// them (the default), 0 none.
+fn dry_penalty_last_n(body: &Value) -> ApiResult<usize> {
+    match body.get("dry_penalty_last_n") {
+        None | Some(Value::Null) => Ok(usize::MAX),
+        Some(v) => match v.as_i64() {
+            Some(-1) => Ok(usize::MAX),
+            Some(n) if n >= 0 => Ok(n as usize),
+            _ => Err(ApiError::bad_request(
+                "dry_penalty_last_n must be a whole number >= -1",
+            )),
+        },
+    }
+}
 
 fn generation(body: &Value, kind: Kind, vocab_size: usize) -> ApiResult<Generation> {
     refuse_unsupported(body, kind)?;
@@ -689,7 +731,27 @@ fn generation(body: &Value, kind: Kind, vocab_size: usize) -> ApiResult<Generati
         typical_p: typical_p as f32,
         xtc_probability: number(body, "xtc_probability", 0.0, 0.0..=1.0)? as f32,
         xtc_threshold: number(body, "xtc_threshold", 0.1, 0.0..=1.0)? as f32,
+        dry_multiplier: number(body, "dry_multiplier", 0.0, 0.0..=100.0)? as f32,
+        dry_base: number(body, "dry_base", 1.75, 1.0..=100.0)? as f32,
+        dry_allowed_length: count(body, "dry_allowed_length", 2)?,
+        dry_penalty_last_n: dry_penalty_last_n(body)?,
         seed,
+    };
+    let dry_breakers = match body.get("dry_sequence_breakers") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(list)) if list.len() <= MAX_BREAKERS => Some(
+            list.iter()
+                .map(|b| b.as_str().filter(|b| !b.is_empty()).map(str::to_owned))
+                .collect::<Option<Vec<String>>>()
+                .ok_or_else(|| {
+                    ApiError::bad_request("dry_sequence_breakers must hold non-empty strings")
+                })?,
+        ),
+        Some(_) => {
+            return Err(ApiError::bad_request(format!(
+                "dry_sequence_breakers must be an array of at most {MAX_BREAKERS} strings"
+            )))
+        }
     };
     let stream = match body.get("stream") {
         None | Some(Value::Null) => false,
@@ -716,6 +778,7 @@ fn generation(body: &Value, kind: Kind, vocab_size: usize) -> ApiResult<Generati
         constraint: constraint(body)?,
         echo,
         n,
+        dry_breakers,
     })
 }
 
@@ -794,6 +857,10 @@ fn start(
         Some(n) => n.min(room),
         None => room.min(state.max_tokens_limit),
     };
+    let sequence_breakers = match g.sampling.dry_multiplier > 0.0 {
+        true => Some(state.sequence_breakers(g.dry_breakers.as_deref())?),
+        false => None,
+    };
     let (events, receiver) = mpsc::unbounded_channel();
     let stopped_by_text = Arc::new(AtomicBool::new(false));
     submit(
@@ -810,6 +877,7 @@ fn start(
             logprobs: g.logprobs,
             prompt_logprobs: g.echo && g.logprobs.is_some(),
             constraint: g.constraint.as_ref().map(|c| state.output_constraint(c)),
+            sequence_breakers,
             events,
             stopped_by_text: stopped_by_text.clone(),
             arrived: Instant::now(),

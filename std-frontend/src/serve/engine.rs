@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
-use sapient_core::sample::{top_ids, LogSoftmax, Sampler, SamplerConfig};
+use sapient_core::sample::{top_ids, LogSoftmax, Sampler, SamplerConfig, SequenceBreakers};
 use sapient_core::{KvFormat, Model, Want};
 use tokio::sync::{mpsc, oneshot};
 
@@ -88,6 +88,8 @@ pub struct Job {
     /// Keeps the output to a language (`response_format` `json_object` or `json_schema`,
     /// `grammar`, tools' calls).
     pub constraint: Option<OutputConstraint>,
+    /// DRY's sequence breakers, where the sampling asks for DRY.
+    pub sequence_breakers: Option<Arc<SequenceBreakers>>,
     pub events: mpsc::UnboundedSender<Event>,
     /// Set by the receiving side when a stop string ended the request before it dropped its
     /// events: the request finished, it was not abandoned.
@@ -220,7 +222,10 @@ fn run(
             };
             metrics.waiting.fetch_sub(1, Ordering::Relaxed);
             let sampler = match Sampler::new(job.sampling) {
-                Ok(s) => s,
+                Ok(s) => match &job.sequence_breakers {
+                    Some(b) => s.with_sequence_breakers(b.clone()),
+                    None => s,
+                },
                 Err(e) => {
                     let _ = job.events.send(Event::Failed(e.to_string()));
                     continue;

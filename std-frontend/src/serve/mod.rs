@@ -93,6 +93,7 @@ pub fn serve(files: &ModelFiles, backend: ServeBackend<'_, '_>, opts: ServeOptio
         fim,
         fim_stop,
         responses: api::ResponseStore::default(),
+        default_breakers: std::sync::OnceLock::new(),
     });
     let cfg = engine::EngineConfig {
         parallel: opts.parallel,
