@@ -112,7 +112,8 @@ FIELDS = ["model", "messages", "prompt", "input", "max_tokens", "max_completion_
           "with_pieces", "add_special", "input_prefix", "input_suffix", "input_extra", "n_predict", "n_probs",
           "system", "stop_sequences", "thinking", "output_config", "max_tokens", "instructions",
           "max_output_tokens", "text", "reasoning", "store", "previous_response_id", "background", "truncation",
-          "grammar", "json_schema"]
+          "grammar", "json_schema", "top_n_sigma", "typical_p", "xtc_probability", "xtc_threshold",
+          "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers"]
 
 
 def weird(rng, depth=0):

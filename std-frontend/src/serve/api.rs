@@ -581,6 +581,9 @@ struct Generation {
     n: usize,
     /// DRY's sequence breakers, where the request gives its own.
     dry_breakers: Option<Vec<String>>,
+    /// DRY's breakers as token sequences, made at the first choice's start (tens of
+    /// milliseconds: once a request, not once a choice).
+    sequence_breakers: OnceLock<Arc<SequenceBreakers>>,
 }
 
 /// Most choices (`n`) of one request.
@@ -779,6 +782,7 @@ fn generation(body: &Value, kind: Kind, vocab_size: usize) -> ApiResult<Generati
         echo,
         n,
         dry_breakers,
+        sequence_breakers: OnceLock::new(),
     })
 }
 
@@ -857,9 +861,13 @@ fn start(
         Some(n) => n.min(room),
         None => room.min(state.max_tokens_limit),
     };
-    let sequence_breakers = match g.sampling.dry_multiplier > 0.0 {
-        true => Some(state.sequence_breakers(g.dry_breakers.as_deref())?),
-        false => None,
+    let sequence_breakers = match (g.sampling.dry_multiplier > 0.0, g.sequence_breakers.get()) {
+        (false, _) => None,
+        (true, Some(made)) => Some(made.clone()),
+        (true, None) => {
+            let made = state.sequence_breakers(g.dry_breakers.as_deref())?;
+            Some(g.sequence_breakers.get_or_init(|| made).clone())
+        }
     };
     let (events, receiver) = mpsc::unbounded_channel();
     let stopped_by_text = Arc::new(AtomicBool::new(false));
