@@ -392,6 +392,43 @@ ws     ::= | " " | "\n" [ \t]{0,20}
     );
 }
 
+/// Two tools: `get_weather` of a city, `get_time` of a zone.
+fn weather_and_time() -> Vec<sapient::tool_calls::Tool> {
+    sapient::tool_calls::Tool::list(&serde_json::json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+            "required": ["city"], "properties": {"city": {"type": "string"}}}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object",
+            "required": ["zone"], "properties": {"zone": {"type": "string"}}}}},
+    ]))
+    .unwrap()
+}
+
+/// What a scripted model draws under `output` (greedy; each step the script's next token far
+/// likelier than the rest) until a token differs from the script: the text, and whether the
+/// output is whole.
+fn scripted(
+    files: &ModelFiles,
+    tok: &Tokenizer,
+    mut output: sapient::constraint::OutputConstraint,
+    script: &str,
+) -> (String, bool) {
+    use sapient_core::sample::{Sampler, SamplerConfig};
+    let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
+    let mut out: Vec<u32> = Vec::new();
+    for want in tok.encode(script).unwrap() {
+        let mut logits = vec![0.0f32; files.config.vocab_size];
+        logits[want as usize] = 100.0;
+        let got = output
+            .sample(&mut sampler, &mut logits, &out, &files.eos_token_ids)
+            .unwrap();
+        out.push(got);
+        if got != want {
+            break;
+        }
+    }
+    (tok.decode(&out, false).unwrap(), output.is_complete())
+}
+
 /// A lazy constraint of several schemas, each after its own trigger (Mistral's `[ARGS]` tool
 /// format under `tool_choice` `auto`: a tool's arguments after the text that names it), driven
 /// by a scripted model (each step one token far likelier than the rest, greedy): text before
@@ -401,21 +438,13 @@ ws     ::= | " " | "\n" [ \t]{0,20}
 fn each_lazy_schema_holds_after_its_own_trigger() {
     use sapient::constraint::{Automaton, OutputConstraint, SortedVocab};
     use sapient::json_schema::Schema;
-    use sapient::tool_calls::{Tool, ToolFormat};
-    use sapient_core::sample::{Sampler, SamplerConfig};
+    use sapient::tool_calls::ToolFormat;
     use std::sync::Arc;
 
     let files = open();
     let tok = Arc::new(Tokenizer::load(&files).unwrap());
-    let vocab_size = files.config.vocab_size;
-    let vocab = Arc::new(SortedVocab::new(&tok, vocab_size));
-    let tools = Tool::list(&serde_json::json!([
-        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
-            "required": ["city"], "properties": {"city": {"type": "string"}}}}},
-        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object",
-            "required": ["zone"], "properties": {"zone": {"type": "string"}}}}},
-    ]))
-    .unwrap();
+    let vocab = Arc::new(SortedVocab::new(&tok, files.config.vocab_size));
+    let tools = weather_and_time();
     let groups = ToolFormat::MistralArgs.auto_constraint(&tools, false);
     let schemas: Vec<Arc<Schema>> = groups
         .iter()
@@ -426,24 +455,9 @@ fn each_lazy_schema_holds_after_its_own_trigger() {
         .cloned()
         .zip(groups.into_iter().map(|g| g.1))
         .collect();
-    let eos = files.eos_token_ids.clone();
-    // The tokens drawn while the model wants `script`, a step at a time, until one differs.
     let drawn = |script: &str| {
-        let mut output = OutputConstraint::lazy(vocab.clone(), tok.clone(), lazy.clone());
-        let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
-        let mut out: Vec<u32> = Vec::new();
-        for want in tok.encode(script).unwrap() {
-            let mut logits = vec![0.0f32; vocab_size];
-            logits[want as usize] = 100.0;
-            let got = output
-                .sample(&mut sampler, &mut logits, &out, &eos)
-                .unwrap();
-            out.push(got);
-            if got != want {
-                break;
-            }
-        }
-        (tok.decode(&out, false).unwrap(), output.is_complete())
+        let output = OutputConstraint::lazy(vocab.clone(), tok.clone(), lazy.clone());
+        scripted(&files, &tok, output, script)
     };
     let opening = "Let me check. [TOOL_CALLS]get_weather[ARGS]";
     let (text, complete) = drawn(&format!("{opening}{{\"city\": \"Paris\"}}"));
@@ -482,21 +496,13 @@ fn each_lazy_schema_holds_after_its_own_trigger() {
 fn a_forced_call_names_one_of_its_tools() {
     use sapient::constraint::{Automaton, Choice, OutputConstraint, SortedVocab};
     use sapient::json_schema::Schema;
-    use sapient::tool_calls::{ForcedBody, Tool, ToolFormat};
-    use sapient_core::sample::{Sampler, SamplerConfig};
+    use sapient::tool_calls::{ForcedBody, ToolFormat};
     use std::sync::Arc;
 
     let files = open();
     let tok = Arc::new(Tokenizer::load(&files).unwrap());
-    let vocab_size = files.config.vocab_size;
-    let vocab = Arc::new(SortedVocab::new(&tok, vocab_size));
-    let tools = Tool::list(&serde_json::json!([
-        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
-            "required": ["city"], "properties": {"city": {"type": "string"}}}}},
-        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object",
-            "required": ["zone"], "properties": {"zone": {"type": "string"}}}}},
-    ]))
-    .unwrap();
+    let vocab = Arc::new(SortedVocab::new(&tok, files.config.vocab_size));
+    let tools = weather_and_time();
     let forced = ToolFormat::MistralArgs.forced(&tools, None).unwrap();
     assert_eq!(forced.prefix, "[TOOL_CALLS]");
     let ForcedBody::Named(named) = forced.body else {
@@ -510,26 +516,12 @@ fn a_forced_call_names_one_of_its_tools() {
         })
         .collect();
     let choice = Arc::new(Choice::new(options).unwrap());
-    let eos = files.eos_token_ids.clone();
     let drawn = |script: &str| {
-        let mut output = OutputConstraint::with_choice(vocab.clone(), tok.clone(), choice.clone());
-        let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
-        let mut out: Vec<u32> = Vec::new();
-        for want in tok.encode(script).unwrap() {
-            let mut logits = vec![0.0f32; vocab_size];
-            logits[want as usize] = 100.0;
-            let got = output
-                .sample(&mut sampler, &mut logits, &out, &eos)
-                .unwrap();
-            out.push(got);
-            if got != want {
-                break;
-            }
-        }
-        let text = tok.decode(&out, false).unwrap();
+        let output = OutputConstraint::with_choice(vocab.clone(), tok.clone(), choice.clone());
+        let (text, complete) = scripted(&files, &tok, output, script);
         let prefix = choice.start().feed(&choice, text.as_bytes());
         assert!(prefix.is_some(), "{text:?} left the choice");
-        (text, output.is_complete())
+        (text, complete)
     };
     let call = "get_time[ARGS]{\"zone\": \"UTC\"}";
     assert_eq!(drawn(call), (call.to_owned(), true));
