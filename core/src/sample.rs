@@ -46,6 +46,15 @@ pub struct SamplerConfig {
     pub dry_base: f32,
     /// The longest repetition DRY lets go unpenalized.
     pub dry_allowed_length: usize,
+    /// Mirostat (1 or 2, llama.cpp's `--mirostat`; 0 is off): each draw keeps the tokens
+    /// whose surprise stays under a target it adapts so the text's surprise tracks
+    /// `mirostat_tau` (learning rate `mirostat_eta`). As in llama.cpp it replaces every other
+    /// filter and the penalties: temperature, then mirostat.
+    pub mirostat: u8,
+    /// Mirostat's target surprise, in bits.
+    pub mirostat_tau: f32,
+    /// Mirostat's learning rate.
+    pub mirostat_eta: f32,
     /// How many of the latest tokens DRY looks at (`usize::MAX`: all, up to the vocabulary's
     /// size, as many as the candidates' buffer holds); 0 is off.
     pub dry_penalty_last_n: usize,
@@ -72,6 +81,9 @@ impl Default for SamplerConfig {
             dry_base: 1.75,
             dry_allowed_length: 2,
             dry_penalty_last_n: usize::MAX,
+            mirostat: 0,
+            mirostat_tau: 5.0,
+            mirostat_eta: 0.1,
             seed: 0,
         }
     }
@@ -128,20 +140,37 @@ impl SamplerConfig {
         if !(self.dry_base.is_finite() && self.dry_base >= 1.0) {
             return bad("dry_base", "must be finite and >= 1");
         }
+        if self.mirostat > 2 {
+            return bad("mirostat", "must be 0, 1 or 2");
+        }
+        if !(self.mirostat_tau.is_finite() && self.mirostat_tau >= 0.0) {
+            return bad("mirostat_tau", "must be finite and >= 0");
+        }
+        if !(self.mirostat_eta.is_finite() && self.mirostat_eta >= 0.0) {
+            return bad("mirostat_eta", "must be finite and >= 0");
+        }
         Ok(())
     }
 
-    /// Whether any penalty changes the logits.
-    fn penalizes(&self) -> bool {
-        self.repeat_penalty != 1.0
-            || self.frequency_penalty != 0.0
-            || self.presence_penalty != 0.0
-            || self.dry()
+    /// Whether every choice is the most likely token (temperature 0; top-k 1 unless mirostat,
+    /// which ignores top-k).
+    fn picks_the_likeliest(&self) -> bool {
+        self.temperature == 0.0 || (self.mirostat == 0 && self.top_k == 1)
     }
 
-    /// Whether DRY is on.
+    /// Whether any penalty changes the logits (mirostat takes them as they are).
+    fn penalizes(&self) -> bool {
+        self.mirostat == 0 && self.classic_penalties() || self.dry()
+    }
+
+    /// Whether the repetition, frequency or presence penalty is on.
+    fn classic_penalties(&self) -> bool {
+        self.repeat_penalty != 1.0 || self.frequency_penalty != 0.0 || self.presence_penalty != 0.0
+    }
+
+    /// Whether DRY is on (never under mirostat).
     fn dry(&self) -> bool {
-        self.dry_multiplier > 0.0 && self.dry_penalty_last_n > 0
+        self.mirostat == 0 && self.dry_multiplier > 0.0 && self.dry_penalty_last_n > 0
     }
 }
 
@@ -198,6 +227,8 @@ pub struct Sampler<'c> {
     candidates: Candidates<'c>,
     /// DRY's sequence breakers (none unless given).
     breakers: Option<Arc<SequenceBreakers>>,
+    /// Mirostat's surprise target, adapted after each draw.
+    mu: f32,
     /// How many candidates the last draw kept.
     kept: usize,
 }
@@ -272,6 +303,7 @@ impl<'c> Sampler<'c> {
             config,
             candidates,
             breakers: None,
+            mu: 2.0 * config.mirostat_tau,
             kept: 0,
         })
     }
@@ -292,13 +324,13 @@ impl<'c> Sampler<'c> {
     /// then pick the token itself (`Want::LastArgmax`) without handing over the logits.
     pub fn is_argmax(&self) -> bool {
         let c = &self.config;
-        (c.temperature == 0.0 || c.top_k == 1) && !c.penalizes()
+        c.picks_the_likeliest() && !c.penalizes()
     }
 
     /// Whether every choice is a function of the logits alone (greedy or top-k 1): no random
     /// draw, so a draft token is right exactly when it is that choice.
     pub fn is_deterministic(&self) -> bool {
-        self.config.temperature == 0.0 || self.config.top_k == 1
+        self.config.picks_the_likeliest()
     }
 
     /// The next token given `logits` and the tokens so far (for the repetition penalty).
@@ -312,7 +344,15 @@ impl<'c> Sampler<'c> {
             Choice::Token(t) => Ok(t),
             Choice::Candidates => {
                 let u = self.rng.next_f32();
-                Ok(draw(self.kept(), u))
+                let kept = self.kept();
+                let token = draw(kept, u);
+                let c = &self.config;
+                if c.mirostat != 0 {
+                    // The target moves against the surprise the draw had.
+                    let p = kept.iter().find(|k| k.0 == token).map_or(1.0, |k| k.1);
+                    self.mu -= c.mirostat_eta * (-libm::log2f(p) - c.mirostat_tau);
+                }
+                Ok(token)
             }
         }
     }
@@ -356,6 +396,12 @@ impl<'c> Sampler<'c> {
         draft: u32,
         draft_probs: &[Candidate],
     ) -> Result<Verdict> {
+        if self.config.mirostat != 0 && !self.config.picks_the_likeliest() {
+            return Err(Error::InvalidSampling {
+                field: "mirostat",
+                reason: "adapts with each token drawn, which speculative verification does not do",
+            });
+        }
         match self.filter(logits, history)? {
             Choice::Token(t) if t == draft => return Ok(Verdict::Accepted),
             Choice::Token(t) => return Ok(Verdict::Rejected(t)),
@@ -399,14 +445,14 @@ impl<'c> Sampler<'c> {
     /// typical, top-p, min-p, XTC, temperature.
     fn filter(&mut self, logits: &mut [f32], history: &[u32]) -> Result<Choice> {
         let c = &self.config;
-        if c.penalizes() {
+        if c.mirostat == 0 && c.classic_penalties() {
             apply_penalties(c, logits, history);
         }
         if c.dry() {
             let scratch = self.candidates.room(logits.len())?;
             apply_dry(c, self.breakers.as_deref(), logits, history, scratch);
         }
-        if c.temperature == 0.0 || c.top_k == 1 {
+        if c.picks_the_likeliest() {
             return Ok(Choice::Token(argmax(logits)));
         }
         let room = self.candidates.room(logits.len())?;
@@ -419,6 +465,10 @@ impl<'c> Sampler<'c> {
         }
         if n == 0 {
             return Ok(Choice::Token(0));
+        }
+        if c.mirostat != 0 {
+            self.kept = mirostat(&mut room[..n], c, self.mu, logits.len());
+            return Ok(Choice::Candidates);
         }
         if c.top_n_sigma > 0.0 {
             n = top_n_sigma(&mut room[..n], c.top_n_sigma);
@@ -471,6 +521,43 @@ impl<'c> Sampler<'c> {
         self.kept = n;
         Ok(Choice::Candidates)
     }
+}
+
+/// Mirostat's draw set, as llama.cpp's: `cand`'s logits at the temperature, softmaxed, most
+/// likely first; version 2 keeps the tokens whose surprise (`-log2 p`) is at most `mu`, version
+/// 1 the top k its Zipf estimate over the 100 likeliest gives for `mu` in a vocabulary of
+/// `n_vocab`. At least one; renormalized. Returns how many.
+fn mirostat(cand: &mut [Candidate], c: &SamplerConfig, mu: f32, n_vocab: usize) -> usize {
+    cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    softmax_in_place(cand, c.temperature);
+    let n = if c.mirostat == 2 {
+        cand.iter().take_while(|k| -libm::log2f(k.1) <= mu).count()
+    } else {
+        const M: usize = 100;
+        let (mut sum_tb, mut sum_tt) = (0.0f32, 0.0f32);
+        for i in 0..(M - 1).min(cand.len() - 1) {
+            let t = libm::logf((i + 2) as f32 / (i + 1) as f32);
+            let b = libm::logf(cand[i].1 / cand[i + 1].1);
+            sum_tb += t * b;
+            sum_tt += t * t;
+        }
+        let s_hat = sum_tb / sum_tt;
+        let epsilon = s_hat - 1.0;
+        let k = libm::powf(
+            epsilon * libm::powf(2.0, mu) / (1.0 - libm::powf(n_vocab as f32, -epsilon)),
+            1.0 / s_hat,
+        );
+        match k {
+            k if k.is_nan() => 1,
+            k if k >= cand.len() as f32 => cand.len(),
+            k => k as usize,
+        }
+    };
+    let n = n.clamp(1, cand.len());
+    let kept = &mut cand[..n];
+    let total: f32 = kept.iter().map(|k| k.1).sum();
+    kept.iter_mut().for_each(|k| k.1 /= total);
+    n
 }
 
 /// Keeps (first, in place) the candidates whose logits are within `n` standard deviations of
@@ -554,9 +641,6 @@ enum Choice {
 /// `frequency_penalty` times its count and `presence_penalty`. Quadratic in the window (no
 /// memory to count in); the window is short.
 fn apply_penalties(c: &SamplerConfig, logits: &mut [f32], history: &[u32]) {
-    if c.repeat_penalty == 1.0 && c.frequency_penalty == 0.0 && c.presence_penalty == 0.0 {
-        return;
-    }
     let start = history.len().saturating_sub(c.repeat_last_n);
     let recent = &history[start..];
     for (i, &t) in recent.iter().enumerate() {
@@ -1332,5 +1416,81 @@ mod tests {
             .unwrap();
         assert!(logits[5].is_finite() && logits[5] < -1e30, "{}", logits[5]);
         assert!(logits.iter().enumerate().all(|(t, l)| t == 5 || *l == 0.0));
+    }
+
+    /// Mirostat 2 keeps the tokens whose surprise is at most its target (first twice tau), and
+    /// moves the target against each draw's surprise: followed draw by draw.
+    #[test]
+    fn mirostat_2_tracks_its_target() {
+        let (tau, eta) = (1.0f32, 1.0f32);
+        let c = SamplerConfig {
+            mirostat: 2,
+            mirostat_tau: tau,
+            mirostat_eta: eta,
+            temperature: 1.0,
+            seed: 3,
+            ..SamplerConfig::default()
+        };
+        let mut s = Sampler::new(c).unwrap();
+        let p = [0.5f32, 0.25, 0.125, 0.125];
+        let mut mu = 2.0 * tau;
+        let mut probs = Vec::new();
+        for _ in 0..20 {
+            let mut logits: Vec<f32> = p.iter().map(|p| libm::logf(*p)).collect();
+            let t = s.sample_with_probs(&mut logits, &[], &mut probs).unwrap();
+            let kept: Vec<usize> = (0..4).filter(|&i| -libm::log2f(p[i]) <= mu).collect();
+            let kept = if kept.is_empty() { vec![0] } else { kept };
+            let total: f32 = kept.iter().map(|&i| p[i]).sum();
+            let want: Vec<(u32, f32)> = kept.iter().map(|&i| (i as u32, p[i] / total)).collect();
+            assert_close(&probs, &want);
+            let drawn = p[t as usize] / total;
+            mu -= eta * (-libm::log2f(drawn) - tau);
+        }
+    }
+
+    /// Mirostat 1 on a Zipf distribution of exponent 2 (p ∝ 1/i²) over 1000 tokens: its
+    /// estimate of the exponent is 2, so it keeps sqrt(2^mu / (1 - 1/1000)) tokens: 8 for mu 6.
+    #[test]
+    fn mirostat_1_keeps_the_zipf_estimates_top_k() {
+        let c = SamplerConfig {
+            mirostat: 1,
+            mirostat_tau: 3.0,
+            temperature: 1.0,
+            ..SamplerConfig::default()
+        };
+        let mut s = Sampler::new(c).unwrap();
+        let mut logits: Vec<f32> = (1..=1000).map(|i| -2.0 * libm::logf(i as f32)).collect();
+        let mut probs = Vec::new();
+        s.sample_with_probs(&mut logits, &[], &mut probs).unwrap();
+        assert_eq!(probs.len(), 8, "{probs:?}");
+    }
+
+    /// Under mirostat, as in llama.cpp, the penalties do not apply, top-k does not make it
+    /// greedy, and speculative verification (which would not adapt its target) is refused.
+    #[test]
+    fn mirostat_replaces_the_other_filters() {
+        let c = SamplerConfig {
+            mirostat: 2,
+            repeat_penalty: 1.5,
+            top_k: 1,
+            temperature: 1.0,
+            ..SamplerConfig::default()
+        };
+        let mut s = Sampler::new(c).unwrap();
+        assert!(!s.is_deterministic());
+        let greedy = Sampler::new(SamplerConfig {
+            temperature: 0.0,
+            ..c
+        })
+        .unwrap();
+        assert!(greedy.is_argmax(), "no penalty under mirostat");
+        assert!(s.verify(&mut [0.0, 1.0], &[], 1, &[(1, 1.0)]).is_err());
+        assert!(SamplerConfig { mirostat: 3, ..c }.validate().is_err());
+        assert!(SamplerConfig {
+            mirostat_tau: -1.0,
+            ..c
+        }
+        .validate()
+        .is_err());
     }
 }

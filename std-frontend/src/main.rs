@@ -289,6 +289,16 @@ struct SamplingArgs {
     #[arg(long, default_value_t = -1, allow_negative_numbers = true,
           value_parser = clap::value_parser!(i64).range(-1..))]
     dry_penalty_last_n: i64,
+    /// Mirostat 1 or 2 (0 disables): the draw set adapts so the text's surprise tracks
+    /// --mirostat-ent; it replaces the other filters and the penalties, as in llama.cpp.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=2))]
+    mirostat: u8,
+    /// Mirostat's learning rate (eta).
+    #[arg(long, default_value_t = 0.1)]
+    mirostat_lr: f32,
+    /// Mirostat's target surprise (tau), in bits.
+    #[arg(long, default_value_t = 5.0)]
+    mirostat_ent: f32,
     /// DRY: a text a repetition does not count across (repeatable; replaces the defaults:
     /// newline, ':', '"' and '*'; "none" for none).
     #[arg(long = "dry-sequence-breaker")]
@@ -736,7 +746,20 @@ enum DraftChoice {
 }
 
 impl DraftArgs {
-    fn open(&self, target: &Loaded, args: &ModelArgs) -> Result<DraftChoice> {
+    /// The draft asked for, for a target sampled as `sampling`.
+    fn open(
+        &self,
+        target: &Loaded,
+        args: &ModelArgs,
+        sampling: &SamplerConfig,
+    ) -> Result<DraftChoice> {
+        let drafting = self.draft_model.is_some() || self.draft.is_some();
+        if drafting && sampling.mirostat != 0 && sampling.temperature != 0.0 {
+            bail!(
+                "--mirostat does not combine with speculative decoding (--draft-model, --draft): \
+                 its target adapts with each token drawn"
+            );
+        }
         Ok(match (&self.draft_model, self.draft) {
             (Some(path), _) => DraftChoice::Model(Box::new(target.open_draft(args, path)?)),
             (None, Some(DraftArg::Ngram)) => DraftChoice::Ngram,
@@ -811,6 +834,9 @@ impl SamplingArgs {
             dry_base: self.dry_base,
             dry_allowed_length: self.dry_allowed_length,
             dry_penalty_last_n: usize::try_from(self.dry_penalty_last_n).unwrap_or(usize::MAX),
+            mirostat: self.mirostat,
+            mirostat_tau: self.mirostat_ent,
+            mirostat_eta: self.mirostat_lr,
             seed,
         }
     }
@@ -1161,7 +1187,7 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     }
     let sampling = a.sampling.config();
     let mut sampler = a.sampling.sampler(sampling, tok.as_deref())?;
-    let draft = a.draft.open(&l, &a.model)?;
+    let draft = a.draft.open(&l, &a.model, &sampling)?;
     let engine = l.engine(&m)?;
     let constrained = a.json || schema.is_some() || grammar.is_some();
     let mut constraint = match (&tok, constrained) {
@@ -1353,7 +1379,7 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
     let m = l.model()?;
     let sampling = a.sampling.config();
     let mut sampler = a.sampling.sampler(sampling, Some(&tok))?;
-    let draft = a.draft.open(&l, &a.model)?;
+    let draft = a.draft.open(&l, &a.model, &sampling)?;
     let draft_tokens = a.draft.draft_tokens as usize;
     let engine = l.engine(&m)?;
     let mut stop = l.files()?.eos_token_ids.clone();

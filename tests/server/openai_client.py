@@ -106,8 +106,9 @@ try:
     check(got.choices[0].text == penalized != want,
           f"presence and frequency penalties equal sapient generate's ({penalized!r})")
     # llama-server's samplers beyond: XTC (every draw excludes its top choices), top-n-sigma
-    # (a sliver of a deviation leaves the largest logit alone: greedy at any temperature) and
-    # typical sampling, each as `sapient generate`'s flags give it for the same seed.
+    # (a sliver of a deviation leaves the largest logit alone: greedy at any temperature),
+    # typical sampling, DRY and mirostat, each as `sapient generate`'s flags give it for the
+    # same seed.
     for label, fields, flags in [
         ("xtc", {"xtc_probability": 1.0, "xtc_threshold": 0.05},
          ["--xtc-probability", "1", "--xtc-threshold", "0.05"]),
@@ -117,6 +118,9 @@ try:
          ["--dry-multiplier", "0.8", "--dry-allowed-length", "1", "--dry-penalty-last-n", "64"]),
         ("dry with breakers", {"dry_multiplier": 0.8, "dry_sequence_breakers": [" the", "."]},
          ["--dry-multiplier", "0.8", "--dry-sequence-breaker", " the", "--dry-sequence-breaker", "."]),
+        ("mirostat 2", {"mirostat": 2, "mirostat_tau": 3.0, "mirostat_eta": 0.2},
+         ["--mirostat", "2", "--mirostat-ent", "3", "--mirostat-lr", "0.2"]),
+        ("mirostat 1", {"mirostat": 1, "mirostat_tau": 4.0}, ["--mirostat", "1", "--mirostat-ent", "4"]),
     ]:
         extra = dict(fields, top_k=0, min_p=0.0)
         served = client.completions.create(model=NAME, prompt=prompt, max_tokens=16, temperature=1.5,
@@ -138,7 +142,8 @@ try:
           f"dry: the loop broken ({plain!r} -> {dry!r})")
     for bad in [{"typical_p": 0}, {"xtc_probability": 2}, {"xtc_threshold": -1}, {"top_n_sigma": "x"},
                 {"dry_base": 0.5}, {"dry_penalty_last_n": -2}, {"dry_sequence_breakers": [""]},
-                {"dry_sequence_breakers": "x"}, {"dry_multiplier": -1}]:
+                {"dry_sequence_breakers": "x"}, {"dry_multiplier": -1}, {"mirostat": 3},
+                {"mirostat": 1.5}, {"mirostat_tau": -1}]:
         request = json.dumps(dict(model=NAME, prompt=prompt, max_tokens=2, **bad)).encode()
         status, err, _ = raw(port, "/v1/completions", request)
         check(status == 400 and list(bad)[0] in err["error"]["message"],

@@ -627,7 +627,7 @@ fn logprobs(body: &Value, kind: Kind) -> ApiResult<Option<usize>> {
 }
 
 /// llama-server's sampling fields beyond OpenAI's, which every chat-like route passes on.
-const LLAMA_SAMPLING: [&str; 13] = [
+const LLAMA_SAMPLING: [&str; 16] = [
     "top_k",
     "min_p",
     "repeat_penalty",
@@ -641,6 +641,9 @@ const LLAMA_SAMPLING: [&str; 13] = [
     "dry_allowed_length",
     "dry_penalty_last_n",
     "dry_sequence_breakers",
+    "mirostat",
+    "mirostat_tau",
+    "mirostat_eta",
 ];
 
 /// llama-server's `dry_penalty_last_n`: how many of the latest tokens DRY looks at, -1 all of
@@ -738,6 +741,13 @@ fn generation(body: &Value, kind: Kind, vocab_size: usize) -> ApiResult<Generati
         dry_base: number(body, "dry_base", 1.75, 1.0..=100.0)? as f32,
         dry_allowed_length: count(body, "dry_allowed_length", 2)?,
         dry_penalty_last_n: dry_penalty_last_n(body)?,
+        mirostat: number(body, "mirostat", 0.0, 0.0..=2.0)
+            .ok()
+            .filter(|m| m.fract() == 0.0)
+            .ok_or_else(|| ApiError::bad_request("mirostat must be 0, 1 or 2"))?
+            as u8,
+        mirostat_tau: number(body, "mirostat_tau", 5.0, 0.0..=100.0)? as f32,
+        mirostat_eta: number(body, "mirostat_eta", 0.1, 0.0..=10.0)? as f32,
         seed,
     };
     let dry_breakers = match body.get("dry_sequence_breakers") {
