@@ -46,6 +46,9 @@ pub struct SamplerConfig {
     pub dry_base: f32,
     /// The longest repetition DRY lets go unpenalized.
     pub dry_allowed_length: usize,
+    /// How many of the latest tokens DRY looks at (`usize::MAX`: all, up to the vocabulary's
+    /// size, as many as the candidates' buffer holds); 0 is off.
+    pub dry_penalty_last_n: usize,
     /// Mirostat (1 or 2, llama.cpp's `--mirostat`; 0 is off): each draw keeps the tokens
     /// whose surprise stays under a target it adapts so the text's surprise tracks
     /// `mirostat_tau` (learning rate `mirostat_eta`). As in llama.cpp it replaces every other
@@ -55,9 +58,6 @@ pub struct SamplerConfig {
     pub mirostat_tau: f32,
     /// Mirostat's learning rate.
     pub mirostat_eta: f32,
-    /// How many of the latest tokens DRY looks at (`usize::MAX`: all, up to the vocabulary's
-    /// size, as many as the candidates' buffer holds); 0 is off.
-    pub dry_penalty_last_n: usize,
     /// Seeds the random draws: the same seed and logits give the same tokens.
     pub seed: u64,
 }
@@ -160,7 +160,7 @@ impl SamplerConfig {
 
     /// Whether any penalty changes the logits (mirostat takes them as they are).
     fn penalizes(&self) -> bool {
-        self.mirostat == 0 && self.classic_penalties() || self.dry()
+        (self.mirostat == 0 && self.classic_penalties()) || self.dry()
     }
 
     /// Whether the repetition, frequency or presence penalty is on.
