@@ -1,8 +1,7 @@
 //! `Scratch`: the activation buffers of the layer loop, carved from memory the caller owns.
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::kernels::panel::X8;
-use crate::kernels::TILE;
+use crate::kernels::{most_transposed_tokens, TILE};
 
 /// Rows of logits computed at once in batches of at least this many tokens: the last tokens of
 /// that many sequences share one pass over the output matrix.
@@ -102,9 +101,9 @@ impl Layout {
             tmp,
             // The last tokens of several sequences (one row when decoding alone).
             logits: logit_rows(b) * c.vocab_size,
-            // A decode step of eight sequences or more also keeps a tile of its Q16 tokens
-            // transposed (`kernels::transposed_tokens`), as many bytes again.
-            quantized: (b + if b >= X8 { X8 } else { 0 }) * q16::row_bytes(widest)
+            // A decode step of several sequences also keeps its Q16 tokens transposed, padded
+            // to whole tiles (`kernels::transposed_tokens`).
+            quantized: (b + most_transposed_tokens(b)) * q16::row_bytes(widest)
                 + b * q8k::row_bytes(widest_k),
         })
     }

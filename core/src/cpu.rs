@@ -469,7 +469,7 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
             }
             *copy = Some(&*buf);
         }
-        // A decode step of eight sequences or more: its tile transposed once, not per chunk.
+        // A decode step of several sequences: its tiles transposed once, not per chunk.
         let mut transposed = None;
         let tile_format = mats
             .iter()
@@ -487,9 +487,9 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
                     });
                 }
                 let out = &mut core::mem::take(&mut rest)[..bytes];
-                transposed =
-                    self.kernels
-                        .transpose_tiles(format, &q16[..bytes], tokens, cols, out)?;
+                transposed = self
+                    .kernels
+                    .transpose_tiles(format, q16, n_tok, cols, out)?;
             }
         }
         let acts = Activations {

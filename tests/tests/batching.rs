@@ -129,7 +129,16 @@ fn shared_batches_give_each_sequence_its_own_bits() {
                     .collect();
                 // Alone, with one thread; together, with one and with two (the mat-muls then
                 // split by rows or by tokens depending on the batch).
-                for (batch, threads) in [(1, 1), (4, 1), (9, 2), (32, 1), (32, 2), (128, 2)] {
+                for (batch, threads) in [
+                    (1, 1),
+                    (4, 1),
+                    (6, 2),
+                    (9, 2),
+                    (13, 1),
+                    (32, 1),
+                    (32, 2),
+                    (128, 2),
+                ] {
                     let alone = run(&model, kv, &seqs, batch, false, &Serial);
                     let pool = Rayon::new(Some(threads)).unwrap();
                     let together = run(&model, kv, &seqs, batch, true, &pool);

@@ -57,16 +57,42 @@ pub const TILE: usize = 4;
 /// neither this choice nor how threads split rows or tokens changes a result.
 pub const PANEL_MIN_TOKENS: usize = 2 * panel::X8;
 
+/// Tokens left over past the whole tiles of `TILE` from which one more tile is run, padded
+/// with copies of the last token (their results dropped): one pass over the weights instead of
+/// one per token (a decode step of two sequences ran at 1.1x one's rate, three at 1.1x, where
+/// four ran at 2.5x).
+pub const TILE_PADDED_FROM: usize = 2;
+
+/// Tiles of `TILE` tokens for `n_tok` tokens: the whole ones, and one padded from
+/// `TILE_PADDED_FROM` tokens left over; the rest go one at a time.
+pub const fn tiles_of_four(n_tok: usize) -> usize {
+    n_tok / TILE + (n_tok % TILE >= TILE_PADDED_FROM) as usize
+}
+
 /// Tokens whose Q16 rows a mat-mul of `n_tok` tokens keeps transposed for the transposed-tile
-/// kernels (`Kernels::transpose_tiles`): the one tile of a decode step of `X8` to
-/// `PANEL_MIN_TOKENS - 1` sequences, so that its threads do not each transpose it again. More
-/// tokens take the panel kernels, or (`PanelDots::pack_from`) tiles each chunk transposes.
+/// kernels (`Kernels::transpose_tiles`), padding included: the tiles (`panel::x8_tiles`) of a
+/// decode step of fewer than `PANEL_MIN_TOKENS` sequences, so that its threads do not each
+/// transpose them again. More tokens take the panel kernels, or (`PanelDots::pack_from`) tiles
+/// each chunk transposes.
 pub const fn transposed_tokens(n_tok: usize) -> usize {
-    if n_tok >= panel::X8 && n_tok < PANEL_MIN_TOKENS {
-        panel::X8
+    if n_tok < PANEL_MIN_TOKENS {
+        panel::x8_tiles(n_tok) * panel::X8
     } else {
         0
     }
+}
+
+/// The most `transposed_tokens` of any mat-mul of at most `batch` tokens: what a scratch arena
+/// for such batches holds for them.
+pub const fn most_transposed_tokens(batch: usize) -> usize {
+    let (mut n, mut most) = (0, 0);
+    while n <= batch && n < PANEL_MIN_TOKENS {
+        if transposed_tokens(n) > most {
+            most = transposed_tokens(n);
+        }
+        n += 1;
+    }
+    most
 }
 
 /// `out[i] += Σ_k a[i·stride + k] · rows[k]`: `(out, a, stride, rows)`.
@@ -278,10 +304,11 @@ impl Kernels {
         &SIMD_TABLES
     }
 
-    /// Transposes the whole tiles of `panel::X8` tokens among `n_tok` Q16 activation rows of
-    /// `cols` values for `format`'s transposed-tile kernels, into `out`; `None` for a format
-    /// without them (or rows that are not whole blocks). A mat-mul split across threads then
-    /// transposes its tokens once (`Activations::transposed`).
+    /// Transposes the tiles of `panel::X8` tokens that the transposed-tile kernels take for
+    /// `n_tok` Q16 activation rows of `cols` values (`panel::x8_tiles`, a last tile padded with
+    /// copies of the last row) for `format`, into `out`; `None` for a format without them (or
+    /// rows that are not whole blocks). A mat-mul split across threads then transposes its
+    /// tokens once (`Activations::transposed`).
     ///
     /// # Errors
     /// [`Error::Length`] when `q16` is not `n_tok` Q16 rows of `cols`, or `out` holds fewer
@@ -302,7 +329,7 @@ impl Kernels {
         }
         let row = q16::row_bytes(cols);
         expect_len("Q16 activations", n_tok * row, q16.len())?;
-        let tiles = n_tok / panel::X8;
+        let tiles = panel::x8_tiles(n_tok);
         let tile_bytes = cols / QK * panel::X8_BLOCK_BYTES;
         let have = out.len();
         let out = out.get_mut(..tiles * tile_bytes).ok_or(Error::Length {
@@ -311,7 +338,10 @@ impl Kernels {
             got: have,
         })?;
         for (i, tile) in out.chunks_exact_mut(tile_bytes).enumerate() {
-            let xs = core::array::from_fn(|t| &q16[(panel::X8 * i + t) * row..][..row]);
+            let xs = core::array::from_fn(|t| {
+                let t = (panel::X8 * i + t).min(n_tok - 1);
+                &q16[t * row..][..row]
+            });
             (kernels.transpose_x8)(xs, 0, tile);
         }
         Ok(Some(TransposedTiles {
@@ -662,7 +692,10 @@ impl Kernels {
                     }
                     return Ok(());
                 }
-                let x4 = |t: usize| -> [&[u8]; TILE] { core::array::from_fn(|i| x1(t + i)) };
+                // Tokens past the end repeat the last one; `tile` drops their results.
+                let x4 = |t: usize| -> [&[u8]; TILE] {
+                    core::array::from_fn(|i| x1((t + i).min(n_tok - 1)))
+                };
                 tile(
                     n_rows,
                     n_tok,
@@ -690,7 +723,13 @@ impl Kernels {
                     n_rows,
                     n_tok,
                     |r, t| one(w_row(r), x1(t)),
-                    |r, t| four(w_row(r), core::array::from_fn(|i| x1(t + i))),
+                    |r, t| {
+                        // Tokens past the end repeat the last one; `tile` drops their results.
+                        four(
+                            w_row(r),
+                            core::array::from_fn(|i| x1((t + i).min(n_tok - 1))),
+                        )
+                    },
                     no_pairs,
                     |r, t, v| put(r, t, &[v]),
                 );
@@ -722,8 +761,9 @@ const ROW_BLOCK: usize = 64;
 /// Computes `rows × n_tok` results with kernels at (row, first token): one row and one token
 /// `one`, one row and `TILE` tokens `four`, and, where the format has them, four rows and one
 /// token and two rows and `TILE` tokens (`multi`); `put(r, t, value)` stores each. Rows go in
-/// blocks of `ROW_BLOCK`; within one, whole tiles of tokens take two rows at a time, the tokens
-/// left over (all of them when decoding) four rows at a time.
+/// blocks of `ROW_BLOCK`; within one, tiles of tokens (`tiles_of_four`: the last one may be
+/// padded, `four` and the pairs then given tokens past `n_tok`, whose results are dropped) take
+/// two rows at a time, the tokens left over (a token decoding alone) four rows at a time.
 fn tile(
     rows: usize,
     n_tok: usize,
@@ -735,7 +775,7 @@ fn tile(
     )>,
     mut put: impl FnMut(usize, usize, f32),
 ) {
-    let tiles = n_tok / TILE * TILE;
+    let tiles = tiles_of_four(n_tok) * TILE;
     for r0 in (0..rows).step_by(ROW_BLOCK) {
         let r1 = (r0 + ROW_BLOCK).min(rows);
         let (by_2, by_4) = match multi {
@@ -746,14 +786,14 @@ fn tile(
             if let Some((_, pair)) = &multi {
                 for r in (r0..by_2).step_by(2) {
                     let [v0, v1] = pair(r, t);
-                    for (i, (a, b)) in v0.into_iter().zip(v1).enumerate() {
+                    for (i, (a, b)) in v0.into_iter().zip(v1).enumerate().take(n_tok - t) {
                         put(r, t + i, a);
                         put(r + 1, t + i, b);
                     }
                 }
             }
             for r in by_2..r1 {
-                for (i, v) in four(r, t).into_iter().enumerate() {
+                for (i, v) in four(r, t).into_iter().enumerate().take(n_tok - t) {
                     put(r, t + i, v);
                 }
             }

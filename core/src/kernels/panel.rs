@@ -38,6 +38,19 @@ const CHUNK_BLOCKS: usize = 16;
 /// Tokens of a transposed tile (`rows_x8`): one per 32-bit lane of a 256-bit vector.
 pub const X8: usize = 8;
 
+/// Tokens left over past the whole transposed tiles from which one more tile is run, padded
+/// with copies of the last token (their results dropped): one pass over the weights for all of
+/// them, where a tile of four and single tokens make two to four (a decode step of five
+/// sequences ran at 0.78x four's rate, seven at 0.64x; padded, they run at eight's cost, 1.14x
+/// four's).
+pub const X8_PADDED_FROM: usize = 5;
+
+/// Transposed tiles that `matvec` runs for `n_tok` tokens: the whole ones, and one padded from
+/// `X8_PADDED_FROM` tokens left over.
+pub const fn x8_tiles(n_tok: usize) -> usize {
+    n_tok / X8 + (n_tok % X8 >= X8_PADDED_FROM) as usize
+}
+
 /// Weight rows per call of the transposed-tile kernel: one AMX tile of rows (the 256-bit kernels
 /// take them four at a time).
 pub const X8_ROWS: usize = 16;
@@ -141,11 +154,12 @@ pub fn matmul<'a>(
 }
 
 /// `rows × n_tok` results as `matmul` gives them, without packing (few tokens: decoding one
-/// sequence or a step of several): transposed tiles of `X8` tokens, then tiles of `TILE`, then
-/// one token at a time.
+/// sequence or a step of several): transposed tiles of `X8` tokens (`x8_tiles`), then a tile
+/// of `TILE` (`super::tiles_of_four`), then one token alone; a last tile short of tokens is
+/// padded with copies of the last one, whose results are dropped.
 ///
-/// `transposed`, where the caller has them, holds the tokens' whole tiles already transposed
-/// for these kernels (tile `i`: tokens `8i .. 8i + 8`, `nb` blocks), and nothing is transposed
+/// `transposed`, where the caller has them, holds the tokens' tiles already transposed for
+/// these kernels (tile `i`: tokens `8i .. 8i + 8`, `nb` blocks), and nothing is transposed
 /// here.
 #[allow(clippy::too_many_arguments)]
 pub fn matvec<'a>(
@@ -158,15 +172,19 @@ pub fn matvec<'a>(
     transposed: Option<&[u8]>,
     mut put: impl FnMut(usize, usize, &[f32]),
 ) {
-    let by_eight = n_tok / X8 * X8;
+    if n_tok == 0 {
+        return;
+    }
+    let by_eight = (x8_tiles(n_tok) * X8).min(n_tok);
     let tile_bytes = nb * X8_BLOCK_BYTES;
-    if let Some(tiles) = transposed.filter(|t| t.len() >= by_eight / X8 * tile_bytes) {
+    if let Some(tiles) = transposed.filter(|t| t.len() >= x8_tiles(n_tok) * tile_bytes) {
         for (i, tile) in tiles
             .chunks_exact(tile_bytes)
-            .take(by_eight / X8)
+            .take(x8_tiles(n_tok))
             .enumerate()
         {
-            rows_x8_transposed(kernels, rows, nb, &row, tile, |r, t, v| {
+            let tokens = (n_tok - X8 * i).min(X8);
+            rows_x8_transposed(kernels, rows, nb, &row, tile, tokens, |r, t, v| {
                 put(r, X8 * i + t, v)
             });
         }
@@ -181,25 +199,28 @@ pub fn matvec<'a>(
     if by_eight == n_tok {
         return;
     }
-    let tiles = by_eight + (n_tok - by_eight) / TILE * TILE;
+    let fours = by_eight + super::tiles_of_four(n_tok - by_eight) * TILE;
+    // Tokens past the end repeat the last one; their results are dropped.
+    let x = |t: usize| x(t.min(n_tok - 1));
     for r0 in (0..rows).step_by(PANEL) {
         // Rows past the end repeat the last one; their results are dropped.
         let panel = core::array::from_fn(|i| row((r0 + i).min(rows - 1)));
         let run = (rows - r0).min(PANEL);
-        for t0 in (by_eight..tiles).step_by(TILE) {
+        for t0 in (by_eight..fours).step_by(TILE) {
             let out = (kernels.rows_x4)(panel, core::array::from_fn(|i| x(t0 + i)));
-            for (i, out) in out.iter().enumerate() {
+            for (i, out) in out.iter().enumerate().take(n_tok - t0) {
                 put(r0, t0 + i, &out[..run]);
             }
         }
-        for t in tiles..n_tok {
+        for t in fours..n_tok {
             let out = (kernels.rows)(panel, x(t));
             put(r0, t, &out[..run]);
         }
     }
 }
 
-/// Tokens `0 .. n_tok` (a multiple of `X8`) in transposed tiles, `BLOCKS` blocks at a time.
+/// Tokens `0 .. n_tok` in transposed tiles, `BLOCKS` blocks at a time; a last tile short of
+/// tokens is padded with copies of the last one.
 fn tiles_x8<'a, const BLOCKS: usize>(
     kernels: &PanelDots,
     rows: usize,
@@ -211,22 +232,26 @@ fn tiles_x8<'a, const BLOCKS: usize>(
 ) {
     let mut transposed = Transposed([[0; X8_BLOCK_BYTES]; BLOCKS]);
     for t0 in (0..n_tok).step_by(X8) {
-        let xs = core::array::from_fn(|i| x(t0 + i));
+        let xs = core::array::from_fn(|i| x((t0 + i).min(n_tok - 1)));
+        let tokens = (n_tok - t0).min(X8);
         let transposed = transposed.0.as_flattened_mut();
-        rows_x8(kernels, rows, nb, row, xs, transposed, |r, t, v| {
+        rows_x8(kernels, rows, nb, row, xs, tokens, transposed, |r, t, v| {
             put(r, t0 + t, v)
         });
     }
 }
 
 /// Every weight row against one transposed tile of `X8` activation rows `xs` (`nb` blocks),
-/// through `transposed` (whole transposed blocks).
+/// through `transposed` (whole transposed blocks); the results of the first `tokens` go to
+/// `put`.
+#[allow(clippy::too_many_arguments)]
 fn rows_x8<'a>(
     kernels: &PanelDots,
     rows: usize,
     nb: usize,
     row: &impl Fn(usize) -> &'a [u8],
     xs: [&[u8]; X8],
+    tokens: usize,
     transposed: &mut [u8],
     mut put: impl FnMut(usize, usize, &[f32]),
 ) {
@@ -234,7 +259,7 @@ fn rows_x8<'a>(
     if nb <= chunk_blocks {
         let tile = &mut transposed[..nb * X8_BLOCK_BYTES];
         (kernels.transpose_x8)(xs, 0, tile);
-        return rows_x8_transposed(kernels, rows, nb, row, tile, put);
+        return rows_x8_transposed(kernels, rows, nb, row, tile, tokens, put);
     }
     for g0 in (0..rows).step_by(X8_GROUP_ROWS) {
         let group = (rows - g0).min(X8_GROUP_ROWS);
@@ -249,21 +274,22 @@ fn rows_x8<'a>(
                 (kernels.rows_x8)(w, b0, chunk, acc);
             }
         }
-        put_group(g0, group, &acc, &mut put);
+        put_group(g0, group, &acc, tokens, &mut put);
     }
 }
 
-/// Hands on the results of a group of rows from `g0` (`group` of them): one run of the rows
-/// per token, a call per token, not per result.
+/// Hands on the results of a group of rows from `g0` (`group` of them) for the tile's first
+/// `tokens`: one run of the rows per token, a call per token, not per result.
 fn put_group(
     g0: usize,
     group: usize,
     acc: &[[[f32; X8]; X8_ROWS]; X8_GROUP_ROWS / X8_ROWS],
+    tokens: usize,
     put: &mut impl FnMut(usize, usize, &[f32]),
 ) {
     let acc = acc.as_flattened();
     let mut run = [0f32; X8_GROUP_ROWS];
-    for t in 0..X8 {
+    for t in 0..tokens {
         for (o, acc) in run.iter_mut().zip(&acc[..group]) {
             *o = acc[t];
         }
@@ -271,13 +297,15 @@ fn put_group(
     }
 }
 
-/// Every weight row against one whole transposed tile (`nb` blocks).
+/// Every weight row against one whole transposed tile (`nb` blocks); the results of its first
+/// `tokens` go to `put`.
 fn rows_x8_transposed<'a>(
     kernels: &PanelDots,
     rows: usize,
     nb: usize,
     row: &impl Fn(usize) -> &'a [u8],
     tile: &[u8],
+    tokens: usize,
     mut put: impl FnMut(usize, usize, &[f32]),
 ) {
     let tile = &tile[..nb * X8_BLOCK_BYTES];
@@ -289,6 +317,6 @@ fn rows_x8_transposed<'a>(
             let w = core::array::from_fn(|i| row((g0 + X8_ROWS * q + i).min(rows - 1)));
             (kernels.rows_x8)(w, 0, tile, acc);
         }
-        put_group(g0, group, &acc, &mut put);
+        put_group(g0, group, &acc, tokens, &mut put);
     }
 }

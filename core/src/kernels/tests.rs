@@ -1064,6 +1064,26 @@ fn scalar_dots_are_the_dequantized_dots() {
     }
 }
 
+/// (First token, tokens) of the batches a token's result is checked in against all tokens at
+/// once: alone, in a tile of four padded or not, in transposed tiles of eight padded or not,
+/// and in panels.
+const BATCHES: [(usize, usize); 14] = [
+    (0, 1),
+    (5, 1),
+    (7, 2),
+    (1, 3),
+    (3, 4),
+    (2, 5),
+    (9, 6),
+    (0, 7),
+    (4, panel::X8 + 1),
+    (4, panel::X8 + 3),
+    (6, panel::X8 + TILE + 1),
+    (3, panel::X8 + 7),
+    (1, PANEL_MIN_TOKENS),
+    (2, PANEL_MIN_TOKENS + 5),
+];
+
 /// A token's mat-mul result does not depend on how many tokens go with it (one, a tile of four,
 /// transposed tiles of eight, panels from `PANEL_MIN_TOKENS` on), nor on the rows computed with
 /// it. Rows of 72 blocks: more than a transposed tile holds at once, so the tiles go by in chunks
@@ -1099,25 +1119,18 @@ fn batch_size_changes_no_result() {
         Kernels::best()
             .matmul_rows(&m, &acts(0, n_tok), 0, &mut all)
             .unwrap();
-        for (t0, n) in [
-            (0, 1),
-            (5, 1),
-            (3, 4),
-            (4, panel::X8 + 3),
-            (6, panel::X8 + TILE + 1),
-            (1, PANEL_MIN_TOKENS),
-            (2, PANEL_MIN_TOKENS + 5),
-        ] {
+        for (t0, n) in BATCHES {
             let mut part = vec![0f32; (rows - 3) * n];
             Kernels::best()
                 .matmul_rows(&m, &acts(t0, n), 3, &mut part)
                 .unwrap();
             // The same tokens with their tile transposed beforehand, as a decode step passes it.
-            let tiles = transposed_tokens(n);
-            let mut buf = vec![0u8; tiles * b16];
-            let q = &q16[t0 * b16..(t0 + tiles) * b16];
+            // (As a decode step does: no tiles from `PANEL_MIN_TOKENS` tokens on.)
+            let tiled = if transposed_tokens(n) > 0 { n } else { 0 };
+            let mut buf = vec![0u8; transposed_tokens(n) * b16];
+            let q = &q16[t0 * b16..(t0 + tiled) * b16];
             let transposed = Kernels::best()
-                .transpose_tiles(format, q, tiles, cols, &mut buf)
+                .transpose_tiles(format, q, tiled, cols, &mut buf)
                 .unwrap();
             let has_tiles = Kernels::best().dots(format).unwrap().panel.is_some();
             assert_eq!(transposed.is_some(), has_tiles, "{format} {n} tokens");
@@ -1143,6 +1156,60 @@ fn batch_size_changes_no_result() {
                         "{format} {n} tokens from {t0}: r{r} t{t}"
                     );
                 }
+            }
+        }
+    }
+}
+
+/// Float weights too: a token's result is the same alone, in a tile of four, or in a padded one.
+#[test]
+#[cfg_attr(miri, ignore = "too slow under Miri; run natively")]
+fn float_batch_size_changes_no_result() {
+    let (rows, cols, n_tok) = (11, 200, 2 * PANEL_MIN_TOKENS + 3);
+    let w: Vec<f32> = (0..rows * cols)
+        .map(|i| libm::sinf(i as f32 * 0.37))
+        .collect();
+    let x: Vec<f32> = (0..n_tok * cols)
+        .map(|i| libm::cosf(i as f32 * 0.11) * 4.0)
+        .collect();
+    let acts = |t0: usize, n: usize| Activations {
+        f32: &x[t0 * cols..(t0 + n) * cols],
+        q16: None,
+        q8k: None,
+        transposed: None,
+        n_tok: n,
+        cols,
+    };
+    for format in [Format::F32, Format::F16, Format::BF16] {
+        let bytes: Vec<u8> = match format {
+            Format::F32 => w.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            Format::F16 => w
+                .iter()
+                .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+                .collect(),
+            _ => w
+                .iter()
+                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                .collect(),
+        };
+        let m = Matrix::new(format, rows, cols, bytes.into()).unwrap();
+        let mut all = vec![0f32; rows * n_tok];
+        Kernels::best()
+            .matmul_rows(&m, &acts(0, n_tok), 0, &mut all)
+            .unwrap();
+        for (t0, n) in BATCHES {
+            let mut part = vec![0f32; rows * n];
+            Kernels::best()
+                .matmul_rows(&m, &acts(t0, n), 0, &mut part)
+                .unwrap();
+            for (t, part) in part.chunks(rows).enumerate() {
+                let whole = &all[(t0 + t) * rows..][..rows];
+                assert!(
+                    part.iter()
+                        .zip(whole)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{format} {n} tokens from {t0}: t{t}"
+                );
             }
         }
     }
