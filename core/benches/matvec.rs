@@ -290,6 +290,61 @@ fn decode_step_paths(c: &mut Criterion) {
     }
 }
 
+/// The two ways a k-quant decode step of a few tokens can take (they give the same bits): the
+/// tiles of four (`QuantDots::x4`, `rows2x4`) against the transposed tiles of sixteen
+/// (`k_panel`), for each x86 table, on a 2816 x 1024 matrix (a 1B model's gate projection) in
+/// Q4_K, Q6_K and IQ4_XS: where `KPanelDots::from_tokens` should lie.
+fn k_step_paths(c: &mut Criterion) {
+    let (rows, cols) = (2816, 1024);
+    let values: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919) % 2003) as f32 / 1001.0 - 1.0)
+        .collect();
+    for format in [Format::Q4K, Format::Q6K, Format::IQ4XS] {
+        let m = matrix(format, rows, cols, &values);
+        for (k, runs) in Kernels::simd_tables() {
+            if !runs() {
+                continue;
+            }
+            for n_tok in [4, 5, 8, 9, 12] {
+                let x: Vec<f32> = (0..n_tok * cols).map(|i| (i as f32 * 0.37).sin()).collect();
+                let (q16, q8k) = quantized(k, &x, cols);
+                let acts = Activations {
+                    f32: &x,
+                    q16: Some(&q16),
+                    q8k: Some(&q8k),
+                    transposed: None,
+                    n_tok,
+                    cols,
+                };
+                let mut out = vec![0f32; rows * n_tok];
+                let name = format!("k_step_{n_tok}x{rows}x{cols}_{}_{}", format.name(), k.name);
+                let mut group = c.benchmark_group(name);
+                group.sample_size(20);
+                for (name, from) in [("tiles_of_four", usize::MAX), ("k_panel", 1)] {
+                    let mut table = Kernels::clone(k);
+                    let dots = match format {
+                        Format::Q4K => &mut table.q4_k,
+                        Format::Q6K => &mut table.q6_k,
+                        _ => &mut table.iq4_xs,
+                    };
+                    let Some(p) = dots.k_panel.as_mut() else {
+                        continue;
+                    };
+                    p.from_tokens = from;
+                    group.bench_function(name, |b| {
+                        b.iter(|| {
+                            table
+                                .matmul_rows(black_box(&m), black_box(&acts), 0, &mut out)
+                                .unwrap()
+                        })
+                    });
+                }
+                group.finish();
+            }
+        }
+    }
+}
+
 /// Summing a buffer far larger than the caches: the memory bandwidth one core can stream.
 fn memory_bandwidth(c: &mut Criterion) {
     let buf: Vec<u64> = (0..(256 << 20) / 8).map(|i| i as u64).collect();
@@ -311,6 +366,7 @@ criterion_group!(
     k_panel_dot,
     matmul_decode_steps,
     decode_step_paths,
+    k_step_paths,
     memory_bandwidth
 );
 criterion_main!(benches);

@@ -99,7 +99,11 @@ impl KTokens {
 }
 
 /// The k-quant mat-mul kernels of one format on one instruction set.
+#[derive(Clone)]
 pub struct KPanelDots {
+    /// Tokens from which a mat-mul takes these kernels (fewer take the format's tiles of four,
+    /// `QuantDots::x4` and `rows2x4`): both ways give the same bits.
+    pub from_tokens: usize,
     /// Super-block `s` of each weight row into its `KRow`, as many as both hold (as
     /// `unpack_ref` does; a row too short for it gives `KRow::ZERO`).
     pub unpack: fn(&[&[u8]], usize, &mut [KRow]),

@@ -115,6 +115,7 @@ pub type PanelRowsX8 =
     fn([&[u8]; panel::X8_ROWS], usize, &[u8], &mut [[f32; panel::X8]; panel::X8_ROWS]);
 
 /// The many-token kernel of one weight format (see `panel`).
+#[derive(Clone)]
 pub struct PanelDots {
     /// Packs blocks `b0 ..` of `PANEL` weight rows (`None`: a padding row of zeros) into as many
     /// whole packed blocks as the output holds, as `panel::pack_ref` does.
@@ -147,6 +148,7 @@ pub struct PanelDots {
 
 /// One weight format's dot products with activation rows in its `Format::activation_format`.
 /// The multi-row shapes load each activation block once for all their rows.
+#[derive(Clone)]
 pub struct QuantDots {
     /// One weight row · one activation row.
     pub one: fn(&[u8], &[u8]) -> f32,
@@ -166,6 +168,9 @@ pub struct QuantDots {
 
 /// One instruction set's kernels. Each entry is memory-safe for any input (it works on the whole
 /// blocks that all arguments hold); the checked functions of this module validate lengths first.
+/// A table is plain function pointers: a copy with an entry changed is how a benchmark compares
+/// two ways of one mat-mul.
+#[derive(Clone)]
 pub struct Kernels {
     /// The table's name (`scalar`, `avx2`, `neon+dotprod`, `simd128`, ...).
     pub name: &'static str,
@@ -667,11 +672,7 @@ impl Kernels {
                 let xb = acts.row_bytes(x.cols);
                 expect_len(acts.name(), xb * x.n_tok, q.len())?;
                 let x1 = |t: usize| &q[(toks.start + t) * xb..(toks.start + t + 1) * xb];
-                if let Some(kernels) = dots
-                    .k_panel
-                    .as_ref()
-                    .filter(|_| x.n_tok >= PANEL_MIN_TOKENS)
-                {
+                if let Some(kernels) = dots.k_panel.as_ref().filter(|k| x.n_tok >= k.from_tokens) {
                     let ns = x.cols / quant::k_quants::QK_K;
                     k_panel::matmul(kernels, n_rows, ns, w_row, n_tok, x1, put);
                     return Ok(());

@@ -13,6 +13,7 @@ use crate::quant::q8k::SUM_SPAN;
 /// The panel kernels of format `K`.
 pub(super) const fn k_panel<K: KBytes>() -> KPanelDots {
     KPanelDots {
+        from_tokens: PANEL_MIN_TOKENS,
         unpack: unpack::<K>,
         folds_scales: false,
         transpose: |xs, s, out| *out = transpose_ref(xs, s),

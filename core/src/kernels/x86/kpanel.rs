@@ -11,10 +11,24 @@ use crate::quant::q8k::SUM_SPAN;
 /// The panel kernels of format `K` on instruction set `ISA`.
 pub(super) const fn k_panel<K: KBytes, const ISA: u8>() -> KPanelDots {
     KPanelDots {
+        from_tokens: from_tokens::<ISA>(),
         unpack: unpack::<K, false>,
         folds_scales: false,
         transpose,
         dot: tile_dot::<K, ISA>,
+    }
+}
+
+/// Tokens from which a mat-mul takes these kernels rather than the tiles of four: a tile of
+/// sixteen tokens costs what a few tokens do, so it wins once the tiles of four make enough
+/// passes. `cargo bench -p sapient-core --bench matvec -- k_step` (a 2816 x 1024 matrix, Q4_K,
+/// Q6_K, IQ4_XS; BENCHMARKS.md): with AVX-512 VNNI the tile of sixteen cost 0.79-1.22x four
+/// tokens' tiles and 0.41-0.64x eight's; on 256-bit vectors 2.0-2.6x four's, 0.89-1.10x nine's
+/// and 0.69-0.88x twelve's.
+const fn from_tokens<const ISA: u8>() -> usize {
+    match ISA {
+        AVX512_VNNI => 5,
+        _ => 10,
     }
 }
 

@@ -20,6 +20,7 @@ use core::mem::MaybeUninit;
 /// The k-quant kernels of format `K` on AMX (and AVX-512 for the rest).
 pub(super) const fn k_panel<K: KBytes>() -> KPanelDots {
     KPanelDots {
+        from_tokens: PANEL_MIN_TOKENS,
         unpack: unpack::<K, true>,
         folds_scales: true,
         transpose,
