@@ -96,6 +96,7 @@ BASES = {
                   {"type": "function_call_output", "call_id": "c1", "output": "ok"}],
         "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}],
         "text": {"format": {"type": "text"}}, "store": False,
+        "include": ["message.output_text.logprobs"], "top_logprobs": 2,
     },
     "/completion": {"prompt": "Once upon a time", "n_predict": 2, "temperature": 0.5, "top_k": 20},
     "/infill": {"input_prefix": "def f(", "input_suffix": "\n", "prompt": "x",
@@ -113,7 +114,8 @@ FIELDS = ["model", "messages", "prompt", "input", "max_tokens", "max_completion_
           "system", "stop_sequences", "thinking", "output_config", "max_tokens", "instructions",
           "max_output_tokens", "text", "reasoning", "store", "previous_response_id", "background", "truncation",
           "grammar", "json_schema", "top_n_sigma", "typical_p", "xtc_probability", "xtc_threshold",
-          "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers"]
+          "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers",
+          "include"]
 
 
 def weird(rng, depth=0):

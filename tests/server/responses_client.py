@@ -7,8 +7,9 @@ Usage: tests/server/responses_client.py SAPIENT_BINARY MODEL.gguf
 A response equals the chat route's reply to the same conversation (greedy), whole and
 streamed; `previous_response_id` continues a stored conversation (its prefix found in the
 cache), `store: false` keeps nothing; stored responses are retrieved and deleted; tools
-(forced, streamed, a result carried back), structured output and reasoning reach it; errors
-come in OpenAI's shape with their statuses.
+(forced, streamed, a result carried back), structured output and reasoning reach it; the
+output text's log-probabilities are the chat route's; errors come in OpenAI's shape with their
+statuses.
 """
 import json
 import sys
@@ -155,6 +156,35 @@ with serve_process.served(BIN, MODEL, NAME, "--api-key", KEY, "--ctx", "1024", "
     check(digits.status == "completed" and digits.output_text.isdigit(),
           f"the grammar extension: a sentence of it ({digits.output_text!r})")
 
+    # Log-probabilities: the chat route's for the same conversation, whole and streamed.
+    chat = client.chat.completions.create(model=NAME, temperature=0, max_tokens=12, logprobs=True, top_logprobs=3,
+                                          messages=[{"role": "user", "content": question}])
+    chat_lp = [(t.token, t.logprob, [(a.token, a.logprob) for a in t.top_logprobs])
+               for t in chat.choices[0].logprobs.content]
+    lp = client.responses.create(model=NAME, input=question, max_output_tokens=12, temperature=0,
+                                 include=["message.output_text.logprobs"], top_logprobs=3)
+    part = lp.output[0].content[0]
+    got = [(t.token, t.logprob, [(a.token, a.logprob) for a in t.top_logprobs]) for t in part.logprobs]
+    check(got == chat_lp and len(got) == lp.usage.output_tokens and "".join(t[0] for t in got) == part.text and
+          all(len(t[2]) == 3 and t[2][0][1] >= t[2][-1][1] for t in got) and lp.top_logprobs == 3,
+          f"include message.output_text.logprobs, top_logprobs 3: the chat route's ({len(got)} tokens)")
+    deltas, done = [], None
+    with client.responses.stream(model=NAME, input=question, max_output_tokens=12, temperature=0,
+                                 include=["message.output_text.logprobs"], top_logprobs=3) as s:
+        for event in s:
+            if event.type == "response.output_text.delta":
+                deltas += [(t.token, t.logprob, [(a.token, a.logprob) for a in t.top_logprobs])
+                           for t in event.logprobs]
+            if event.type == "response.output_text.done":
+                done = [t.token for t in event.logprobs]
+        final = s.get_final_response()
+    final_lp = [(t.token, t.logprob, [(a.token, a.logprob) for a in t.top_logprobs])
+                for t in final.output[0].content[0].logprobs]
+    check(deltas == chat_lp and done == [t[0] for t in chat_lp] and final_lp == chat_lp,
+          "streamed: the deltas' logprobs add up to the same, as do the done event's and the response's")
+    plain = client.responses.create(model=NAME, input=question, max_output_tokens=4, temperature=0)
+    check(plain.output[0].content[0].logprobs == [], "no logprobs unless asked for")
+
     try:
         OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="wrong", max_retries=0).responses.create(
             model=NAME, input=question)
@@ -181,6 +211,8 @@ with serve_process.served(BIN, MODEL, NAME, "--api-key", KEY, "--ctx", "1024", "
         ("truncation auto", {"input": question, "truncation": "auto"}, "truncation"),
         ("max_output_tokens 0", {"input": question, "max_output_tokens": 0}, "max_output_tokens"),
         ("temperature out of range", {"input": question, "temperature": 5}, "temperature"),
+        ("top_logprobs 21", {"input": question, "top_logprobs": 21}, "top_logprobs"),
+        ("include of a string", {"input": question, "include": "message.output_text.logprobs"}, "include"),
         ("a prompt longer than the context", {"input": "hello " * 2000}, "context"),
     ]
     for what, body, word in bad:

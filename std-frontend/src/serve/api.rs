@@ -590,7 +590,7 @@ struct Generation {
 const MAX_CHOICES: usize = 16;
 
 /// The most likely tokens a request may ask for at each position (OpenAI's limit).
-const MAX_TOP_LOGPROBS: usize = 20;
+pub(super) const MAX_TOP_LOGPROBS: usize = 20;
 
 /// Whether (and with how many likeliest tokens) `kind`'s request asks for log-probabilities:
 /// chat has `logprobs: true` and `top_logprobs: n`, completions `logprobs: n`.

@@ -18,9 +18,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Map, Value};
 
+use super::super::detokenize::{chat_logprobs, Reported};
 use super::{
     launch, now_secs, parse_body, prepare_chat, read_body, request_id, sse, ApiError, ApiResult,
-    AppState, Ended, Piece, StreamShape, Usage, LLAMA_SAMPLING,
+    AppState, Ended, Piece, StreamShape, Usage, LLAMA_SAMPLING, MAX_TOP_LOGPROBS,
 };
 
 /// Most responses kept for `previous_response_id` and `GET /v1/responses/{id}`.
@@ -339,13 +340,55 @@ fn refuse_unsupported(body: &Value) -> ApiResult<()> {
             return Err(bad(format!("{key} is not supported by this server")));
         }
     }
-    if body
-        .get("top_logprobs")
-        .is_some_and(|v| !v.is_null() && v.as_u64() != Some(0))
-    {
-        return Err(bad("top_logprobs is not supported on /v1/responses"));
-    }
     Ok(())
+}
+
+/// What `include` names that asks for the output text's log-probabilities.
+const INCLUDE_LOGPROBS: &str = "message.output_text.logprobs";
+
+/// Whether the request asks for its reply's log-probabilities (`include` names
+/// `message.output_text.logprobs`, or `top_logprobs` is above 0), and with how many likeliest
+/// tokens at each position. `include`'s other values name what this server has none of
+/// (hosted tools' results, encrypted reasoning), so they add nothing.
+fn requested_logprobs(body: &Value) -> ApiResult<Option<usize>> {
+    let included = match body.get("include") {
+        None | Some(Value::Null) => false,
+        Some(Value::Array(items)) => {
+            let mut included = false;
+            for item in items {
+                let Some(item) = item.as_str() else {
+                    return Err(bad("include must be an array of strings"));
+                };
+                included |= item == INCLUDE_LOGPROBS;
+            }
+            included
+        }
+        Some(_) => return Err(bad("include must be an array of strings")),
+    };
+    let top = match body.get("top_logprobs") {
+        None | Some(Value::Null) => 0,
+        Some(v) => v
+            .as_u64()
+            .filter(|n| *n as usize <= MAX_TOP_LOGPROBS)
+            .ok_or_else(|| {
+                bad(format!(
+                    "top_logprobs must be a whole number from 0 to {MAX_TOP_LOGPROBS}"
+                ))
+            })? as usize,
+    };
+    Ok((included || top > 0).then_some(top))
+}
+
+/// Tokens' log-probabilities as an output text's `logprobs`: `{token, logprob, bytes,
+/// top_logprobs}` each, as the chat route has them.
+fn logprob_entries(state: &AppState, tokens: &[Reported]) -> Vec<Value> {
+    if tokens.is_empty() {
+        return Vec::new();
+    }
+    match chat_logprobs(&state.tokenizer, tokens)["content"].take() {
+        Value::Array(entries) => entries,
+        _ => Vec::new(),
+    }
 }
 
 /// Reads a Responses request into the chat route's, with the stored conversation it
@@ -371,6 +414,7 @@ fn read_request(state: &AppState, body: &Value) -> ApiResult<ResponseRequest> {
         Some(Value::String(s)) => Some(s.as_str()),
         Some(_) => return Err(bad("instructions must be a string")),
     };
+    let logprobs = requested_logprobs(body)?;
     history.extend(input_messages(body.get("input").unwrap_or(&json!([])))?);
     if history.is_empty() {
         return Err(bad("input must be a string or a non-empty array of items"));
@@ -431,6 +475,10 @@ fn read_request(state: &AppState, body: &Value) -> ApiResult<ResponseRequest> {
     let variables = template_variables(body)?;
     if !variables.is_empty() {
         chat.insert("chat_template_kwargs".into(), Value::Object(variables));
+    }
+    if let Some(top) = logprobs {
+        chat.insert("logprobs".into(), json!(true));
+        chat.insert("top_logprobs".into(), json!(top));
     }
 
     let head = response_head(state, body, chat.get("max_tokens"), store);
@@ -512,6 +560,7 @@ fn response_head(state: &AppState, body: &Value, max_tokens: Option<&Value>, sto
         "text": { "format": format },
         "tool_choice": field("tool_choice", json!("auto")),
         "tools": field("tools", json!([])),
+        "top_logprobs": field("top_logprobs", json!(0)),
         "top_p": field("top_p", json!(1.0)),
         "truncation": "disabled",
         "usage": null,
@@ -525,8 +574,8 @@ fn item_id(prefix: &str, response_id: &str, index: usize) -> String {
     format!("{prefix}_{stem}{index:02}")
 }
 
-fn output_text(text: &str) -> Value {
-    json!({ "type": "output_text", "text": text, "annotations": [], "logprobs": [] })
+fn output_text(text: &str, logprobs: &[Value]) -> Value {
+    json!({ "type": "output_text", "text": text, "annotations": [], "logprobs": logprobs })
 }
 
 fn reasoning_text(text: &str) -> Value {
@@ -538,9 +587,9 @@ fn reasoning_item(id: &str, text: &str, status: &str) -> Value {
             "content": [reasoning_text(text)] })
 }
 
-fn message_item(id: &str, text: &str, status: &str) -> Value {
+fn message_item(id: &str, text: &str, logprobs: &[Value], status: &str) -> Value {
     json!({ "type": "message", "id": id, "status": status, "role": "assistant",
-            "content": [output_text(text)] })
+            "content": [output_text(text, logprobs)] })
 }
 
 /// A call (in OpenAI's chat shape) as a `function_call` item.
@@ -562,6 +611,9 @@ fn assistant_message(content: &str, calls: &[Value]) -> Value {
 struct Finished<'a> {
     reasoning: &'a str,
     content: &'a str,
+    /// The reply's tokens' log-probabilities (`logprob_entries`), when asked for: the
+    /// message's, as the chat route reports them (reasoning's and calls' tokens too).
+    logprobs: &'a [Value],
     calls: &'a [Value],
     ended: &'a Ended,
     input_tokens: usize,
@@ -616,6 +668,7 @@ fn output_items(id: &str, f: &Finished<'_>) -> Vec<Value> {
         items.push(message_item(
             &item_id("msg", id, items.len()),
             f.content,
+            f.logprobs,
             status,
         ));
     }
@@ -646,6 +699,11 @@ struct ResponseEvents {
     output: Vec<Value>,
     /// The open item's kind and text.
     open: Option<(Open, String)>,
+    /// The open message's tokens' log-probabilities (when asked for).
+    logprobs: Vec<Value>,
+    /// Those of tokens reported with no text of the message (before it opened, or held back
+    /// text's), for its next delta.
+    pending: Vec<Value>,
     /// The open call in the chat route's shape, and its arguments so far (filled in when it
     /// ends).
     call: Option<(Value, String)>,
@@ -689,15 +747,17 @@ impl ResponseEvents {
             }
             Open::Message => {
                 let id = item_id("msg", &self.response_id(), index);
-                let item = message_item(&id, &text, status);
-                (item, output_text(&text), "response.output_text.done")
+                self.logprobs.append(&mut self.pending);
+                let item = message_item(&id, &text, &self.logprobs, status);
+                let part = output_text(&text, &self.logprobs);
+                (item, part, "response.output_text.done")
             }
         };
         let at = json!({ "item_id": item["id"], "output_index": index, "content_index": 0 });
         let mut text_done = at.clone();
         text_done["text"] = json!(text);
         if kind == Open::Message {
-            text_done["logprobs"] = json!([]);
+            text_done["logprobs"] = json!(std::mem::take(&mut self.logprobs));
         }
         out.push(self.event(done, text_done));
         let mut part_done = at;
@@ -710,8 +770,9 @@ impl ResponseEvents {
         self.output.push(item);
     }
 
-    /// Streams `delta` into an item of `kind`, opening one (and closing another) as needed.
-    fn delta(&mut self, kind: Open, delta: &str, out: &mut Vec<SseEvent>) {
+    /// Streams `delta` into an item of `kind`, opening one (and closing another) as needed; a
+    /// message's with its tokens' log-probabilities `logprobs` (and those pending).
+    fn delta(&mut self, kind: Open, delta: &str, logprobs: Vec<Value>, out: &mut Vec<SseEvent>) {
         if self.open.as_ref().map(|(k, _)| *k) != Some(kind) {
             self.close(out);
             let index = self.output.len();
@@ -724,9 +785,9 @@ impl ResponseEvents {
                 }
                 Open::Message => {
                     let id = item_id("msg", &self.response_id(), index);
-                    let mut item = message_item(&id, "", "in_progress");
+                    let mut item = message_item(&id, "", &[], "in_progress");
                     item["content"] = json!([]);
-                    (item, output_text(""))
+                    (item, output_text("", &[]))
                 }
             };
             let item_id = item["id"].clone();
@@ -755,7 +816,12 @@ impl ResponseEvents {
             }
             Open::Message => {
                 self.content += delta;
-                v["logprobs"] = json!([]);
+                let mut logprobs = logprobs;
+                if !self.pending.is_empty() {
+                    logprobs.splice(0..0, self.pending.drain(..));
+                }
+                self.logprobs.extend(logprobs.iter().cloned());
+                v["logprobs"] = json!(logprobs);
                 "response.output_text.delta"
             }
         };
@@ -829,9 +895,16 @@ impl StreamShape for ResponseEvents {
                 out.push(self.event("response.created", response.clone()));
                 out.push(self.event("response.in_progress", response));
             }
-            Piece::Text("", _) | Piece::Reasoning("") => {}
-            Piece::Text(text, _) => self.delta(Open::Message, text, &mut out),
-            Piece::Reasoning(text) => self.delta(Open::Reasoning, text, &mut out),
+            Piece::Reasoning("") => {}
+            Piece::Text("", tokens) => {
+                let entries = logprob_entries(&self.state, tokens);
+                self.pending.extend(entries);
+            }
+            Piece::Text(text, tokens) => {
+                let entries = logprob_entries(&self.state, tokens);
+                self.delta(Open::Message, text, entries, &mut out);
+            }
+            Piece::Reasoning(text) => self.delta(Open::Reasoning, text, Vec::new(), &mut out),
             Piece::Call(_, id, name) => self.call(id, name, &mut out),
             Piece::Arguments(_, delta) => self.arguments(delta, &mut out),
             Piece::Finish(ended) => {
@@ -849,6 +922,7 @@ impl StreamShape for ResponseEvents {
         let finished = Finished {
             reasoning: &self.reasoning,
             content: &self.content,
+            logprobs: &[],
             calls: &self.calls,
             ended: &ended,
             input_tokens: usage.prompt_tokens,
@@ -858,7 +932,8 @@ impl StreamShape for ResponseEvents {
         // A reply of nothing at all is one empty message, as whole answers have it.
         if output.is_empty() {
             let id = item_id("msg", &self.response_id(), 0);
-            output.push(message_item(&id, "", "completed"));
+            let logprobs = std::mem::take(&mut self.pending);
+            output.push(message_item(&id, "", &logprobs, "completed"));
         }
         let response = finished_response(&self.head, output, &finished);
         if let Some(mut history) = self.history.take() {
@@ -907,6 +982,8 @@ pub async fn create_response(
             state: state.clone(),
             output: Vec::new(),
             open: None,
+            logprobs: Vec::new(),
+            pending: Vec::new(),
             reasoning: String::new(),
             content: String::new(),
             calls: Vec::new(),
@@ -924,9 +1001,11 @@ pub async fn create_response(
         cached_tokens: choice.whole.cached_tokens,
     };
     let reply = &choice.reply;
+    let logprobs = logprob_entries(&state, &choice.whole.logprobs);
     let finished = Finished {
         reasoning: &reply.reasoning,
         content: &reply.content,
+        logprobs: &logprobs,
         calls: &reply.calls,
         ended: &ended,
         input_tokens,
@@ -1104,6 +1183,7 @@ mod tests {
             let f = Finished {
                 reasoning: "hmm",
                 content: "Hi",
+                logprobs: &[],
                 calls,
                 ended,
                 input_tokens: 7,
