@@ -68,17 +68,22 @@ impl Str {
     }
 }
 
-/// The part of a number read so far.
+/// Digits a number's integer part, fraction or exponent may have, as llama.cpp's JSON grammars
+/// allow: more say nothing a model means, and an unbounded run of digits is a loop a sampled
+/// model can fall into until `max_tokens` (a 400-digit population was seen).
+pub const MAX_DIGITS: u8 = 16;
+
+/// The part of a number read so far; the digit parts with their digits so far.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Number {
     Minus,
     Zero,
-    Int,
+    Int(u8),
     Dot,
-    Fraction,
+    Fraction(u8),
     E,
     ExponentSign,
-    Exponent,
+    Exponent(u8),
 }
 
 impl Number {
@@ -87,7 +92,7 @@ impl Number {
         match b {
             b'-' => Some(Number::Minus),
             b'0' => Some(Number::Zero),
-            b'1'..=b'9' => Some(Number::Int),
+            b'1'..=b'9' => Some(Number::Int(1)),
             _ => None,
         }
     }
@@ -96,27 +101,36 @@ impl Number {
     pub fn is_whole(self) -> bool {
         matches!(
             self,
-            Number::Zero | Number::Int | Number::Fraction | Number::Exponent
+            Number::Zero | Number::Int(_) | Number::Fraction(_) | Number::Exponent(_)
         )
     }
 
     /// The next byte; an `integer` has no fraction or exponent.
     #[inline]
     pub fn next(self, b: u8, integer: bool) -> Step<Number> {
+        let more = |n: u8| (n < MAX_DIGITS).then_some(n + 1);
         let next = match (self, b) {
-            (Number::Minus, b'0') => Number::Zero,
-            (Number::Minus, b'1'..=b'9') => Number::Int,
-            (Number::Int, b'0'..=b'9') => Number::Int,
-            (Number::Zero | Number::Int, b'.') if !integer => Number::Dot,
-            (Number::Dot | Number::Fraction, b'0'..=b'9') => Number::Fraction,
-            (Number::Zero | Number::Int | Number::Fraction, b'e' | b'E') if !integer => Number::E,
-            (Number::E, b'+' | b'-') => Number::ExponentSign,
-            (Number::E | Number::ExponentSign | Number::Exponent, b'0'..=b'9') => Number::Exponent,
+            (Number::Minus, b'0') => Some(Number::Zero),
+            (Number::Minus, b'1'..=b'9') => Some(Number::Int(1)),
+            (Number::Int(n), b'0'..=b'9') => more(n).map(Number::Int),
+            (Number::Zero | Number::Int(_), b'.') if !integer => Some(Number::Dot),
+            (Number::Dot, b'0'..=b'9') => Some(Number::Fraction(1)),
+            (Number::Fraction(n), b'0'..=b'9') => more(n).map(Number::Fraction),
+            (Number::Zero | Number::Int(_) | Number::Fraction(_), b'e' | b'E') if !integer => {
+                Some(Number::E)
+            }
+            (Number::E, b'+' | b'-') => Some(Number::ExponentSign),
+            (Number::E | Number::ExponentSign, b'0'..=b'9') => Some(Number::Exponent(1)),
+            (Number::Exponent(n), b'0'..=b'9') => more(n).map(Number::Exponent),
             // A whole number ends at the first byte that cannot continue it.
             (n, _) if n.is_whole() => return Step::End,
             _ => return Step::Invalid,
         };
-        Step::Continue(next)
+        match next {
+            Some(next) => Step::Continue(next),
+            // One digit too many cannot follow.
+            None => Step::Invalid,
+        }
     }
 }
 
@@ -158,5 +172,59 @@ impl Word {
             len: self.len + 1,
             ..self
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// How `text` reads as one number followed by a space: whole, or the byte where it was
+    /// refused or ended early.
+    fn read(text: &str, integer: bool) -> Result<(), usize> {
+        let bytes = text.as_bytes();
+        let mut n = Number::start(bytes[0]).ok_or(0usize)?;
+        for (i, &b) in bytes
+            .iter()
+            .enumerate()
+            .skip(1)
+            .chain([(bytes.len(), &b' ')])
+        {
+            match n.next(b, integer) {
+                Step::Continue(next) => n = next,
+                Step::End if i == bytes.len() => return Ok(()),
+                Step::End | Step::Invalid => return Err(i),
+            }
+        }
+        Err(bytes.len())
+    }
+
+    #[test]
+    fn numbers_have_at_most_sixteen_digits_a_part() {
+        let sixteen = "1234567890123456";
+        for ok in [
+            "0",
+            "-0",
+            "7",
+            sixteen,
+            &format!("-{sixteen}"),
+            &format!("0.{sixteen}"),
+            &format!("{sixteen}.{sixteen}e-{sixteen}"),
+            "1E+5",
+        ] {
+            assert_eq!(read(ok, false), Ok(()), "{ok}");
+        }
+        for (bad, at) in [
+            (format!("{sixteen}7"), 16),
+            (format!("-{sixteen}7"), 17),
+            (format!("1.{sixteen}7"), 18),
+            (format!("1e{sixteen}7"), 18),
+            ("01".to_owned(), 1),
+            ("1.".to_owned(), 2),
+            ("1e+".to_owned(), 3),
+        ] {
+            assert_eq!(read(&bad, false), Err(at), "{bad}");
+        }
+        assert_eq!(read("1.5", true), Err(1), "an integer ends before its dot");
     }
 }
