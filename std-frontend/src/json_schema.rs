@@ -54,10 +54,13 @@ enum Node {
         min: u32,
         max: u32,
     },
-    /// Properties in order: the key as JSON string content (escaped), its value's node.
+    /// Properties in order: the key as JSON string content (escaped), its value's node; and
+    /// how many of them it has at least and at most (`minProperties`, `maxProperties`).
     Object {
         properties: Vec<(Vec<u8>, NodeId)>,
         required: u64,
+        fewest: u8,
+        most: u8,
     },
     /// An object of any keys whose values are of one node (`additionalProperties` a schema,
     /// no `properties`: a dictionary).
@@ -242,6 +245,8 @@ impl<'v> Compiler<'v> {
                         | "items"
                         | "minItems"
                         | "maxItems"
+                        | "minProperties"
+                        | "maxProperties"
                         | "enum"
                         | "const"
                         | "anyOf"
@@ -327,6 +332,7 @@ impl<'v> Compiler<'v> {
                 let Node::Object {
                     properties,
                     required,
+                    ..
                 } = &self.nodes[o as usize]
                 else {
                     return Ok(None);
@@ -432,6 +438,12 @@ impl<'v> Compiler<'v> {
     }
 
     fn object(&mut self, obj: &serde_json::Map<String, Value>, depth: usize) -> Result<NodeId> {
+        let counted = ["minProperties", "maxProperties"]
+            .into_iter()
+            .find(|k| obj.contains_key(*k));
+        if let (Some(key), None) = (counted, obj.get("properties")) {
+            bail!("json_schema: {key} is supported on objects of listed properties only");
+        }
         let props = match (obj.get("properties"), obj.get("additionalProperties")) {
             (Some(props), _) => props,
             // No properties: any keys, with values of the additional properties' schema.
@@ -481,6 +493,16 @@ impl<'v> Compiler<'v> {
                 bail!("json_schema: required property {name:?} is not among the properties");
             }
         }
+        let fewest = Self::count(obj, "minProperties", 0)?;
+        let most = Self::count(obj, "maxProperties", u32::MAX)?.min(props.len() as u32);
+        if fewest > most || (required.len() as u32) > most {
+            bail!(
+                "json_schema: no object has {fewest} to {most} of these {} properties with the \
+                 {} required ones",
+                props.len(),
+                required.len()
+            );
+        }
         let id = self.push(Node::Any { object: true })?;
         let mut properties = Vec::with_capacity(props.len());
         let mut required_bits = 0u64;
@@ -498,6 +520,9 @@ impl<'v> Compiler<'v> {
         self.nodes[id as usize] = Node::Object {
             properties,
             required: required_bits,
+            // Both at most `props.len()`, which is at most `MAX_CHOICES`.
+            fewest: fewest as u8,
+            most: most as u8,
         };
         Ok(id)
     }
@@ -647,10 +672,19 @@ impl SchemaPrefix {
     }
 
     /// The properties a key may name: those not given yet.
-    fn key_candidates(properties: &[(Vec<u8>, NodeId)], given: u64) -> u64 {
-        let all = u64::MAX >> (64 - properties.len().max(1));
-        let all = if properties.is_empty() { 0 } else { all };
+    /// The properties an object of `properties`, at most `most` of them, may still be given
+    /// after those `given`, one bit each.
+    fn key_candidates(properties: &[(Vec<u8>, NodeId)], most: u8, given: u64) -> u64 {
+        if properties.is_empty() || given.count_ones() >= u32::from(most) {
+            return 0;
+        }
+        let all = u64::MAX >> (64 - properties.len());
         all & !given
+    }
+
+    /// Whether an object may close once the properties `given` are in.
+    fn object_whole(required: u64, fewest: u8, given: u64) -> bool {
+        required & !given == 0 && given.count_ones() >= u32::from(fewest)
     }
 
     /// The first byte of a value of `node`.
@@ -752,11 +786,13 @@ impl SchemaPrefix {
             }
             Lex::Key { close } => {
                 let top = self.top()?;
-                let (properties, required) = match &schema.nodes[top.node as usize] {
+                let (properties, required, fewest, most) = match &schema.nodes[top.node as usize] {
                     Node::Object {
                         properties,
                         required,
-                    } => (properties, required),
+                        fewest,
+                        most,
+                    } => (properties, *required, *fewest, *most),
                     Node::Map { .. } => {
                         return match b {
                             b'}' if close => self.close(schema),
@@ -770,9 +806,11 @@ impl SchemaPrefix {
                     _ => return None,
                 };
                 match b {
-                    b'}' if close && required & !top.progress == 0 => self.close(schema),
+                    b'}' if close && Self::object_whole(required, fewest, top.progress) => {
+                        self.close(schema)
+                    }
                     b'"' => {
-                        let candidates = Self::key_candidates(properties, top.progress);
+                        let candidates = Self::key_candidates(properties, most, top.progress);
                         (candidates != 0).then_some(())?;
                         self.with(Lex::KeyText { len: 0, candidates })
                     }
@@ -895,11 +933,13 @@ impl SchemaPrefix {
             Node::Object {
                 properties,
                 required,
+                fewest,
+                most,
             } => match b {
-                b',' if Self::key_candidates(properties, top.progress) != 0 => {
+                b',' if Self::key_candidates(properties, *most, top.progress) != 0 => {
                     self.with(Lex::Key { close: false })
                 }
-                b'}' if required & !top.progress == 0 => self.close(schema),
+                b'}' if Self::object_whole(*required, *fewest, top.progress) => self.close(schema),
                 _ => None,
             },
             Node::Map { .. } => match b {
@@ -1139,6 +1179,38 @@ mod tests {
     }
 
     #[test]
+    fn property_counts_bound_an_object() {
+        let one_of_two = Schema::compile(&json!({
+            "type": "object",
+            "properties": {"call": {"type": "object"}, "response": {"type": "string"}},
+            "minProperties": 1,
+            "maxProperties": 1,
+        }))
+        .unwrap();
+        assert!(whole(&one_of_two, r#"{"call": {}}"#));
+        assert!(whole(&one_of_two, r#"{"response": "hi"}"#));
+        assert!(
+            accepts(&one_of_two, "{}").is_none(),
+            "fewer than minProperties"
+        );
+        assert!(
+            accepts(&one_of_two, r#"{"response": "hi","#).is_none(),
+            "more than maxProperties"
+        );
+        let two_of_three = Schema::compile(&json!({
+            "type": "object",
+            "properties": {"a": {"type": "integer"}, "b": {"type": "integer"},
+                           "c": {"type": "integer"}},
+            "minProperties": 2,
+            "maxProperties": 2,
+        }))
+        .unwrap();
+        assert!(whole(&two_of_three, r#"{"c": 1, "a": 2}"#));
+        assert!(accepts(&two_of_three, r#"{"c": 1}"#).is_none());
+        assert!(accepts(&two_of_three, r#"{"c": 1, "a": 2,"#).is_none());
+    }
+
+    #[test]
     fn unsupported_schemas_are_errors_naming_the_problem() {
         for (schema, words) in [
             (
@@ -1165,6 +1237,20 @@ mod tests {
             (
                 json!({"type": "object", "properties": {"a": {"type": "decimal"}}}),
                 "\"decimal\"",
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a", "b"],
+                       "maxProperties": 1}),
+                "no object has",
+            ),
+            (
+                json!({"type": "object", "properties": {"a": {}}, "minProperties": 2}),
+                "no object has",
+            ),
+            (
+                json!({"type": "object", "additionalProperties": {"type": "string"},
+                       "minProperties": 1}),
+                "minProperties",
             ),
         ] {
             let e = Schema::compile(&schema).expect_err(&schema.to_string());

@@ -324,10 +324,14 @@ impl ToolFormat {
                     .collect()
             }
             ToolFormat::Generic => {
+                // One of the two, as llama.cpp's `anyOf` of the two objects has it: a call
+                // with a response after it ran on to `max_tokens`, and `{}` said nothing.
                 let schema = self.reply_schema(&all, |call| {
                     json!({
                         "type": "object",
                         "properties": {"tool_call": call, "response": {"type": "string"}},
+                        "minProperties": 1,
+                        "maxProperties": 1,
                     })
                 });
                 let triggers = match thinks {
@@ -1044,6 +1048,11 @@ mod tests {
             r#"{"tool_call": {"name": "get_weather", "arguments": {}}}"#
         ));
         assert!(!whole(r#"{"answer": "Hello."}"#));
+        // One or the other, never both nor neither.
+        assert!(!whole(
+            r#"{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}, "response": "x"}"#
+        ));
+        assert!(!whole("{}"));
     }
 
     /// A call cut short (the reply ran out of tokens) is a call as far as it is written; text
