@@ -315,6 +315,20 @@ impl<'c> Sampler<'c> {
         self
     }
 
+    /// A fresh sampler of the same configuration and sequence breakers, drawing from `seed`:
+    /// a draft model's, whose proposals should follow the target's distribution.
+    ///
+    /// # Errors
+    /// None in practice (the configuration was checked already); as [`Sampler::new`].
+    pub fn reseeded(&self, seed: u64) -> Result<Sampler<'static>> {
+        let mut sampler = Sampler::new(SamplerConfig {
+            seed,
+            ..self.config
+        })?;
+        sampler.breakers = self.breakers.clone();
+        Ok(sampler)
+    }
+
     /// Its configuration.
     pub fn config(&self) -> &SamplerConfig {
         &self.config
@@ -1396,6 +1410,32 @@ mod tests {
             .sample(&mut logits, &history)
             .unwrap();
         assert_eq!(logits, vec![0.0f32; 10]);
+    }
+
+    /// A reseeded sampler (a draft model's) keeps the configuration and the breakers: on the
+    /// worked example above, the breaker `b c` still stops every penalty; only the seed changes.
+    #[test]
+    fn a_reseeded_sampler_keeps_its_breakers() {
+        let history = [1, 2, 3, 3, 2, 3, 9, 1, 2, 3];
+        let c = SamplerConfig {
+            temperature: 0.8,
+            dry_multiplier: 1.0,
+            dry_base: 2.0,
+            dry_allowed_length: 2,
+            seed: 7,
+            ..SamplerConfig::default()
+        };
+        let target = Sampler::new(c)
+            .unwrap()
+            .with_sequence_breakers(Arc::new(SequenceBreakers::new(vec![(2, vec![3])])));
+        let draft = target.reseeded(99).unwrap();
+        assert_eq!(draft.config().seed, 99);
+        assert_eq!(draft.config().temperature, 0.8);
+        let mut logits = vec![0.0f32; 10];
+        let mut greedy = draft.reseeded(1).unwrap();
+        greedy.config.temperature = 0.0;
+        greedy.sample(&mut logits, &history).unwrap();
+        assert_eq!(logits, vec![0.0f32; 10], "no penalty past the breaker");
     }
 
     /// A long run of one token: the penalty's exponent stops where the power would overflow,

@@ -768,13 +768,21 @@ impl DraftArgs {
     }
 }
 
+/// What a draft model's sampler's seed is: the target's, mixed, so that the two draw apart.
+const DRAFT_SEED_MIX: u64 = 0xd4af_7000;
+
+/// A draft model's sampler: `target`'s configuration and DRY breakers, with another seed, so
+/// that its proposals follow the target's distribution.
+fn draft_sampler(target: &Sampler<'_>) -> Result<Sampler<'static>> {
+    Ok(target.reseeded(target.config().seed ^ DRAFT_SEED_MIX)?)
+}
+
 /// Calls `f` with a session of `ctx` positions on `engine` and the draft `choice` asks for (a
-/// draft model gets a session of the same size, and a sampler configured as `sampling` with
-/// another seed).
+/// draft model gets a session of the same size, and draws with `draft_sampler`).
 fn with_draft<R>(
     engine: &Engine<'_, '_>,
     choice: &DraftChoice,
-    sampling: SamplerConfig,
+    draft_sampler: Sampler<'static>,
     ctx: usize,
     batch: usize,
     f: impl FnOnce(&mut dyn Session, Option<&mut Draft<'_>>) -> Result<R>,
@@ -786,11 +794,7 @@ fn with_draft<R>(
             let m = l.model()?;
             let draft_engine = l.engine(&m)?;
             draft_engine.with_session(ctx, batch, |ds| {
-                let sampler = Sampler::new(SamplerConfig {
-                    seed: sampling.seed ^ 0xd4af_7000,
-                    ..sampling
-                })?;
-                let mut draft = Draft::Model(Box::new(ModelDraft::new(ds, sampler)));
+                let mut draft = Draft::Model(Box::new(ModelDraft::new(ds, draft_sampler)));
                 engine.with_session(ctx, batch, |s| f(s, Some(&mut draft)))
             })
         }
@@ -1223,7 +1227,8 @@ fn cmd_generate(a: GenerateArgs) -> Result<()> {
     let draft_tokens = a.draft.draft_tokens as usize;
     // Ctrl-C ends the generation: what was generated stays printed, and the exit code is 130.
     ctrlc::set_handler(|| INTERRUPTED.store(true, Ordering::SeqCst))?;
-    let (stats, why, spec) = with_draft(&engine, &draft, sampling, ctx, batch, |session, d| {
+    let drafting = draft_sampler(&sampler)?;
+    let (stats, why, spec) = with_draft(&engine, &draft, drafting, ctx, batch, |session, d| {
         generate_with(
             session,
             d.map(|d| (d, draft_tokens)),
@@ -1397,7 +1402,7 @@ fn cmd_chat(a: ChatArgs) -> Result<()> {
     with_draft(
         &engine,
         &draft,
-        sampling,
+        draft_sampler(&sampler)?,
         a.ctx,
         DEFAULT_BATCH,
         |session, mut d| loop {
