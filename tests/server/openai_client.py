@@ -257,8 +257,32 @@ try:
     check(both.text == prompt + gen["text"] and both.logprobs.token_logprobs[-4:] == lp.logprobs.token_logprobs
           and both.logprobs.text_offset[5:] == [len(prompt) + o for o in lp.logprobs.text_offset],
           "echo with token ids and generation: the prompt, then the same tokens and logprobs as without it")
-    for route, body in [("/v1/completions", {"prompt": "x", "echo": True, "stream": True}),
-                        ("/v1/chat/completions", {"messages": messages, "echo": True}),
+    # Streamed, the prompt comes first in a chunk of its own (with its tokens' logprobs), then
+    # the generated text: the whole answer's text and logprobs, piece by piece.
+    for n in [1, 2]:
+        parts, tokens, logprobs, offsets = {}, {}, {}, {}
+        for chunk in client.completions.create(model=NAME, prompt=scored, max_tokens=6, echo=True, logprobs=2,
+                                               temperature=0, stream=True, n=n):
+            for c in chunk.choices:
+                parts.setdefault(c.index, []).append(c.text)
+                if c.logprobs:
+                    tokens.setdefault(c.index, []).extend(c.logprobs.tokens)
+                    logprobs.setdefault(c.index, []).extend(c.logprobs.token_logprobs)
+                    offsets.setdefault(c.index, []).extend(c.logprobs.text_offset)
+        echo_whole = client.completions.create(model=NAME, prompt=scored, max_tokens=6, echo=True, logprobs=2,
+                                          temperature=0).choices[0]
+        firsts = [next(p for p in parts[i] if p) for i in range(n)]
+        want = echo_whole.logprobs
+        check(all("".join(parts[i]) == echo_whole.text and firsts[i] == scored and tokens[i] == want.tokens
+                  and logprobs[i] == want.token_logprobs and offsets[i] == want.text_offset for i in range(n)),
+              f"echo streamed ({n} choice{'s' * (n > 1)}): the prompt's chunk first, then the whole answer's "
+              "text and logprobs piece by piece")
+    plain = "".join(c.choices[0].text for c in client.completions.create(
+        model=NAME, prompt=prompt, max_tokens=4, echo=True, temperature=0, stream=True))
+    check(plain == prompt + client.completions.create(model=NAME, prompt=prompt, max_tokens=4,
+                                                      temperature=0).choices[0].text,
+          "echo streamed without logprobs: the prompt, then the text")
+    for route, body in [("/v1/chat/completions", {"messages": messages, "echo": True}),
                         ("/v1/completions", {"prompt": "x", "max_tokens": 0})]:
         status, err, _ = raw(port, route, json.dumps({"model": NAME, **body}).encode())
         check(status == 400 and ("echo" in err["error"]["message"] or "max_tokens" in err["error"]["message"]),

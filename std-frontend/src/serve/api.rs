@@ -771,11 +771,6 @@ fn generation(body: &Value, kind: Kind, vocab_size: usize) -> ApiResult<Generati
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(ApiError::bad_request("stream must be a boolean")),
     };
-    if stream && echo {
-        return Err(ApiError::bad_request(
-            "echo with stream is not supported by this server (echo answers whole)",
-        ));
-    }
     let include_usage = body
         .pointer("/stream_options/include_usage")
         .and_then(Value::as_bool)
@@ -985,6 +980,10 @@ fn finish_reason(f: Finish) -> &'static str {
 enum Piece<'a> {
     /// The first chunk (chat's has the role).
     Open,
+    /// Before a choice's first token: the log-probabilities of the prompt's tokens after the
+    /// first, where `echo` asked for them (empty otherwise). Only the completions route's echo
+    /// shows it.
+    Prompt(&'a [TokenLogprobs]),
     Text(&'a str, &'a [Reported]),
     /// Reasoning, told apart from the reply's content.
     Reasoning(&'a str),
@@ -1058,6 +1057,9 @@ struct StreamedChoice {
     calls: Option<StreamedCalls>,
     /// Splits the reasoning from the content, where the reply's is told apart.
     reasoning: Option<ReasoningWatch>,
+    /// The prompt's tokens' log-probabilities as they arrive, until the choice's first token
+    /// hands them on (`Piece::Prompt`).
+    prompt: Option<Vec<TokenLogprobs>>,
     /// The prompt's tokens found in the cache.
     cached: usize,
     ended: Option<usize>,
@@ -1194,9 +1196,18 @@ fn sse(
                 continue;
             }
             let (i, event) = st.next_event().await;
+            if matches!(event, Some(Event::Token { .. } | Event::Done { .. })) {
+                if let Some(prompt) = st.choices[i].prompt.take() {
+                    st.queue(i, Piece::Prompt(&prompt));
+                }
+            }
             let (finish, stop_string, completion) = match event {
-                // Only `echo` asks for these, and it does not stream.
-                Some(Event::PromptLogprobs(_)) => continue,
+                Some(Event::PromptLogprobs(entries)) => {
+                    if let Some(prompt) = &mut st.choices[i].prompt {
+                        prompt.extend(entries);
+                    }
+                    continue;
+                }
                 Some(Event::Started { cached_tokens }) => {
                     st.choices[i].cached = cached_tokens;
                     continue;
@@ -1637,13 +1648,24 @@ impl Kind {
     }
 
     /// A choice of a streamed chunk; `logprobs` is null unless the request asked for them.
-    fn chunk_choice(self, index: usize, piece: Piece<'_>, tokenizer: Option<&Tokenizer>) -> Value {
+    /// With `echo` (completions), the prompt's text and its log-probabilities are the
+    /// `Piece::Prompt` chunk's, and the text's offsets count from the prompt's start.
+    fn chunk_choice(
+        self,
+        index: usize,
+        piece: Piece<'_>,
+        tokenizer: Option<&Tokenizer>,
+        echo: Option<&Echo>,
+    ) -> Value {
         let (content, finish, logprobs) = match piece {
-            Piece::Open | Piece::Call(..) | Piece::Arguments(..) | Piece::Reasoning(_) => {
-                ("", None, Value::Null)
-            }
+            Piece::Open
+            | Piece::Prompt(_)
+            | Piece::Call(..)
+            | Piece::Arguments(..)
+            | Piece::Reasoning(_) => ("", None, Value::Null),
             Piece::Text(text, tokens) => {
-                let lp = tokenizer.map_or(Value::Null, |t| self.logprobs(t, tokens, None));
+                let shift = echo.map(|e| (&[][..], &[][..], e.chars));
+                let lp = tokenizer.map_or(Value::Null, |t| self.logprobs(t, tokens, shift));
                 (text, None, lp)
             }
             Piece::Finish(ref ended) => ("", Some(ended.reason), Value::Null),
@@ -1652,6 +1674,7 @@ impl Kind {
             Kind::Chat => {
                 let delta = match piece {
                     Piece::Open => json!({ "role": "assistant", "content": "" }),
+                    Piece::Prompt(_) => json!({}),
                     Piece::Text(..) => json!({ "content": content }),
                     Piece::Reasoning(text) => json!({ "reasoning_content": text }),
                     Piece::Call(k, id, name) => {
@@ -1668,8 +1691,18 @@ impl Kind {
                 json!({ "index": index, "delta": delta, "logprobs": logprobs,
                         "finish_reason": finish })
             }
-            Kind::Completion => json!({ "index": index, "text": content, "logprobs": logprobs,
-                                        "finish_reason": finish }),
+            Kind::Completion => {
+                let (content, logprobs) = match (piece, echo) {
+                    (Piece::Prompt(prompt), Some(e)) => {
+                        let echoed = Some((&e.ids[..], prompt, e.chars));
+                        let lp = tokenizer.map_or(Value::Null, |t| self.logprobs(t, &[], echoed));
+                        (e.text.as_str(), lp)
+                    }
+                    _ => (content, logprobs),
+                };
+                json!({ "index": index, "text": content, "logprobs": logprobs,
+                        "finish_reason": finish })
+            }
         }
     }
 
@@ -1789,6 +1822,7 @@ impl Launched<'_> {
                     made: 0,
                 }),
                 reasoning: self.reply.reasoning.map(ReasoningWatch::new),
+                prompt: Some(Vec::new()),
                 cached: 0,
                 ended: None,
             });
@@ -1835,6 +1869,14 @@ impl Launched<'_> {
     }
 }
 
+/// The prompt a completion with `echo` starts with: its tokens, its text, and that text's
+/// length in characters (where the completion's offsets start).
+struct Echo {
+    ids: Vec<u32>,
+    text: String,
+    chars: usize,
+}
+
 /// OpenAI's streamed chunks of `kind`'s route.
 struct OpenAiChunks {
     kind: Kind,
@@ -1843,13 +1885,19 @@ struct OpenAiChunks {
     /// Names the tokens of `logprobs`, for requests that ask for them.
     tokenizer: Option<Arc<Tokenizer>>,
     include_usage: bool,
+    /// The prompt each choice's text starts with (completions' `echo`).
+    echo: Option<Echo>,
 }
 
 impl StreamShape for OpenAiChunks {
     fn piece(&mut self, choice: usize, piece: Piece<'_>) -> Vec<SseEvent> {
+        if matches!(piece, Piece::Prompt(_)) && self.echo.is_none() {
+            return Vec::new();
+        }
         let mut v = self.head.clone();
         let tokenizer = self.tokenizer.as_deref();
-        v["choices"] = json!([self.kind.chunk_choice(choice, piece, tokenizer)]);
+        let echo = self.echo.as_ref();
+        v["choices"] = json!([self.kind.chunk_choice(choice, piece, tokenizer, echo)]);
         vec![data(v)]
     }
 
@@ -1871,7 +1919,8 @@ impl StreamShape for OpenAiChunks {
 }
 
 /// Generates from `ids` and answers in `kind`'s shape: server-sent chunks, or one object. With
-/// `echo` (the prompt's text; whole answers only), the answer starts with the prompt.
+/// `echo` (the prompt's text), the answer starts with the prompt (streamed: a chunk of its own
+/// before the first token's).
 async fn answer(
     state: &AppState,
     kind: Kind,
@@ -1895,6 +1944,11 @@ async fn answer(
             head: head(chunk_object),
             tokenizer,
             include_usage: g.include_usage,
+            echo: echo.map(|text| Echo {
+                ids: ids.clone(),
+                chars: text.chars().count(),
+                text,
+            }),
         };
         return Ok(sse(launched.streamed(), prompt_tokens, shape).into_response());
     }

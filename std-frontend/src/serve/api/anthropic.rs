@@ -389,7 +389,7 @@ impl StreamShape for MessageEvents {
                 "message_start",
                 json!({ "type": "message_start", "message": self.message }),
             )),
-            Piece::Text("", _) | Piece::Reasoning("") => {}
+            Piece::Text("", _) | Piece::Reasoning("") | Piece::Prompt(_) => {}
             Piece::Text(text, _) => {
                 let block = json!({ "type": "text", "text": "" });
                 let index = self.ensure(Block::Text, block, &mut out);

@@ -91,9 +91,11 @@ impl StreamShape for NativeChunks {
                 let v = last(&self.model, "", &ended, self.evaluated, self.truncated);
                 vec![data(v)]
             }
-            Piece::Open | Piece::Reasoning(_) | Piece::Call(..) | Piece::Arguments(..) => {
-                Vec::new()
-            }
+            Piece::Open
+            | Piece::Prompt(_)
+            | Piece::Reasoning(_)
+            | Piece::Call(..)
+            | Piece::Arguments(..) => Vec::new(),
         }
     }
 

@@ -895,7 +895,7 @@ impl StreamShape for ResponseEvents {
                 out.push(self.event("response.created", response.clone()));
                 out.push(self.event("response.in_progress", response));
             }
-            Piece::Reasoning("") => {}
+            Piece::Reasoning("") | Piece::Prompt(_) => {}
             Piece::Text("", tokens) => {
                 let entries = logprob_entries(&self.state, tokens);
                 self.pending.extend(entries);
