@@ -121,7 +121,7 @@ fn k_panel_dot(c: &mut Criterion) {
             (kernels.transpose)(xs, 0, &mut tile);
             let mut acc = vec![[0f32; K_TOKENS]; K_ROWS];
             group.bench_function(format.name(), |b| {
-                b.iter(|| (kernels.dot)(black_box(&unpacked), black_box(&tile), &mut acc))
+                b.iter(|| (kernels.dot)(black_box(&unpacked), black_box(&tile), K_TOKENS, &mut acc))
             });
         }
         group.finish();
@@ -305,7 +305,7 @@ fn k_step_paths(c: &mut Criterion) {
             if !runs() {
                 continue;
             }
-            for n_tok in [4, 5, 8, 9, 12] {
+            for n_tok in [2, 3, 4, 5, 8, 9, 12] {
                 let x: Vec<f32> = (0..n_tok * cols).map(|i| (i as f32 * 0.37).sin()).collect();
                 let (q16, q8k) = quantized(k, &x, cols);
                 let acts = Activations {

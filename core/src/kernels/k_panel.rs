@@ -114,8 +114,10 @@ pub struct KPanelDots {
     /// a row too short for it gives a token of zeros).
     pub transpose: fn([&[u8]; K_TOKENS], usize, &mut KTokens),
     /// Unpacked rows · a transposed tile: `acc[r][t] +=` the super-block's `q8k_step`, for
-    /// the first `K_MICRO`-multiple of rows `rows` and `acc` both hold.
-    pub dot: fn(&[KRow], &KTokens, &mut [[f32; K_TOKENS]]),
+    /// the first `K_MICRO`-multiple of rows `rows` and `acc` both hold, and at least the
+    /// tile's first `tokens` tokens (a decode step's few: the lanes past them may be left
+    /// as they were).
+    pub dot: fn(&[KRow], &KTokens, usize, &mut [[f32; K_TOKENS]]),
 }
 
 /// Super-block `s` of one row in format `K`, with the scaled values too where `folds_scales`:
@@ -214,7 +216,8 @@ pub fn matmul<'a>(
                     // Tokens past the end repeat the last one; their results are dropped.
                     let xs = core::array::from_fn(|j| x((t0 + i * K_TOKENS + j).min(n_tok - 1)));
                     (kernels.transpose)(xs, s, &mut tile);
-                    (kernels.dot)(&unpacked[..padded], &tile, &mut totals[..padded]);
+                    let tokens = (n_tok - t0 - i * K_TOKENS).min(K_TOKENS);
+                    (kernels.dot)(&unpacked[..padded], &tile, tokens, &mut totals[..padded]);
                 }
             }
             let mut run = [0f32; K_ROWS];

@@ -441,7 +441,7 @@ proptest! {
     #[test]
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
-    fn k_panel_kernels_match_scalar(supers in 1usize..4, w in values(3 * 256), xs in proptest::collection::vec(values(3 * 256), k_panel::K_TOKENS), rows in 1usize..=20) {
+    fn k_panel_kernels_match_scalar(supers in 1usize..4, w in values(3 * 256), xs in proptest::collection::vec(values(3 * 256), k_panel::K_TOKENS), rows in 1usize..=20, tokens in 1usize..=k_panel::K_TOKENS) {
         use k_panel::{transpose_ref, unpack_ref, KRow, KTokens, K_MICRO, K_TOKENS};
         for k in simd_tables() {
             for format in QUANTIZED {
@@ -483,10 +483,11 @@ proptest! {
                     let mut tile = KTokens::ZERO;
                     (kernels.transpose)(x16, s, &mut tile);
                     prop_assert!(tile == transpose_ref(x16, s), "{}: super-block {} transposes differently", format, s);
-                    (kernels.dot)(&unpacked, &tile, &mut acc);
+                    (kernels.dot)(&unpacked, &tile, tokens, &mut acc);
                 }
+                // The tile's first `tokens` (the kernel may skip the others).
                 for (r, wr) in wq.iter().enumerate() {
-                    for (t, x) in x16.iter().enumerate() {
+                    for (t, x) in x16.iter().enumerate().take(tokens) {
                         let s = Kernels::scalar().dot_quantized(format, wr, x).unwrap();
                         prop_assert_eq!(acc[r][t].to_bits(), s.to_bits(), "{} r{} t{}", format, r, t);
                     }

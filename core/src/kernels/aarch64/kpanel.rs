@@ -7,6 +7,7 @@ use super::*;
 use crate::kernels::k_panel::{
     transpose_ref, unpack_factors, KPanelDots, KRow, KTokens, K_MICRO, K_TOKENS,
 };
+use crate::kernels::PANEL_MIN_TOKENS;
 use crate::quant::k_quants::{HALVES_PER_SUPER, QK_K};
 use crate::quant::q8k::SUM_SPAN;
 
@@ -48,10 +49,12 @@ fn unpack<K: KBytes>(rows: &[&[u8]], s: usize, out: &mut [KRow]) {
     }
 }
 
-fn dot<K: KBytes>(rows: &[KRow], x: &KTokens, acc: &mut [[f32; K_TOKENS]]) {
+/// The tile's tokens eight at a time, as far as `tokens` reach.
+fn dot<K: KBytes>(rows: &[KRow], x: &KTokens, tokens: usize, acc: &mut [[f32; K_TOKENS]]) {
     let n = rows.len().min(acc.len()) / K_MICRO * K_MICRO;
+    let tokens = tokens.clamp(1, K_TOKENS).next_multiple_of(8);
     for (rs, acc) in rows[..n].chunks_exact(4).zip(acc[..n].chunks_exact_mut(4)) {
-        for t0 in (0..K_TOKENS).step_by(8) {
+        for t0 in (0..tokens).step_by(8) {
             rows4x8::<K>(rs, x, t0, acc);
         }
     }

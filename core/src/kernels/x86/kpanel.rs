@@ -19,16 +19,16 @@ pub(super) const fn k_panel<K: KBytes, const ISA: u8>() -> KPanelDots {
     }
 }
 
-/// Tokens from which a mat-mul takes these kernels rather than the tiles of four: a tile of
-/// sixteen tokens costs what a few tokens do, so it wins once the tiles of four make enough
-/// passes. `cargo bench -p sapient-core --bench matvec -- k_step` (a 2816 x 1024 matrix, Q4_K,
-/// Q6_K, IQ4_XS; BENCHMARKS.md): with AVX-512 VNNI the tile of sixteen cost 0.79-1.22x four
-/// tokens' tiles and 0.41-0.64x eight's; on 256-bit vectors 2.0-2.6x four's, 0.89-1.10x nine's
-/// and 0.69-0.88x twelve's.
+/// Tokens from which a mat-mul takes these kernels rather than the tiles of four: a tile
+/// costs what a few tokens do, so it wins once the tiles of four make enough passes.
+/// `cargo bench -p sapient-core --bench matvec -- k_step` (a 2816 x 1024 matrix, Q4_K, Q6_K,
+/// IQ4_XS; BENCHMARKS.md): with AVX-512 VNNI the tile of sixteen cost 0.79-1.22x four tokens'
+/// tiles and 0.41-0.64x eight's; on 256-bit vectors the tile's first eight 0.95-1.08x five
+/// tokens' tiles (two passes) and 0.61-0.72x eight's.
 const fn from_tokens<const ISA: u8>() -> usize {
     match ISA {
         AVX512_VNNI => 5,
-        _ => 10,
+        _ => 6,
     }
 }
 
@@ -203,11 +203,16 @@ unsafe fn transpose8x8(r: [__m256i; 8]) -> [__m256i; 8] {
     }
 }
 
+/// The tile's first `tokens` tokens (at least): on 512-bit vectors all sixteen (the 256-bit
+/// kernel on eight took 1.2-1.8x their time); on 256-bit vectors eight where no more count (a
+/// decode step of a few sequences: 0.54-0.6x sixteen's time).
 pub(super) fn tile_dot<K: KBytes, const ISA: u8>(
     rows: &[KRow],
     x: &KTokens,
+    tokens: usize,
     acc: &mut [[f32; K_TOKENS]],
 ) {
+    let half = tokens <= K_TOKENS / 2;
     let n = rows.len().min(acc.len()) / K_MICRO * K_MICRO;
     let rows = rows[..n].chunks_exact(K_MICRO);
     for (rs, acc) in rows.zip(acc[..n].chunks_exact_mut(K_MICRO)) {
@@ -218,8 +223,8 @@ pub(super) fn tile_dot<K: KBytes, const ISA: u8>(
         unsafe {
             match ISA {
                 AVX512_VNNI => dot_avx512::<K>(rs, x, acc),
-                AVX_VNNI => dot_vnni::<K>(rs, x, acc),
-                _ => dot_avx2::<K>(rs, x, acc),
+                AVX_VNNI => dot_vnni::<K>(rs, x, half, acc),
+                _ => dot_avx2::<K>(rs, x, half, acc),
             }
         }
     }
@@ -310,8 +315,9 @@ pub(super) unsafe fn finish_zmm<K: KBytes, const OFFSET_FOLDED: bool>(
     }
 }
 
-/// Four rows × eight tokens on 256-bit vectors, for each quarter of the rows × tokens: the
-/// half's scale multiplies each pair's sum in the `vpmaddwd` (`vpdpwssd`) that adds them.
+/// Four rows × eight tokens on 256-bit vectors, for each quarter of the rows × tokens (each
+/// half of the rows, with `half`, the tile's first eight tokens only): the half's scale
+/// multiplies each pair's sum in the `vpmaddwd` (`vpdpwssd`) that adds them.
 ///
 /// # Safety
 /// AVX2, FMA and F16C (and AVX-VNNI where `ISA` says so); `acc` holds `K_MICRO` rows.
@@ -319,13 +325,15 @@ pub(super) unsafe fn finish_zmm<K: KBytes, const OFFSET_FOLDED: bool>(
 unsafe fn dot_ymm<K: KBytes, const ISA: u8>(
     rs: &[KRow; K_MICRO],
     x: &KTokens,
+    half: bool,
     acc: &mut [[f32; K_TOKENS]],
 ) {
     const R: usize = K_MICRO / 2;
+    let tokens = if half { K_TOKENS / 2 } else { K_TOKENS };
     // SAFETY: as the caller guarantees; every read and write stays inside `rs`, `x` and `acc`.
     unsafe {
         for r0 in (0..K_MICRO).step_by(R) {
-            for t0 in (0..K_TOKENS).step_by(8) {
+            for t0 in (0..tokens).step_by(8) {
                 let mut scaled = [_mm256_setzero_si256(); R];
                 for h in 0..HALVES_PER_SUPER {
                     let mut scale = [_mm256_setzero_si256(); R];
@@ -396,15 +404,25 @@ unsafe fn dot_ymm<K: KBytes, const ISA: u8>(
 /// # Safety
 /// As for `dot_ymm`.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_avx2<K: KBytes>(rs: &[KRow; K_MICRO], x: &KTokens, acc: &mut [[f32; K_TOKENS]]) {
+unsafe fn dot_avx2<K: KBytes>(
+    rs: &[KRow; K_MICRO],
+    x: &KTokens,
+    half: bool,
+    acc: &mut [[f32; K_TOKENS]],
+) {
     // SAFETY: as the caller guarantees for this function.
-    unsafe { dot_ymm::<K, AVX2>(rs, x, acc) }
+    unsafe { dot_ymm::<K, AVX2>(rs, x, half, acc) }
 }
 
 /// # Safety
 /// As for `dot_ymm`, and AVX-VNNI.
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn dot_vnni<K: KBytes>(rs: &[KRow; K_MICRO], x: &KTokens, acc: &mut [[f32; K_TOKENS]]) {
+unsafe fn dot_vnni<K: KBytes>(
+    rs: &[KRow; K_MICRO],
+    x: &KTokens,
+    half: bool,
+    acc: &mut [[f32; K_TOKENS]],
+) {
     // SAFETY: as the caller guarantees for this function.
-    unsafe { dot_ymm::<K, AVX_VNNI>(rs, x, acc) }
+    unsafe { dot_ymm::<K, AVX_VNNI>(rs, x, half, acc) }
 }

@@ -41,14 +41,15 @@ const TILE_BYTES: usize = 64;
 /// ran 14% slower.
 static K_TILES: TileConfig = TileConfig::new([(TILE_ROWS as u8, TILE_BYTES as u16); 8]);
 
-fn dot_tiles<K: KBytes>(rows: &[KRow], x: &KTokens, acc: &mut [[f32; K_TOKENS]]) {
+/// Every token of the tile: the tile unit multiplies all sixteen at once.
+fn dot_tiles<K: KBytes>(rows: &[KRow], x: &KTokens, _: usize, acc: &mut [[f32; K_TOKENS]]) {
     let n = rows.len().min(acc.len()) / K_MICRO * K_MICRO;
     let tiled = n / TILE_ROWS * TILE_ROWS;
     // SAFETY: the AMX table is handed out only when `amx::available()` said yes; `tiled` rows
     // lie in both `rows` and `acc`.
     unsafe { dot_amx::<K>(&rows[..tiled], x, &mut acc[..tiled]) }
     // A last eight rows (`n` is a multiple of eight) on 512-bit vectors.
-    tile_dot::<K, AVX512_VNNI>(&rows[tiled..n], x, &mut acc[tiled..n]);
+    tile_dot::<K, AVX512_VNNI>(&rows[tiled..n], x, K_TOKENS, &mut acc[tiled..n]);
 }
 
 /// A tile's sums: per row, one `i32` per token.
