@@ -1085,6 +1085,17 @@ const BATCHES: [(usize, usize); 14] = [
     (2, PANEL_MIN_TOKENS + 5),
 ];
 
+/// The weights (`rows × cols`) and activations (`n_tok × cols`) the batch-size tests multiply.
+fn batch_values(rows: usize, cols: usize, n_tok: usize) -> (Vec<f32>, Vec<f32>) {
+    let w = (0..rows * cols)
+        .map(|i| libm::sinf(i as f32 * 0.37))
+        .collect();
+    let x = (0..n_tok * cols)
+        .map(|i| libm::cosf(i as f32 * 0.11) * 4.0)
+        .collect();
+    (w, x)
+}
+
 /// A token's mat-mul result does not depend on how many tokens go with it (one, a tile of four,
 /// transposed tiles of eight, panels from `PANEL_MIN_TOKENS` on), nor on the rows computed with
 /// it. Rows of 72 blocks: more than a transposed tile holds at once, so the tiles go by in chunks
@@ -1093,12 +1104,7 @@ const BATCHES: [(usize, usize); 14] = [
 #[cfg_attr(miri, ignore = "too slow under Miri; run natively")]
 fn batch_size_changes_no_result() {
     let (rows, cols, n_tok) = (37, 2304, 2 * PANEL_MIN_TOKENS + 3);
-    let w: Vec<f32> = (0..rows * cols)
-        .map(|i| libm::sinf(i as f32 * 0.37))
-        .collect();
-    let x: Vec<f32> = (0..n_tok * cols)
-        .map(|i| libm::cosf(i as f32 * 0.11) * 4.0)
-        .collect();
+    let (w, x) = batch_values(rows, cols, n_tok);
     let q16: Vec<u8> = x.chunks(cols).flat_map(q16_row).collect();
     let q8k: Vec<u8> = x
         .chunks(cols)
@@ -1167,12 +1173,7 @@ fn batch_size_changes_no_result() {
 #[cfg_attr(miri, ignore = "too slow under Miri; run natively")]
 fn float_batch_size_changes_no_result() {
     let (rows, cols, n_tok) = (11, 200, 2 * PANEL_MIN_TOKENS + 3);
-    let w: Vec<f32> = (0..rows * cols)
-        .map(|i| libm::sinf(i as f32 * 0.37))
-        .collect();
-    let x: Vec<f32> = (0..n_tok * cols)
-        .map(|i| libm::cosf(i as f32 * 0.11) * 4.0)
-        .collect();
+    let (w, x) = batch_values(rows, cols, n_tok);
     let acts = |t0: usize, n: usize| Activations {
         f32: &x[t0 * cols..(t0 + n) * cols],
         q16: None,
