@@ -142,6 +142,20 @@ fn matmul_decode_steps(c: &mut Criterion) {
     }
 }
 
+/// Decode steps of one to four sequences against SmolLM2's output matrix (49152 x 576, 28 MB
+/// in Q8_0, streamed from memory): where the one-token kernel and the tiles of four meet.
+fn matmul_few_tokens(c: &mut Criterion) {
+    for n_tok in 1..=4 {
+        matmul_tokens(
+            c,
+            Kernels::best(),
+            n_tok,
+            (49152, 576),
+            &[Format::Q8_0, Format::Q4_1],
+        );
+    }
+}
+
 /// One token against a 512 x 2048 matrix (under 1.2 MB in every quantized format, so it stays in
 /// the caches): each format's one-token arithmetic alone, k-quants included (rows of 256).
 fn matvec_cached(c: &mut Criterion) {
@@ -365,6 +379,7 @@ criterion_group!(
     matmul_prefill_k,
     k_panel_dot,
     matmul_decode_steps,
+    matmul_few_tokens,
     decode_step_paths,
     k_step_paths,
     memory_bandwidth

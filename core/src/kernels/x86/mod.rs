@@ -175,7 +175,11 @@ const fn dots<W: Unpack, const ISA: u8>() -> QuantDots {
             pack: pack::<W>,
             dot: panel::<W, ISA>,
             rows: |w, x| panel_rows::<W, ISA, 1>(w, [x])[0],
-            rows_x4: panel_rows::<W, ISA, TILE>,
+            rows_x4: if ISA == AVX512_VNNI {
+                rows_x4_avx512::<W>
+            } else {
+                panel_rows::<W, ISA, TILE>
+            },
             pack_from: PANEL_MIN_TOKENS,
             x8_layout: X8Layout::Pairs,
             transpose_x8,

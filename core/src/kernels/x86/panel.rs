@@ -391,6 +391,166 @@ unsafe fn rows_one<W: Unpack, const ISA: u8>(
     }
 }
 
+/// `panel_rows` for a tile of four tokens on 512-bit vectors (the AVX-512 table's `rows_x4`).
+pub(super) fn rows_x4_avx512<W: Unpack>(w: [&[u8]; PANEL], xs: [&[u8]; TILE]) -> PanelAcc {
+    let nb = xs
+        .iter()
+        .fold(usize::MAX, |n, x| n.min(x.len() / BlockQ16::BYTES));
+    let nb = w.iter().fold(nb, |n, w| n.min(blocks::<W>(w.len())));
+    let mut out = [[0f32; PANEL]; TILE];
+    // SAFETY: the table holding this entry is handed out only where the CPU has AVX-512
+    // F/BW/VL and AVX512-VNNI besides AVX2/FMA/F16C; `nb` whole blocks lie inside every slice.
+    unsafe { rows_x4_zmm::<W>(nb, w, xs, &mut out) };
+    out
+}
+
+/// Rows whose block sums one vector of `rows_x4_zmm` holds, for each of the four tokens.
+const ROWS_PER_LANE: usize = 4;
+
+/// `rows_tile` for four tokens, with a `vpdpwssd` on 512-bit vectors for every (row, token,
+/// block) instead of two 256-bit ones and an eighth of a sum across: a vector holds the four
+/// tokens side by side, a 128-bit lane each, and in a lane four of the block's sixteen pairs.
+/// Per block, the tokens' quants are transposed by lanes (lane `t` of `x[k]`: token `t`'s
+/// pairs `4k .. 4k + 4`, once for all sixteen rows); each row's block is widened once and its
+/// pairs `4k .. 4k + 4` broadcast into every lane, so four products give each (row, token) four
+/// partial sums, and four rows' unpacks add them into one vector of block sums, lane `4t + r`
+/// for token `t` and row `r`. Then `add_block`'s scaling per lane, in the same order: the bits
+/// `rows_one` gives each token.
+///
+/// # Safety
+/// The CPU has the features enabled here; `nb` whole blocks of format `W` lie inside every
+/// `w[r]` and `nb` Q16 blocks inside every `xs[t]`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows_x4_zmm<W: Unpack>(
+    nb: usize,
+    w: [&[u8]; PANEL],
+    xs: [&[u8]; TILE],
+    out: &mut PanelAcc,
+) {
+    const GROUPS: usize = PANEL / ROWS_PER_LANE;
+    // SAFETY: the caller guarantees `nb` whole blocks in every slice and the features.
+    unsafe {
+        let mut facc = [_mm512_setzero_ps(); GROUPS];
+        let by_token = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+        // The prefetches' distance, as in `rows_tile`.
+        let next_panel: [usize; PANEL] = core::array::from_fn(|r| PANEL * w[r].len());
+        let mut widened = WidenedRows([[0; QK / 2]; ROWS_PER_LANE]);
+        for b in 0..nb {
+            let xp: [*const u8; TILE] =
+                core::array::from_fn(|t| xs[t].as_ptr().add(b * BlockQ16::BYTES));
+            let x = lanes_by_token(xp.map(|p| _mm512_loadu_si512(p.add(8) as *const __m512i)));
+            let token_scalars = |offset: usize| {
+                let v: [f32; TILE] =
+                    core::array::from_fn(|t| (xp[t].add(offset) as *const f32).read_unaligned());
+                _mm512_permutexvar_ps(by_token, _mm512_castps128_ps512(_mm_loadu_ps(v.as_ptr())))
+            };
+            let dx = token_scalars(0);
+            let s = if W::HAS_MIN {
+                token_scalars(4)
+            } else {
+                _mm512_setzero_ps()
+            };
+            for h in 0..PANEL / 8 {
+                let wp: [*const u8; 8] =
+                    core::array::from_fn(|r| block_at::<W>(w[8 * h + r].as_ptr(), b));
+                let (dw8, mw8) = W::scales8(wp);
+                for e in 0..2 {
+                    let mut sums = [_mm512_setzero_si512(); ROWS_PER_LANE];
+                    for (i, sum) in sums.iter_mut().enumerate() {
+                        let r = ROWS_PER_LANE * e + i;
+                        let ahead = next_panel[8 * h + r];
+                        _mm_prefetch::<_MM_HINT_T0>(wp[r].wrapping_add(ahead) as *const i8);
+                        let (lo, hi) = W::unpack(wp[r]);
+                        let q = widened.0[i].as_mut_ptr() as *mut __m256i;
+                        _mm256_store_si256(q, lo);
+                        _mm256_store_si256(q.add(1), hi);
+                        let q = q as *const __m128i;
+                        for (k, xk) in x.iter().enumerate() {
+                            let pairs = _mm512_broadcast_i32x4(_mm_load_si128(q.add(k)));
+                            *sum = dpwssd_zmm(*sum, pairs, *xk);
+                        }
+                    }
+                    let isum = sum_lane_quarters(sums);
+                    let (dw, mw) = if e == 0 {
+                        (_mm256_castps256_ps128(dw8), _mm256_castps256_ps128(mw8))
+                    } else {
+                        (
+                            _mm256_extractf128_ps::<1>(dw8),
+                            _mm256_extractf128_ps::<1>(mw8),
+                        )
+                    };
+                    let g = 2 * h + e;
+                    let scale = _mm512_mul_ps(_mm512_broadcast_f32x4(dw), dx);
+                    facc[g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, facc[g]);
+                    if W::HAS_MIN {
+                        facc[g] = _mm512_fmadd_ps(_mm512_broadcast_f32x4(mw), s, facc[g]);
+                    }
+                }
+            }
+        }
+        for (g, acc) in facc.iter().enumerate() {
+            let mut lanes = [0f32; 16];
+            _mm512_storeu_ps(lanes.as_mut_ptr(), *acc);
+            for (t, out) in out.iter_mut().enumerate() {
+                let at = ROWS_PER_LANE * g;
+                out[at..at + ROWS_PER_LANE].copy_from_slice(&lanes[ROWS_PER_LANE * t..][..4]);
+            }
+        }
+    }
+}
+
+/// Four rows' blocks widened to 16 pairs of i16 each, for `rows_x4_zmm`'s broadcasts.
+#[repr(align(64))]
+struct WidenedRows([[i32; QK / 2]; ROWS_PER_LANE]);
+
+/// Lane `t` (128 bits) of result `k` is lane `k` of `z[t]`: each token's pairs `4k .. 4k + 4`
+/// side by side.
+///
+/// # Safety
+/// register-only: the CPU has the features of the function that inlines it (AVX512F).
+#[inline(always)]
+unsafe fn lanes_by_token(z: [__m512i; TILE]) -> [__m512i; 4] {
+    // SAFETY: register-only; the caller has AVX512F.
+    unsafe {
+        // (z0 lanes 0, 1, z1 lanes 0, 1), (z0 lanes 2, 3, z1 lanes 2, 3), and so for z2, z3.
+        let low01 = _mm512_shuffle_i32x4::<0x44>(z[0], z[1]);
+        let high01 = _mm512_shuffle_i32x4::<0xEE>(z[0], z[1]);
+        let low23 = _mm512_shuffle_i32x4::<0x44>(z[2], z[3]);
+        let high23 = _mm512_shuffle_i32x4::<0xEE>(z[2], z[3]);
+        [
+            _mm512_shuffle_i32x4::<0x88>(low01, low23),
+            _mm512_shuffle_i32x4::<0xDD>(low01, low23),
+            _mm512_shuffle_i32x4::<0x88>(high01, high23),
+            _mm512_shuffle_i32x4::<0xDD>(high01, high23),
+        ]
+    }
+}
+
+/// Lane `4t + r` of the result: the sum of lanes `4t .. 4t + 4` of `v[r]` (each 128-bit lane's
+/// four partial sums of a row, added across; exact integer sums).
+///
+/// # Safety
+/// register-only: the CPU has the features of the function that inlines it (AVX512F).
+#[inline(always)]
+unsafe fn sum_lane_quarters(v: [__m512i; ROWS_PER_LANE]) -> __m512i {
+    // SAFETY: register-only; the caller has AVX512F.
+    unsafe {
+        // Per 128-bit lane: (v0₀ + v0₂, v1₀ + v1₂, v0₁ + v0₃, v1₁ + v1₃), and so for v2, v3.
+        let v01 = _mm512_add_epi32(
+            _mm512_unpacklo_epi32(v[0], v[1]),
+            _mm512_unpackhi_epi32(v[0], v[1]),
+        );
+        let v23 = _mm512_add_epi32(
+            _mm512_unpacklo_epi32(v[2], v[3]),
+            _mm512_unpackhi_epi32(v[2], v[3]),
+        );
+        _mm512_add_epi32(
+            _mm512_unpacklo_epi64(v01, v23),
+            _mm512_unpackhi_epi64(v01, v23),
+        )
+    }
+}
+
 /// Transposes blocks `b0 ..` of eight Q16 activation rows (see `super::panel`).
 pub(super) fn transpose_x8(xs: [&[u8]; X8], b0: usize, out: &mut [u8]) {
     let nb = x8_blocks(&xs, b0, out);
