@@ -498,7 +498,8 @@ proptest! {
 
     /// One token against rows longer than the one-token kernel reads in one run (x86 reads
     /// 64 blocks of each row at a time): the packed panel's bits, for every run and every
-    /// remainder of a group of eight blocks.
+    /// remainder of a group of eight (256-bit) or sixteen (512-bit) blocks; the tile of four
+    /// tokens too.
     #[test]
     #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
     fn one_token_over_long_rows_matches_the_panel(blocks in 60usize..140, w in values(140 * QK), x in values(140 * QK), rows in 1usize..=panel::PANEL) {
@@ -517,8 +518,12 @@ proptest! {
                 (kernels.dot)(&packed, [xq.as_slice(); TILE], &mut acc);
                 let padded: [&[u8]; panel::PANEL] = core::array::from_fn(|r| wq[r.min(rows - 1)].as_slice());
                 let one = (kernels.rows)(padded, &xq);
+                let tile = (kernels.rows_x4)(padded, [xq.as_slice(); TILE]);
                 for r in 0..rows {
                     prop_assert_eq!(one[r].to_bits(), acc[0][r].to_bits(), "{} {} r{}", k.name, format, r);
+                    for t in &tile {
+                        prop_assert_eq!(t[r].to_bits(), acc[0][r].to_bits(), "{} {} tile r{}", k.name, format, r);
+                    }
                 }
             }
         }

@@ -61,8 +61,10 @@ pub fn vnni_available() -> bool {
 
 cpufeatures::new!(cpuid_avx512, "avx512f", "avx512bw", "avx512vl");
 
-/// Whether this CPU (and OS) also run AVX-512 F/BW/VL with AVX512-VNNI: the same 256-bit kernels
-/// then get 32 vector registers instead of 16, which ends the accumulators' spills in the tiles.
+/// Whether this CPU (and OS) also run AVX-512 F/BW/VL with AVX512-VNNI: the 256-bit kernels then
+/// get 32 vector registers instead of 16, which ends the accumulators' spills in the tiles, and
+/// the panel kernels, the transposed tiles and decoding (one token, or a tile of four) run on
+/// 512-bit vectors.
 pub fn avx512_available() -> bool {
     available() && cpuid_avx512::get() && __cpuid_count(7, 0).ecx & (1 << 11) != 0
 }
@@ -123,7 +125,7 @@ const fn amx_table() -> Kernels {
 }
 
 /// The table for `ISA`: `vpdpwssd` in place of `vpmaddwd`+`vpaddd` with either VNNI, and 32
-/// registers with AVX-512. All give the same exact integer sums in the same float order, so all
+/// registers and some 512-bit kernels with AVX-512. All give the same exact integer sums in the same float order, so all
 /// give the same bits.
 const fn table<const ISA: u8>(name: &'static str) -> Kernels {
     Kernels {
@@ -174,7 +176,11 @@ const fn dots<W: Unpack, const ISA: u8>() -> QuantDots {
         panel: Some(PanelDots {
             pack: pack::<W>,
             dot: panel::<W, ISA>,
-            rows: |w, x| panel_rows::<W, ISA, 1>(w, [x])[0],
+            rows: if ISA == AVX512_VNNI {
+                rows_one_avx512::<W>
+            } else {
+                |w, x| panel_rows::<W, ISA, 1>(w, [x])[0]
+            },
             rows_x4: if ISA == AVX512_VNNI {
                 rows_x4_avx512::<W>
             } else {

@@ -438,7 +438,7 @@ unsafe fn rows_x4_zmm<W: Unpack>(
         for b in 0..nb {
             let xp: [*const u8; TILE] =
                 core::array::from_fn(|t| xs[t].as_ptr().add(b * BlockQ16::BYTES));
-            let x = lanes_by_token(xp.map(|p| _mm512_loadu_si512(p.add(8) as *const __m512i)));
+            let x = transpose_lanes(xp.map(|p| _mm512_loadu_si512(p.add(8) as *const __m512i)));
             let token_scalars = |offset: usize| {
                 let v: [f32; TILE] =
                     core::array::from_fn(|t| (xp[t].add(offset) as *const f32).read_unaligned());
@@ -499,17 +499,206 @@ unsafe fn rows_x4_zmm<W: Unpack>(
     }
 }
 
-/// Four rows' blocks widened to 16 pairs of i16 each, for `rows_x4_zmm`'s broadcasts.
-#[repr(align(64))]
-struct WidenedRows([[i32; QK / 2]; ROWS_PER_LANE]);
+/// `panel_rows` for one token on 512-bit vectors (the AVX-512 table's `rows`).
+pub(super) fn rows_one_avx512<W: Unpack>(w: [&[u8]; PANEL], x: &[u8]) -> [f32; PANEL] {
+    let nb = w.iter().fold(x.len() / BlockQ16::BYTES, |n, w| {
+        n.min(blocks::<W>(w.len()))
+    });
+    let mut out = [0f32; PANEL];
+    // SAFETY: as for `rows_x4_avx512`.
+    unsafe { rows_one_zmm::<W>(nb, w, x, &mut out) };
+    out
+}
 
-/// Lane `t` (128 bits) of result `k` is lane `k` of `z[t]`: each token's pairs `4k .. 4k + 4`
-/// side by side.
+/// A row's block sums of one run of `rows_one_zmm`: `[row][group of sixteen blocks]`, a block
+/// per lane.
+#[repr(align(64))]
+struct RunSumsZmm([[__m512i; RUN_BLOCKS / 16]; PANEL]);
+
+/// `rows_one` on 512-bit vectors: each (row, block) is one `vpdpwssd` of the whole block (32
+/// quants) instead of two 256-bit products, and sixteen blocks' vectors are added across into
+/// one vector of their sums; after the run a 16 × 16 transpose puts each block's sixteen rows
+/// side by side for `add_block`'s scaling per lane, in the same order: the same bits.
+///
+/// # Safety
+/// As for `rows_x4_zmm`, with one Q16 row `x`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows_one_zmm<W: Unpack>(nb: usize, w: [&[u8]; PANEL], x: &[u8], out: &mut [f32; PANEL]) {
+    // SAFETY: the caller guarantees `nb` whole blocks in every slice and the features.
+    unsafe {
+        let mut facc = _mm512_setzero_ps();
+        let mut sums = RunSumsZmm([[_mm512_setzero_si512(); RUN_BLOCKS / 16]; PANEL]);
+        for c0 in (0..nb).step_by(RUN_BLOCKS) {
+            let run = (nb - c0).min(RUN_BLOCKS);
+            for (r, row_sums) in sums.0.iter_mut().enumerate() {
+                let row = w[r].as_ptr();
+                let ahead = PANEL * w[r].len();
+                // The block's 32 products in one vector's pairs.
+                let block_products = |b: usize| {
+                    let xq = x.as_ptr().add(b * BlockQ16::BYTES + 8) as *const __m512i;
+                    let wp = block_at::<W>(row, b);
+                    _mm_prefetch::<_MM_HINT_T1>(wp.wrapping_add(ahead) as *const i8);
+                    let (lo, hi) = W::unpack(wp);
+                    let quants = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                    dpwssd_zmm(_mm512_setzero_si512(), quants, _mm512_loadu_si512(xq))
+                };
+                for (g, group) in row_sums[..run.div_ceil(16)].iter_mut().enumerate() {
+                    let (first, left) = (c0 + 16 * g, run - 16 * g);
+                    if left >= 16 {
+                        let mut v = [_mm512_setzero_si512(); 16];
+                        for (j, v) in v.iter_mut().enumerate() {
+                            *v = block_products(first + j);
+                        }
+                        *group = sum_across16(v);
+                        continue;
+                    }
+                    // A short last group: its blocks four at a time, each four's sums into
+                    // their 128-bit lane (a whole group's sum across for two blocks would cost
+                    // as much as for sixteen).
+                    *group = _mm512_setzero_si512();
+                    for f in 0..left.div_ceil(4) {
+                        let mut v = [_mm512_setzero_si512(); 4];
+                        for (j, v) in v.iter_mut().enumerate() {
+                            if 4 * f + j < left {
+                                *v = block_products(first + 4 * f + j);
+                            }
+                        }
+                        let lane = 0xF << (4 * f);
+                        *group = _mm512_mask_broadcast_i32x4(*group, lane, sum_across4(v));
+                    }
+                }
+            }
+            for g in 0..run.div_ceil(16) {
+                let mut group = [_mm512_setzero_si512(); PANEL];
+                for (v, row_sums) in group.iter_mut().zip(&sums.0) {
+                    *v = row_sums[g];
+                }
+                let by_block = transpose16(group);
+                for (j, isum) in by_block.iter().enumerate().take(run - 16 * g) {
+                    let b = c0 + 16 * g + j;
+                    let xp = x.as_ptr().add(b * BlockQ16::BYTES);
+                    let dx = _mm512_set1_ps((xp as *const f32).read_unaligned());
+                    let mut wp = [core::ptr::null(); PANEL];
+                    for (wp, row) in wp.iter_mut().zip(w) {
+                        *wp = block_at::<W>(row.as_ptr(), b);
+                    }
+                    let (halves, _) = wp.as_chunks::<8>();
+                    let (dw_lo, mw_lo) = W::scales8(halves[0]);
+                    let (dw_hi, mw_hi) = W::scales8(halves[1]);
+                    let scale = _mm512_mul_ps(join_halves(dw_lo, dw_hi), dx);
+                    facc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(*isum), scale, facc);
+                    if W::HAS_MIN {
+                        let s = _mm512_set1_ps((xp.add(4) as *const f32).read_unaligned());
+                        facc = _mm512_fmadd_ps(join_halves(mw_lo, mw_hi), s, facc);
+                    }
+                }
+            }
+        }
+        _mm512_storeu_ps(out.as_mut_ptr(), facc);
+    }
+}
+
+/// `lo` in the low eight lanes, `hi` in the high eight.
 ///
 /// # Safety
 /// register-only: the CPU has the features of the function that inlines it (AVX512F).
 #[inline(always)]
-unsafe fn lanes_by_token(z: [__m512i; TILE]) -> [__m512i; 4] {
+unsafe fn join_halves(lo: __m256, hi: __m256) -> __m512 {
+    // SAFETY: register-only; the caller has AVX512F.
+    unsafe {
+        let lo = _mm512_castps_pd(_mm512_castps256_ps512(lo));
+        _mm512_castpd_ps(_mm512_insertf64x4::<1>(lo, _mm256_castps_pd(hi)))
+    }
+}
+
+/// Lane `j` of the result: the sum of `v[j]`'s sixteen lanes (exact integer sums).
+///
+/// # Safety
+/// register-only: the CPU has the features of the function that inlines it (AVX512F).
+#[inline(always)]
+unsafe fn sum_across16(v: [__m512i; 16]) -> __m512i {
+    // SAFETY: register-only; the caller has AVX512F.
+    unsafe {
+        // Per 128-bit lane, four vectors' partial sums side by side, then the lanes added.
+        let mut q = [_mm512_setzero_si512(); 4];
+        for (i, q) in q.iter_mut().enumerate() {
+            *q = sum_lane_quarters([v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]]);
+        }
+        let q01 = _mm512_add_epi32(
+            _mm512_shuffle_i32x4::<0x88>(q[0], q[1]),
+            _mm512_shuffle_i32x4::<0xDD>(q[0], q[1]),
+        );
+        let q23 = _mm512_add_epi32(
+            _mm512_shuffle_i32x4::<0x88>(q[2], q[3]),
+            _mm512_shuffle_i32x4::<0xDD>(q[2], q[3]),
+        );
+        _mm512_add_epi32(
+            _mm512_shuffle_i32x4::<0x88>(q01, q23),
+            _mm512_shuffle_i32x4::<0xDD>(q01, q23),
+        )
+    }
+}
+
+/// Lane `j` of the result: the sum of `v[j]`'s sixteen lanes (exact integer sums).
+///
+/// # Safety
+/// register-only: the CPU has the features of the function that inlines it (AVX512F).
+#[inline(always)]
+unsafe fn sum_across4(v: [__m512i; 4]) -> __m128i {
+    // SAFETY: register-only; the caller has AVX512F.
+    unsafe {
+        let q = sum_lane_quarters(v);
+        let half = _mm256_add_epi32(_mm512_castsi512_si256(q), _mm512_extracti64x4_epi64::<1>(q));
+        _mm_add_epi32(
+            _mm256_castsi256_si128(half),
+            _mm256_extracti128_si256::<1>(half),
+        )
+    }
+}
+
+/// Lane `r` of result `j` is lane `j` of `m[r]`: a 16 × 16 transpose of 32-bit lanes.
+///
+/// # Safety
+/// register-only: the CPU has the features of the function that inlines it (AVX512F).
+#[inline(always)]
+unsafe fn transpose16(m: [__m512i; 16]) -> [__m512i; 16] {
+    // SAFETY: register-only; the caller has AVX512F.
+    unsafe {
+        let mut t = [_mm512_setzero_si512(); 16];
+        for i in 0..8 {
+            t[2 * i] = _mm512_unpacklo_epi32(m[2 * i], m[2 * i + 1]);
+            t[2 * i + 1] = _mm512_unpackhi_epi32(m[2 * i], m[2 * i + 1]);
+        }
+        // `u[4i + c]`, 128-bit lane k: rows 4i .. 4i + 4 of column 4k + c.
+        let mut u = [_mm512_setzero_si512(); 16];
+        for i in 0..4 {
+            u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+            u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+            u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+            u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+        }
+        let mut out = [_mm512_setzero_si512(); 16];
+        for c in 0..4 {
+            let columns = transpose_lanes([u[c], u[4 + c], u[8 + c], u[12 + c]]);
+            for (k, column) in columns.into_iter().enumerate() {
+                out[4 * k + c] = column;
+            }
+        }
+        out
+    }
+}
+
+/// Four rows' blocks widened to 16 pairs of i16 each, for `rows_x4_zmm`'s broadcasts.
+#[repr(align(64))]
+struct WidenedRows([[i32; QK / 2]; ROWS_PER_LANE]);
+
+/// Lane `t` (128 bits) of result `k` is lane `k` of `z[t]`: a 4 × 4 transpose of 128-bit lanes
+/// (in `rows_x4_zmm`, each token's pairs `4k .. 4k + 4` side by side).
+///
+/// # Safety
+/// register-only: the CPU has the features of the function that inlines it (AVX512F).
+#[inline(always)]
+unsafe fn transpose_lanes(z: [__m512i; 4]) -> [__m512i; 4] {
     // SAFETY: register-only; the caller has AVX512F.
     unsafe {
         // (z0 lanes 0, 1, z1 lanes 0, 1), (z0 lanes 2, 3, z1 lanes 2, 3), and so for z2, z3.
