@@ -843,6 +843,9 @@ pub enum X8Layout {
     Pairs,
     /// High and low bytes of the quants, `[group of four][token]` (x86 AMX).
     Bytes,
+    /// Pairs of i16 quants by 128-bit lanes, `[half of the tile][group of four pairs][token of
+    /// the half][pair]` (x86 AVX-512).
+    Lanes,
 }
 
 /// Whole tiles of `panel::X8` Q16 activation rows, transposed: tile `i` holds tokens

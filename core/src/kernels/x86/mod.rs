@@ -187,9 +187,21 @@ const fn dots<W: Unpack, const ISA: u8>() -> QuantDots {
                 panel_rows::<W, ISA, TILE>
             },
             pack_from: PANEL_MIN_TOKENS,
-            x8_layout: X8Layout::Pairs,
-            transpose_x8,
-            rows_x8: rows_x8::<W, ISA>,
+            x8_layout: if ISA == AVX512_VNNI {
+                X8Layout::Lanes
+            } else {
+                X8Layout::Pairs
+            },
+            transpose_x8: if ISA == AVX512_VNNI {
+                transpose_x8_lanes
+            } else {
+                transpose_x8
+            },
+            rows_x8: if ISA == AVX512_VNNI {
+                rows_x8_lanes::<W>
+            } else {
+                rows_x8::<W, ISA>
+            },
         }),
         k_panel: None,
     }

@@ -131,6 +131,7 @@ unsafe fn add_block<W: Unpack>(
 
 /// `PANEL` weight rows against `T` rows of Q16 activations, unpacked, with the panel kernel's
 /// arithmetic: one token when decoding, a tile of tokens for batches too small to repay packing.
+/// On 256-bit vectors (the AVX-512 table has `rows_one_avx512` and `rows_x4_avx512`).
 pub(super) fn panel_rows<W: Unpack, const ISA: u8, const T: usize>(
     w: [&[u8]; PANEL],
     xs: [&[u8]; T],
@@ -143,7 +144,6 @@ pub(super) fn panel_rows<W: Unpack, const ISA: u8, const T: usize>(
     // SAFETY: as for `dot`; `nb` whole blocks lie inside every slice.
     unsafe {
         match ISA {
-            AVX512_VNNI => rows_avx512::<W, T>(nb, w, xs, &mut out),
             AVX_VNNI => rows_vnni::<W, T>(nb, w, xs, &mut out),
             _ => rows_avx2::<W, T>(nb, w, xs, &mut out),
         }
@@ -804,12 +804,180 @@ unsafe fn transpose_x8_avx2(nb: usize, xs: [*const u8; X8], b0: usize, out: *mut
     }
 }
 
+/// Transposes blocks `b0 ..` of eight Q16 activation rows into the 512-bit kernels' layout
+/// (`X8Layout::Lanes`): per block the tokens' scales and sums as `transpose_x8` stores them,
+/// then for each half `h` of the tile and each group `k` of four pairs a 512-bit vector whose
+/// 128-bit lane `t` holds token `4h + t`'s pairs `4k .. 4k + 4` (`rows_x4_zmm`'s `x`).
+pub(super) fn transpose_x8_lanes(xs: [&[u8]; X8], b0: usize, out: &mut [u8]) {
+    let nb = x8_blocks(&xs, b0, out);
+    // SAFETY: the tables holding this entry are handed out only where the CPU has AVX-512
+    // F/BW/VL besides AVX2; blocks `b0 .. b0 + nb` lie inside every row, and `nb` transposed
+    // blocks inside `out`.
+    unsafe { transpose_x8_lanes_avx512(nb, xs.map(<[u8]>::as_ptr), b0, out.as_mut_ptr()) }
+}
+
+/// # Safety
+/// The CPU has AVX2 and AVX-512 F/BW/VL; Q16 blocks `b0 .. b0 + nb` lie inside every row at
+/// `xs[t]`, and `nb` transposed blocks (`X8_BLOCK_BYTES` each) at `out`.
+#[target_feature(enable = "avx2,avx512f,avx512bw,avx512vl")]
+unsafe fn transpose_x8_lanes_avx512(nb: usize, xs: [*const u8; X8], b0: usize, out: *mut u8) {
+    // SAFETY: as the caller guarantees.
+    unsafe {
+        for b in 0..nb {
+            let x = xs.map(|p| p.add((b0 + b) * BlockQ16::BYTES));
+            let o = out.add(b * X8_BLOCK_BYTES);
+            store_x8_scales(x, o);
+            let quants = o.add(X8_QUANTS) as *mut __m512i;
+            for h in 0..X8 / TILE {
+                let mut z = [_mm512_setzero_si512(); TILE];
+                for (t, z) in z.iter_mut().enumerate() {
+                    *z = _mm512_loadu_si512(x[TILE * h + t].add(8) as *const __m512i);
+                }
+                for (k, v) in transpose_lanes(z).into_iter().enumerate() {
+                    _mm512_storeu_si512(quants.add(4 * h + k), v);
+                }
+            }
+        }
+    }
+}
+
+/// Weight rows per pass of the 512-bit transposed-tile kernel: two groups of four, each of
+/// whose blocks' two sets of sums (a half of the tile each) keep eight chains of `vpdpwssd` in
+/// flight.
+const OCT: usize = 8;
+
+/// `X8_ROWS` weight rows' blocks `b0 ..` against a transposed tile of eight tokens in
+/// `X8Layout::Lanes`, `OCT` rows at a time.
+pub(super) fn rows_x8_lanes<W: Unpack>(
+    w: [&[u8]; X8_ROWS],
+    b0: usize,
+    xt: &[u8],
+    acc: &mut [[f32; X8]; X8_ROWS],
+) {
+    let nb = w.iter().fold(xt.len() / X8_BLOCK_BYTES, |n, w| {
+        n.min(blocks::<W>(w.len()).saturating_sub(b0))
+    });
+    let row_len = w[0].len();
+    for (o, acc) in acc.as_chunks_mut::<OCT>().0.iter_mut().enumerate() {
+        let w: [*const u8; OCT] = core::array::from_fn(|i| w[o * OCT + i].as_ptr());
+        // SAFETY: as for `rows_x4_avx512`; blocks `b0 .. b0 + nb` lie inside every row, `nb`
+        // transposed blocks inside `xt`.
+        unsafe { rows_x8_lanes_zmm::<W>(nb, w, row_len, b0, xt.as_ptr(), acc) }
+    }
+}
+
+/// `rows_x4_zmm` for each half of a tile of eight tokens (transposed once per mat-mul, not per
+/// block): each row's block is widened once and each of its four broadcasts multiplies both
+/// halves, so every (row, token, block) is one `vpdpwssd` on 512-bit vectors, and four rows'
+/// sums are added across by 128-bit lanes. Then `add_block`'s scaling per lane, in the same
+/// order: the bits `rows` gives each token.
+///
+/// # Safety
+/// The CPU has AVX2, FMA, F16C, AVX512F/BW/VL and AVX512-VNNI; blocks `b0 .. b0 + nb` of format
+/// `W` lie inside every row at `w[r]`, and `nb` transposed blocks (`X8Layout::Lanes`) at `xt`.
+/// `row_len` (a row's bytes) only aims the prefetches.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn rows_x8_lanes_zmm<W: Unpack>(
+    nb: usize,
+    w: [*const u8; OCT],
+    row_len: usize,
+    b0: usize,
+    xt: *const u8,
+    acc: &mut [[f32; X8]; OCT],
+) {
+    const HALVES: usize = X8 / TILE;
+    const QUARTETS: usize = OCT / ROWS_PER_LANE;
+    // SAFETY: the caller guarantees the blocks in every row and in `xt`, and the features.
+    unsafe {
+        // `facc[q][h]`: rows `4q .. 4q + 4` against tokens `4h .. 4h + 4`, lane `4t + r`.
+        let mut facc = [[_mm512_setzero_ps(); HALVES]; QUARTETS];
+        for (q, facc) in facc.iter_mut().enumerate() {
+            for (h, facc) in facc.iter_mut().enumerate() {
+                let mut lanes = [0f32; 16];
+                for (i, lane) in lanes.iter_mut().enumerate() {
+                    let (t, r) = (i / ROWS_PER_LANE, i % ROWS_PER_LANE);
+                    *lane = acc[ROWS_PER_LANE * q + r][TILE * h + t];
+                }
+                *facc = _mm512_loadu_ps(lanes.as_ptr());
+            }
+        }
+        let by_token = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+        let mut widened = WidenedRows([[0; QK / 2]; ROWS_PER_LANE]);
+        for b in 0..nb {
+            let x = xt.add(b * X8_BLOCK_BYTES);
+            let xq = x.add(X8_QUANTS) as *const __m512i;
+            let mut dx = [_mm512_setzero_ps(); HALVES];
+            let mut s = [_mm512_setzero_ps(); HALVES];
+            for h in 0..HALVES {
+                let by_lane = |offset: usize| {
+                    let v = _mm_loadu_ps(x.add(offset + 4 * TILE * h) as *const f32);
+                    _mm512_permutexvar_ps(by_token, _mm512_castps128_ps512(v))
+                };
+                dx[h] = by_lane(0);
+                if W::HAS_MIN {
+                    s[h] = by_lane(X8 * 4);
+                }
+            }
+            let wp: [*const u8; OCT] = w.map(|row| block_at::<W>(row, b0 + b));
+            let (dw8, mw8) = W::scales8(wp);
+            for (q, facc) in facc.iter_mut().enumerate() {
+                let mut sums = [[_mm512_setzero_si512(); ROWS_PER_LANE]; HALVES];
+                for i in 0..ROWS_PER_LANE {
+                    let p = wp[ROWS_PER_LANE * q + i];
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(OCT * row_len) as *const i8);
+                    let (lo, hi) = W::unpack(p);
+                    let widened = widened.0[i].as_mut_ptr() as *mut __m256i;
+                    _mm256_store_si256(widened, lo);
+                    _mm256_store_si256(widened.add(1), hi);
+                    let widened = widened as *const __m128i;
+                    for k in 0..4 {
+                        let pairs = _mm512_broadcast_i32x4(_mm_load_si128(widened.add(k)));
+                        for (h, sums) in sums.iter_mut().enumerate() {
+                            // Loaded at each use (L1): held, the tile's eight vectors left
+                            // too few registers for the sums.
+                            let x = _mm512_loadu_si512(xq.add(4 * h + k));
+                            sums[i] = dpwssd_zmm(sums[i], pairs, x);
+                        }
+                    }
+                }
+                let (dw, mw) = if q == 0 {
+                    (_mm256_castps256_ps128(dw8), _mm256_castps256_ps128(mw8))
+                } else {
+                    (
+                        _mm256_extractf128_ps::<1>(dw8),
+                        _mm256_extractf128_ps::<1>(mw8),
+                    )
+                };
+                let (dw, mw) = (_mm512_broadcast_f32x4(dw), _mm512_broadcast_f32x4(mw));
+                for h in 0..HALVES {
+                    let isum = sum_lane_quarters(sums[h]);
+                    let scale = _mm512_mul_ps(dw, dx[h]);
+                    facc[h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, facc[h]);
+                    if W::HAS_MIN {
+                        facc[h] = _mm512_fmadd_ps(mw, s[h], facc[h]);
+                    }
+                }
+            }
+        }
+        for (q, facc) in facc.iter().enumerate() {
+            for (h, facc) in facc.iter().enumerate() {
+                let mut lanes = [0f32; 16];
+                _mm512_storeu_ps(lanes.as_mut_ptr(), *facc);
+                for (i, lane) in lanes.iter().enumerate() {
+                    let (t, r) = (i / ROWS_PER_LANE, i % ROWS_PER_LANE);
+                    acc[ROWS_PER_LANE * q + r][TILE * h + t] = *lane;
+                }
+            }
+        }
+    }
+}
+
 /// Weight rows per pass of the 256-bit transposed-tile kernel: its accumulators (two per row)
 /// and the tile's pairs fill the registers.
 const QUAD: usize = 4;
 
 /// `X8_ROWS` weight rows' blocks `b0 ..` against a transposed tile of eight tokens (see
-/// `super::panel`): `OCT` rows at a time on 512-bit vectors, `QUAD` on 256-bit ones.
+/// `super::panel`), `QUAD` rows at a time on 256-bit vectors.
 pub(super) fn rows_x8<W: Unpack, const ISA: u8>(
     w: [&[u8]; X8_ROWS],
     b0: usize,
@@ -820,15 +988,6 @@ pub(super) fn rows_x8<W: Unpack, const ISA: u8>(
         n.min(blocks::<W>(w.len()).saturating_sub(b0))
     });
     let row_len = w[0].len();
-    if ISA == AVX512_VNNI {
-        for (o, acc) in acc.as_chunks_mut::<OCT>().0.iter_mut().enumerate() {
-            let w: [*const u8; OCT] = core::array::from_fn(|i| w[o * OCT + i].as_ptr());
-            // SAFETY: as for `dot`; blocks `b0 .. b0 + nb` lie inside every row, `nb`
-            // transposed blocks inside `xt`.
-            unsafe { rows_x8_zmm::<W>(nb, w, row_len, b0, xt.as_ptr(), acc) }
-        }
-        return;
-    }
     for (q, acc) in acc.as_chunks_mut::<QUAD>().0.iter_mut().enumerate() {
         let w: [*const u8; QUAD] = core::array::from_fn(|i| w[q * QUAD + i].as_ptr());
         // SAFETY: as for `dot`; blocks `b0 .. b0 + nb` lie inside every row, `nb` transposed
@@ -890,7 +1049,7 @@ unsafe fn rows_x8_tile<W: Unpack, const ISA: u8>(
                     let w_lo = _mm256_set1_epi32(q[r][p]);
                     let w_hi = _mm256_set1_epi32(q[r][p + QK / 4]);
                     (lo[r], hi[r]) = match ISA {
-                        AVX512_VNNI | AVX_VNNI => (
+                        AVX_VNNI => (
                             dpwssd::<ISA>(lo[r], w_lo, x_lo),
                             dpwssd::<ISA>(hi[r], w_hi, x_hi),
                         ),
@@ -975,112 +1134,6 @@ unsafe fn rows_x8_vnni<W: Unpack>(
     unsafe { rows_x8_tile::<W, AVX_VNNI>(nb, w, row_len, b0, xt, acc) }
 }
 
-/// Weight rows per pass of the 512-bit transposed-tile kernel: one accumulator per row, eight
-/// chains of `vpdpwssd` in flight.
-const OCT: usize = 8;
-
-/// As `rows_x8_tile`, on 512-bit vectors: each row's widened block holds a pair and its partner
-/// of the block's other half side by side (`[q0, q8, q1, q9, ...]`), and the tile's pairs are
-/// interleaved alike, so one 64-bit broadcast and one `vpdpwssd` multiply both halves against
-/// the eight tokens (half the multiplies and broadcasts of the 256-bit kernel). A token's two
-/// halves are added at the block's end: the same exact integer sums, so the same results.
-///
-/// # Safety
-/// The CPU has AVX2, FMA, F16C, AVX512F/BW/VL and AVX512-VNNI; blocks `b0 .. b0 + nb` of format
-/// `W` lie inside every row at `w[r]`, and `nb` transposed blocks at `xt`. `row_len` (a row's
-/// bytes) only aims the prefetches.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn rows_x8_zmm<W: Unpack>(
-    nb: usize,
-    w: [*const u8; OCT],
-    row_len: usize,
-    b0: usize,
-    xt: *const u8,
-    acc: &mut [[f32; X8]; OCT],
-) {
-    // SAFETY: the caller guarantees the blocks in every row and in `xt`, and the features.
-    unsafe {
-        let mut facc = [_mm256_setzero_ps(); OCT];
-        for r in 0..OCT {
-            facc[r] = _mm256_loadu_ps(acc[r].as_ptr());
-        }
-        // Lane 2t from lane t of the first vector, lane 2t + 1 from lane t of the second.
-        let interleave = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-        // Two blocks' widened quants, as in `rows_x8_tile`.
-        let mut quants = InterleavedQuants([[[0; QK / 2]; OCT]; 2]);
-        if nb > 0 {
-            widen_interleaved::<W>(w, row_len, b0, interleave, &mut quants.0[0]);
-        }
-        for b in 0..nb {
-            if b + 1 < nb {
-                let next = &mut quants.0[(b + 1) % 2];
-                widen_interleaved::<W>(w, row_len, b0 + b + 1, interleave, next);
-            }
-            let q = &quants.0[b % 2];
-            let x = xt.add(b * X8_BLOCK_BYTES);
-            let xq = x.add(X8_QUANTS) as *const __m256i;
-            let mut sums = [_mm512_setzero_si512(); OCT];
-            for p in 0..QK / 4 {
-                let xs = _mm512_permutex2var_epi32(
-                    _mm512_castsi256_si512(_mm256_loadu_si256(xq.add(p))),
-                    interleave,
-                    _mm512_castsi256_si512(_mm256_loadu_si256(xq.add(p + QK / 4))),
-                );
-                for r in 0..OCT {
-                    // Pairs p and p + 8 of row r, side by side, in every 64-bit lane.
-                    let pairs = (q[r].as_ptr() as *const i64).add(p).read();
-                    sums[r] = dpwssd_zmm(sums[r], _mm512_set1_epi64(pairs), xs);
-                }
-            }
-            let dx = _mm256_loadu_ps(x as *const f32);
-            let s = _mm256_loadu_ps(x.add(X8 * 4) as *const f32);
-            for r in 0..OCT {
-                let scales = W::scales(block_at::<W>(w[r], b0 + b));
-                // Token t's halves, lanes 2t and 2t + 1, added into the low half of 64-bit
-                // lane t, which the narrowing keeps.
-                let halves = _mm512_add_epi32(sums[r], _mm512_srli_epi64::<32>(sums[r]));
-                let isum = _mm512_cvtepi64_epi32(halves);
-                facc[r] = add_block::<W>(facc[r], isum, scales, dx, s);
-            }
-        }
-        for r in 0..OCT {
-            _mm256_storeu_ps(acc[r].as_mut_ptr(), facc[r]);
-        }
-    }
-}
-
-#[repr(align(64))]
-struct InterleavedQuants([[[i32; QK / 2]; OCT]; 2]);
-
-/// Widens block `b` of each row into `out`, a pair and its partner of the other half side by
-/// side (`interleave`), and prefetches the same block of the next pass's rows (as `widen_rows`).
-///
-/// # Safety
-/// The CPU has AVX2, F16C and AVX512F; block `b` of format `W` lies inside every row at `w[r]`.
-#[inline(always)]
-unsafe fn widen_interleaved<W: Unpack>(
-    w: [*const u8; OCT],
-    row_len: usize,
-    b: usize,
-    interleave: __m512i,
-    out: &mut [[i32; QK / 2]; OCT],
-) {
-    // SAFETY: as the caller guarantees; `out[r]` is 64 bytes at a 64-byte boundary.
-    unsafe {
-        for r in 0..OCT {
-            let p = block_at::<W>(w[r], b);
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(OCT * row_len) as *const i8);
-            let (lo, hi) = W::unpack(p);
-            let pairs = _mm512_permutex2var_epi32(
-                _mm512_castsi256_si512(lo),
-                interleave,
-                _mm512_castsi256_si512(hi),
-            );
-            _mm512_store_si512(out[r].as_mut_ptr() as *mut __m512i, pairs);
-        }
-    }
-}
-
 /// Lane `r` of the result: the sum of `v[r]`'s eight lanes.
 ///
 /// # Safety
@@ -1124,19 +1177,6 @@ pub(super) unsafe fn rows_vnni<W: Unpack, const T: usize>(
 ) {
     // SAFETY: as the caller guarantees for this function.
     unsafe { rows_tile::<W, AVX_VNNI, T>(nb, w, xs, out) }
-}
-
-/// # Safety
-/// As for `rows_tile`, with the features enabled here.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn rows_avx512<W: Unpack, const T: usize>(
-    nb: usize,
-    w: [&[u8]; PANEL],
-    xs: [&[u8]; T],
-    out: &mut [[f32; PANEL]; T],
-) {
-    // SAFETY: as the caller guarantees for this function.
-    unsafe { rows_tile::<W, AVX512_VNNI, T>(nb, w, xs, out) }
 }
 
 /// # Safety
