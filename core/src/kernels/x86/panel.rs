@@ -129,6 +129,21 @@ unsafe fn add_block<W: Unpack>(
     }
 }
 
+/// The whole blocks that every weight row of `w` and every Q16 activation row of `xs` hold.
+fn whole_blocks<W: Unpack>(w: &[&[u8]; PANEL], xs: &[&[u8]]) -> usize {
+    let nb = xs
+        .iter()
+        .fold(usize::MAX, |n, x| n.min(x.len() / BlockQ16::BYTES));
+    w.iter().fold(nb, |n, w| n.min(blocks::<W>(w.len())))
+}
+
+/// The blocks from `b0` on that every weight row of `w` holds and the transposed tile `xt` has.
+fn x8_row_blocks<W: Unpack>(w: &[&[u8]; X8_ROWS], b0: usize, xt: &[u8]) -> usize {
+    w.iter().fold(xt.len() / X8_BLOCK_BYTES, |n, w| {
+        n.min(blocks::<W>(w.len()).saturating_sub(b0))
+    })
+}
+
 /// `PANEL` weight rows against `T` rows of Q16 activations, unpacked, with the panel kernel's
 /// arithmetic: one token when decoding, a tile of tokens for batches too small to repay packing.
 /// On 256-bit vectors (the AVX-512 table has `rows_one_avx512` and `rows_x4_avx512`).
@@ -136,10 +151,7 @@ pub(super) fn panel_rows<W: Unpack, const ISA: u8, const T: usize>(
     w: [&[u8]; PANEL],
     xs: [&[u8]; T],
 ) -> [[f32; PANEL]; T] {
-    let nb = xs
-        .iter()
-        .fold(usize::MAX, |n, x| n.min(x.len() / BlockQ16::BYTES));
-    let nb = w.iter().fold(nb, |n, w| n.min(blocks::<W>(w.len())));
+    let nb = whole_blocks::<W>(&w, &xs);
     let mut out = [[0f32; PANEL]; T];
     // SAFETY: as for `dot`; `nb` whole blocks lie inside every slice.
     unsafe {
@@ -393,10 +405,7 @@ unsafe fn rows_one<W: Unpack, const ISA: u8>(
 
 /// `panel_rows` for a tile of four tokens on 512-bit vectors (the AVX-512 table's `rows_x4`).
 pub(super) fn rows_x4_avx512<W: Unpack>(w: [&[u8]; PANEL], xs: [&[u8]; TILE]) -> PanelAcc {
-    let nb = xs
-        .iter()
-        .fold(usize::MAX, |n, x| n.min(x.len() / BlockQ16::BYTES));
-    let nb = w.iter().fold(nb, |n, w| n.min(blocks::<W>(w.len())));
+    let nb = whole_blocks::<W>(&w, &xs);
     let mut out = [[0f32; PANEL]; TILE];
     // SAFETY: the table holding this entry is handed out only where the CPU has AVX-512
     // F/BW/VL and AVX512-VNNI besides AVX2/FMA/F16C; `nb` whole blocks lie inside every slice.
@@ -501,9 +510,7 @@ unsafe fn rows_x4_zmm<W: Unpack>(
 
 /// `panel_rows` for one token on 512-bit vectors (the AVX-512 table's `rows`).
 pub(super) fn rows_one_avx512<W: Unpack>(w: [&[u8]; PANEL], x: &[u8]) -> [f32; PANEL] {
-    let nb = w.iter().fold(x.len() / BlockQ16::BYTES, |n, w| {
-        n.min(blocks::<W>(w.len()))
-    });
+    let nb = whole_blocks::<W>(&w, &[x]);
     let mut out = [0f32; PANEL];
     // SAFETY: as for `rows_x4_avx512`.
     unsafe { rows_one_zmm::<W>(nb, w, x, &mut out) };
@@ -854,9 +861,7 @@ pub(super) fn rows_x8_lanes<W: Unpack>(
     xt: &[u8],
     acc: &mut [[f32; X8]; X8_ROWS],
 ) {
-    let nb = w.iter().fold(xt.len() / X8_BLOCK_BYTES, |n, w| {
-        n.min(blocks::<W>(w.len()).saturating_sub(b0))
-    });
+    let nb = x8_row_blocks::<W>(&w, b0, xt);
     let row_len = w[0].len();
     for (o, acc) in acc.as_chunks_mut::<OCT>().0.iter_mut().enumerate() {
         let w: [*const u8; OCT] = core::array::from_fn(|i| w[o * OCT + i].as_ptr());
@@ -984,9 +989,7 @@ pub(super) fn rows_x8<W: Unpack, const ISA: u8>(
     xt: &[u8],
     acc: &mut [[f32; X8]; X8_ROWS],
 ) {
-    let nb = w.iter().fold(xt.len() / X8_BLOCK_BYTES, |n, w| {
-        n.min(blocks::<W>(w.len()).saturating_sub(b0))
-    });
+    let nb = x8_row_blocks::<W>(&w, b0, xt);
     let row_len = w[0].len();
     for (q, acc) in acc.as_chunks_mut::<QUAD>().0.iter_mut().enumerate() {
         let w: [*const u8; QUAD] = core::array::from_fn(|i| w[q * QUAD + i].as_ptr());
