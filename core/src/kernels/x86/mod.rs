@@ -125,8 +125,8 @@ const fn amx_table() -> Kernels {
 }
 
 /// The table for `ISA`: `vpdpwssd` in place of `vpmaddwd`+`vpaddd` with either VNNI, and 32
-/// registers and some 512-bit kernels with AVX-512. All give the same exact integer sums in the same float order, so all
-/// give the same bits.
+/// registers and some 512-bit kernels with AVX-512. All give the same exact integer sums in the
+/// same float order, so all give the same bits.
 const fn table<const ISA: u8>(name: &'static str) -> Kernels {
     Kernels {
         name,
