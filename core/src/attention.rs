@@ -7,7 +7,7 @@ use crate::config::MAX_HEAD_DIM;
 use crate::error::{Error, Result};
 use crate::exec::Exec;
 use crate::kernels::panel::{PANEL, PANEL_BLOCK_BYTES};
-use crate::kernels::{Kernels, TILE};
+use crate::kernels::{Kernels, WeightStrides, TILE};
 use crate::kv_cache::LayerKv;
 use crate::ops;
 use crate::quant::{self, q16, BlockQ16, Format, QK};
@@ -211,10 +211,12 @@ impl Block<'_> {
         let mut acc = [0f32; ACC];
         let acc = &mut acc[..n * hd];
         let (mut max, mut sum) = ([f32::NEG_INFINITY; ROWS], [0.0f32; ROWS]);
-        // scores[j][i]: key j of the step against row i, as the kernels give them; probs[i][j]
-        // the same, scaled, then exponentiated (zero outside the row's span).
+        // scores[j][i]: key j of the step against row i, as the kernels give them, then, for
+        // more than a tile of rows, their probability weights in place (`softmax_step`);
+        // probs[i][j]: those of a tile's rows or fewer, one row at a time (zero outside the
+        // row's span).
         let mut scores = [[0f32; ROWS]; KEY_STEP];
-        let mut probs = [[0f32; KEY_STEP]; ROWS];
+        let mut probs = [[0f32; KEY_STEP]; TILE];
         let mut packed = [0u8; MAX_HEAD_DIM / QK * PANEL_BLOCK_BYTES];
         let mut row = [0f32; MAX_HEAD_DIM];
         let first = span.iter().map(|s| s.0).min().unwrap_or(0);
@@ -248,10 +250,12 @@ impl Block<'_> {
                             (panel.dot)(packed, tile(k), &mut out);
                             out
                         };
+                        // The tile's rows side by side in each key's scores (`ROWS` holds whole
+                        // tiles).
+                        let at = (k * TILE).min(ROWS - TILE);
                         for (key, sk) in s.iter_mut().enumerate() {
-                            for (i, o) in out.iter().enumerate() {
-                                sk[(k * TILE + i).min(ROWS - 1)] = o[key];
-                            }
+                            let rows: [f32; TILE] = core::array::from_fn(|i| out[i][key]);
+                            sk[at..at + TILE].copy_from_slice(&rows);
                         }
                     }
                 }
@@ -311,42 +315,68 @@ impl Block<'_> {
                     }
                 }
             }
-            // Per row, contiguous: loops the compiler vectorizes.
             let steps = end - start;
-            for (i, pi) in probs[..n].iter_mut().enumerate() {
-                let pi = &mut pi[..steps];
-                pi.fill(0.0);
+            // Row i's keys in the step.
+            let live = |i: usize| {
                 let (lo, pos) = span[i];
-                let (a, b) = (
+                (
                     lo.max(start) - start,
                     (pos + 1).min(end).saturating_sub(start),
+                )
+            };
+            let weights = if n > TILE {
+                // The rows side by side, a vector lane each: the same arithmetic as one row at
+                // a time below, without a sum across lanes or a transposing copy.
+                let lives: [(usize, usize); ROWS] =
+                    core::array::from_fn(|i| if i < n { live(i) } else { (0, 0) });
+                let mut rescale = [1f32; ROWS];
+                let weights = scores[..steps].as_flattened_mut();
+                (kernels.softmax_step)(
+                    weights,
+                    ROWS,
+                    &lives[..n],
+                    scale,
+                    &mut max[..n],
+                    &mut sum[..n],
+                    &mut rescale[..n],
                 );
-                if a >= b {
-                    continue;
+                for (a, r) in acc.chunks_exact_mut(hd).zip(rescale) {
+                    if r != 1.0 {
+                        a.iter_mut().for_each(|o| *o *= r);
+                    }
                 }
-                let live = &mut pi[a..b];
-                for (p, s) in live.iter_mut().zip(&scores[a..b]) {
-                    *p = s[i] * scale;
+                (&*weights, WeightStrides { run: 1, key: ROWS })
+            } else {
+                // Per row, contiguous: loops the compiler vectorizes.
+                for (i, pi) in probs[..n].iter_mut().enumerate() {
+                    let pi = &mut pi[..steps];
+                    pi.fill(0.0);
+                    let (a, b) = live(i);
+                    if a >= b {
+                        continue;
+                    }
+                    let live = &mut pi[a..b];
+                    for (p, s) in live.iter_mut().zip(&scores[a..b]) {
+                        *p = s[i] * scale;
+                    }
+                    let step_max = live
+                        .iter()
+                        .fold(f32::NEG_INFINITY, |m, v| ops::running_max(m, *v));
+                    if step_max > max[i] {
+                        let r = ops::exp(max[i] - step_max);
+                        acc[i * hd..][..hd].iter_mut().for_each(|o| *o *= r);
+                        sum[i] *= r;
+                        max[i] = step_max;
+                    }
+                    sum[i] += (kernels.exp_sub)(live, max[i]);
                 }
-                let step_max = live.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
-                if step_max > max[i] {
-                    let r = ops::exp(max[i] - step_max);
-                    acc[i * hd..][..hd].iter_mut().for_each(|o| *o *= r);
-                    sum[i] *= r;
-                    max[i] = step_max;
-                }
-                sum[i] += (kernels.exp_sub)(live, max[i]);
-            }
-            self.add_values(
-                kernels,
-                kv,
-                kv_head,
-                start,
-                steps,
-                &probs[..n],
-                acc,
-                &mut row,
-            )?;
+                let by_row = WeightStrides {
+                    run: KEY_STEP,
+                    key: 1,
+                };
+                (probs[..n].as_flattened(), by_row)
+            };
+            self.add_values(kernels, kv, kv_head, start, steps, weights, acc, &mut row)?;
             start = end;
         }
         for (i, (a, s)) in acc.chunks_exact_mut(hd).zip(sum).enumerate() {
@@ -359,8 +389,9 @@ impl Block<'_> {
         Ok(())
     }
 
-    /// `acc[i] += Σ_j probs[i][j] · V[start + j]` over the `len` keys of one step, in key order;
-    /// keys outside a row's span have probability zero, which adds exactly nothing.
+    /// `acc[i] += Σ_j p(i, j) · V[start + j]` over the `len` keys of one step, in key order, row
+    /// `i`'s probability of key `j` at `probs[i·w.run + j·w.key]`; keys outside a row's span
+    /// have probability zero, which adds exactly nothing.
     #[allow(clippy::too_many_arguments)]
     fn add_values(
         &self,
@@ -369,31 +400,26 @@ impl Block<'_> {
         kv_head: usize,
         start: usize,
         len: usize,
-        probs: &[[f32; KEY_STEP]],
+        (probs, w): (&[f32], WeightStrides),
         acc: &mut [f32],
         row: &mut [f32; MAX_HEAD_DIM],
     ) -> Result<()> {
         let hd = self.shape.head_dim;
-        // Past the step's last key with weight in any row, nothing is read.
-        let steps = probs.iter().fold(0, |m, p| {
-            m.max(
-                p[..len]
-                    .iter()
-                    .rposition(|v| *v != 0.0)
-                    .map_or(0, |j| j + 1),
-            )
-        });
+        let runs = acc.len() / hd;
+        let p = |i: usize, j: usize| probs[i * w.run + j * w.key];
+        // A step ends at the last key any row sees (live keys weigh at least e^-87.3): all its
+        // value rows are read.
         if kv.format == Format::Q8_0 {
             // All the step's values in one call, each widened once for every row.
             let mut rows: [&[u8]; KEY_STEP] = [&[]; KEY_STEP];
-            for (j, r) in rows[..steps].iter_mut().enumerate() {
+            for (j, r) in rows[..len].iter_mut().enumerate() {
                 *r = kv.v_row(start + j, kv_head);
             }
-            (kernels.axpy_q8_0)(acc, probs.as_flattened(), KEY_STEP, &rows[..steps]);
+            (kernels.axpy_q8_0)(acc, probs, w, &rows[..len]);
         } else {
             // Each value row widened once for all the rows that weigh it.
-            for j in 0..steps {
-                if probs.iter().all(|pi| pi[j] == 0.0) {
+            for j in 0..len {
+                if (0..runs).all(|i| p(i, j) == 0.0) {
                     continue;
                 }
                 let (v, bytes) = (&mut row[..hd], kv.v_row(start + j, kv_head));
@@ -401,10 +427,11 @@ impl Block<'_> {
                     Format::F16 => (kernels.widen_f16)(bytes, v),
                     _ => quant::dequantize_row(kv.format, bytes, v)?,
                 }
-                for (a, pi) in acc.chunks_exact_mut(hd).zip(probs) {
-                    if pi[j] != 0.0 {
+                for (i, a) in acc.chunks_exact_mut(hd).enumerate() {
+                    let pij = p(i, j);
+                    if pij != 0.0 {
                         for (o, x) in a.iter_mut().zip(v.iter()) {
-                            *o += pi[j] * x;
+                            *o += pij * x;
                         }
                     }
                 }

@@ -116,7 +116,7 @@ impl YarnScaling {
 }
 
 /// Upper bound on `head_dim`. Attention keeps blocks of query rows on the stack, about 170 bytes
-/// per unit of `MAX_HEAD_DIM` per thread (88 KiB at 512), so firmware for models with small heads
+/// per unit of `MAX_HEAD_DIM` per thread (82 KiB at 512), so firmware for models with small heads
 /// shrinks its stack by setting `SAPIENT_MAX_HEAD_DIM` (a multiple of 32) when it builds the core,
 /// as embassy's crates take their sizes; 512 otherwise. A model with larger heads is then refused
 /// by `Config::validate`, not run.

@@ -134,6 +134,197 @@ pub fn exp_sub(x: &mut [f32], m: f32) -> f32 {
     ((a + e) + (c + g)) + ((b + f) + (d + h))
 }
 
+/// `v` if it is larger than `m`, else `m`: a running maximum that passes NaN by, one compare
+/// and one blend in a vector loop (`f32::max`'s NaN rule kept the compiler from vectorizing).
+#[inline(always)]
+pub fn running_max(m: f32, v: f32) -> f32 {
+    if v > m {
+        v
+    } else {
+        m
+    }
+}
+
+/// Query rows `softmax_step` takes side by side: one vector lane each (a 512-bit vector).
+pub const SOFTMAX_ROWS: usize = 16;
+
+/// One step of attention's online softmax over a block's query rows, side by side:
+/// `s[j·stride + i]` is key `j`'s score against row `i` (`s.len() / stride` keys, `live.len()`
+/// rows), and row `i` sees the step's keys `live[i].0 .. live[i].1` (none when empty).
+///
+/// In place, as each row on its own would go (`exp_sub`'s arithmetic): a live score becomes
+/// `p = score·scale`; where the row's largest `p` tops `max[i]`, `max[i]` takes it and `sum[i]`
+/// is multiplied by `rescale[i] = e^(old − new)`, the factor the row's weighted sums take too
+/// (1 where `max[i]` stays); then every live `p` becomes `e^(p − max[i])` and its dead keys
+/// zero, and `sum[i]` adds the live ones, key `j` into lane `(j − live[i].0) % 8` and the lanes
+/// as `exp_sub` adds them. Rows past the shortest of `live`, `max`, `sum` and `rescale` are
+/// left as they were.
+///
+/// The rows' lanes run through each step together, `SOFTMAX_ROWS` at a time where `stride`
+/// holds them (vector operations, no sums across lanes); one row at a time otherwise.
+#[inline(always)]
+pub fn softmax_step(
+    s: &mut [f32],
+    stride: usize,
+    live: &[(usize, usize)],
+    scale: f32,
+    max: &mut [f32],
+    sum: &mut [f32],
+    rescale: &mut [f32],
+) {
+    if stride == 0 {
+        return;
+    }
+    let keys = s.len() / stride;
+    let n = live.len().min(max.len()).min(sum.len()).min(rescale.len());
+    // Rows past the stride have no place in `s`.
+    let n = n.min(stride);
+    let mut r0 = 0;
+    while r0 < n {
+        let rows = (n - r0).min(SOFTMAX_ROWS);
+        if r0 + SOFTMAX_ROWS <= stride && keys <= i32::MAX as usize {
+            let mut step = LaneStep {
+                rows,
+                live: [(0, 0); SOFTMAX_ROWS],
+                max: [f32::NEG_INFINITY; SOFTMAX_ROWS],
+                sum: [0.0; SOFTMAX_ROWS],
+                rescale: [1.0; SOFTMAX_ROWS],
+            };
+            step.live[..rows].copy_from_slice(&live[r0..r0 + rows]);
+            step.max[..rows].copy_from_slice(&max[r0..r0 + rows]);
+            step.sum[..rows].copy_from_slice(&sum[r0..r0 + rows]);
+            step.run(&mut s[r0..], stride, keys, scale);
+            max[r0..r0 + rows].copy_from_slice(&step.max[..rows]);
+            sum[r0..r0 + rows].copy_from_slice(&step.sum[..rows]);
+            rescale[r0..r0 + rows].copy_from_slice(&step.rescale[..rows]);
+        } else {
+            for i in r0..r0 + rows {
+                let row = RowStep {
+                    live: live[i],
+                    stride,
+                    keys,
+                };
+                (max[i], sum[i], rescale[i]) = row.run(&mut s[i..], scale, max[i], sum[i]);
+            }
+        }
+        r0 += rows;
+    }
+}
+
+/// `SOFTMAX_ROWS` rows of `softmax_step` in vector lanes: the block's first `rows`, the lanes
+/// past them without live keys and their scores left as they were.
+struct LaneStep {
+    rows: usize,
+    live: [(usize, usize); SOFTMAX_ROWS],
+    max: [f32; SOFTMAX_ROWS],
+    sum: [f32; SOFTMAX_ROWS],
+    rescale: [f32; SOFTMAX_ROWS],
+}
+
+impl LaneStep {
+    /// The step over `keys` keys of `s` (at most `i32::MAX`), lane `l`'s score of key `j` at
+    /// `s[j·stride + l]` (`stride >= SOFTMAX_ROWS`).
+    #[inline(always)]
+    fn run(&mut self, s: &mut [f32], stride: usize, keys: usize, scale: f32) {
+        const L: usize = SOFTMAX_ROWS;
+        fn lanes(s: &mut [f32], at: usize) -> &mut [f32; L] {
+            (&mut s[at..][..L])
+                .try_into()
+                .unwrap_or_else(|_| unreachable!())
+        }
+        // 32-bit lanes, as the floats': one vector compare per key.
+        let bound = |k: usize| k.min(keys) as i32;
+        let (lo, hi) = (self.live.map(|l| bound(l.0)), self.live.map(|l| bound(l.1)));
+        let mut top = [f32::NEG_INFINITY; L];
+        for j in 0..keys {
+            let (v, key) = (lanes(s, j * stride), j as i32);
+            for (t, (v, (a, b))) in top.iter_mut().zip(v.iter().zip(lo.iter().zip(&hi))) {
+                let live = (*a <= key) & (key < *b);
+                let m = running_max(*t, v * scale);
+                *t = if live { m } else { *t };
+            }
+        }
+        let rows = self
+            .max
+            .iter_mut()
+            .zip(&mut self.sum)
+            .zip(&mut self.rescale);
+        for (((max, sum), rescale), top) in rows.zip(top) {
+            let grows = top > *max;
+            let r = exp(*max - top);
+            *rescale = if grows { r } else { 1.0 };
+            *sum = if grows { *sum * r } else { *sum };
+            *max = if grows { top } else { *max };
+        }
+        // Key j into part j % 8. `exp_sub` puts it into lane (j - live.0) % 8: the same parts
+        // turned round, which its sum of the lanes, pairs k and k + 4 then pairs of pairs,
+        // adds as it does these (the turn only swaps terms of its additions).
+        let mut parts = [[0f32; L]; 8];
+        for j0 in (0..keys).step_by(8) {
+            for (k, part) in parts.iter_mut().enumerate() {
+                let j = j0 + k;
+                if j >= keys {
+                    break;
+                }
+                let (v, key) = (lanes(s, j * stride), j as i32);
+                for l in 0..L {
+                    let live = (lo[l] <= key) & (key < hi[l]);
+                    let e = if live {
+                        exp(v[l] * scale - self.max[l])
+                    } else {
+                        0.0
+                    };
+                    v[l] = if l < self.rows { e } else { v[l] };
+                    part[l] += e;
+                }
+            }
+        }
+        let p = &parts;
+        for (l, sum) in self.sum.iter_mut().enumerate() {
+            *sum += ((p[0][l] + p[4][l]) + (p[2][l] + p[6][l]))
+                + ((p[1][l] + p[5][l]) + (p[3][l] + p[7][l]));
+        }
+    }
+}
+
+/// One row of `softmax_step` (a block whose stride does not hold `SOFTMAX_ROWS` lanes).
+struct RowStep {
+    live: (usize, usize),
+    stride: usize,
+    keys: usize,
+}
+
+impl RowStep {
+    /// The row whose score of key `j` is `s[j·stride]`: its new maximum, sum and rescale factor.
+    fn run(&self, s: &mut [f32], scale: f32, max: f32, sum: f32) -> (f32, f32, f32) {
+        let (a, b) = self.live;
+        let is_live = |j: usize| a <= j && j < b;
+        let mut top = f32::NEG_INFINITY;
+        for j in (0..self.keys).filter(|j| is_live(*j)) {
+            top = running_max(top, s[j * self.stride] * scale);
+        }
+        let (mut max, mut sum, mut rescale) = (max, sum, 1.0);
+        if top > max {
+            rescale = exp(max - top);
+            sum *= rescale;
+            max = top;
+        }
+        let mut lanes = [0f32; 8];
+        for j in 0..self.keys {
+            let v = &mut s[j * self.stride];
+            *v = if is_live(j) {
+                exp(*v * scale - max)
+            } else {
+                0.0
+            };
+            lanes[j % 8] += *v;
+        }
+        let [l0, l1, l2, l3, l4, l5, l6, l7] = lanes;
+        let total = ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7));
+        (max, sum + total, rescale)
+    }
+}
+
 /// `x += y`.
 ///
 /// # Errors

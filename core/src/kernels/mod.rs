@@ -95,8 +95,39 @@ pub const fn most_transposed_tokens(batch: usize) -> usize {
     most
 }
 
-/// `out[i] += Σ_k a[i·stride + k] · rows[k]`: `(out, a, stride, rows)`.
-pub type Axpy = fn(&mut [f32], &[f32], usize, &[&[u8]]);
+/// `out[i] += Σ_k a[i·w.run + k·w.key] · rows[k]`: `(out, a, w, rows)`.
+pub type Axpy = fn(&mut [f32], &[f32], WeightStrides, &[&[u8]]);
+
+/// Where an `Axpy`'s weights lie in their slice: run `i`'s weight for key `k` at
+/// `i·run + k·key`. Attention's probabilities come as a row of keys per query row (`key` 1) or,
+/// from `ops::softmax_step`, as a row of query rows per key (`run` 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WeightStrides {
+    /// From one run's weights to the next's.
+    pub run: usize,
+    /// From one key's weight to the next's.
+    pub key: usize,
+}
+
+impl WeightStrides {
+    /// How many of the first `most` runs have a weight for every one of `keys` keys in `len`
+    /// floats (none without keys).
+    pub fn runs(self, len: usize, keys: usize, most: usize) -> usize {
+        let last_key = keys.checked_sub(1).and_then(|k| k.checked_mul(self.key));
+        match last_key {
+            Some(last) if last < len => match (len - 1 - last).checked_div(self.run) {
+                Some(more) => most.min(more + 1),
+                None => most,
+            },
+            _ => 0,
+        }
+    }
+}
+
+/// `ops::softmax_step`: scores (keys × a stride), the rows' live keys, the scale, and the rows'
+/// maxima, sums and rescale factors.
+pub type SoftmaxStep =
+    fn(&mut [f32], usize, &[(usize, usize)], f32, &mut [f32], &mut [f32], &mut [f32]);
 
 /// Two weight rows · `TILE` activation rows.
 pub type Dot2x4 = fn([&[u8]; 2], [&[u8]; TILE]) -> [[f32; TILE]; 2];
@@ -247,8 +278,8 @@ pub struct Kernels {
     pub dot_bf16: fn(&[u8], &[f32]) -> f32,
     /// `dot_bf16` for `TILE` activation rows.
     pub dot_bf16_x4: fn(&[u8], [&[f32]; TILE]) -> [f32; TILE],
-    /// `out[i] += Σ_k a[i·stride + k] · rows[k]` for each run `out[i]` (as long as the Q8_0
-    /// rows) of `out` that `a` has weights for, over every row in order: attention's weighted
+    /// `out[i] += Σ_k a[i·w.run + k·w.key] · rows[k]` for each run `out[i]` (as long as the
+    /// Q8_0 rows) of `out` that `a` has all its weights for (`WeightStrides::runs`), over every row in order: attention's weighted
     /// sum over a quantized V cache, each row widened once for several query heads that share
     /// it, their sums kept in registers across a step of keys.
     pub axpy_q8_0: Axpy,
@@ -257,6 +288,10 @@ pub struct Kernels {
     pub silu_mul: fn(&mut [f32], &[f32]),
     /// `x ← exp(x − max)` over a row, returning the sum (softmax's middle step).
     pub exp_sub: fn(&mut [f32], f32) -> f32,
+    /// `ops::softmax_step` compiled for this instruction set (the same bits as the scalar
+    /// table's): a step of keys of attention's online softmax for a block's query rows side
+    /// by side.
+    pub softmax_step: SoftmaxStep,
     /// f16 values (little-endian bytes) widened to f32, exactly: as many as both slices hold
     /// (an f16 KV cache's value rows, widened once per key for every query head that uses it).
     pub widen_f16: fn(&[u8], &mut [f32]),
@@ -470,25 +505,25 @@ impl Kernels {
         Ok((dots.one)(w, x))
     }
 
-    /// `out[i] += Σ_k a[i·stride + k] · rows[k]` over Q8_0 rows of one length, for each run
-    /// `out[i]` as long as they are.
+    /// `out[i] += Σ_k a[i·w.run + k·w.key] · rows[k]` over Q8_0 rows of one length, for each
+    /// run `out[i]` as long as they are.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for no rows, a `stride` shorter than the rows' count, or `a`
-    /// without weights for every run; a length error for a row that is not `out`'s run length
-    /// in Q8_0, or an `out` that is not whole runs.
+    /// [`Error::InvalidArgument`] for no rows, or `a` without weights for every run; a length
+    /// error for a row that is not `out`'s run length in Q8_0, or an `out` that is not whole
+    /// runs.
     pub fn axpy_q8_0(
         &self,
         out: &mut [f32],
         a: &[f32],
-        stride: usize,
+        w: WeightStrides,
         rows: &[&[u8]],
     ) -> Result<()> {
         let k = rows.len();
-        if k == 0 || stride < k {
+        if k == 0 {
             return Err(Error::InvalidArgument {
                 what: "axpy",
-                reason: "it takes one row or more, and a stride of at least one weight per row",
+                reason: "it takes one row or more",
             });
         }
         let n = expect_quantized_row(Format::Q8_0, rows[0].len())?;
@@ -509,13 +544,13 @@ impl Kernels {
             });
         }
         let runs = out.len() / n;
-        if runs > 0 && a.len() < (runs - 1) * stride + k {
+        if w.runs(a.len(), k, runs) < runs {
             return Err(Error::InvalidArgument {
                 what: "axpy",
                 reason: "the weights do not cover every run of the output",
             });
         }
-        (self.axpy_q8_0)(out, a, stride, rows);
+        (self.axpy_q8_0)(out, a, w, rows);
         Ok(())
     }
 

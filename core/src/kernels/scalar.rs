@@ -3,7 +3,7 @@
 //! Every function here is memory-safe for any input: it processes as many whole blocks as the
 //! shortest argument holds. The checked entry points in `kernels` reject mismatched lengths
 //! before calling into any table.
-use super::{Kernels, QuantDots};
+use super::{Kernels, QuantDots, WeightStrides};
 use crate::quant::k_quants::BLOCKS_PER_SUPER;
 use crate::quant::q8k::SUM_SPAN;
 use crate::quant::{
@@ -52,6 +52,7 @@ pub(super) const TABLE: Kernels = Kernels {
     axpy_q8_0,
     silu_mul: crate::ops::silu_mul,
     exp_sub: crate::ops::exp_sub,
+    softmax_step: crate::ops::softmax_step,
     widen_f16: crate::quant::float::dequantize_row_f16,
 };
 
@@ -197,24 +198,23 @@ fn nibbles(qs: &[u8]) -> [i32; QK] {
     })
 }
 
-/// `out[i] += Σ_k a[i·stride + k] · rows[k]` for each whole run `out[i]` (as long as the
-/// shortest row's whole blocks) that `a` has weights for, over every row, in order.
-pub fn axpy_q8_0(out: &mut [f32], a: &[f32], stride: usize, rows: &[&[u8]]) {
+/// `out[i] += Σ_k a[i·w.run + k·w.key] · rows[k]` for each whole run `out[i]` (as long as the
+/// shortest row's whole blocks) that `a` has all its weights for (`WeightStrides::runs`), over
+/// every row, in order.
+pub fn axpy_q8_0(out: &mut [f32], a: &[f32], w: WeightStrides, rows: &[&[u8]]) {
     let nb = super::q8_0_blocks(rows);
-    let (n, keys) = (nb * QK, rows.len());
-    if n == 0 || keys == 0 || stride < keys {
+    let n = nb * QK;
+    if n == 0 {
         return;
     }
-    for (o, a) in out.chunks_exact_mut(n).zip(a.chunks(stride)) {
-        if a.len() < keys {
-            break;
-        }
+    let runs = w.runs(a.len(), rows.len(), out.len() / n);
+    for (i, o) in out.chunks_exact_mut(n).take(runs).enumerate() {
         for (k, row) in rows.iter().enumerate() {
             for (o, b) in o
                 .chunks_exact_mut(QK)
                 .zip(row.chunks_exact(BlockQ8_0::BYTES))
             {
-                let ad = a[k] * f16_at(b);
+                let ad = a[i * w.run + k * w.key] * f16_at(b);
                 for (o, q) in o.iter_mut().zip(&b[2..]) {
                     *o += ad * (*q as i8) as f32;
                 }

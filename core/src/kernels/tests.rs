@@ -240,6 +240,37 @@ const WRITABLE: [Format; 6] = [
 
 use crate::quant::QUANTIZED;
 
+/// One row's step of attention's online softmax on its own, as attention takes a tile of rows
+/// or fewer: the live scores scaled into a row, the maximum raised (the sum rescaled), then
+/// `ops::exp_sub`. The row's probabilities by key, its maximum, sum and rescale factor.
+fn softmax_row_alone(
+    scores: &[f32],
+    (a, b): (usize, usize),
+    scale: f32,
+    (max, sum): (f32, f32),
+) -> (Vec<f32>, f32, f32, f32) {
+    let b = b.min(scores.len());
+    let mut probs = vec![0f32; scores.len()];
+    if a >= b {
+        return (probs, max, sum, 1.0);
+    }
+    let live = &mut probs[a..b];
+    for (p, s) in live.iter_mut().zip(&scores[a..b]) {
+        *p = s * scale;
+    }
+    let top = live
+        .iter()
+        .fold(f32::NEG_INFINITY, |m, v| crate::ops::running_max(m, *v));
+    let (mut max, mut sum, mut rescale) = (max, sum, 1.0);
+    if top > max {
+        rescale = crate::ops::exp(max - top);
+        sum *= rescale;
+        max = top;
+    }
+    sum += crate::ops::exp_sub(live, max);
+    (probs, max, sum, rescale)
+}
+
 /// The SIMD tables this CPU runs, each checked against the scalar twin by the property tests
 /// (not only the one `Kernels::best` picks: the others ship to other CPUs). Those this CPU cannot
 /// run are named on stderr, past the test harness's capture, so that a run that skipped them
@@ -601,6 +632,40 @@ proptest! {
         }
     }
 
+    /// A softmax step over rows side by side gives every row the bits it gets alone (attention's
+    /// one-row-at-a-time arithmetic: `exp_sub` over its live keys), in every table, on strides
+    /// that hold the vector lanes and strides that do not; the lanes past the rows keep their
+    /// scores.
+    #[test]
+    #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
+    fn softmax_step_gives_each_row_its_own_bits(keys in 1usize..40, n in 1usize..40, pad in 0usize..24, scores in values(40 * 64), spans in proptest::collection::vec((0usize..45, 0usize..45), 40), start in proptest::collection::vec((prop_oneof![Just(f32::NEG_INFINITY), -20f32..20.0], 0f32..10.0), 40), scale in 0.01f32..1.0) {
+        let stride = n + pad;
+        let s = &scores[..keys * stride];
+        let live = &spans[..n];
+        let alone: Vec<_> = (0..n).map(|i| {
+            let row: Vec<f32> = (0..keys).map(|j| s[j * stride + i]).collect();
+            softmax_row_alone(&row, live[i], scale, start[i])
+        }).collect();
+        let mut tables = simd_tables();
+        tables.push(Kernels::scalar());
+        for k in tables {
+            let mut s = s.to_vec();
+            let (mut max, mut sum): (Vec<f32>, Vec<f32>) = start[..n].iter().copied().unzip();
+            let mut rescale = vec![f32::NAN; n];
+            (k.softmax_step)(&mut s, stride, live, scale, &mut max, &mut sum, &mut rescale);
+            for (i, (p, m, total, r)) in alone.iter().enumerate() {
+                let got: Vec<u32> = (0..keys).map(|j| s[j * stride + i].to_bits()).collect();
+                prop_assert_eq!(got, p.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{} row {}", k.name, i);
+                prop_assert_eq!((max[i].to_bits(), sum[i].to_bits(), rescale[i].to_bits()), (m.to_bits(), total.to_bits(), r.to_bits()), "{} row {}", k.name, i);
+            }
+            for j in 0..keys {
+                for i in n..stride {
+                    prop_assert_eq!(s[j * stride + i].to_bits(), scores[j * stride + i].to_bits());
+                }
+            }
+        }
+    }
+
     /// f16 widening is exact in every table: any bits (subnormals, infinities, NaNs) give the
     /// scalar conversion's value, for lengths around the vectors' eight and a shorter output.
     #[test]
@@ -714,26 +779,31 @@ proptest! {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(100))]
 
-    /// The Q8_0 axpy (one to a step of rows into one to six runs, the weights `stride` apart)
-    /// agrees with the scalar one within float rounding of each term.
+    /// The Q8_0 axpy (one to a step of rows into one to six runs, the weights a row of keys per
+    /// run or a row of runs per key, `gap` floats apart) agrees with the scalar one within float
+    /// rounding of each term.
     #[test]
     #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
-    fn axpy_q8_0_matches_scalar(blocks in 1usize..5, n_rows in 1usize..12, runs in 1usize..7, gap in 0usize..3, v in proptest::collection::vec(values(4 * 32), 11), out in proptest::collection::vec(-100f32..100.0, 6 * 4 * 32), a in proptest::collection::vec(-10f32..10.0, 6 * 13)) {
+    fn axpy_q8_0_matches_scalar(blocks in 1usize..5, n_rows in 1usize..12, runs in 1usize..7, gap in 0usize..3, key_major in proptest::bool::ANY, v in proptest::collection::vec(values(4 * 32), 11), out in proptest::collection::vec(-100f32..100.0, 6 * 4 * 32), a in proptest::collection::vec(-10f32..10.0, 6 * 13)) {
         let n = blocks * 32;
-        let stride = n_rows + gap;
+        let w = if key_major {
+            WeightStrides { run: 1, key: runs + gap }
+        } else {
+            WeightStrides { run: n_rows + gap, key: 1 }
+        };
         let rows: Vec<Vec<u8>> = v[..n_rows].iter().map(|v| quantized(Format::Q8_0, &v[..n])).collect();
         let rows: Vec<&[u8]> = rows.iter().map(|r| r.as_slice()).collect();
-        let a = &a[..(runs - 1) * stride + n_rows];
+        let a = &a[..(runs - 1) * w.run + (n_rows - 1) * w.key + 1];
         let (mut s, mut b) = (out[..runs * n].to_vec(), out[..runs * n].to_vec());
-        Kernels::scalar().axpy_q8_0(&mut s, a, stride, &rows).unwrap();
-        Kernels::best().axpy_q8_0(&mut b, a, stride, &rows).unwrap();
+        Kernels::scalar().axpy_q8_0(&mut s, a, w, &rows).unwrap();
+        Kernels::best().axpy_q8_0(&mut b, a, w, &rows).unwrap();
         let deq: Vec<Vec<f32>> = rows.iter().map(|r| {
             let mut d = vec![0f32; n];
             dequantize_row(Format::Q8_0, r, &mut d).unwrap();
             d
         }).collect();
         for i in 0..runs * n {
-            let terms: f32 = (0..n_rows).map(|k| (a[i / n * stride + k] * deq[k][i % n]).abs()).sum();
+            let terms: f32 = (0..n_rows).map(|k| (a[i / n * w.run + k * w.key] * deq[k][i % n]).abs()).sum();
             let bound = 1e-6 * (terms + out[i].abs()) * n_rows as f32 + f32::MIN_POSITIVE;
             close(s[i], b[i], bound)?;
         }
@@ -807,17 +877,50 @@ fn mismatched_lengths_are_errors() {
     assert!(k.dot_f32_bytes(&[0u8; 8], &[1.0]).is_err());
     assert!(k.dot_f16_bytes(&[0u8; 8], &[1.0]).is_err());
     let row: &[u8] = &[0u8; 34];
-    assert!(k.axpy_q8_0(&mut [0.0; 64], &[1.0; 1], 1, &[row]).is_err());
+    let by_run = |run| WeightStrides { run, key: 1 };
     assert!(k
-        .axpy_q8_0(&mut [0.0; 64], &[1.0; 4], 2, &[row, &[0u8; 68]])
+        .axpy_q8_0(&mut [0.0; 64], &[1.0; 1], by_run(1), &[row])
         .is_err());
-    assert!(k.axpy_q8_0(&mut [0.0; 48], &[1.0; 2], 1, &[row]).is_err());
     assert!(k
-        .axpy_q8_0(&mut [0.0; 64], &[1.0; 4], 1, &[row; 2])
+        .axpy_q8_0(&mut [0.0; 64], &[1.0; 4], by_run(2), &[row, &[0u8; 68]])
         .is_err());
-    assert!(k.axpy_q8_0(&mut [0.0; 32], &[], 1, &[&[]]).is_err());
-    assert!(k.axpy_q8_0(&mut [0.0; 64], &[1.0; 4], 2, &[row; 2]).is_ok());
-    assert!(k.axpy_q8_0(&mut [0.0; 64], &[1.0; 3], 2, &[row; 1]).is_ok());
+    assert!(k
+        .axpy_q8_0(&mut [0.0; 48], &[1.0; 2], by_run(1), &[row])
+        .is_err());
+    assert!(k
+        .axpy_q8_0(&mut [0.0; 64], &[1.0; 3], by_run(2), &[row; 2])
+        .is_err());
+    let by_key = |key| WeightStrides { run: 1, key };
+    assert!(k
+        .axpy_q8_0(&mut [0.0; 64], &[1.0; 4], by_key(3), &[row; 2])
+        .is_err());
+    assert!(k.axpy_q8_0(&mut [0.0; 32], &[], by_run(1), &[&[]]).is_err());
+    assert!(k.axpy_q8_0(&mut [0.0; 32], &[1.0], by_run(1), &[]).is_err());
+    assert!(k
+        .axpy_q8_0(&mut [0.0; 64], &[1.0; 4], by_run(2), &[row; 2])
+        .is_ok());
+    assert!(k
+        .axpy_q8_0(&mut [0.0; 64], &[1.0; 3], by_run(2), &[row; 1])
+        .is_ok());
+    assert!(k
+        .axpy_q8_0(&mut [0.0; 64], &[1.0; 4], by_key(2), &[row; 2])
+        .is_ok());
+}
+
+/// Which runs an axpy's weights cover: every key's weight inside the slice, whatever the
+/// strides (runs sharing weights, strides whose products overflow).
+#[test]
+fn weight_strides_count_the_covered_runs() {
+    let w = |run, key| WeightStrides { run, key };
+    assert_eq!(w(4, 1).runs(12, 4, 9), 3);
+    assert_eq!(w(4, 1).runs(11, 4, 9), 2);
+    assert_eq!(w(1, 4).runs(12, 3, 9), 4);
+    assert_eq!(w(1, 4).runs(12, 3, 2), 2);
+    assert_eq!(w(0, 1).runs(4, 4, 9), 9);
+    assert_eq!(w(0, 1).runs(3, 4, 9), 0);
+    assert_eq!(w(1, 1).runs(8, 0, 9), 0);
+    assert_eq!(w(1, usize::MAX).runs(8, 2, 9), 0);
+    assert_eq!(w(usize::MAX, 1).runs(8, 2, 9), 1);
 }
 
 /// Faults that are not lengths get variants that say what they are: no message reads like
@@ -827,7 +930,12 @@ fn faults_name_what_is_wrong() {
     let k = Kernels::best();
     let row: &[u8] = &[0u8; 34];
     let axpy = k
-        .axpy_q8_0(&mut [0.0; 32], &[1.0; 3], 1, &[row; 2])
+        .axpy_q8_0(
+            &mut [0.0; 32],
+            &[1.0; 1],
+            WeightStrides { run: 1, key: 1 },
+            &[row; 2],
+        )
         .unwrap_err();
     assert!(
         matches!(axpy, Error::InvalidArgument { what: "axpy", .. }),
@@ -1323,23 +1431,25 @@ fn x86_axpy_tables_agree_bit_for_bit() {
         .collect();
     let rows: Vec<&[u8]> = rows.iter().map(|r| r.as_slice()).collect();
     for (k, runs) in (1..=11).flat_map(|k| [1, 2, 3, 4, 5, 9].map(|r| (k, r))) {
-        let stride = k + 1;
-        let a: Vec<f32> = (0..runs * stride)
+        let a: Vec<f32> = (0..runs * (k + 1))
             .map(|i| libm::cosf(i as f32) * 0.7)
             .collect();
         let start: Vec<f32> = (0..runs * n).map(|i| libm::sinf(i as f32 * 0.01)).collect();
-        let (mut x, mut y) = (start.clone(), start);
-        x86::KERNELS
-            .axpy_q8_0(&mut x, &a, stride, &rows[..k])
-            .unwrap();
-        x86::KERNELS_AVX512
-            .axpy_q8_0(&mut y, &a, stride, &rows[..k])
-            .unwrap();
-        assert_eq!(
-            x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            "{k} rows, {runs} runs"
-        );
+        for w in [
+            WeightStrides { run: k + 1, key: 1 },
+            WeightStrides { run: 1, key: runs },
+        ] {
+            let (mut x, mut y) = (start.clone(), start.clone());
+            x86::KERNELS.axpy_q8_0(&mut x, &a, w, &rows[..k]).unwrap();
+            x86::KERNELS_AVX512
+                .axpy_q8_0(&mut y, &a, w, &rows[..k])
+                .unwrap();
+            assert_eq!(
+                x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                "{k} rows, {runs} runs, {w:?}"
+            );
+        }
     }
 }
 

@@ -4,22 +4,26 @@ use super::*;
 /// Keys widened at once (32 registers for their values).
 const KEYS: usize = 4;
 
-/// `out[i] += Σ_k a[i·stride + k] · rows[k]` for each whole run `out[i]` (as long as the rows'
-/// whole blocks) that `a` has weights for, over every row, in order, `KEYS` rows at a time.
-pub(super) fn axpy_q8_0(out: &mut [f32], a: &[f32], stride: usize, rows: &[&[u8]]) {
+/// `out[i] += Σ_k a[i·w.run + k·w.key] · rows[k]` for each whole run `out[i]` (as long as the
+/// rows' whole blocks) that `a` has all its weights for (`WeightStrides::runs`), over every
+/// row, in order, `KEYS` rows at a time.
+pub(super) fn axpy_q8_0(out: &mut [f32], a: &[f32], w: WeightStrides, rows: &[&[u8]]) {
     let nb = crate::kernels::q8_0_blocks(rows);
-    let (n, keys) = (nb * QK, rows.len());
-    if n == 0 || keys == 0 || stride < keys || a.len() < keys {
+    let n = nb * QK;
+    if n == 0 {
         return;
     }
-    let runs = (out.len() / n).min((a.len() - keys) / stride + 1);
+    let runs = w.runs(a.len(), rows.len(), out.len() / n);
+    if runs == 0 {
+        return;
+    }
     for (g, group) in rows.chunks(KEYS).enumerate() {
-        add_keys(out, &a[g * KEYS..], stride, group, nb, runs);
+        add_keys(out, &a[g * KEYS * w.key..], w, group, nb, runs);
     }
 }
 
 /// At most `KEYS` rows into `runs` runs of `nb` blocks.
-fn add_keys(out: &mut [f32], a: &[f32], stride: usize, rows: &[&[u8]], nb: usize, runs: usize) {
+fn add_keys(out: &mut [f32], a: &[f32], w: WeightStrides, rows: &[&[u8]], nb: usize, runs: usize) {
     let n = nb * QK;
     for b in 0..nb {
         // SAFETY: block `b` < nb lies inside every row (34 bytes: 32 quants after the scale);
@@ -37,9 +41,14 @@ fn add_keys(out: &mut [f32], a: &[f32], stride: usize, rows: &[&[u8]], nb: usize
                     v[k][2 * c + 1] = vcvtq_f32_s32(vmovl_high_s16(*h));
                 }
             }
-            for (i, ai) in a.chunks(stride).take(runs).enumerate() {
+            for i in 0..runs {
                 let ad: [float32x4_t; KEYS] = core::array::from_fn(|k| {
-                    vdupq_n_f32(if k < rows.len() { ai[k] * d[k] } else { 0.0 })
+                    let a = if k < rows.len() {
+                        a[i * w.run + k * w.key]
+                    } else {
+                        0.0
+                    };
+                    vdupq_n_f32(a * d[k])
                 });
                 let op = out.as_mut_ptr().add(i * n + b * QK);
                 for c in 0..8 {

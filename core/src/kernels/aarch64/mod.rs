@@ -26,7 +26,7 @@ use kquants::*;
 use quants::*;
 use unpack::*;
 
-use super::{Kernels, QuantDots, TILE};
+use super::{Kernels, QuantDots, WeightStrides, TILE};
 use crate::quant::k_quants::BLOCKS_PER_SUPER;
 use crate::quant::{
     f16_at, BlockIQ1M, BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS,
@@ -74,6 +74,7 @@ pub(super) static KERNELS: Kernels = Kernels {
     axpy_q8_0,
     silu_mul: crate::ops::silu_mul,
     exp_sub: crate::ops::exp_sub,
+    softmax_step: crate::ops::softmax_step,
     // As `dot_f16`: NEON's f16 conversions are still unstable in Rust.
     widen_f16: crate::quant::float::dequantize_row_f16,
 };

@@ -4,7 +4,8 @@
 //! token's few runs stay in registers across all the keys, each key's block widened once per
 //! group of runs; prefill's many runs are loaded and stored per group of keys, each group
 //! widened once for all of them. Each value gets `o += (a·d)·v` per key in key order, as one
-//! FMA, in both tables and whatever the grouping: the same bits.
+//! FMA, in both tables and whatever the grouping: the same bits. Run `i`'s weight for key `k`
+//! is `a[w(i, k)]`, `w(i, k) = i·w.run + k·w.key` (`WeightStrides`).
 use super::*;
 
 /// Runs of `out` kept in registers at once: four 32-float blocks in 512-bit vectors (eight
@@ -14,36 +15,42 @@ const RUNS_256: usize = 2;
 /// Keys widened at once with AVX-512 (eight registers).
 const KEYS_512: usize = 4;
 
-/// `out[i] += Σ_k a[i·stride + k] · rows[k]` for each whole run `out[i]` (as long as the rows'
-/// whole blocks) that `a` has weights for, over every row, in order.
-pub(super) fn axpy_q8_0<const ISA: u8>(out: &mut [f32], a: &[f32], stride: usize, rows: &[&[u8]]) {
+/// `out[i] += Σ_k a[w(i, k)] · rows[k]` for each whole run `out[i]` (as long as the rows'
+/// whole blocks) that `a` has all its weights for (`WeightStrides::runs`), over every row, in
+/// order.
+pub(super) fn axpy_q8_0<const ISA: u8>(
+    out: &mut [f32],
+    a: &[f32],
+    w: WeightStrides,
+    rows: &[&[u8]],
+) {
     let nb = super::super::q8_0_blocks(rows);
-    let (n, keys) = (nb * QK, rows.len());
-    if n == 0 || keys == 0 || stride < keys || a.len() < keys {
+    let n = nb * QK;
+    if n == 0 {
         return;
     }
-    let runs = (out.len() / n).min((a.len() - keys) / stride + 1);
+    let runs = w.runs(a.len(), rows.len(), out.len() / n);
     // SAFETY: CPU features as the table was chosen for (AVX-512 only in its table); `runs` runs
-    // of `n` floats lie in `out`, run `i`'s `keys` weights at `a[i·stride ..]`, and `nb` whole
+    // of `n` floats lie in `out`, run `i`'s weights for every key at `a[w(i, k)]`, and `nb` whole
     // blocks in every row.
     unsafe {
         let (out, a) = (out.as_mut_ptr(), a.as_ptr());
         if ISA == AVX512_VNNI {
-            axpy_avx512(out, a, stride, rows, nb, runs)
+            axpy_avx512(out, a, w, rows, nb, runs)
         } else {
-            axpy_avx2(out, a, stride, rows, nb, runs)
+            axpy_avx2(out, a, w, rows, nb, runs)
         }
     }
 }
 
 /// # Safety
 /// AVX-512 F/BW/VL; `runs` runs of `nb · 32` floats at `out`, run `i`'s `rows.len()` weights
-/// at `a + i·stride`, `nb` whole Q8_0 blocks in every row.
+/// at `a + w(i, k)`, `nb` whole Q8_0 blocks in every row.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 unsafe fn axpy_avx512(
     out: *mut f32,
     a: *const f32,
-    stride: usize,
+    w: WeightStrides,
     rows: &[&[u8]],
     nb: usize,
     runs: usize,
@@ -61,13 +68,13 @@ unsafe fn axpy_avx512(
             unsafe {
                 let o = out.add(b * QK);
                 for group in groups {
-                    all_runs_avx512::<KEYS_512>(o, n, runs, a.add(k), stride, group, b);
+                    all_runs_avx512::<KEYS_512>(o, n, runs, a.add(k * w.key), w, group, b);
                     k += KEYS_512;
                 }
                 match tail.len() {
-                    1 => all_runs_avx512::<1>(o, n, runs, a.add(k), stride, tail, b),
-                    2 => all_runs_avx512::<2>(o, n, runs, a.add(k), stride, tail, b),
-                    3 => all_runs_avx512::<3>(o, n, runs, a.add(k), stride, tail, b),
+                    1 => all_runs_avx512::<1>(o, n, runs, a.add(k * w.key), w, tail, b),
+                    2 => all_runs_avx512::<2>(o, n, runs, a.add(k * w.key), w, tail, b),
+                    3 => all_runs_avx512::<3>(o, n, runs, a.add(k * w.key), w, tail, b),
                     _ => {}
                 }
             }
@@ -80,12 +87,12 @@ unsafe fn axpy_avx512(
             let r = (runs - i).min(RUNS_512);
             // SAFETY: runs `i .. i + r` and block `b` are inside, as the caller guarantees.
             unsafe {
-                let (o, a) = (out.add(i * n + b * QK), a.add(i * stride));
+                let (o, a) = (out.add(i * n + b * QK), a.add(i * w.run));
                 match r {
-                    1 => runs_avx512::<1>(o, n, a, stride, rows, b),
-                    2 => runs_avx512::<2>(o, n, a, stride, rows, b),
-                    3 => runs_avx512::<3>(o, n, a, stride, rows, b),
-                    _ => runs_avx512::<RUNS_512>(o, n, a, stride, rows, b),
+                    1 => runs_avx512::<1>(o, n, a, w, rows, b),
+                    2 => runs_avx512::<2>(o, n, a, w, rows, b),
+                    3 => runs_avx512::<3>(o, n, a, w, rows, b),
+                    _ => runs_avx512::<RUNS_512>(o, n, a, w, rows, b),
                 }
             }
             i += r;
@@ -102,7 +109,7 @@ unsafe fn runs_avx512<const R: usize>(
     out: *mut f32,
     n: usize,
     a: *const f32,
-    stride: usize,
+    w: WeightStrides,
     rows: &[&[u8]],
     b: usize,
 ) {
@@ -118,13 +125,13 @@ unsafe fn runs_avx512<const R: usize>(
         let tail = groups.remainder();
         let mut k = 0;
         for group in groups {
-            keys_avx512::<R, KEYS_512>(&mut acc, a.add(k), stride, group, b);
+            keys_avx512::<R, KEYS_512>(&mut acc, a.add(k * w.key), w, group, b);
             k += KEYS_512;
         }
         match tail.len() {
-            1 => keys_avx512::<R, 1>(&mut acc, a.add(k), stride, tail, b),
-            2 => keys_avx512::<R, 2>(&mut acc, a.add(k), stride, tail, b),
-            3 => keys_avx512::<R, 3>(&mut acc, a.add(k), stride, tail, b),
+            1 => keys_avx512::<R, 1>(&mut acc, a.add(k * w.key), w, tail, b),
+            2 => keys_avx512::<R, 2>(&mut acc, a.add(k * w.key), w, tail, b),
+            3 => keys_avx512::<R, 3>(&mut acc, a.add(k * w.key), w, tail, b),
             _ => {}
         }
         for (i, acc) in acc.iter().enumerate() {
@@ -139,7 +146,7 @@ unsafe fn runs_avx512<const R: usize>(
 /// `out`), each loaded and stored once.
 ///
 /// # Safety
-/// AVX-512 F/BW/VL; `rows` holds `K` rows with block `b` whole, `a + i·stride` `K` weights and
+/// AVX-512 F/BW/VL; `rows` holds `K` rows with block `b` whole, `a + w(i, k)` a weight for each of `K` keys and
 /// `out + i·n` 32 floats for each run.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 unsafe fn all_runs_avx512<const K: usize>(
@@ -147,7 +154,7 @@ unsafe fn all_runs_avx512<const K: usize>(
     n: usize,
     runs: usize,
     a: *const f32,
-    stride: usize,
+    w: WeightStrides,
     rows: &[&[u8]],
     b: usize,
 ) {
@@ -158,7 +165,7 @@ unsafe fn all_runs_avx512<const K: usize>(
             let o = out.add(i * n);
             let mut acc = [_mm512_loadu_ps(o), _mm512_loadu_ps(o.add(16))];
             for (k, vk) in v.iter().enumerate() {
-                let ad = _mm512_set1_ps(*a.add(i * stride + k) * d[k]);
+                let ad = _mm512_set1_ps(*a.add(i * w.run + k * w.key) * d[k]);
                 for (acc, vc) in acc.iter_mut().zip(vk) {
                     *acc = _mm512_fmadd_ps(ad, *vc, *acc);
                 }
@@ -192,16 +199,16 @@ unsafe fn widen_avx512<const K: usize>(rows: &[&[u8]], b: usize) -> ([f32; K], [
     }
 }
 
-/// `acc[i] += Σ_k a[i·stride + k] · rows[k]` over `K` rows' block `b`.
+/// `acc[i] += Σ_k a[w(i, k)] · rows[k]` over `K` rows' block `b`.
 ///
 /// # Safety
-/// AVX-512 F/BW/VL; `rows` holds `K` rows with block `b` whole, `a + i·stride` `K` weights for
+/// AVX-512 F/BW/VL; `rows` holds `K` rows with block `b` whole, `a + w(i, k)` a weight for each of `K` keys in
 /// each of the `R` runs.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 unsafe fn keys_avx512<const R: usize, const K: usize>(
     acc: &mut [[__m512; 2]; R],
     a: *const f32,
-    stride: usize,
+    w: WeightStrides,
     rows: &[&[u8]],
     b: usize,
 ) {
@@ -210,7 +217,7 @@ unsafe fn keys_avx512<const R: usize, const K: usize>(
         let (d, v) = widen_avx512::<K>(rows, b);
         for (i, acc) in acc.iter_mut().enumerate() {
             for (k, vk) in v.iter().enumerate() {
-                let ad = _mm512_set1_ps(*a.add(i * stride + k) * d[k]);
+                let ad = _mm512_set1_ps(*a.add(i * w.run + k * w.key) * d[k]);
                 for (acc, vc) in acc.iter_mut().zip(vk) {
                     *acc = _mm512_fmadd_ps(ad, *vc, *acc);
                 }
@@ -225,7 +232,7 @@ unsafe fn keys_avx512<const R: usize, const K: usize>(
 unsafe fn axpy_avx2(
     out: *mut f32,
     a: *const f32,
-    stride: usize,
+    w: WeightStrides,
     rows: &[&[u8]],
     nb: usize,
     runs: usize,
@@ -242,11 +249,11 @@ unsafe fn axpy_avx2(
             unsafe {
                 let o = out.add(b * QK);
                 for pair in pairs {
-                    all_runs_avx2::<2>(o, n, runs, a.add(k), stride, pair, b);
+                    all_runs_avx2::<2>(o, n, runs, a.add(k * w.key), w, pair, b);
                     k += 2;
                 }
                 if !tail.is_empty() {
-                    all_runs_avx2::<1>(o, n, runs, a.add(k), stride, tail, b);
+                    all_runs_avx2::<1>(o, n, runs, a.add(k * w.key), w, tail, b);
                 }
             }
         }
@@ -258,10 +265,10 @@ unsafe fn axpy_avx2(
             let r = (runs - i).min(RUNS_256);
             // SAFETY: runs `i .. i + r` and block `b` are inside, as the caller guarantees.
             unsafe {
-                let (o, a) = (out.add(i * n + b * QK), a.add(i * stride));
+                let (o, a) = (out.add(i * n + b * QK), a.add(i * w.run));
                 match r {
-                    1 => runs_avx2::<1>(o, n, a, stride, rows, b),
-                    _ => runs_avx2::<RUNS_256>(o, n, a, stride, rows, b),
+                    1 => runs_avx2::<1>(o, n, a, w, rows, b),
+                    _ => runs_avx2::<RUNS_256>(o, n, a, w, rows, b),
                 }
             }
             i += r;
@@ -280,7 +287,7 @@ unsafe fn all_runs_avx2<const K: usize>(
     n: usize,
     runs: usize,
     a: *const f32,
-    stride: usize,
+    w: WeightStrides,
     rows: &[&[u8]],
     b: usize,
 ) {
@@ -294,7 +301,7 @@ unsafe fn all_runs_avx2<const K: usize>(
                 *acc = _mm256_loadu_ps(o.add(8 * c));
             }
             for (k, vk) in v.iter().enumerate() {
-                let ad = _mm256_set1_ps(*a.add(i * stride + k) * d[k]);
+                let ad = _mm256_set1_ps(*a.add(i * w.run + k * w.key) * d[k]);
                 for (acc, vc) in acc.iter_mut().zip(vk) {
                     *acc = _mm256_fmadd_ps(ad, *vc, *acc);
                 }
@@ -338,7 +345,7 @@ unsafe fn runs_avx2<const R: usize>(
     out: *mut f32,
     n: usize,
     a: *const f32,
-    stride: usize,
+    w: WeightStrides,
     rows: &[&[u8]],
     b: usize,
 ) {
@@ -353,7 +360,7 @@ unsafe fn runs_avx2<const R: usize>(
         for (k, row) in rows.chunks_exact(1).enumerate() {
             let ([d], [v]) = widen_avx2::<1>(row, b);
             for (i, acc) in acc.iter_mut().enumerate() {
-                let ad = _mm256_set1_ps(*a.add(i * stride + k) * d);
+                let ad = _mm256_set1_ps(*a.add(i * w.run + k * w.key) * d);
                 for (acc, vc) in acc.iter_mut().zip(&v) {
                     *acc = _mm256_fmadd_ps(ad, *vc, *acc);
                 }

@@ -11,6 +11,32 @@ pub(super) fn exp_sub(x: &mut [f32], m: f32) -> f32 {
     unsafe { exp_sub_avx2(x, m) }
 }
 
+pub(super) fn softmax_step_avx2(
+    s: &mut [f32],
+    stride: usize,
+    live: &[(usize, usize)],
+    scale: f32,
+    max: &mut [f32],
+    sum: &mut [f32],
+    rescale: &mut [f32],
+) {
+    // SAFETY: CPU features as above.
+    unsafe { softmax_lanes_avx2(s, stride, live, scale, max, sum, rescale) }
+}
+
+pub(super) fn softmax_step_avx512(
+    s: &mut [f32],
+    stride: usize,
+    live: &[(usize, usize)],
+    scale: f32,
+    max: &mut [f32],
+    sum: &mut [f32],
+    rescale: &mut [f32],
+) {
+    // SAFETY: only the AVX-512 table holds this entry, handed out on CPUs with AVX-512 F.
+    unsafe { softmax_lanes_avx512(s, stride, live, scale, max, sum, rescale) }
+}
+
 /// The portable loop, vectorized eight wide instead of baseline x86-64's four.
 ///
 /// # Safety
@@ -27,6 +53,40 @@ pub(super) unsafe fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn exp_sub_avx2(x: &mut [f32], m: f32) -> f32 {
     crate::ops::exp_sub(x, m)
+}
+
+/// The portable step, sixteen rows' lanes in two 256-bit vectors.
+///
+/// # Safety
+/// The CPU has AVX2. Any lengths.
+#[target_feature(enable = "avx2")]
+unsafe fn softmax_lanes_avx2(
+    s: &mut [f32],
+    stride: usize,
+    live: &[(usize, usize)],
+    scale: f32,
+    max: &mut [f32],
+    sum: &mut [f32],
+    rescale: &mut [f32],
+) {
+    crate::ops::softmax_step(s, stride, live, scale, max, sum, rescale)
+}
+
+/// The portable step, sixteen rows' lanes in one 512-bit vector.
+///
+/// # Safety
+/// The CPU has AVX-512 F. Any lengths.
+#[target_feature(enable = "avx2,avx512f")]
+unsafe fn softmax_lanes_avx512(
+    s: &mut [f32],
+    stride: usize,
+    live: &[(usize, usize)],
+    scale: f32,
+    max: &mut [f32],
+    sum: &mut [f32],
+    rescale: &mut [f32],
+) {
+    crate::ops::softmax_step(s, stride, live, scale, max, sum, rescale)
 }
 
 pub(super) fn dot_f16<const N: usize>(w: &[u8], xs: [&[f32]; N]) -> [f32; N] {

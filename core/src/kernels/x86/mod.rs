@@ -36,7 +36,10 @@ use unpack::*;
 use super::panel::{
     PANEL, PANEL_BLOCK_BYTES, PANEL_QUANTS, X8, X8_BLOCK_BYTES, X8_QUANTS, X8_ROWS,
 };
-use super::{Kernels, PanelAcc, PanelDots, PanelRows, QuantDots, X8Layout, PANEL_MIN_TOKENS, TILE};
+use super::{
+    Kernels, PanelAcc, PanelDots, PanelRows, QuantDots, WeightStrides, X8Layout, PANEL_MIN_TOKENS,
+    TILE,
+};
 use crate::quant::k_quants::QK_K;
 use crate::quant::{
     BlockIQ1M, BlockIQ1S, BlockIQ2S, BlockIQ2XS, BlockIQ2XXS, BlockIQ3S, BlockIQ3XXS, BlockIQ4NL,
@@ -163,6 +166,11 @@ const fn table<const ISA: u8>(name: &'static str) -> Kernels {
         axpy_q8_0: axpy_q8_0::<ISA>,
         silu_mul,
         exp_sub,
+        softmax_step: if ISA == AVX512_VNNI {
+            softmax_step_avx512
+        } else {
+            softmax_step_avx2
+        },
         widen_f16,
     }
 }
