@@ -427,14 +427,8 @@ impl Block<'_> {
                     Format::F16 => (kernels.widen_f16)(bytes, v),
                     _ => quant::dequantize_row(kv.format, bytes, v)?,
                 }
-                for (i, a) in acc.chunks_exact_mut(hd).enumerate() {
-                    let pij = p(i, j);
-                    if pij != 0.0 {
-                        for (o, x) in a.iter_mut().zip(v.iter()) {
-                            *o += pij * x;
-                        }
-                    }
-                }
+                let weights = probs.get(j * w.key..).unwrap_or(&[]);
+                (kernels.add_weighted)(acc, weights, w.run, v);
             }
         }
         Ok(())

@@ -325,6 +325,26 @@ impl RowStep {
     }
 }
 
+/// `out[i] += a[i·stride] · v` for each run `out[i]` of `v.len()` floats that `a` has a weight
+/// for, a multiply then an add per value (a zero weight adds nothing and is skipped): attention's
+/// weighted sum over a widened value row, compiled per instruction set like `silu_mul`.
+#[inline(always)]
+pub fn add_weighted(out: &mut [f32], a: &[f32], stride: usize, v: &[f32]) {
+    if v.is_empty() {
+        return;
+    }
+    for (i, o) in out.chunks_exact_mut(v.len()).enumerate() {
+        let Some(&w) = i.checked_mul(stride).and_then(|at| a.get(at)) else {
+            break;
+        };
+        if w != 0.0 {
+            for (o, x) in o.iter_mut().zip(v) {
+                *o += w * x;
+            }
+        }
+    }
+}
+
 /// `x += y`.
 ///
 /// # Errors

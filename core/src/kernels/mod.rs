@@ -288,6 +288,9 @@ pub struct Kernels {
     pub silu_mul: fn(&mut [f32], &[f32]),
     /// `x ← exp(x − max)` over a row, returning the sum (softmax's middle step).
     pub exp_sub: fn(&mut [f32], f32) -> f32,
+    /// `ops::add_weighted` compiled for this instruction set (the same bits as the scalar
+    /// table's): one widened value row into several query rows' weighted sums.
+    pub add_weighted: fn(&mut [f32], &[f32], usize, &[f32]),
     /// `ops::softmax_step` compiled for this instruction set (the same bits as the scalar
     /// table's): a step of keys of attention's online softmax for a block's query rows side
     /// by side.

@@ -52,6 +52,7 @@ pub(super) const TABLE: Kernels = Kernels {
     axpy_q8_0,
     silu_mul: crate::ops::silu_mul,
     exp_sub: crate::ops::exp_sub,
+    add_weighted: crate::ops::add_weighted,
     softmax_step: crate::ops::softmax_step,
     widen_f16: crate::quant::float::dequantize_row_f16,
 };

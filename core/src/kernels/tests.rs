@@ -632,6 +632,30 @@ proptest! {
         }
     }
 
+    /// A value row added into several runs by their weights gives the scalar table's bits in
+    /// every table, zero weights skipped, for runs and strides the weights cover or not.
+    #[test]
+    #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
+    fn add_weighted_is_bit_exact(len in 0usize..80, runs in 0usize..6, stride in 0usize..4, n_weights in 0usize..16, v in values(80), out in values(6 * 80), a in values(16)) {
+        let mut tables = simd_tables();
+        tables.push(Kernels::scalar());
+        let (v, a) = (&v[..len], &a[..n_weights]);
+        let mut want = out[..runs * len].to_vec();
+        for (i, o) in want.chunks_exact_mut(len.max(1)).enumerate() {
+            let Some(&w) = a.get(i * stride) else { break };
+            if len > 0 && w != 0.0 {
+                for (o, x) in o.iter_mut().zip(v) {
+                    *o += w * x;
+                }
+            }
+        }
+        for k in tables {
+            let mut got = out[..runs * len].to_vec();
+            (k.add_weighted)(&mut got, a, stride, v);
+            prop_assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{}", k.name);
+        }
+    }
+
     /// A softmax step over rows side by side gives every row the bits it gets alone (attention's
     /// one-row-at-a-time arithmetic: `exp_sub` over its live keys), in every table, on strides
     /// that hold the vector lanes and strides that do not; the lanes past the rows keep their

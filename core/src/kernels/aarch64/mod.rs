@@ -74,6 +74,7 @@ pub(super) static KERNELS: Kernels = Kernels {
     axpy_q8_0,
     silu_mul: crate::ops::silu_mul,
     exp_sub: crate::ops::exp_sub,
+    add_weighted: crate::ops::add_weighted,
     softmax_step: crate::ops::softmax_step,
     // As `dot_f16`: NEON's f16 conversions are still unstable in Rust.
     widen_f16: crate::quant::float::dequantize_row_f16,

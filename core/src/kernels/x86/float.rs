@@ -11,6 +11,16 @@ pub(super) fn exp_sub(x: &mut [f32], m: f32) -> f32 {
     unsafe { exp_sub_avx2(x, m) }
 }
 
+pub(super) fn add_weighted_avx2(out: &mut [f32], a: &[f32], stride: usize, v: &[f32]) {
+    // SAFETY: CPU features as above.
+    unsafe { add_weighted_lanes_avx2(out, a, stride, v) }
+}
+
+pub(super) fn add_weighted_avx512(out: &mut [f32], a: &[f32], stride: usize, v: &[f32]) {
+    // SAFETY: only the AVX-512 table holds this entry, handed out on CPUs with AVX-512 F.
+    unsafe { add_weighted_lanes_avx512(out, a, stride, v) }
+}
+
 pub(super) fn softmax_step_avx2(
     s: &mut [f32],
     stride: usize,
@@ -53,6 +63,24 @@ pub(super) unsafe fn silu_mul_avx2(gate: &mut [f32], up: &[f32]) {
 #[target_feature(enable = "avx2")]
 pub(super) unsafe fn exp_sub_avx2(x: &mut [f32], m: f32) -> f32 {
     crate::ops::exp_sub(x, m)
+}
+
+/// The portable loop, eight values a vector.
+///
+/// # Safety
+/// The CPU has AVX2. Any lengths.
+#[target_feature(enable = "avx2")]
+unsafe fn add_weighted_lanes_avx2(out: &mut [f32], a: &[f32], stride: usize, v: &[f32]) {
+    crate::ops::add_weighted(out, a, stride, v)
+}
+
+/// The portable loop, sixteen values a vector.
+///
+/// # Safety
+/// The CPU has AVX-512 F. Any lengths.
+#[target_feature(enable = "avx2,avx512f")]
+unsafe fn add_weighted_lanes_avx512(out: &mut [f32], a: &[f32], stride: usize, v: &[f32]) {
+    crate::ops::add_weighted(out, a, stride, v)
 }
 
 /// The portable step, sixteen rows' lanes in two 256-bit vectors.

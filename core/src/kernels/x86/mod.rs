@@ -166,6 +166,11 @@ const fn table<const ISA: u8>(name: &'static str) -> Kernels {
         axpy_q8_0: axpy_q8_0::<ISA>,
         silu_mul,
         exp_sub,
+        add_weighted: if ISA == AVX512_VNNI {
+            add_weighted_avx512
+        } else {
+            add_weighted_avx2
+        },
         softmax_step: if ISA == AVX512_VNNI {
             softmax_step_avx512
         } else {
