@@ -331,15 +331,13 @@ impl Block<'_> {
                     core::array::from_fn(|i| if i < n { live(i) } else { (0, 0) });
                 let mut rescale = [1f32; ROWS];
                 let weights = scores[..steps].as_flattened_mut();
-                (kernels.softmax_step)(
-                    weights,
-                    ROWS,
-                    &lives[..n],
-                    scale,
-                    &mut max[..n],
-                    &mut sum[..n],
-                    &mut rescale[..n],
-                );
+                let mut rows = ops::SoftmaxRows {
+                    live: &lives[..n],
+                    max: &mut max[..n],
+                    sum: &mut sum[..n],
+                    rescale: &mut rescale[..n],
+                };
+                (kernels.softmax_step)(weights, ROWS, scale, &mut rows);
                 for (a, r) in acc.chunks_exact_mut(hd).zip(rescale) {
                     if r != 1.0 {
                         a.iter_mut().for_each(|o| *o *= r);

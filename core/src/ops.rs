@@ -148,30 +148,39 @@ pub fn running_max(m: f32, v: f32) -> f32 {
 /// Query rows `softmax_step` takes side by side: one vector lane each (a 512-bit vector).
 pub const SOFTMAX_ROWS: usize = 16;
 
+/// A block's query rows in `softmax_step`: the keys of the step each sees, and their state.
+pub struct SoftmaxRows<'a> {
+    /// Row `i` sees the step's keys `live[i].0 .. live[i].1` (none when empty).
+    pub live: &'a [(usize, usize)],
+    /// Each row's largest scaled score so far.
+    pub max: &'a mut [f32],
+    /// Each row's sum of exponentials so far.
+    pub sum: &'a mut [f32],
+    /// Written: the factor each row's weighted sums take for the step (1 where `max` stays).
+    pub rescale: &'a mut [f32],
+}
+
 /// One step of attention's online softmax over a block's query rows, side by side:
-/// `s[j·stride + i]` is key `j`'s score against row `i` (`s.len() / stride` keys, `live.len()`
-/// rows), and row `i` sees the step's keys `live[i].0 .. live[i].1` (none when empty).
+/// `s[j·stride + i]` is key `j`'s score against row `i` (`s.len() / stride` keys, one row per
+/// `rows.live` entry).
 ///
 /// In place, as each row on its own would go (`exp_sub`'s arithmetic): a live score becomes
 /// `p = score·scale`; where the row's largest `p` tops `max[i]`, `max[i]` takes it and `sum[i]`
 /// is multiplied by `rescale[i] = e^(old − new)`, the factor the row's weighted sums take too
 /// (1 where `max[i]` stays); then every live `p` becomes `e^(p − max[i])` and its dead keys
 /// zero, and `sum[i]` adds the live ones, key `j` into lane `(j − live[i].0) % 8` and the lanes
-/// as `exp_sub` adds them. Rows past the shortest of `live`, `max`, `sum` and `rescale` are
-/// left as they were.
+/// as `exp_sub` adds them. Rows past the shortest of `rows`' slices are left as they were.
 ///
 /// The rows' lanes run through each step together, `SOFTMAX_ROWS` at a time where `stride`
 /// holds them (vector operations, no sums across lanes); one row at a time otherwise.
 #[inline(always)]
-pub fn softmax_step(
-    s: &mut [f32],
-    stride: usize,
-    live: &[(usize, usize)],
-    scale: f32,
-    max: &mut [f32],
-    sum: &mut [f32],
-    rescale: &mut [f32],
-) {
+pub fn softmax_step(s: &mut [f32], stride: usize, scale: f32, rows: &mut SoftmaxRows<'_>) {
+    let SoftmaxRows {
+        live,
+        max,
+        sum,
+        rescale,
+    } = rows;
     if stride == 0 {
         return;
     }
@@ -181,24 +190,24 @@ pub fn softmax_step(
     let n = n.min(stride);
     let mut r0 = 0;
     while r0 < n {
-        let rows = (n - r0).min(SOFTMAX_ROWS);
+        let group = (n - r0).min(SOFTMAX_ROWS);
         if r0 + SOFTMAX_ROWS <= stride && keys <= i32::MAX as usize {
             let mut step = LaneStep {
-                rows,
+                rows: group,
                 live: [(0, 0); SOFTMAX_ROWS],
                 max: [f32::NEG_INFINITY; SOFTMAX_ROWS],
                 sum: [0.0; SOFTMAX_ROWS],
                 rescale: [1.0; SOFTMAX_ROWS],
             };
-            step.live[..rows].copy_from_slice(&live[r0..r0 + rows]);
-            step.max[..rows].copy_from_slice(&max[r0..r0 + rows]);
-            step.sum[..rows].copy_from_slice(&sum[r0..r0 + rows]);
+            step.live[..group].copy_from_slice(&live[r0..r0 + group]);
+            step.max[..group].copy_from_slice(&max[r0..r0 + group]);
+            step.sum[..group].copy_from_slice(&sum[r0..r0 + group]);
             step.run(&mut s[r0..], stride, keys, scale);
-            max[r0..r0 + rows].copy_from_slice(&step.max[..rows]);
-            sum[r0..r0 + rows].copy_from_slice(&step.sum[..rows]);
-            rescale[r0..r0 + rows].copy_from_slice(&step.rescale[..rows]);
+            max[r0..r0 + group].copy_from_slice(&step.max[..group]);
+            sum[r0..r0 + group].copy_from_slice(&step.sum[..group]);
+            rescale[r0..r0 + group].copy_from_slice(&step.rescale[..group]);
         } else {
-            for i in r0..r0 + rows {
+            for i in r0..r0 + group {
                 let row = RowStep {
                     live: live[i],
                     stride,
@@ -207,7 +216,7 @@ pub fn softmax_step(
                 (max[i], sum[i], rescale[i]) = row.run(&mut s[i..], scale, max[i], sum[i]);
             }
         }
-        r0 += rows;
+        r0 += group;
     }
 }
 

@@ -124,10 +124,8 @@ impl WeightStrides {
     }
 }
 
-/// `ops::softmax_step`: scores (keys × a stride), the rows' live keys, the scale, and the rows'
-/// maxima, sums and rescale factors.
-pub type SoftmaxStep =
-    fn(&mut [f32], usize, &[(usize, usize)], f32, &mut [f32], &mut [f32], &mut [f32]);
+/// `ops::softmax_step`: scores (keys × a stride), the stride, the scale, and the rows.
+pub type SoftmaxStep = fn(&mut [f32], usize, f32, &mut crate::ops::SoftmaxRows<'_>);
 
 /// Two weight rows · `TILE` activation rows.
 pub type Dot2x4 = fn([&[u8]; 2], [&[u8]; TILE]) -> [[f32; TILE]; 2];

@@ -676,7 +676,8 @@ proptest! {
             let mut s = s.to_vec();
             let (mut max, mut sum): (Vec<f32>, Vec<f32>) = start[..n].iter().copied().unzip();
             let mut rescale = vec![f32::NAN; n];
-            (k.softmax_step)(&mut s, stride, live, scale, &mut max, &mut sum, &mut rescale);
+            let mut rows = crate::ops::SoftmaxRows { live, max: &mut max, sum: &mut sum, rescale: &mut rescale };
+            (k.softmax_step)(&mut s, stride, scale, &mut rows);
             for (i, (p, m, total, r)) in alone.iter().enumerate() {
                 let got: Vec<u32> = (0..keys).map(|j| s[j * stride + i].to_bits()).collect();
                 prop_assert_eq!(got, p.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "{} row {}", k.name, i);

@@ -1,5 +1,6 @@
 //! f32, f16 and bf16 weight dots, and the element-wise kernels compiled for AVX2.
 use super::*;
+use crate::ops::SoftmaxRows;
 
 pub(super) fn silu_mul(gate: &mut [f32], up: &[f32]) {
     // SAFETY: CPU features as above.
@@ -24,27 +25,21 @@ pub(super) fn add_weighted_avx512(out: &mut [f32], a: &[f32], stride: usize, v: 
 pub(super) fn softmax_step_avx2(
     s: &mut [f32],
     stride: usize,
-    live: &[(usize, usize)],
     scale: f32,
-    max: &mut [f32],
-    sum: &mut [f32],
-    rescale: &mut [f32],
+    rows: &mut SoftmaxRows<'_>,
 ) {
     // SAFETY: CPU features as above.
-    unsafe { softmax_lanes_avx2(s, stride, live, scale, max, sum, rescale) }
+    unsafe { softmax_lanes_avx2(s, stride, scale, rows) }
 }
 
 pub(super) fn softmax_step_avx512(
     s: &mut [f32],
     stride: usize,
-    live: &[(usize, usize)],
     scale: f32,
-    max: &mut [f32],
-    sum: &mut [f32],
-    rescale: &mut [f32],
+    rows: &mut SoftmaxRows<'_>,
 ) {
     // SAFETY: only the AVX-512 table holds this entry, handed out on CPUs with AVX-512 F.
-    unsafe { softmax_lanes_avx512(s, stride, live, scale, max, sum, rescale) }
+    unsafe { softmax_lanes_avx512(s, stride, scale, rows) }
 }
 
 /// The portable loop, vectorized eight wide instead of baseline x86-64's four.
@@ -88,16 +83,8 @@ unsafe fn add_weighted_lanes_avx512(out: &mut [f32], a: &[f32], stride: usize, v
 /// # Safety
 /// The CPU has AVX2. Any lengths.
 #[target_feature(enable = "avx2")]
-unsafe fn softmax_lanes_avx2(
-    s: &mut [f32],
-    stride: usize,
-    live: &[(usize, usize)],
-    scale: f32,
-    max: &mut [f32],
-    sum: &mut [f32],
-    rescale: &mut [f32],
-) {
-    crate::ops::softmax_step(s, stride, live, scale, max, sum, rescale)
+unsafe fn softmax_lanes_avx2(s: &mut [f32], stride: usize, scale: f32, rows: &mut SoftmaxRows<'_>) {
+    crate::ops::softmax_step(s, stride, scale, rows)
 }
 
 /// The portable step, sixteen rows' lanes in one 512-bit vector.
@@ -108,13 +95,10 @@ unsafe fn softmax_lanes_avx2(
 unsafe fn softmax_lanes_avx512(
     s: &mut [f32],
     stride: usize,
-    live: &[(usize, usize)],
     scale: f32,
-    max: &mut [f32],
-    sum: &mut [f32],
-    rescale: &mut [f32],
+    rows: &mut SoftmaxRows<'_>,
 ) {
-    crate::ops::softmax_step(s, stride, live, scale, max, sum, rescale)
+    crate::ops::softmax_step(s, stride, scale, rows)
 }
 
 pub(super) fn dot_f16<const N: usize>(w: &[u8], xs: [&[f32]; N]) -> [f32; N] {
