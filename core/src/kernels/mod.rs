@@ -277,9 +277,10 @@ pub struct Kernels {
     /// `dot_bf16` for `TILE` activation rows.
     pub dot_bf16_x4: fn(&[u8], [&[f32]; TILE]) -> [f32; TILE],
     /// `out[i] += Σ_k a[i·w.run + k·w.key] · rows[k]` for each run `out[i]` (as long as the
-    /// Q8_0 rows) of `out` that `a` has all its weights for (`WeightStrides::runs`), over every row in order: attention's weighted
-    /// sum over a quantized V cache, each row widened once for several query heads that share
-    /// it, their sums kept in registers across a step of keys.
+    /// Q8_0 rows) of `out` that `a` has all its weights for (`WeightStrides::runs`), over every
+    /// row in order: attention's weighted sum over a quantized V cache, each row widened once
+    /// for several query heads that share it, their sums kept in registers across a step of
+    /// keys.
     pub axpy_q8_0: Axpy,
     /// `ops::silu_mul` and `ops::exp_sub`, compiled for this instruction set: the same
     /// bits as the scalar table's.

@@ -146,8 +146,8 @@ unsafe fn runs_avx512<const R: usize>(
 /// `out`), each loaded and stored once.
 ///
 /// # Safety
-/// AVX-512 F/BW/VL; `rows` holds `K` rows with block `b` whole, `a + w(i, k)` a weight for each of `K` keys and
-/// `out + i·n` 32 floats for each run.
+/// AVX-512 F/BW/VL; `rows` holds `K` rows with block `b` whole, and each run a weight at
+/// `a + w(i, k)` for each of the `K` keys and 32 floats at `out + i·n`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 unsafe fn all_runs_avx512<const K: usize>(
     out: *mut f32,
@@ -202,8 +202,8 @@ unsafe fn widen_avx512<const K: usize>(rows: &[&[u8]], b: usize) -> ([f32; K], [
 /// `acc[i] += Σ_k a[w(i, k)] · rows[k]` over `K` rows' block `b`.
 ///
 /// # Safety
-/// AVX-512 F/BW/VL; `rows` holds `K` rows with block `b` whole, `a + w(i, k)` a weight for each of `K` keys in
-/// each of the `R` runs.
+/// AVX-512 F/BW/VL; `rows` holds `K` rows with block `b` whole, and each of the `R` runs a
+/// weight at `a + w(i, k)` for each of the `K` keys.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 unsafe fn keys_avx512<const R: usize, const K: usize>(
     acc: &mut [[__m512; 2]; R],
