@@ -181,11 +181,13 @@ pub fn softmax_step(s: &mut [f32], stride: usize, scale: f32, rows: &mut Softmax
         sum,
         rescale,
     } = rows;
-    if stride == 0 {
+    let n = live.len().min(max.len()).min(sum.len()).min(rescale.len());
+    let keys = s.len().checked_div(stride).unwrap_or(0);
+    if keys == 0 {
+        // No scores: no row's maximum or sum moves.
+        rescale[..n].fill(1.0);
         return;
     }
-    let keys = s.len() / stride;
-    let n = live.len().min(max.len()).min(sum.len()).min(rescale.len());
     // Rows past the stride have no place in `s`.
     let n = n.min(stride);
     let mut r0 = 0;

@@ -240,6 +240,51 @@ const WRITABLE: [Format; 6] = [
 
 use crate::quant::QUANTIZED;
 
+/// A softmax step over no keys, a stride of zero or more rows than the stride holds neither
+/// panics nor moves a row it has no scores for.
+#[test]
+fn softmax_step_takes_any_shape() {
+    let mut tables = simd_tables();
+    tables.push(Kernels::scalar());
+    for k in tables {
+        for (len, stride, n) in [
+            (0usize, 4usize, 3),
+            (3, 8, 5),
+            (8, 0, 2),
+            (12, 4, 9),
+            (64, 32, 40),
+        ] {
+            let mut s: Vec<f32> = (0..len).map(|i| i as f32 * 0.5).collect();
+            let live = vec![(0, usize::MAX); n];
+            let (mut max, mut sum, mut rescale) = (vec![1.0; n], vec![2.0; n], vec![f32::NAN; n]);
+            let mut rows = crate::ops::SoftmaxRows {
+                live: &live,
+                max: &mut max,
+                sum: &mut sum,
+                rescale: &mut rescale,
+            };
+            (k.softmax_step)(&mut s, stride, 0.5, &mut rows);
+            let keys = len.checked_div(stride).unwrap_or(0);
+            for i in 0..n {
+                if keys == 0 || i >= stride {
+                    assert_eq!(
+                        (max[i], sum[i]),
+                        (1.0, 2.0),
+                        "{} {len} {stride} {n}",
+                        k.name
+                    );
+                } else {
+                    assert!(
+                        sum[i] > 0.0 && rescale[i] <= 1.0,
+                        "{} {len} {stride} {n}",
+                        k.name
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// One row's step of attention's online softmax on its own, as attention takes a tile of rows
 /// or fewer: the live scores scaled into a row, the maximum raised (the sum rescaled), then
 /// `ops::exp_sub`. The row's probabilities by key, its maximum, sum and rescale factor.
