@@ -854,7 +854,7 @@ proptest! {
     /// rounding of each term.
     #[test]
     #[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
-    fn axpy_q8_0_matches_scalar(blocks in 1usize..5, n_rows in 1usize..12, runs in 1usize..7, gap in 0usize..3, key_major in proptest::bool::ANY, v in proptest::collection::vec(values(4 * 32), 11), out in proptest::collection::vec(-100f32..100.0, 6 * 4 * 32), a in proptest::collection::vec(-10f32..10.0, 6 * 13)) {
+    fn axpy_q8_0_matches_scalar(blocks in 1usize..5, n_rows in 1usize..12, runs in 1usize..7, gap in 0usize..3, key_major in proptest::bool::ANY, v in proptest::collection::vec(values(4 * 32), 11), out in proptest::collection::vec(-100f32..100.0, 6 * 4 * 32), a in proptest::collection::vec(-10f32..10.0, 96)) {
         let n = blocks * 32;
         let w = if key_major {
             WeightStrides { run: 1, key: runs + gap }
@@ -863,6 +863,7 @@ proptest! {
         };
         let rows: Vec<Vec<u8>> = v[..n_rows].iter().map(|v| quantized(Format::Q8_0, &v[..n])).collect();
         let rows: Vec<&[u8]> = rows.iter().map(|r| r.as_slice()).collect();
+        // At most 5·1 + 10·8 + 1 = 86 weights (key-major) or 5·13 + 11 = 76 (by run).
         let a = &a[..(runs - 1) * w.run + (n_rows - 1) * w.key + 1];
         let (mut s, mut b) = (out[..runs * n].to_vec(), out[..runs * n].to_vec());
         Kernels::scalar().axpy_q8_0(&mut s, a, w, &rows).unwrap();
