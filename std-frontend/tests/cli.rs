@@ -136,6 +136,53 @@ fn usage_errors_exit_2_and_runtime_errors_exit_1_with_one_line() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("99999"));
 }
 
+/// `SAPIENT_CPU_KERNELS` picks the kernels (the load summary names them; the scalar table's
+/// logits agree with the fastest table's), and a name the machine has no table of is an error
+/// naming the ones it has.
+#[test]
+fn cpu_kernels_from_the_environment() {
+    let m = fixture("llama");
+    let args = [
+        "logits",
+        "--model",
+        &m,
+        "--prompt-ids",
+        "1,5,9",
+        "--threads",
+        "1",
+    ];
+    let run = |kernels: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_sapient"));
+        c.args(args).env_remove("SAPIENT_CPU_KERNELS");
+        if let Some(k) = kernels {
+            c.env("SAPIENT_CPU_KERNELS", k);
+        }
+        c.output().unwrap()
+    };
+    let fastest = run(None);
+    let scalar = run(Some("scalar"));
+    assert!(String::from_utf8_lossy(&scalar.stderr).contains(", scalar kernels,"));
+    let logits = |out: &Output| -> Vec<f64> {
+        let row = json(out)["logits"][0].clone();
+        serde_json::from_value(row).unwrap()
+    };
+    let (a, b) = (logits(&fastest), logits(&scalar));
+    assert_eq!(a.len(), b.len());
+    let worst = a
+        .iter()
+        .zip(&b)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0, f64::max);
+    assert!(worst < 1e-2, "scalar and fastest kernels differ by {worst}");
+    let out = run(Some("no-such-kernels"));
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("SAPIENT_CPU_KERNELS=no-such-kernels") && err.contains("scalar"),
+        "{err}"
+    );
+}
+
 /// A context or a number of sequences whose KV cache the machine cannot hold is an error that
 /// says so, where the allocator would abort the process (half a petabyte: past any address
 /// space, whatever the OS's overcommit policy).

@@ -336,6 +336,16 @@ impl Kernels {
         &scalar::KERNELS
     }
 
+    /// The table called `name` (`Kernels::name`: `scalar` or one of `simd_tables`) if this CPU
+    /// runs it: to compare instruction sets on one machine.
+    pub fn runnable(name: &str) -> Option<&'static Kernels> {
+        let scalar = (Kernels::scalar(), (|| true) as fn() -> bool);
+        core::iter::once(&scalar)
+            .chain(Kernels::simd_tables())
+            .find(|(k, runs)| k.name == name && runs())
+            .map(|(k, _)| *k)
+    }
+
     /// Every SIMD table this build carries for its architecture, each with the check of whether
     /// this CPU runs it: `best` picks among them, the tests check each against the scalar one.
     pub fn simd_tables() -> &'static [SimdTable] {

@@ -243,6 +243,21 @@ use crate::quant::QUANTIZED;
 /// A softmax step over no keys, a stride of zero or more rows than the stride holds neither
 /// panics nor moves a row it has no scores for.
 #[test]
+fn runnable_finds_each_table_this_cpu_runs_by_name() {
+    assert!(core::ptr::eq(
+        Kernels::runnable("scalar").unwrap(),
+        Kernels::scalar()
+    ));
+    for (k, runs) in Kernels::simd_tables() {
+        let found = Kernels::runnable(k.name);
+        assert_eq!(found.is_some(), runs(), "{}", k.name);
+        assert!(found.is_none_or(|f| core::ptr::eq(f, *k)), "{}", k.name);
+    }
+    assert!(Kernels::runnable("").is_none());
+    assert!(Kernels::runnable("avx2 ").is_none());
+}
+
+#[test]
 fn softmax_step_takes_any_shape() {
     let mut tables = simd_tables();
     tables.push(Kernels::scalar());

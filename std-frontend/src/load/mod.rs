@@ -398,7 +398,36 @@ impl ModelFiles {
                 false => None,
             },
         };
-        Ok(Model::new(c.clone(), weights)?)
+        chosen_kernels(Model::new(c.clone(), weights)?)
+    }
+}
+
+/// The environment variable that names the CPU kernels to run instead of the fastest this CPU
+/// has (a table's name as the load summary prints it: `scalar`, `avx2`, `avx2+vnni`, ...), to
+/// compare instruction sets on one machine.
+pub const CPU_KERNELS_VAR: &str = "SAPIENT_CPU_KERNELS";
+
+/// `model` on the kernels `CPU_KERNELS_VAR` names, where it is set.
+///
+/// # Errors
+/// A name this build has no table of, or whose instructions this CPU lacks.
+pub fn chosen_kernels(model: Model<'_>) -> Result<Model<'_>> {
+    let Some(name) = std::env::var_os(CPU_KERNELS_VAR) else {
+        return Ok(model);
+    };
+    let name = name.to_string_lossy();
+    match sapient_core::kernels::Kernels::runnable(&name) {
+        Some(kernels) => Ok(model.with_kernels(kernels)),
+        None => {
+            let scalar = sapient_core::kernels::Kernels::scalar().name;
+            let simd = sapient_core::kernels::Kernels::simd_tables();
+            let runs = simd.iter().filter(|(_, runs)| runs()).map(|(k, _)| k.name);
+            let names: Vec<_> = std::iter::once(scalar).chain(runs).collect();
+            bail!(
+                "{CPU_KERNELS_VAR}={name}: no such CPU kernels on this machine (it runs {})",
+                names.join(", ")
+            )
+        }
     }
 }
 

@@ -133,7 +133,7 @@ pub fn model(spec: &RandomSpec, progress: &(dyn Fn(usize) + Sync)) -> Result<Mod
         },
         rope_freq_factors: None,
     };
-    Ok(Model::new(c.clone(), weights)?)
+    super::chosen_kernels(Model::new(c.clone(), weights)?)
 }
 
 /// A `rows × cols` matrix in `format` of values uniform in ±0.05 from `seed`.
