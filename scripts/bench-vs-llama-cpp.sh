@@ -20,6 +20,10 @@
 # the Q4_1 one with llama-quantize --allow-requantize; then alternates the two tools, pp512 and
 # tg128 each run (after `depth` tokens already in the cache, llama-bench's -d; 0 by default),
 # and prints every figure and the medians' ratios.
+#
+# With SAPIENT_CPU_KERNELS set to a lesser table this CPU runs (`avx2`, `avx2+vnni`), sapient runs
+# those kernels and llama.cpp is built with the same instruction sets: an AVX2 or AVX-VNNI host,
+# approximately, on an AVX-512 one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 threads="${1:-2}"
@@ -40,6 +44,21 @@ if grep -qw avx512vl /proc/cpuinfo && grep -qw avx512bw /proc/cpuinfo && grep -q
     flags="$flags -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON"
     isa=avx512
 fi
+case "${SAPIENT_CPU_KERNELS:-}" in
+    "") ;;
+    avx2)
+        flags="-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+        isa=avx2
+        ;;
+    avx2+vnni)
+        flags="-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=ON"
+        isa=avx2-vnni
+        ;;
+    *)
+        echo "SAPIENT_CPU_KERNELS=$SAPIENT_CPU_KERNELS: no llama.cpp build matches it (avx2, avx2+vnni)" >&2
+        exit 2
+        ;;
+esac
 cache="${SAPIENT_LLAMA_CPP_CACHE:-$HOME/.cache/sapient/llama.cpp}/$isa"
 bin="$cache/build/bin"
 

@@ -1,8 +1,9 @@
 //! The k-quants' many-token kernels (see `kernels::k_panel`): a row's super-block unpacked to
 //! bytes, a tile of sixteen tokens transposed, and the tile kernel: with AVX-512 VNNI one
 //! `vpdpbusd` per four values of eight rows × sixteen tokens (512-bit vectors), each sum scaled
-//! per half (Q4_K and Q5_K: per block) by a `vpmulld`; otherwise `vpmaddubsw` then `vpmaddwd`
-//! with the half's scale (`vpdpwssd` with AVX-VNNI) on four rows × eight tokens, twice over.
+//! per half (Q4_K and Q5_K: per block) by a `vpmulld`; with AVX-VNNI the same on 256-bit
+//! vectors, two rows × the tile's two halves at a time; on AVX2 `vpmaddubsw` then `vpmaddwd`
+//! with the half's scale on four rows × eight tokens, twice over.
 use super::*;
 use crate::kernels::k_panel::{transpose_ref, KPanelDots, KRow, KTokens, K_MICRO, K_TOKENS};
 use crate::quant::k_quants::HALVES_PER_SUPER;
@@ -23,11 +24,11 @@ pub(super) const fn k_panel<K: KBytes, const ISA: u8>() -> KPanelDots {
 /// costs what a few tokens do, so it wins once the tiles of four make enough passes.
 /// `cargo bench -p sapient-core --bench matvec -- k_step` (a 2816 x 1024 matrix, Q4_K, Q6_K,
 /// IQ4_XS; BENCHMARKS.md): with AVX-512 VNNI the tile of sixteen cost 0.79-1.22x four tokens'
-/// tiles and 0.41-0.64x eight's; on 256-bit vectors the tile's first eight 0.95-1.08x five
-/// tokens' tiles (two passes) and 0.61-0.72x eight's.
+/// tiles and 0.41-0.64x eight's; with AVX-VNNI the tile's first eight 0.65-0.84x five tokens'
+/// tiles (two passes), 0.89-1.15x four's; on AVX2 0.95-1.08x five's and 0.61-0.72x eight's.
 const fn from_tokens<const ISA: u8>() -> usize {
     match ISA {
-        AVX512_VNNI => 5,
+        AVX512_VNNI | AVX_VNNI => 5,
         _ => 6,
     }
 }
@@ -317,12 +318,12 @@ pub(super) unsafe fn finish_zmm<K: KBytes, const OFFSET_FOLDED: bool>(
 
 /// Four rows × eight tokens on 256-bit vectors, for each quarter of the rows × tokens (each
 /// half of the rows, with `half`, the tile's first eight tokens only): the half's scale
-/// multiplies each pair's sum in the `vpmaddwd` (`vpdpwssd`) that adds them.
+/// multiplies each pair's sum in the `vpmaddwd` that adds them.
 ///
 /// # Safety
-/// AVX2, FMA and F16C (and AVX-VNNI where `ISA` says so); `acc` holds `K_MICRO` rows.
+/// AVX2, FMA and F16C; `acc` holds `K_MICRO` rows.
 #[inline(always)]
-unsafe fn dot_ymm<K: KBytes, const ISA: u8>(
+unsafe fn dot_ymm<K: KBytes>(
     rs: &[KRow; K_MICRO],
     x: &KTokens,
     half: bool,
@@ -333,18 +334,19 @@ unsafe fn dot_ymm<K: KBytes, const ISA: u8>(
     // SAFETY: as the caller guarantees; every read and write stays inside `rs`, `x` and `acc`.
     unsafe {
         for r0 in (0..K_MICRO).step_by(R) {
+            let rows = &rs[r0..r0 + R];
             for t0 in (0..tokens).step_by(8) {
                 let mut scaled = [_mm256_setzero_si256(); R];
                 for h in 0..HALVES_PER_SUPER {
                     let mut scale = [_mm256_setzero_si256(); R];
                     for r in 0..R {
-                        scale[r] = _mm256_set1_epi16(rs[r0 + r].scales[h] as i16);
+                        scale[r] = _mm256_set1_epi16(rows[r].scales[h] as i16);
                     }
                     for g in h * SUM_SPAN / 4..(h + 1) * SUM_SPAN / 4 {
                         let xv =
                             _mm256_loadu_si256(x.codes[g].as_ptr().add(4 * t0) as *const __m256i);
                         for r in 0..R {
-                            let w = rs[r0 + r].codes.as_ptr().add(4 * g) as *const i32;
+                            let w = rows[r].codes.as_ptr().add(4 * g) as *const i32;
                             let w = _mm256_set1_epi32(w.read_unaligned());
                             let pairs = if K::WIDE {
                                 // The signed values: |v| <= 127, no pair sum saturates.
@@ -353,50 +355,142 @@ unsafe fn dot_ymm<K: KBytes, const ISA: u8>(
                             } else {
                                 _mm256_maddubs_epi16(w, xv)
                             };
-                            scaled[r] = match ISA {
-                                AVX_VNNI => dpwssd::<ISA>(scaled[r], pairs, scale[r]),
-                                _ => {
-                                    _mm256_add_epi32(scaled[r], _mm256_madd_epi16(pairs, scale[r]))
-                                }
-                            };
+                            scaled[r] =
+                                _mm256_add_epi32(scaled[r], _mm256_madd_epi16(pairs, scale[r]));
                         }
                     }
                 }
-                let mut side = [_mm256_setzero_si256(); R];
-                let offset = K::OFFSET != 0 && !K::WIDE;
-                if K::HAS_MIN || offset {
-                    for i in 0..HALVES_PER_SUPER / 2 {
-                        let sums =
-                            _mm256_loadu_si256(x.sums[i].as_ptr().add(4 * t0) as *const __m256i);
-                        for r in 0..R {
-                            let pair = _mm256_set1_epi32(rs[r0 + r].side[i] as i32);
-                            side[r] = _mm256_add_epi32(side[r], _mm256_madd_epi16(sums, pair));
+                finish_ymm::<K, R>(rows, scaled, x, t0, K::WIDE, &mut acc[r0..r0 + R]);
+            }
+        }
+    }
+}
+
+/// Eight rows × sixteen tokens on 256-bit vectors with AVX-VNNI (with `half`, the tile's first
+/// eight tokens only): one `vpdpbusd` per four values of a row and eight tokens, each sum
+/// scaled per half (Q4_K and Q5_K: per block) by a `vpmulld`, as on 512-bit vectors. Two rows
+/// against both eight-token halves of the tile at a time (four with `half`): each broadcast
+/// weight serves two vectors of tokens, and the sums fit the sixteen registers.
+///
+/// # Safety
+/// AVX2, FMA, F16C and AVX-VNNI; `acc` holds `K_MICRO` rows.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn dot_vnni<K: KBytes>(
+    rs: &[KRow; K_MICRO],
+    x: &KTokens,
+    half: bool,
+    acc: &mut [[f32; K_TOKENS]],
+) {
+    // SAFETY: as the caller guarantees for this function.
+    unsafe {
+        if half {
+            dot_busd::<K, 4, 1>(rs, x, acc)
+        } else {
+            dot_busd::<K, 2, 2>(rs, x, acc)
+        }
+    }
+}
+
+/// `dot_vnni`'s loop: `R` rows × `V` vectors of eight tokens at a time.
+///
+/// # Safety
+/// As for `dot_vnni`.
+#[inline(always)]
+unsafe fn dot_busd<K: KBytes, const R: usize, const V: usize>(
+    rs: &[KRow; K_MICRO],
+    x: &KTokens,
+    acc: &mut [[f32; K_TOKENS]],
+) {
+    // Values per integer scale.
+    let span = if K::SHARED_HALVES {
+        2 * SUM_SPAN
+    } else {
+        SUM_SPAN
+    };
+    // SAFETY: as the caller guarantees; every read and write stays inside `rs`, `x` and `acc`.
+    unsafe {
+        for r0 in (0..K_MICRO).step_by(R) {
+            let rows = &rs[r0..r0 + R];
+            let mut scaled = [[_mm256_setzero_si256(); V]; R];
+            for h in 0..QK_K / span {
+                let mut raw = [[_mm256_setzero_si256(); V]; R];
+                for g in h * span / 4..(h + 1) * span / 4 {
+                    let xv: [__m256i; V] = core::array::from_fn(|v| {
+                        _mm256_loadu_si256(x.codes[g].as_ptr().add(32 * v) as *const __m256i)
+                    });
+                    for r in 0..R {
+                        let w = rows[r].codes.as_ptr().add(4 * g) as *const i32;
+                        let w = _mm256_set1_epi32(w.read_unaligned());
+                        for v in 0..V {
+                            raw[r][v] = _mm256_dpbusd_avx_epi32(raw[r][v], w, xv[v]);
                         }
                     }
                 }
-                let dx = _mm256_loadu_ps(x.d.as_ptr().add(t0));
                 for r in 0..R {
-                    let isum = if offset {
-                        let offsets = _mm256_mullo_epi32(side[r], _mm256_set1_epi32(K::OFFSET));
-                        _mm256_sub_epi32(scaled[r], offsets)
-                    } else {
-                        scaled[r]
-                    };
-                    let msum = if K::HAS_MIN {
-                        side[r]
-                    } else {
-                        _mm256_setzero_si256()
-                    };
-                    // `q8k_step` in each token's lane, the same operations in the same order.
-                    let row = &rs[r0 + r];
-                    let d = _mm256_mul_ps(_mm256_set1_ps(row.d), dx);
-                    let dmin = _mm256_mul_ps(_mm256_set1_ps(row.dmin), dx);
-                    let a = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum));
-                    let b = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(msum));
-                    let o = acc[r0 + r].as_mut_ptr().add(t0);
-                    _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), _mm256_sub_ps(a, b)));
+                    let scale = _mm256_set1_epi32(rows[r].scales[h * span / SUM_SPAN]);
+                    for v in 0..V {
+                        let product = _mm256_mullo_epi32(raw[r][v], scale);
+                        scaled[r][v] = _mm256_add_epi32(scaled[r][v], product);
+                    }
                 }
             }
+            for v in 0..V {
+                let scaled = core::array::from_fn(|r| scaled[r][v]);
+                finish_ymm::<K, R>(rows, scaled, x, 8 * v, false, &mut acc[r0..r0 + R]);
+            }
+        }
+    }
+}
+
+/// The end of a super-block on 256-bit vectors, for `R` rows whose integer sums
+/// `Σ scale·code·x` (`offset_folded`: `Σ scale·(code - OFFSET)·x`) are `scaled`, one lane per
+/// token of tokens `t0 .. t0 + 8`: as `finish_zmm`.
+///
+/// # Safety
+/// Register arithmetic on the features of the function that inlines it: AVX2 and FMA; `rs`
+/// and `acc` hold `R` rows, `t0 + 8 <= K_TOKENS`.
+#[inline(always)]
+unsafe fn finish_ymm<K: KBytes, const R: usize>(
+    rs: &[KRow],
+    scaled: [__m256i; R],
+    x: &KTokens,
+    t0: usize,
+    offset_folded: bool,
+    acc: &mut [[f32; K_TOKENS]],
+) {
+    // SAFETY: as the caller guarantees; every read and write stays inside `rs`, `x` and `acc`.
+    unsafe {
+        let mut side = [_mm256_setzero_si256(); R];
+        let offset = K::OFFSET != 0 && !offset_folded;
+        if K::HAS_MIN || offset {
+            for i in 0..HALVES_PER_SUPER / 2 {
+                let sums = _mm256_loadu_si256(x.sums[i].as_ptr().add(4 * t0) as *const __m256i);
+                for r in 0..R {
+                    let pair = _mm256_set1_epi32(rs[r].side[i] as i32);
+                    side[r] = _mm256_add_epi32(side[r], _mm256_madd_epi16(sums, pair));
+                }
+            }
+        }
+        let dx = _mm256_loadu_ps(x.d.as_ptr().add(t0));
+        for r in 0..R {
+            let isum = if offset {
+                let offsets = _mm256_mullo_epi32(side[r], _mm256_set1_epi32(K::OFFSET));
+                _mm256_sub_epi32(scaled[r], offsets)
+            } else {
+                scaled[r]
+            };
+            let msum = if K::HAS_MIN {
+                side[r]
+            } else {
+                _mm256_setzero_si256()
+            };
+            // `q8k_step` in each token's lane, the same operations in the same order.
+            let d = _mm256_mul_ps(_mm256_set1_ps(rs[r].d), dx);
+            let dmin = _mm256_mul_ps(_mm256_set1_ps(rs[r].dmin), dx);
+            let a = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum));
+            let b = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(msum));
+            let o = acc[r].as_mut_ptr().add(t0);
+            _mm256_storeu_ps(o, _mm256_add_ps(_mm256_loadu_ps(o), _mm256_sub_ps(a, b)));
         }
     }
 }
@@ -411,18 +505,5 @@ unsafe fn dot_avx2<K: KBytes>(
     acc: &mut [[f32; K_TOKENS]],
 ) {
     // SAFETY: as the caller guarantees for this function.
-    unsafe { dot_ymm::<K, AVX2>(rs, x, half, acc) }
-}
-
-/// # Safety
-/// As for `dot_ymm`, and AVX-VNNI.
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn dot_vnni<K: KBytes>(
-    rs: &[KRow; K_MICRO],
-    x: &KTokens,
-    half: bool,
-    acc: &mut [[f32; K_TOKENS]],
-) {
-    // SAFETY: as the caller guarantees for this function.
-    unsafe { dot_ymm::<K, AVX_VNNI>(rs, x, half, acc) }
+    unsafe { dot_ymm::<K>(rs, x, half, acc) }
 }
