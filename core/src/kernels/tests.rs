@@ -31,12 +31,20 @@ fn quantized(format: Format, x: &[f32]) -> Vec<u8> {
             *b = (v ^ (v >> 8) ^ (v >> 16) ^ (v >> 24)) as u8;
         }
         let amax = xs.iter().fold(0f32, |m, v| m.max(v.abs())).min(1e30);
-        let d = half::f16::from_f32((amax / 512.0).min(6e4))
-            .to_bits()
-            .to_le_bytes();
-        let dmin = half::f16::from_f32((amax / 2048.0).min(6e4))
-            .to_bits()
-            .to_le_bytes();
+        set_k_scales(format, sb, amax);
+    }
+    q
+}
+
+/// The f16 scales of a k-quant super-block `sb`, finite and following `amax`.
+fn set_k_scales(format: Format, sb: &mut [u8], amax: f32) {
+    let d = half::f16::from_f32((amax / 512.0).min(6e4))
+        .to_bits()
+        .to_le_bytes();
+    let dmin = half::f16::from_f32((amax / 2048.0).min(6e4))
+        .to_bits()
+        .to_le_bytes();
+    {
         match format {
             Format::Q2K => {
                 sb[80..82].copy_from_slice(&d);
@@ -60,7 +68,6 @@ fn quantized(format: Format, x: &[f32]) -> Vec<u8> {
             }
         }
     }
-    q
 }
 
 fn is_k(format: Format) -> bool {
@@ -1420,6 +1427,38 @@ fn float_batch_size_changes_no_result() {
 /// one group, neither a whole number of tiles, and over rows and tokens too short for a
 /// super-block: every table's results are the scalar kernel's bits, and short input reads as
 /// zeros, not past its end. (Only x86 and aarch64 tables have these kernels.)
+/// Every stored bit set (each quant the largest its bits give) against activations all at
+/// ±127: the sums the kernels keep in 16 bits (`KBlock::MAX_QUANT`) at their largest.
+#[test]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg_attr(miri, ignore = "compares SIMD kernels, which Miri does not run")]
+fn k_panel_kernels_take_the_largest_quants() {
+    use k_panel::{KRow, KTokens, K_MICRO, K_TOKENS};
+    let n = quant::k_quants::QK_K;
+    for k in simd_tables() {
+        for format in QUANTIZED {
+            let Some(kernels) = &k.dots(format).unwrap().k_panel else {
+                continue;
+            };
+            let mut w = vec![0xFFu8; format.block_bytes()];
+            set_k_scales(format, &mut w, 1.0);
+            for sign in [1.0f32, -1.0] {
+                let xq = acts_row(format, &vec![sign; n]);
+                let mut unpacked = vec![KRow::ZERO; K_MICRO];
+                (kernels.unpack)(&[w.as_slice(); K_MICRO], 0, &mut unpacked);
+                let mut tile = KTokens::ZERO;
+                (kernels.transpose)([xq.as_slice(); K_TOKENS], 0, &mut tile);
+                let mut acc = vec![[0f32; K_TOKENS]; K_MICRO];
+                (kernels.dot)(&unpacked, &tile, K_TOKENS, &mut acc);
+                let s = Kernels::scalar().dot_quantized(format, &w, &xq).unwrap();
+                let bits = s.to_bits();
+                let all = acc.iter().flatten().all(|a| a.to_bits() == bits);
+                assert!(all, "{} {format} {sign}: {:?} against {s}", k.name, acc[0]);
+            }
+        }
+    }
+}
+
 #[test]
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[cfg_attr(miri, ignore = "too slow under Miri; run natively")]

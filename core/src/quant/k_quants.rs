@@ -50,6 +50,10 @@ pub trait KBlock {
     /// (`vpmaddubsw`) multiply the signed values (stored less 128, within ±127) instead, and
     /// add no offset term.
     const WIDE: bool = false;
+    /// The largest quant the stored bits can give, whatever they are (Q2_K: 3 ... Q6_K: 63;
+    /// 255 where not stated): a kernel may add as many `vpmaddubsw` pair sums in 16 bits as
+    /// this bound allows without overflow.
+    const MAX_QUANT: u8 = u8::MAX;
     /// Whether a block's two halves share their scale and minimum (Q4_K, Q5_K): a kernel may
     /// then scale a whole block's sum at once.
     const SHARED_HALVES: bool = false;
@@ -164,6 +168,7 @@ fn bits(bytes: &[u8], shift: usize, mask: u8) -> [u8; QK] {
 
 impl KBlock for BlockQ2K {
     const BYTES: usize = 84;
+    const MAX_QUANT: u8 = 3;
     const HAS_MIN: bool = true;
     #[inline(always)]
     fn f16_bits(sb: &[u8]) -> [u16; 2] {
@@ -185,6 +190,7 @@ impl KBlock for BlockQ2K {
 
 impl KBlock for BlockQ3K {
     const BYTES: usize = 110;
+    const MAX_QUANT: u8 = 7;
     const HAS_MIN: bool = false;
     const OFFSET: i32 = 4;
     #[inline(always)]
@@ -212,6 +218,7 @@ impl KBlock for BlockQ3K {
 
 impl KBlock for BlockQ4K {
     const BYTES: usize = 144;
+    const MAX_QUANT: u8 = 15;
     const HAS_MIN: bool = true;
     const SHARED_HALVES: bool = true;
     #[inline(always)]
@@ -229,6 +236,7 @@ impl KBlock for BlockQ4K {
 
 impl KBlock for BlockQ5K {
     const BYTES: usize = 176;
+    const MAX_QUANT: u8 = 31;
     const HAS_MIN: bool = true;
     const SHARED_HALVES: bool = true;
     #[inline(always)]
@@ -248,6 +256,7 @@ impl KBlock for BlockQ5K {
 
 impl KBlock for BlockQ6K {
     const BYTES: usize = 210;
+    const MAX_QUANT: u8 = 63;
     const HAS_MIN: bool = false;
     const OFFSET: i32 = 32;
     #[inline(always)]

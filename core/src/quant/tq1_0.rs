@@ -41,6 +41,8 @@ impl KBlock for BlockTQ1_0 {
     const BYTES: usize = 54;
     const HAS_MIN: bool = false;
     const OFFSET: i32 = 1;
+    /// A stored quant is a base-3 digit.
+    const MAX_QUANT: u8 = 2;
     const SHARED_HALVES: bool = true;
     #[inline(always)]
     fn f16_bits(sb: &[u8]) -> [u16; 2] {

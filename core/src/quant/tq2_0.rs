@@ -11,6 +11,8 @@ impl KBlock for BlockTQ2_0 {
     const BYTES: usize = 66;
     const HAS_MIN: bool = false;
     const OFFSET: i32 = 1;
+    /// A stored quant is two bits.
+    const MAX_QUANT: u8 = 3;
     const SHARED_HALVES: bool = true;
     #[inline(always)]
     fn f16_bits(sb: &[u8]) -> [u16; 2] {

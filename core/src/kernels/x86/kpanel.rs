@@ -316,9 +316,28 @@ pub(super) unsafe fn finish_zmm<K: KBytes, const OFFSET_FOLDED: bool>(
     }
 }
 
+/// How many groups of four values' `vpmaddubsw` pair sums (a half holds four groups) add up in
+/// 16 bits without overflow: each is at most `2 · MAX_QUANT · 128` in size (`WIDE` formats'
+/// signed values: `2 · 127 · 127`).
+const fn pair_sums<K: KBytes>() -> usize {
+    let bound = match K::WIDE {
+        true => 2 * 127 * 127,
+        false => 2 * 128 * K::MAX_QUANT as usize,
+    };
+    let n = i16::MAX as usize / bound;
+    if n >= 4 {
+        4
+    } else if n >= 2 {
+        2
+    } else {
+        1
+    }
+}
+
 /// Four rows × eight tokens on 256-bit vectors, for each quarter of the rows × tokens (each
-/// half of the rows, with `half`, the tile's first eight tokens only): the half's scale
-/// multiplies each pair's sum in the `vpmaddwd` that adds them.
+/// half of the rows, with `half`, the tile's first eight tokens only): a few groups' pair sums
+/// added in 16 bits (`pair_sums`), then the half's scale multiplies them in the `vpmaddwd`
+/// that adds them.
 ///
 /// # Safety
 /// AVX2, FMA and F16C; `acc` holds `K_MICRO` rows.
@@ -342,21 +361,29 @@ unsafe fn dot_ymm<K: KBytes>(
                     for r in 0..R {
                         scale[r] = _mm256_set1_epi16(rows[r].scales[h] as i16);
                     }
-                    for g in h * SUM_SPAN / 4..(h + 1) * SUM_SPAN / 4 {
-                        let xv =
-                            _mm256_loadu_si256(x.codes[g].as_ptr().add(4 * t0) as *const __m256i);
+                    let groups = h * SUM_SPAN / 4..(h + 1) * SUM_SPAN / 4;
+                    for g0 in groups.step_by(pair_sums::<K>()) {
+                        let mut pairs = [_mm256_setzero_si256(); R];
+                        for g in g0..g0 + pair_sums::<K>() {
+                            let xv = x.codes[g].as_ptr().add(4 * t0) as *const __m256i;
+                            let xv = _mm256_loadu_si256(xv);
+                            for r in 0..R {
+                                let w = rows[r].codes.as_ptr().add(4 * g) as *const i32;
+                                let w = _mm256_set1_epi32(w.read_unaligned());
+                                let p = if K::WIDE {
+                                    // The signed values: |v| <= 127, no pair sum saturates.
+                                    let v = _mm256_xor_si256(w, _mm256_set1_epi8(i8::MIN));
+                                    let w = _mm256_abs_epi8(v);
+                                    _mm256_maddubs_epi16(w, _mm256_sign_epi8(xv, v))
+                                } else {
+                                    _mm256_maddubs_epi16(w, xv)
+                                };
+                                pairs[r] = _mm256_add_epi16(pairs[r], p);
+                            }
+                        }
                         for r in 0..R {
-                            let w = rows[r].codes.as_ptr().add(4 * g) as *const i32;
-                            let w = _mm256_set1_epi32(w.read_unaligned());
-                            let pairs = if K::WIDE {
-                                // The signed values: |v| <= 127, no pair sum saturates.
-                                let v = _mm256_xor_si256(w, _mm256_set1_epi8(i8::MIN));
-                                _mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(xv, v))
-                            } else {
-                                _mm256_maddubs_epi16(w, xv)
-                            };
-                            scaled[r] =
-                                _mm256_add_epi32(scaled[r], _mm256_madd_epi16(pairs, scale[r]));
+                            let sums = _mm256_madd_epi16(pairs[r], scale[r]);
+                            scaled[r] = _mm256_add_epi32(scaled[r], sums);
                         }
                     }
                 }
