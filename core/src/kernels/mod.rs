@@ -336,14 +336,16 @@ impl Kernels {
         &scalar::KERNELS
     }
 
-    /// The table called `name` (`Kernels::name`: `scalar` or one of `simd_tables`) if this CPU
-    /// runs it: to compare instruction sets on one machine.
+    /// Every table this CPU runs: the scalar one, then each of `simd_tables` it runs.
+    pub fn runnable_tables() -> impl Iterator<Item = &'static Kernels> {
+        let simd = Kernels::simd_tables().iter().filter(|(_, runs)| runs());
+        core::iter::once(Kernels::scalar()).chain(simd.map(|(k, _)| *k))
+    }
+
+    /// The table called `name` (`Kernels::name`) among `runnable_tables`: to compare
+    /// instruction sets on one machine.
     pub fn runnable(name: &str) -> Option<&'static Kernels> {
-        let scalar = (Kernels::scalar(), (|| true) as fn() -> bool);
-        core::iter::once(&scalar)
-            .chain(Kernels::simd_tables())
-            .find(|(k, runs)| k.name == name && runs())
-            .map(|(k, _)| *k)
+        Kernels::runnable_tables().find(|k| k.name == name)
     }
 
     /// Every SIMD table this build carries for its architecture, each with the check of whether

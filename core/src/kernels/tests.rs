@@ -260,6 +260,9 @@ fn runnable_finds_each_table_this_cpu_runs_by_name() {
         assert_eq!(found.is_some(), runs(), "{}", k.name);
         assert!(found.is_none_or(|f| core::ptr::eq(f, *k)), "{}", k.name);
     }
+    let names: Vec<_> = Kernels::runnable_tables().map(|k| k.name).collect();
+    assert_eq!(names[0], "scalar");
+    assert_eq!(names.len(), 1 + simd_tables().len());
     assert!(Kernels::runnable("").is_none());
     assert!(Kernels::runnable("avx2 ").is_none());
 }

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{anyhow, bail, Context, Result};
 use memmap2::Mmap;
 use rayon::prelude::*;
+use sapient_core::kernels::Kernels;
 use sapient_core::weights::{LayerWeights, Matrix, Weights};
 use sapient_core::{Format, Model};
 
@@ -416,13 +417,10 @@ pub fn chosen_kernels(model: Model<'_>) -> Result<Model<'_>> {
         return Ok(model);
     };
     let name = name.to_string_lossy();
-    match sapient_core::kernels::Kernels::runnable(&name) {
+    match Kernels::runnable(&name) {
         Some(kernels) => Ok(model.with_kernels(kernels)),
         None => {
-            let scalar = sapient_core::kernels::Kernels::scalar().name;
-            let simd = sapient_core::kernels::Kernels::simd_tables();
-            let runs = simd.iter().filter(|(_, runs)| runs()).map(|(k, _)| k.name);
-            let names: Vec<_> = std::iter::once(scalar).chain(runs).collect();
+            let names: Vec<_> = Kernels::runnable_tables().map(|k| k.name).collect();
             bail!(
                 "{CPU_KERNELS_VAR}={name}: no such CPU kernels on this machine (it runs {})",
                 names.join(", ")
