@@ -109,6 +109,7 @@ fn k_panel_dot(c: &mut Criterion) {
             Format::Q4K,
             Format::Q5K,
             Format::Q6K,
+            Format::IQ4XS,
         ] {
             let Some(kernels) = &k.dots(format).unwrap().k_panel else {
                 continue;

@@ -504,16 +504,19 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
         let threads = self.exec.threads();
         // With many tiles of tokens for every thread (prefill), split by tokens: each chunk
         // writes its tokens' outputs where they belong, one parallel job per matrix. Each chunk
-        // then packs every weight panel itself, which costs little next to the arithmetic of
-        // four tiles or more; with fewer tokens (decode batches of many sequences), packing a
-        // panel once for all of them wins (pp16 1.5x, pp32 1.45x, pp512 unchanged).
+        // then packs (or unpacks) every weight panel itself, which costs little next to the
+        // arithmetic of four tiles or more; with fewer tokens (decode batches of many
+        // sequences), packing a panel once for all of them wins (pp16 1.5x, pp32 1.45x, pp512
+        // unchanged). One chunk per thread, so that each weight is unpacked for as many tokens
+        // as can share it: two per thread, half as large, made the i-quants' pp512 1.05-1.15x
+        // and pp64 1.4x slower (their unpacking is dear), Q8_0's and Q4_1's no faster.
         if n_tok >= 8 * TILE * threads {
             let multiple = mats
                 .iter()
                 .map(|m| kernels.prefill_tokens_multiple(m.format))
                 .max()
                 .unwrap_or(TILE);
-            let per_chunk = n_tok.div_ceil(2 * threads).next_multiple_of(multiple);
+            let per_chunk = n_tok.div_ceil(threads).next_multiple_of(multiple);
             for (m, o) in mats.iter().zip(outs.iter_mut()) {
                 self.exec.for_each_chunk(o, per_chunk * m.rows, &|i, out| {
                     kernels.matmul_tokens(m, &acts, i * per_chunk, out)

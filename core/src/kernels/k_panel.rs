@@ -14,8 +14,10 @@
 //! and the tile unit multiplies sixteen rows by the tile at once.
 //!
 //! Unpacking costs once per block of `K_ROWS` rows, super-block and group of up to
-//! `K_GROUP_TOKENS` tokens; transposing once per tile, super-block and block of rows: each is
-//! small next to the arithmetic it feeds (BENCHMARKS.md).
+//! `K_GROUP_TOKENS` tokens; transposing once per tile, super-block and block of rows. Both are
+//! small next to the arithmetic they feed except the i-quants' unpacking (IQ3_S's took a fifth
+//! of a prefill's time with groups of 128 tokens; BENCHMARKS.md), hence groups as large as the
+//! stack allows.
 use crate::quant::k_quants::{HALVES_PER_SUPER, QK_K};
 use crate::quant::{BlockQ8K, KBlock};
 
@@ -25,14 +27,17 @@ pub const K_TOKENS: usize = 16;
 /// Weight rows a kernel call takes at a time: `dot` gets a multiple of this many.
 pub const K_MICRO: usize = 8;
 
-/// Weight rows unpacked at a time (a multiple of `K_MICRO`): 24 KiB (56 KiB on x86-64, whose
-/// rows also hold their scaled values), in L2 while the tiles pass. With the results waiting in
-/// float, 62 KiB of stack in all (93 KiB on x86-64; docs/embedded.md); 128 rows measured the
-/// same.
-pub const K_ROWS: usize = 64;
+/// Weight rows unpacked at a time (a multiple of `K_MICRO` and of AMX's sixteen): 18 KiB
+/// (42 KiB on x86-64, whose rows also hold their scaled values), in L2 while the tiles pass.
+/// With the results of `K_GROUP_TOKENS` tokens waiting in float, 72 KiB of stack in all (96 KiB
+/// on x86-64; docs/embedded.md). Each block of rows transposes the tiles again: 32 rows made
+/// the 1.1B shape's IQ4_XS and Q6_K prefill 4-8% slower than 64, which (with 256 tokens)
+/// would need 126 KiB of stack on x86-64.
+pub const K_ROWS: usize = 48;
 
 /// Tokens whose results wait in float while the super-blocks go by: their unpacking is shared.
-const K_GROUP_TOKENS: usize = 128;
+/// As many as a prefill of 512 tokens gives each of two threads (`Cpu`'s chunks).
+pub(crate) const K_GROUP_TOKENS: usize = 256;
 
 /// One weight row's super-block, unpacked.
 #[repr(C, align(64))]

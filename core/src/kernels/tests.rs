@@ -1466,8 +1466,10 @@ fn k_panel_kernels_take_the_largest_quants() {
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[cfg_attr(miri, ignore = "too slow under Miri; run natively")]
 fn k_panel_matmul_is_the_scalar_bits() {
-    use k_panel::{transpose_ref, KRow, KTokens, K_ROWS, K_TOKENS};
-    let (rows, cols, n_tok) = (K_ROWS + 13, 2 * quant::k_quants::QK_K, 150);
+    use k_panel::{transpose_ref, KRow, KTokens, K_GROUP_TOKENS, K_ROWS, K_TOKENS};
+    // Two blocks of rows and two groups of tokens, each the last one short.
+    let (rows, cols) = (K_ROWS + 13, 2 * quant::k_quants::QK_K);
+    let n_tok = K_GROUP_TOKENS + 45;
     let w: Vec<f32> = (0..rows * cols)
         .map(|i| libm::sinf(i as f32 * 0.37) * 3.0)
         .collect();
