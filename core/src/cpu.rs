@@ -508,8 +508,8 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
         // arithmetic of four tiles or more; with fewer tokens (decode batches of many
         // sequences), packing a panel once for all of them wins (pp16 1.5x, pp32 1.45x, pp512
         // unchanged). One chunk per thread, so that each weight is unpacked for as many tokens
-        // as can share it: two per thread, half as large, made the i-quants' pp512 1.05-1.15x
-        // and pp64 1.4x slower (their unpacking is dear), Q8_0's and Q4_1's no faster.
+        // as can share it: two per thread, half as large, made the 1.1B IQ3_M's prefill 1.1x
+        // (pp512) and 1.35x (pp64) slower (its unpacking is dear), Q8_0's and Q4_1's no faster.
         if n_tok >= 8 * TILE * threads {
             let multiple = mats
                 .iter()

@@ -31,8 +31,8 @@ pub const K_MICRO: usize = 8;
 /// (42 KiB on x86-64, whose rows also hold their scaled values), in L2 while the tiles pass.
 /// With the results of `K_GROUP_TOKENS` tokens waiting in float, 72 KiB of stack in all (96 KiB
 /// on x86-64; docs/embedded.md). Each block of rows transposes the tiles again: 32 rows made
-/// the 1.1B shape's IQ4_XS and Q6_K prefill 4-8% slower than 64, which (with 256 tokens)
-/// would need 126 KiB of stack on x86-64.
+/// the 1.1B shape's IQ4_XS and Q6_K prefill 6-9% slower than 64 (48 rows 2-4%), which (with
+/// 256 tokens) would need 126 KiB of stack on x86-64.
 pub const K_ROWS: usize = 48;
 
 /// Tokens whose results wait in float while the super-blocks go by: their unpacking is shared.
