@@ -349,6 +349,7 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
         acc: &mut [f32],
         buf: &mut [f32],
     ) -> Result<()> {
+        let exec = self.exec;
         let Some(results) = self.compute(x, n_tok, &[mat], &mut [&mut *buf])? else {
             return ops::add(acc, buf);
         };
@@ -359,12 +360,19 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
                 got: acc.len(),
             });
         }
-        for (t, row) in acc.chunks_exact_mut(mat.rows).enumerate() {
+        let add = |t: usize, row: &mut [f32]| {
             results.token_runs(&[mat], t, |_, row0, run| {
                 ops::add(&mut row[row0..row0 + run.len()], run)
-            })?;
+            })
+        };
+        if acc.len() >= PARALLEL_COPY {
+            results.per_token(exec, acc, mat.rows, &add)
+        } else {
+            for (t, row) in acc.chunks_exact_mut(mat.rows).enumerate() {
+                add(t, row)?;
+            }
+            Ok(())
         }
-        Ok(())
     }
 
     /// The feed-forward's hidden activations: `gate = SiLU(x · w_gateᵀ) · (x · w_upᵀ)`, `up`
@@ -504,19 +512,22 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
         let threads = self.exec.threads();
         // With many tiles of tokens for every thread (prefill), split by tokens: each chunk
         // writes its tokens' outputs where they belong, one parallel job per matrix. Each chunk
-        // then packs (or unpacks) every weight panel itself, which costs little next to the
-        // arithmetic of four tiles or more; with fewer tokens (decode batches of many
-        // sequences), packing a panel once for all of them wins (pp16 1.5x, pp32 1.45x, pp512
-        // unchanged). One chunk per thread, so that each weight is unpacked for as many tokens
-        // as can share it: two per thread, half as large, made the 1.1B IQ3_M's prefill 1.1x
-        // (pp512) and 1.35x (pp64) slower (its unpacking is dear), Q8_0's and Q4_1's no faster.
-        if n_tok >= 8 * TILE * threads {
+        // then packs every weight panel itself, which costs little next to the arithmetic of
+        // four tiles or more; with fewer tokens (decode batches of many sequences), packing a
+        // panel once for all of them wins (pp16 1.5x, pp32 1.45x, pp512 unchanged). Weights
+        // that are unpacked (the k-quants' and i-quants' `k_panel`) are split by rows whatever
+        // the tokens, so that each is unpacked once per `K_GROUP_TOKENS` tokens however many
+        // threads share them: split by tokens, two chunks per thread, the 1.1B IQ3_M's
+        // prefill took 1.1x (pp512) and 1.6x (pp64) the time on two threads (IQ3_S's unpacking
+        // is dear), and each thread more would have unpacked every weight once more.
+        let unpacked = mats.iter().all(|m| kernels.unpacks_rows(m.format, n_tok));
+        if n_tok >= 8 * TILE * threads && !unpacked {
             let multiple = mats
                 .iter()
                 .map(|m| kernels.prefill_tokens_multiple(m.format))
                 .max()
                 .unwrap_or(TILE);
-            let per_chunk = n_tok.div_ceil(threads).next_multiple_of(multiple);
+            let per_chunk = n_tok.div_ceil(2 * threads).next_multiple_of(multiple);
             for (m, o) in mats.iter().zip(outs.iter_mut()) {
                 self.exec.for_each_chunk(o, per_chunk * m.rows, &|i, out| {
                     kernels.matmul_tokens(m, &acts, i * per_chunk, out)
@@ -524,7 +535,7 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
             }
             return Ok(None);
         }
-        // Otherwise by rows (a decoded token's mat-vec): each chunk is a run of rows of the
+        // Otherwise by rows (a decoded token's mat-vec, unpacked weights): each chunk is a run of rows of the
         // matrices laid end to end, written to the scratch piece by piece (one per matrix it
         // covers, [token][row] within it) and handed out after, one run per token.
         let total: usize = mats.iter().map(|m| m.rows).sum();
@@ -556,6 +567,11 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
         }))
     }
 }
+
+/// Results (floats) from which handing the row-split mat-mul's results on is a parallel job
+/// over the tokens (several decoded tokens' logits, a prefill's mat-muls); fewer take less
+/// time than starting a job.
+const PARALLEL_COPY: usize = 1 << 16;
 
 /// The row-split mat-mul's results, in the scratch: chunks of `rows_per_chunk` rows of the
 /// matrices laid end to end, each chunk's rows in pieces (one per matrix), `[token][row]`
@@ -600,7 +616,6 @@ impl RowResults<'_> {
         mats: &[&Matrix<'_>],
         outs: &mut [&mut [f32]],
     ) -> Result<()> {
-        const PARALLEL_COPY: usize = 1 << 16;
         for (k, (m, out)) in mats.iter().zip(outs.iter_mut()).enumerate() {
             let copy = |t: usize, row: &mut [f32]| {
                 self.token_runs(mats, t, |kk, row0, run| {

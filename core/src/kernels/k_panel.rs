@@ -35,8 +35,8 @@ pub const K_MICRO: usize = 8;
 /// 256 tokens) would need 126 KiB of stack on x86-64.
 pub const K_ROWS: usize = 48;
 
-/// Tokens whose results wait in float while the super-blocks go by: their unpacking is shared.
-/// As many as a prefill of 512 tokens gives each of two threads (`Cpu`'s chunks).
+/// Tokens whose results wait in float while the super-blocks go by: their unpacking is shared
+/// (the CPU backend splits these mat-muls by rows, each chunk taking all the tokens).
 pub(crate) const K_GROUP_TOKENS: usize = 256;
 
 /// One weight row's super-block, unpacked.

@@ -438,6 +438,15 @@ impl Kernels {
         }
     }
 
+    /// Whether a `format` mat-mul of `n_tok` tokens unpacks its rows (`k_panel`): the work it
+    /// shares between tokens is per row, not per token.
+    pub fn unpacks_rows(&self, format: Format, n_tok: usize) -> bool {
+        self.dots(format)
+            .ok()
+            .and_then(|d| d.k_panel.as_ref())
+            .is_some_and(|k| n_tok >= k.from_tokens)
+    }
+
     /// What a prefill's chunk of tokens for a `format` mat-mul is best a multiple of: `X8`
     /// where the transposed tiles of eight take every size (a chunk's last few tokens would go
     /// through the slower tiles of four), `TILE` otherwise.
