@@ -365,12 +365,9 @@ unsafe fn dot_ymm<K: KBytes, const R: usize, const V: usize>(
                 for g0 in groups.step_by(pair_sums::<K>()) {
                     let mut pairs = [[_mm256_setzero_si256(); V]; R];
                     for g in g0..g0 + pair_sums::<K>() {
-                        let xv: [__m256i; V] = core::array::from_fn(|v| {
-                            _mm256_loadu_si256(x.codes[g].as_ptr().add(32 * v) as *const __m256i)
-                        });
+                        let xv = tokens_ymm::<V>(x, g);
                         for r in 0..R {
-                            let w = rows[r].codes.as_ptr().add(4 * g) as *const i32;
-                            let w = _mm256_set1_epi32(w.read_unaligned());
+                            let w = weights_ymm(&rows[r], g);
                             for v in 0..V {
                                 let p = if K::WIDE {
                                     // The signed values: |v| <= 127, no pair sum saturates.
@@ -398,6 +395,28 @@ unsafe fn dot_ymm<K: KBytes, const R: usize, const V: usize>(
             }
         }
     }
+}
+
+/// Group `g` (values `4g .. 4g + 4`) of the tile's first `8 V` tokens, eight tokens a vector.
+///
+/// # Safety
+/// Loads inside `x` on the features of the function that inlines it (AVX2); `V <= 2`.
+#[inline(always)]
+unsafe fn tokens_ymm<const V: usize>(x: &KTokens, g: usize) -> [__m256i; V] {
+    // SAFETY: group `g` holds `4 * K_TOKENS` bytes, `32 V` of them read; the caller has AVX2.
+    core::array::from_fn(|v| unsafe {
+        _mm256_loadu_si256(x.codes[g].as_ptr().add(32 * v) as *const __m256i)
+    })
+}
+
+/// A row's four values of group `g`, broadcast to every 32-bit lane.
+///
+/// # Safety
+/// Register arithmetic on the features of the function that inlines it (AVX2); `g < 64`.
+#[inline(always)]
+unsafe fn weights_ymm(row: &KRow, g: usize) -> __m256i {
+    // SAFETY: bytes `4g .. 4g + 4` lie in the row's codes; the caller has AVX2.
+    unsafe { _mm256_set1_epi32((row.codes.as_ptr().add(4 * g) as *const i32).read_unaligned()) }
 }
 
 /// Eight rows × sixteen tokens on 256-bit vectors with AVX-VNNI (with `half`, the tile's first
@@ -449,12 +468,9 @@ unsafe fn dot_busd<K: KBytes, const R: usize, const V: usize>(
             for h in 0..QK_K / span {
                 let mut raw = [[_mm256_setzero_si256(); V]; R];
                 for g in h * span / 4..(h + 1) * span / 4 {
-                    let xv: [__m256i; V] = core::array::from_fn(|v| {
-                        _mm256_loadu_si256(x.codes[g].as_ptr().add(32 * v) as *const __m256i)
-                    });
+                    let xv = tokens_ymm::<V>(x, g);
                     for r in 0..R {
-                        let w = rows[r].codes.as_ptr().add(4 * g) as *const i32;
-                        let w = _mm256_set1_epi32(w.read_unaligned());
+                        let w = weights_ymm(&rows[r], g);
                         for v in 0..V {
                             raw[r][v] = _mm256_dpbusd_avx_epi32(raw[r][v], w, xv[v]);
                         }
