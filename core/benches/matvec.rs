@@ -23,6 +23,7 @@ fn matvec(c: &mut Criterion) {
         q16: Some(&q16),
         q8k: Some(&q8k),
         transposed: None,
+        k_tiles: None,
         n_tok: 1,
         cols: N,
     };
@@ -229,6 +230,7 @@ fn matmul_tokens(
         q16: Some(&q16),
         q8k: Some(&q8k),
         transposed: None,
+        k_tiles: None,
         n_tok,
         cols,
     };
@@ -328,6 +330,7 @@ fn k_step_paths(c: &mut Criterion) {
                     q16: Some(&q16),
                     q8k: Some(&q8k),
                     transposed: None,
+                    k_tiles: None,
                     n_tok,
                     cols,
                 };

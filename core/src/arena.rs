@@ -1,6 +1,7 @@
 //! `Scratch`: the activation buffers of the layer loop, carved from memory the caller owns.
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::kernels::k_panel::{self, KTokens, K_FEWEST_TOKENS};
 use crate::kernels::{most_transposed_tokens, TILE};
 
 /// Rows of logits computed at once in batches of at least this many tokens: the last tokens of
@@ -34,6 +35,7 @@ pub struct Scratch<'a> {
     pub(crate) max_batch: usize,
     pub(crate) f: &'a mut [f32],
     pub(crate) quantized: &'a mut [u8],
+    pub(crate) k_tiles: &'a mut [KTokens],
     layout: Layout,
 }
 
@@ -52,6 +54,9 @@ struct Layout {
     tmp: usize,
     logits: usize,
     quantized: usize,
+    /// Tiles of Q8K activations transposed for the k-quants' k-panel (`KTokens`, 64-byte
+    /// aligned within the arena).
+    k_tiles: usize,
 }
 
 impl Layout {
@@ -105,7 +110,24 @@ impl Layout {
             // to whole tiles (`kernels::transposed_tokens`).
             quantized: (b + most_transposed_tokens(b)) * q16::row_bytes(widest)
                 + b * q8k::row_bytes(widest_k),
+            // A batch the k-panel takes transposes its Q8K tokens once for every block of rows
+            // (`Kernels::transpose_k_tiles`).
+            k_tiles: if b >= K_FEWEST_TOKENS {
+                k_panel::tiles(b) * (widest_k / QK_K)
+            } else {
+                0
+            },
         })
+    }
+
+    /// Bytes of the arena: the floats, the quantized activations, and the transposed tiles
+    /// with room to align them.
+    const fn bytes(&self) -> usize {
+        let tiles = match self.k_tiles {
+            0 => 0,
+            n => n * size_of::<KTokens>() + align_of::<KTokens>() - 1,
+        };
+        self.floats() * 4 + self.quantized + tiles
     }
 
     const fn floats(&self) -> usize {
@@ -132,7 +154,7 @@ impl<'a> Scratch<'a> {
     /// [`Error::InvalidConfig`] if `config` is invalid or `max_batch` is zero.
     pub const fn bytes_needed(config: &Config, max_batch: usize) -> Result<usize> {
         match Layout::new(config, max_batch) {
-            Ok(l) => Ok(l.floats() * 4 + l.quantized),
+            Ok(l) => Ok(l.bytes()),
             Err(e) => Err(e),
         }
     }
@@ -145,7 +167,7 @@ impl<'a> Scratch<'a> {
     /// if `mem` is shorter than `bytes_needed`, [`Error::Misaligned`] if it is not 4-byte aligned.
     pub fn new(config: &Config, max_batch: usize, mem: &'a mut [u8]) -> Result<Self> {
         let layout = Layout::new(config, max_batch)?;
-        let needed = layout.floats() * 4 + layout.quantized;
+        let needed = layout.bytes();
         if mem.len() < needed {
             return Err(Error::ArenaTooSmall {
                 what: "scratch",
@@ -153,6 +175,7 @@ impl<'a> Scratch<'a> {
                 got: mem.len(),
             });
         }
+        let mem_len = mem.len();
         let (f_bytes, rest) = mem.split_at_mut(layout.floats() * 4);
         // SAFETY: every bit pattern is a valid f32, and `align_to_mut` only yields the part of
         // the slice that is correctly aligned; we reject the arena if any prefix is left over.
@@ -163,10 +186,22 @@ impl<'a> Scratch<'a> {
                 align: 4,
             });
         }
+        let (quantized, tile_bytes) = rest.split_at_mut(layout.quantized);
+        // SAFETY: a `KTokens` is bytes and f32s with no padding, so every bit pattern is a
+        // valid one, and `align_to_mut` only yields the part of the slice that is aligned.
+        let (_, k_tiles, _) = unsafe { tile_bytes.align_to_mut::<KTokens>() };
+        let Some(k_tiles) = k_tiles.get_mut(..layout.k_tiles) else {
+            return Err(Error::ArenaTooSmall {
+                what: "scratch (transposed tiles)",
+                needed,
+                got: mem_len,
+            });
+        };
         Ok(Scratch {
             max_batch,
             f,
-            quantized: &mut rest[..layout.quantized],
+            quantized,
+            k_tiles,
             layout,
         })
     }
@@ -210,6 +245,7 @@ impl<'a> Scratch<'a> {
             tmp,
             logits,
             quantized: &mut *self.quantized,
+            k_tiles: &mut *self.k_tiles,
         }
     }
 }
@@ -231,4 +267,6 @@ pub(crate) struct Buffers<'s> {
     pub logits: &'s mut [f32],
     /// The current mat-mul input as Q16 and as Q8K (`Layout::new` says how much of each).
     pub quantized: &'s mut [u8],
+    /// The current mat-mul input's Q8K tiles, transposed for the k-panel.
+    pub k_tiles: &'s mut [KTokens],
 }

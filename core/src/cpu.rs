@@ -6,6 +6,7 @@ use crate::backend::{Backend, Segment};
 use crate::config::RopeStyle;
 use crate::error::{Error, Result};
 use crate::exec::{ChunkFn, Exec, Serial};
+use crate::kernels::k_panel::KTokens;
 use crate::kernels::panel::PANEL;
 use crate::kernels::{transposed_tokens, Activations, Kernels, TILE};
 use crate::kv_cache::KvCache;
@@ -31,6 +32,8 @@ struct MatMul<'a, E: Exec + ?Sized> {
     exec: &'a E,
     /// Q16 and Q8K copies of the current mat-mul input.
     quantized: &'a mut [u8],
+    /// The Q8K copy's tiles, transposed for the k-panel.
+    k_tiles: &'a mut [KTokens],
     /// Mat-mul output before it is reordered per token.
     tmp: &'a mut [f32],
 }
@@ -46,6 +49,7 @@ impl<'a, 'b, 'w, 'c, E: Exec + ?Sized> Cpu<'a, 'b, 'w, 'c, E> {
             kernels: model.kernels(),
             exec,
             quantized: core::mem::take(&mut b.quantized),
+            k_tiles: core::mem::take(&mut b.k_tiles),
             tmp: core::mem::take(&mut b.tmp),
         };
         let logit_rows = b.logits.len() / model.config.vocab_size;
@@ -500,15 +504,25 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
                     .transpose_tiles(format, q16, n_tok, cols, out)?;
             }
         }
+        // The k-panel's tiles, transposed once for every chunk and block of rows.
+        let kernels = self.kernels;
+        let mut k_tiles = None;
+        let k_format = mats
+            .iter()
+            .map(|m| m.format)
+            .find(|&f| kernels.unpacks_rows(f, n_tok));
+        if let (Some(format), Some(q8k)) = (k_format, q8k) {
+            k_tiles = kernels.transpose_k_tiles(format, q8k, n_tok, cols, self.k_tiles)?;
+        }
         let acts = Activations {
             f32: x,
             q16,
             q8k,
             transposed,
+            k_tiles,
             n_tok,
             cols,
         };
-        let kernels = self.kernels;
         let threads = self.exec.threads();
         // With many tiles of tokens for every thread (prefill), split by tokens: each chunk
         // writes its tokens' outputs where they belong, one parallel job per matrix. Each chunk

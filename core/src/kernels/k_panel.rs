@@ -14,10 +14,11 @@
 //! and the tile unit multiplies sixteen rows by the tile at once.
 //!
 //! Unpacking costs once per block of `K_ROWS` rows, super-block and group of up to
-//! `K_GROUP_TOKENS` tokens; transposing once per tile, super-block and block of rows. Both are
-//! small next to the arithmetic they feed except the i-quants' unpacking (IQ3_S's took a fifth
-//! of a prefill's time with groups of 128 tokens; BENCHMARKS.md), hence groups as large as the
-//! stack allows.
+//! `K_GROUP_TOKENS` tokens: small next to the arithmetic it feeds except the i-quants' (IQ3_S's
+//! took a fifth of a prefill's time with groups of 128 tokens; BENCHMARKS.md), hence groups as
+//! large as the stack allows. The tiles are transposed once per mat-mul input, into the
+//! scratch (`transpose_tiles`), where each block of rows transposing them again took 8% of a
+//! prefill's time.
 use crate::quant::k_quants::{HALVES_PER_SUPER, QK_K};
 use crate::quant::{BlockQ8K, KBlock};
 
@@ -30,10 +31,14 @@ pub const K_MICRO: usize = 8;
 /// Weight rows unpacked at a time (a multiple of `K_MICRO` and of AMX's sixteen): 18 KiB
 /// (42 KiB on x86-64, whose rows also hold their scaled values), in L2 while the tiles pass.
 /// With the results of `K_GROUP_TOKENS` tokens waiting in float, 72 KiB of stack in all (96 KiB
-/// on x86-64; docs/embedded.md). Each block of rows transposes the tiles again: 32 rows made
-/// the 1.1B shape's IQ4_XS and Q6_K prefill 6-9% slower than 64 (48 rows 2-4%), which (with
-/// 256 tokens) would need 126 KiB of stack on x86-64.
+/// on x86-64; docs/embedded.md). Each block of rows reads the transposed tiles again: 32 rows
+/// made the 1.1B shape's prefill level to 3% slower (Q4_K_M) than 48; 64, faster when each
+/// block transposed the tiles itself, would need 126 KiB of stack on x86-64.
 pub const K_ROWS: usize = 48;
+
+/// The fewest tokens any table's k-panel takes (`KPanelDots::from_tokens`): a scratch for
+/// smaller batches holds no transposed tiles.
+pub const K_FEWEST_TOKENS: usize = 5;
 
 /// Tokens whose results wait in float while the super-blocks go by: their unpacking is shared
 /// (the CPU backend splits these mat-muls by rows, each chunk taking all the tokens).
@@ -81,7 +86,8 @@ impl KRow {
     };
 }
 
-/// A tile of `K_TOKENS` tokens' Q8K blocks (one super-block), transposed.
+/// A tile of `K_TOKENS` tokens' Q8K blocks (one super-block), transposed. Bytes and f32s with
+/// no padding (its size a multiple of its alignment), so a scratch arena's bytes can hold them.
 #[repr(C, align(64))]
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct KTokens {
@@ -93,6 +99,8 @@ pub struct KTokens {
     /// Each token's scale.
     pub d: [f32; K_TOKENS],
 }
+
+const _: () = assert!(size_of::<KTokens>() == BlockQ8K::BYTES * K_TOKENS);
 
 impl KTokens {
     /// A tile of zeros.
@@ -186,9 +194,38 @@ pub fn transpose_ref(xs: [&[u8]; K_TOKENS], s: usize) -> KTokens {
     out
 }
 
+/// Tiles of `K_TOKENS` tokens for `n_tok` tokens, a last one padded.
+pub const fn tiles(n_tok: usize) -> usize {
+    n_tok.div_ceil(K_TOKENS)
+}
+
+/// Every tile of `n_tok` Q8K activation rows `x(t)` (`ns` super-blocks each) transposed by
+/// `kernels` into `out`, `[tile][super-block]` (tile `i` holds tokens `16i .. 16i + 16`, a
+/// last one padded with copies of the last token, as `matmul` pads them); `out` holds at least
+/// `tiles(n_tok) · ns` of them.
+pub fn transpose_tiles<'a>(
+    kernels: &KPanelDots,
+    ns: usize,
+    n_tok: usize,
+    x: impl Fn(usize) -> &'a [u8],
+    out: &mut [KTokens],
+) {
+    if n_tok == 0 || ns == 0 {
+        return;
+    }
+    for (i, tile) in out.chunks_exact_mut(ns).take(tiles(n_tok)).enumerate() {
+        let xs = core::array::from_fn(|j| x((i * K_TOKENS + j).min(n_tok - 1)));
+        for (s, t) in tile.iter_mut().enumerate() {
+            (kernels.transpose)(xs, s, t);
+        }
+    }
+}
+
 /// `rows × n_tok` results of k-quant weight rows `row(r)` (`ns` super-blocks each) against Q8K
 /// activation rows `x(t)`, by `kernels`; `put(r, t, run)` stores those of rows
-/// `r .. r + run.len()`.
+/// `r .. r + run.len()`. `transposed`, where the caller has them, are the tokens' tiles as
+/// `transpose_tiles` lays them out (else each block of rows transposes them itself).
+#[allow(clippy::too_many_arguments)]
 pub fn matmul<'a>(
     kernels: &KPanelDots,
     rows: usize,
@@ -196,11 +233,13 @@ pub fn matmul<'a>(
     row: impl Fn(usize) -> &'a [u8],
     n_tok: usize,
     x: impl Fn(usize) -> &'a [u8],
+    transposed: Option<&[KTokens]>,
     mut put: impl FnMut(usize, usize, &[f32]),
 ) {
     if n_tok == 0 || rows == 0 {
         return;
     }
+    let transposed = transposed.filter(|t| t.len() >= tiles(n_tok) * ns);
     let mut unpacked = [KRow::ZERO; K_ROWS];
     let mut tile = KTokens::ZERO;
     // `[tile][row][token]`: a row's sixteen results are one vector for the kernel.
@@ -211,22 +250,30 @@ pub fn matmul<'a>(
         // Rows past the end repeat the last one; their results are dropped.
         let ws: [&[u8]; K_ROWS] = core::array::from_fn(|i| row((r0 + i).min(rows - 1)));
         for t0 in (0..n_tok).step_by(K_GROUP_TOKENS) {
-            let tiles = (n_tok - t0).min(K_GROUP_TOKENS).div_ceil(K_TOKENS);
-            for t in &mut totals[..tiles] {
+            let group_tiles = tiles((n_tok - t0).min(K_GROUP_TOKENS));
+            for t in &mut totals[..group_tiles] {
                 t[..padded].fill([0.0; K_TOKENS]);
             }
             for s in 0..ns {
                 (kernels.unpack)(&ws[..padded], s, &mut unpacked[..padded]);
-                for (i, totals) in totals[..tiles].iter_mut().enumerate() {
-                    // Tokens past the end repeat the last one; their results are dropped.
-                    let xs = core::array::from_fn(|j| x((t0 + i * K_TOKENS + j).min(n_tok - 1)));
-                    (kernels.transpose)(xs, s, &mut tile);
-                    let tokens = (n_tok - t0 - i * K_TOKENS).min(K_TOKENS);
-                    (kernels.dot)(&unpacked[..padded], &tile, tokens, &mut totals[..padded]);
+                for (i, totals) in totals[..group_tiles].iter_mut().enumerate() {
+                    let at = t0 / K_TOKENS + i;
+                    let tile = match transposed {
+                        Some(transposed) => &transposed[at * ns + s],
+                        None => {
+                            // Tokens past the end repeat the last one; their results are dropped.
+                            let xs =
+                                core::array::from_fn(|j| x((at * K_TOKENS + j).min(n_tok - 1)));
+                            (kernels.transpose)(xs, s, &mut tile);
+                            &tile
+                        }
+                    };
+                    let tokens = (n_tok - at * K_TOKENS).min(K_TOKENS);
+                    (kernels.dot)(&unpacked[..padded], tile, tokens, &mut totals[..padded]);
                 }
             }
             let mut run = [0f32; K_ROWS];
-            for (i, totals) in totals[..tiles].iter().enumerate() {
+            for (i, totals) in totals[..group_tiles].iter().enumerate() {
                 for j in 0..K_TOKENS {
                     let t = t0 + i * K_TOKENS + j;
                     if t >= n_tok {

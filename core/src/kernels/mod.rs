@@ -404,6 +404,49 @@ impl Kernels {
         }))
     }
 
+    /// Transposes the tiles of `k_panel::K_TOKENS` tokens that the k-panel of `format` takes for
+    /// `n_tok` Q8K activation rows of `cols` values (`k_panel::transpose_tiles`: `[tile][super-
+    /// block]`, a last tile padded with copies of the last row) into `out`; `None` where
+    /// `format` has no k-panel or `n_tok` tokens do not take it. A mat-mul split across
+    /// threads, and across blocks of rows within each, then transposes its tokens once
+    /// (`Activations::k_tiles`).
+    ///
+    /// # Errors
+    /// [`Error::Length`] when `q8k` is not `n_tok` Q8K rows of `cols`, or `out` holds fewer
+    /// tiles than those tokens take.
+    pub fn transpose_k_tiles<'o>(
+        &self,
+        format: Format,
+        q8k: &[u8],
+        n_tok: usize,
+        cols: usize,
+        out: &'o mut [k_panel::KTokens],
+    ) -> Result<Option<&'o [k_panel::KTokens]>> {
+        let Some(kernels) = self
+            .dots(format)
+            .ok()
+            .and_then(|d| d.k_panel.as_ref())
+            .filter(|k| n_tok >= k.from_tokens)
+        else {
+            return Ok(None);
+        };
+        if !cols.is_multiple_of(quant::k_quants::QK_K) {
+            return Ok(None);
+        }
+        let row = quant::q8k::row_bytes(cols);
+        expect_len("Q8K activations", n_tok * row, q8k.len())?;
+        let ns = cols / quant::k_quants::QK_K;
+        let tiles = k_panel::tiles(n_tok) * ns;
+        let have = out.len();
+        let out = out.get_mut(..tiles).ok_or(Error::Length {
+            what: "transposed Q8K tiles",
+            expected: tiles,
+            got: have,
+        })?;
+        k_panel::transpose_tiles(kernels, ns, n_tok, |t| &q8k[t * row..][..row], out);
+        Ok(Some(out))
+    }
+
     /// The dots of a quantized weight format.
     ///
     /// # Errors
@@ -447,16 +490,19 @@ impl Kernels {
             .is_some_and(|k| n_tok >= k.from_tokens)
     }
 
-    /// What a prefill's chunk of tokens for a `format` mat-mul is best a multiple of: `X8`
-    /// where the transposed tiles of eight take every size (a chunk's last few tokens would go
-    /// through the slower tiles of four), `TILE` otherwise.
+    /// What a prefill's chunk of tokens for a `format` mat-mul is best a multiple of:
+    /// `k_panel::K_TOKENS` for the k-panel's formats (each chunk then starts at a tile the
+    /// mat-mul's input has transposed, `Activations::k_tiles`), `X8` where the transposed tiles
+    /// of eight take every size (a chunk's last few tokens would go through the slower tiles of
+    /// four), `TILE` otherwise.
     pub fn prefill_tokens_multiple(&self, format: Format) -> usize {
-        let tiles_only = self
-            .dots(format)
-            .ok()
+        let dots = self.dots(format).ok();
+        let tiles_only = dots
             .and_then(|d| d.panel.as_ref())
             .is_some_and(|p| p.pack_from == usize::MAX);
-        if tiles_only {
+        if dots.is_some_and(|d| d.k_panel.is_some()) {
+            k_panel::K_TOKENS
+        } else if tiles_only {
             panel::X8
         } else {
             TILE
@@ -732,7 +778,12 @@ impl Kernels {
                 let x1 = |t: usize| &q[(toks.start + t) * xb..(toks.start + t + 1) * xb];
                 if let Some(kernels) = dots.k_panel.as_ref().filter(|k| x.n_tok >= k.from_tokens) {
                     let ns = x.cols / quant::k_quants::QK_K;
-                    k_panel::matmul(kernels, n_rows, ns, w_row, n_tok, x1, put);
+                    // Tiles transposed once for all chunks, from the first token asked for.
+                    let transposed = x
+                        .k_tiles
+                        .filter(|_| toks.start.is_multiple_of(k_panel::K_TOKENS))
+                        .and_then(|t| t.get(toks.start / k_panel::K_TOKENS * ns..));
+                    k_panel::matmul(kernels, n_rows, ns, w_row, n_tok, x1, transposed, put);
                     return Ok(());
                 }
                 if let Some(kernels) = &dots.panel {
@@ -887,6 +938,9 @@ pub struct Activations<'a> {
     /// (`Kernels::transpose_tiles`), or `None`: the transposed-tile kernels then transpose them
     /// themselves.
     pub transposed: Option<TransposedTiles<'a>>,
+    /// The Q8K rows' tiles of `k_panel::K_TOKENS` tokens, transposed for the k-quants' k-panel
+    /// (`Kernels::transpose_k_tiles`), or `None`: the k-panel then transposes them itself.
+    pub k_tiles: Option<&'a [k_panel::KTokens]>,
     /// Rows (tokens).
     pub n_tok: usize,
     /// Values per row.

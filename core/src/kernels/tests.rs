@@ -1059,6 +1059,7 @@ fn faults_name_what_is_wrong() {
         q16: Some(&xq),
         q8k: None,
         transposed: None,
+        k_tiles: None,
         n_tok: 1,
         cols: 32,
     };
@@ -1101,6 +1102,7 @@ fn matmul_rows_equals_row_dots() {
         q16: Some(&q16),
         q8k: Some(&q8k),
         transposed: None,
+        k_tiles: None,
         n_tok,
         cols,
     };
@@ -1325,6 +1327,7 @@ fn batch_size_changes_no_result() {
         q16: Some(&q16[t0 * b16..(t0 + n) * b16]),
         q8k: Some(&q8k[t0 * b8k..(t0 + n) * b8k]),
         transposed: None,
+        k_tiles: None,
         n_tok: n,
         cols,
     };
@@ -1388,6 +1391,7 @@ fn float_batch_size_changes_no_result() {
         q16: None,
         q8k: None,
         transposed: None,
+        k_tiles: None,
         n_tok: n,
         cols,
     };
@@ -1486,6 +1490,7 @@ fn k_panel_matmul_is_the_scalar_bits() {
         q16: None,
         q8k: Some(&q8k),
         transposed: None,
+        k_tiles: None,
         n_tok,
         cols,
     };
@@ -1496,13 +1501,33 @@ fn k_panel_matmul_is_the_scalar_bits() {
             };
             let bytes: Vec<u8> = w.chunks(cols).flat_map(|r| quantized(format, r)).collect();
             let m = Matrix::new(format, rows, cols, bytes.into()).unwrap();
+            // Tiles transposed once (as the CPU backend does), or by each block of rows.
+            let mut tiles = vec![KTokens::ZERO; k_panel::tiles(n_tok) * cols / 256];
+            let k_tiles = k
+                .transpose_k_tiles(format, &q8k, n_tok, cols, &mut tiles)
+                .unwrap();
+            assert!(k_tiles.is_some(), "{} {format}", k.name);
+            let with_tiles = Activations { k_tiles, ..acts };
             // On a thread with the stack docs/embedded.md promises a forward pass needs (its
             // tiles live there): overflowing it kills the process.
             let mut out = vec![0f32; rows * n_tok];
+            let mut out_tiles = vec![0f32; rows * n_tok];
+            // Tokens from a tile's start read the transposed tiles from there; from elsewhere
+            // they are transposed again.
+            let (from_tile, from_other) = (K_TOKENS, K_TOKENS + 3);
+            let mut out_from_tile = vec![0f32; rows * (n_tok - from_tile)];
+            let mut out_from_other = vec![0f32; rows * (n_tok - from_other)];
             std::thread::scope(|s| {
                 std::thread::Builder::new()
                     .stack_size(128 * 1024)
-                    .spawn_scoped(s, || k.matmul_rows(&m, &acts, 0, &mut out).unwrap())
+                    .spawn_scoped(s, || {
+                        k.matmul_rows(&m, &acts, 0, &mut out).unwrap();
+                        k.matmul_rows(&m, &with_tiles, 0, &mut out_tiles).unwrap();
+                        k.matmul_tokens(&m, &with_tiles, from_tile, &mut out_from_tile)
+                            .unwrap();
+                        k.matmul_tokens(&m, &with_tiles, from_other, &mut out_from_other)
+                            .unwrap();
+                    })
                     .unwrap()
                     .join()
                     .unwrap()
@@ -1513,12 +1538,20 @@ fn k_panel_matmul_is_the_scalar_bits() {
                     let s = Kernels::scalar()
                         .dot_quantized(format, m.row(r), x)
                         .unwrap();
-                    assert_eq!(
-                        out[t * rows + r].to_bits(),
-                        s.to_bits(),
-                        "{} {format} r{r} t{t}",
-                        k.name
-                    );
+                    let mut got = vec![out[t * rows + r], out_tiles[t * rows + r]];
+                    for (t0, o) in [(from_tile, &out_from_tile), (from_other, &out_from_other)] {
+                        if t >= t0 {
+                            got.push(o[(t - t0) * rows + r]);
+                        }
+                    }
+                    for (i, v) in got.into_iter().enumerate() {
+                        assert_eq!(
+                            v.to_bits(),
+                            s.to_bits(),
+                            "{} {format} r{r} t{t}, run {i}",
+                            k.name
+                        );
+                    }
                 }
             }
             let short = &m.row(0)[..format.block_bytes() - 1];
@@ -1537,6 +1570,25 @@ fn k_panel_matmul_is_the_scalar_bits() {
                 k.name
             );
             assert!(tile.d[3] == 0.0 && tile.d[2] != 0.0);
+        }
+    }
+}
+
+/// No table takes the k-panel for fewer tokens than `K_FEWEST_TOKENS`, below which a scratch
+/// keeps no room for the transposed tiles (`Kernels::transpose_k_tiles` would fail for lack of
+/// it).
+#[test]
+fn no_k_panel_takes_fewer_tokens_than_the_scratch_keeps_tiles_for() {
+    for (k, _) in Kernels::simd_tables() {
+        for format in QUANTIZED {
+            if let Some(kernels) = &k.dots(format).unwrap().k_panel {
+                assert!(
+                    kernels.from_tokens >= k_panel::K_FEWEST_TOKENS,
+                    "{} {format}: from {} tokens",
+                    k.name,
+                    kernels.from_tokens
+                );
+            }
         }
     }
 }
