@@ -282,7 +282,16 @@ pub fn matmul<'a>(
                     for (o, r) in run[..n].iter_mut().zip(totals) {
                         *o = r[j];
                     }
-                    put(r0, t, &run[..n]);
+                    // In runs of a length the compiler knows, which the callers copy with a
+                    // few vector moves (a call to `memcpy` per run of 48 took 2% of a
+                    // prefill's samples).
+                    let whole = n / K_TOKENS * K_TOKENS;
+                    for r in (0..whole).step_by(K_TOKENS) {
+                        put(r0 + r, t, &run[r..r + K_TOKENS]);
+                    }
+                    if whole < n {
+                        put(r0 + whole, t, &run[whole..n]);
+                    }
                 }
             }
         }
