@@ -49,7 +49,6 @@ struct Layout {
     v: usize,
     att: usize,
     gate: usize,
-    up: usize,
     rope: usize,
     tmp: usize,
     logits: usize,
@@ -101,7 +100,6 @@ impl Layout {
             v: b * kv,
             att: b * q,
             gate: b * ff,
-            up: b * ff,
             rope: b * c.head_dim,
             tmp,
             // The last tokens of several sequences (one row when decoding alone).
@@ -138,7 +136,6 @@ impl Layout {
             + self.v
             + self.att
             + self.gate
-            + self.up
             + self.rope
             + self.tmp
             + self.logits
@@ -228,7 +225,6 @@ impl<'a> Scratch<'a> {
         let (v, f) = f.split_at_mut(l.v);
         let (att, f) = f.split_at_mut(l.att);
         let (gate, f) = f.split_at_mut(l.gate);
-        let (up, f) = f.split_at_mut(l.up);
         let (rope, f) = f.split_at_mut(l.rope);
         let (tmp, f) = f.split_at_mut(l.tmp);
         let logits = &mut f[..l.logits];
@@ -240,7 +236,6 @@ impl<'a> Scratch<'a> {
             v,
             att,
             gate,
-            up,
             rope,
             tmp,
             logits,
@@ -258,7 +253,6 @@ pub(crate) struct Buffers<'s> {
     pub v: &'s mut [f32],
     pub att: &'s mut [f32],
     pub gate: &'s mut [f32],
-    pub up: &'s mut [f32],
     /// cos then sin of each token's RoPE angles: `head_dim` per token.
     pub rope: &'s mut [f32],
     pub tmp: &'s mut [f32],

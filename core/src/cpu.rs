@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::exec::{ChunkFn, Exec, Serial};
 use crate::kernels::k_panel::KTokens;
 use crate::kernels::panel::PANEL;
-use crate::kernels::{transposed_tokens, Activations, Kernels, TILE};
+use crate::kernels::{transposed_tokens, Activations, Kernels};
 use crate::kv_cache::KvCache;
 use crate::matrix::Matrix;
 use crate::model::Model;
@@ -178,8 +178,8 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, '_, '_, '_, E> {
         let (c, l) = (&self.model.config, &self.model.weights.layers[layer]);
         let h = c.hidden_size;
         let b = &mut self.b;
-        let (x, xb) = (&mut b.x[..n * h], &mut b.xb[..n * h]);
-        self.mm.matmul_add(&b.att[..n * c.q_dim()], n, &l.wo, x, xb)
+        self.mm
+            .matmul_add(&b.att[..n * c.q_dim()], n, &l.wo, &mut b.x[..n * h])
     }
 
     fn gate_up(&mut self, layer: usize, n: usize) -> Result<()> {
@@ -188,16 +188,16 @@ impl<E: Exec + ?Sized> Backend for Cpu<'_, '_, '_, '_, E> {
         let b = &mut self.b;
         let xb = &mut b.xb[..n * h];
         ops::rms_norm(&b.x[..n * h], &l.ffn_norm, c.rms_norm_eps, xb)?;
-        let (gate, up) = (&mut b.gate[..n * ff], &mut b.up[..n * ff]);
-        self.mm.silu_gate_up(xb, n, [&l.w_gate, &l.w_up], gate, up)
+        let gate = &mut b.gate[..n * ff];
+        self.mm.silu_gate_up(xb, n, [&l.w_gate, &l.w_up], gate)
     }
 
     fn ffn_out(&mut self, layer: usize, n: usize) -> Result<()> {
         let (c, l) = (&self.model.config, &self.model.weights.layers[layer]);
         let (h, ff) = (c.hidden_size, c.intermediate_size);
         let b = &mut self.b;
-        let (x, xb) = (&mut b.x[..n * h], &mut b.xb[..n * h]);
-        self.mm.matmul_add(&b.gate[..n * ff], n, &l.w_down, x, xb)
+        self.mm
+            .matmul_add(&b.gate[..n * ff], n, &l.w_down, &mut b.x[..n * h])
     }
 
     fn final_norm(&mut self, first: usize, n: usize) -> Result<()> {
@@ -337,33 +337,21 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
         outs: &mut [&mut [f32]],
     ) -> Result<()> {
         let exec = self.exec;
-        match self.compute(x, n_tok, mats, outs)? {
-            Some(results) => results.copy_out(exec, mats, outs),
-            None => Ok(()),
-        }
+        self.compute(x, n_tok, mats)?.copy_out(exec, mats, outs)
     }
 
-    /// `acc += x · matᵀ` (a residual add) for `n_tok` rows of `x`; `buf` (as long as `acc`) is
-    /// working memory. Split by rows, each token's results are added straight from the scratch.
+    /// `acc += x · matᵀ` (a residual add) for `n_tok` rows of `x`: each token's results are
+    /// added straight from the scratch.
     fn matmul_add(
         &mut self,
         x: &[f32],
         n_tok: usize,
         mat: &Matrix<'_>,
         acc: &mut [f32],
-        buf: &mut [f32],
     ) -> Result<()> {
         let exec = self.exec;
-        let Some(results) = self.compute(x, n_tok, &[mat], &mut [&mut *buf])? else {
-            return ops::add(acc, buf);
-        };
-        if acc.len() != buf.len() {
-            return Err(Error::Length {
-                what: "residual add",
-                expected: buf.len(),
-                got: acc.len(),
-            });
-        }
+        expect_output("residual add", n_tok * mat.rows, acc.len())?;
+        let results = self.compute(x, n_tok, &[mat])?;
         let add = |t: usize, row: &mut [f32]| {
             results.token_runs(&[mat], t, |_, row0, run| {
                 ops::add(&mut row[row0..row0 + run.len()], run)
@@ -379,26 +367,27 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
         }
     }
 
-    /// The feed-forward's hidden activations: `gate = SiLU(x · w_gateᵀ) · (x · w_upᵀ)`, `up`
-    /// the working memory of the up projection when split by tokens. Split by rows (decoding),
-    /// each token's products come straight from the mat-mul's scratch, in a parallel job over
-    /// the tokens: no serial copy, no serial SiLU.
+    /// The feed-forward's hidden activations: `gate = SiLU(x · w_gateᵀ) · (x · w_upᵀ)`. Each
+    /// token's products come straight from the mat-mul's scratch, in a parallel job over the
+    /// tokens: no serial copy, no serial SiLU, and no buffer for the up projection.
     fn silu_gate_up(
         &mut self,
         x: &[f32],
         n_tok: usize,
         [w_gate, w_up]: [&Matrix<'_>; 2],
         gate: &mut [f32],
-        up: &mut [f32],
     ) -> Result<()> {
         let (exec, silu_mul) = (self.exec, self.kernels.silu_mul);
-        let mats = [w_gate, w_up];
-        let Some(results) = self.compute(x, n_tok, &mats, &mut [&mut *gate, &mut *up])? else {
-            return exec.for_each_chunk(gate, w_gate.rows, &|t, g| {
-                silu_mul(g, &up[t * w_up.rows..(t + 1) * w_up.rows]);
-                Ok(())
+        if w_up.rows != w_gate.rows {
+            return Err(Error::Mismatch {
+                op: "SiLU(gate) · up",
+                lhs: ("gate rows", w_gate.rows),
+                rhs: ("up rows", w_up.rows),
             });
-        };
+        }
+        expect_output("SiLU(gate) · up", n_tok * w_gate.rows, gate.len())?;
+        let mats = [w_gate, w_up];
+        let results = self.compute(x, n_tok, &mats)?;
         results.per_token(exec, gate, w_gate.rows, &|t, g| {
             results.token_runs(&mats, t, |k, row0, run| {
                 let g = &mut g[row0..row0 + run.len()];
@@ -412,23 +401,9 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
         })
     }
 
-    /// The mat-mul itself: split by tokens, straight into `outs` (`None`), or by rows, into
-    /// the scratch (`Some`, to be handed on).
-    fn compute(
-        &mut self,
-        x: &[f32],
-        n_tok: usize,
-        mats: &[&Matrix<'_>],
-        outs: &mut [&mut [f32]],
-    ) -> Result<Option<RowResults<'_>>> {
+    /// The mat-mul itself, split by rows into the scratch, to be handed on.
+    fn compute(&mut self, x: &[f32], n_tok: usize, mats: &[&Matrix<'_>]) -> Result<RowResults<'_>> {
         let cols = mats.first().map_or(0, |m| m.cols);
-        if mats.len() != outs.len() {
-            return Err(Error::Mismatch {
-                op: "mat-mul",
-                lhs: ("matrices", mats.len()),
-                rhs: ("outputs", outs.len()),
-            });
-        }
         if let Some(m) = mats.iter().find(|m| m.cols != cols) {
             return Err(Error::Mismatch {
                 op: "mat-mul of several matrices",
@@ -442,15 +417,6 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
                 expected: n_tok * cols,
                 got: x.len(),
             });
-        }
-        for (m, o) in mats.iter().zip(outs.iter()) {
-            if o.len() != n_tok * m.rows {
-                return Err(Error::Length {
-                    what: "mat-mul output",
-                    expected: n_tok * m.rows,
-                    got: o.len(),
-                });
-            }
         }
         let takes = |to| {
             mats.iter()
@@ -524,34 +490,14 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
             cols,
         };
         let threads = self.exec.threads();
-        // With many tiles of tokens for every thread (prefill), split by tokens: each chunk
-        // writes its tokens' outputs where they belong, one parallel job per matrix. Each chunk
-        // then packs every weight panel itself, which costs little next to the arithmetic of
-        // four tiles or more; with fewer tokens (decode batches of many sequences), packing a
-        // panel once for all of them wins (pp16 1.5x, pp32 1.45x, pp512 unchanged). Weights
-        // that are unpacked (the k-quants' and i-quants' `k_panel`) are split by rows whatever
-        // the tokens, so that each is unpacked once per `K_GROUP_TOKENS` tokens however many
-        // threads share them: split by tokens, two chunks per thread, the 1.1B IQ3_M's
-        // prefill took 1.1x (pp512) and 1.6x (pp64) the time on two threads (IQ3_S's unpacking
-        // is dear), and each thread more would have unpacked every weight once more.
-        let unpacked = mats.iter().all(|m| kernels.unpacks_rows(m.format, n_tok));
-        if n_tok >= 8 * TILE * threads && !unpacked {
-            let multiple = mats
-                .iter()
-                .map(|m| kernels.prefill_tokens_multiple(m.format))
-                .max()
-                .unwrap_or(TILE);
-            let per_chunk = n_tok.div_ceil(2 * threads).next_multiple_of(multiple);
-            for (m, o) in mats.iter().zip(outs.iter_mut()) {
-                self.exec.for_each_chunk(o, per_chunk * m.rows, &|i, out| {
-                    kernels.matmul_tokens(m, &acts, i * per_chunk, out)
-                })?;
-            }
-            return Ok(None);
-        }
-        // Otherwise by rows (a decoded token's mat-vec, unpacked weights): each chunk is a run of rows of the
-        // matrices laid end to end, written to the scratch piece by piece (one per matrix it
-        // covers, [token][row] within it) and handed out after, one run per token.
+        // Split by rows, each chunk taking every token: a run of rows of the matrices laid end
+        // to end, written to the scratch piece by piece (one per matrix it covers, [token][row]
+        // within it) and handed out after, one run per token. Each weight is then packed or
+        // unpacked once per group of tokens (`panel`'s, `k_panel`'s) however many threads share
+        // the work. A prefill split by tokens instead, two chunks per thread, packed every weight
+        // once per chunk: SmolLM2's Q8_0 and Q4_1 prefill (pp512, two threads) took 1.04-1.08x
+        // the time, the 1.1B IQ3_M's (unpacked) 1.1x, and each thread more would have packed or
+        // unpacked every weight once more.
         let total: usize = mats.iter().map(|m| m.rows).sum();
         let have = self.tmp.len();
         let tmp = self
@@ -574,11 +520,11 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
                     kernels.matmul_rows(mats[k], &acts, row0, here)
                 })
             })?;
-        Ok(Some(RowResults {
+        Ok(RowResults {
             rows_per_chunk,
             n_tok,
             tmp: &*tmp,
-        }))
+        })
     }
 }
 
@@ -630,6 +576,16 @@ impl RowResults<'_> {
         mats: &[&Matrix<'_>],
         outs: &mut [&mut [f32]],
     ) -> Result<()> {
+        if mats.len() != outs.len() {
+            return Err(Error::Mismatch {
+                op: "mat-mul",
+                lhs: ("matrices", mats.len()),
+                rhs: ("outputs", outs.len()),
+            });
+        }
+        for (m, o) in mats.iter().zip(outs.iter()) {
+            expect_output("mat-mul output", self.n_tok * m.rows, o.len())?;
+        }
         for (k, (m, out)) in mats.iter().zip(outs.iter_mut()).enumerate() {
             let copy = |t: usize, row: &mut [f32]| {
                 self.token_runs(mats, t, |kk, row0, run| {
@@ -664,6 +620,18 @@ impl RowResults<'_> {
             exec.for_each_chunk(out, row_len, f)
         }
     }
+}
+
+/// An output of `expected` floats where `got` were lent: an error naming `what` otherwise.
+fn expect_output(what: &'static str, expected: usize, got: usize) -> Result<()> {
+    if expected != got {
+        return Err(Error::Length {
+            what,
+            expected,
+            got,
+        });
+    }
+    Ok(())
 }
 
 /// Calls `f(matrix, first row in it, rows)` for each piece of the rows `start .. start + len`

@@ -490,25 +490,6 @@ impl Kernels {
             .is_some_and(|k| n_tok >= k.from_tokens)
     }
 
-    /// What a prefill's chunk of tokens for a `format` mat-mul is best a multiple of:
-    /// `k_panel::K_TOKENS` for the k-panel's formats (each chunk then starts at a tile the
-    /// mat-mul's input has transposed, `Activations::k_tiles`), `X8` where the transposed tiles
-    /// of eight take every size (a chunk's last few tokens would go through the slower tiles of
-    /// four), `TILE` otherwise.
-    pub fn prefill_tokens_multiple(&self, format: Format) -> usize {
-        let dots = self.dots(format).ok();
-        let tiles_only = dots
-            .and_then(|d| d.panel.as_ref())
-            .is_some_and(|p| p.pack_from == usize::MAX);
-        if dots.is_some_and(|d| d.k_panel.is_some()) {
-            k_panel::K_TOKENS
-        } else if tiles_only {
-            panel::X8
-        } else {
-            TILE
-        }
-    }
-
     /// Quantizes `x` (a multiple of 32 long) to Q8_0 in `out`.
     ///
     /// # Errors
