@@ -670,8 +670,10 @@ impl Kernels {
 
     /// Tokens `tok0 .. tok0 + out.len() / w.rows` of `X · Wᵀ`, every row of `w`.
     ///
-    /// `out[(t - tok0) * w.rows + r]` receives row `r` against token `t`: the layout the layer
-    /// loop wants, so a prefill split across threads by tokens needs no reordering.
+    /// `out[(t - tok0) * w.rows + r]` receives row `r` against token `t`: each token's results
+    /// in one run, the layout of the layer loop's activations. (The CPU backend splits its
+    /// mat-muls by rows, `matmul_rows`, so that each weight is packed or unpacked once per
+    /// batch; a split by tokens packs each weight once per chunk.)
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] if `x` and `out` do not fit `w` and the tokens asked for, and
