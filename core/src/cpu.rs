@@ -357,7 +357,7 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
                 ops::add(&mut row[row0..row0 + run.len()], run)
             })
         };
-        if acc.len() >= PARALLEL_COPY {
+        if acc.len() >= PARALLEL_PASS {
             results.per_token(exec, acc, mat.rows, &add)
         } else {
             for (t, row) in acc.chunks_exact_mut(mat.rows).enumerate() {
@@ -442,8 +442,22 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
             }
             let (buf, after) = core::mem::take(&mut rest).split_at_mut(n_tok * row);
             rest = after;
-            for (xr, qr) in x.chunks_exact(cols).zip(buf.chunks_exact_mut(row)) {
-                self.kernels.quantize_activations(to, xr, qr)?;
+            let kernels = self.kernels;
+            let quantize = |first: usize, q: &mut [u8]| {
+                let xs = x[first * cols..].chunks_exact(cols);
+                for (xr, qr) in xs.zip(q.chunks_exact_mut(row)) {
+                    kernels.quantize_activations(to, xr, qr)?;
+                }
+                Ok(())
+            };
+            if x.len() >= PARALLEL_PASS {
+                let per_chunk = n_tok.div_ceil(2 * self.exec.threads());
+                self.exec
+                    .for_each_byte_chunk(buf, per_chunk * row, &|i, q| {
+                        quantize(i * per_chunk, q)
+                    })?;
+            } else {
+                quantize(0, buf)?;
             }
             *copy = Some(&*buf);
         }
@@ -528,10 +542,10 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
     }
 }
 
-/// Results (floats) from which handing the row-split mat-mul's results on is a parallel job
-/// over the tokens (several decoded tokens' logits, a prefill's mat-muls); fewer take less
-/// time than starting a job.
-const PARALLEL_COPY: usize = 1 << 16;
+/// Floats from which a pass over a mat-mul's input or results is a parallel job over the
+/// tokens (quantizing a prefill's inputs; handing on several decoded tokens' logits, a
+/// prefill's results); fewer take less time than starting a job.
+const PARALLEL_PASS: usize = 1 << 16;
 
 /// The row-split mat-mul's results, in the scratch: chunks of `rows_per_chunk` rows of the
 /// matrices laid end to end, each chunk's rows in pieces (one per matrix), `[token][row]`
@@ -595,7 +609,7 @@ impl RowResults<'_> {
                     Ok(())
                 })
             };
-            if out.len() >= PARALLEL_COPY {
+            if out.len() >= PARALLEL_PASS {
                 self.per_token(exec, out, m.rows, &copy)?;
             } else {
                 for (t, row) in out.chunks_exact_mut(m.rows).enumerate() {

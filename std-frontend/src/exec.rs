@@ -3,7 +3,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use sapient_core::exec::{ChunkFn, Exec};
+use sapient_core::exec::{ByteChunkFn, ChunkFn, Exec};
 use sapient_core::Result;
 
 pub struct Rayon {
@@ -25,16 +25,16 @@ impl Exec for Rayon {
     }
 
     fn for_each_chunk(&self, out: &mut [f32], chunk_len: usize, f: &ChunkFn<'_>) -> Result<()> {
-        if self.threads() == 1 {
-            return sapient_core::Serial.for_each_chunk(out, chunk_len, f);
-        }
-        let mut split = || split_chunks(out, chunk_len.max(1), 0, f);
-        // Inside `run` we are on one of the pool's threads already: split right here.
-        if self.pool.current_thread_index().is_some() {
-            split()
-        } else {
-            self.pool.install(split)
-        }
+        self.split(out, chunk_len, f)
+    }
+
+    fn for_each_byte_chunk(
+        &self,
+        out: &mut [u8],
+        chunk_len: usize,
+        f: &ByteChunkFn<'_>,
+    ) -> Result<()> {
+        self.split(out, chunk_len, f)
     }
 
     /// Runs `f` on one of the pool's threads while the others look for its chunks without
@@ -59,11 +59,42 @@ impl Exec for Rayon {
     }
 }
 
+impl Rayon {
+    /// `for_each_chunk` over any elements: on the calling thread alone with one thread, else
+    /// split by halves on the pool.
+    fn split<T: Send>(
+        &self,
+        out: &mut [T],
+        chunk_len: usize,
+        f: &(dyn Fn(usize, &mut [T]) -> Result<()> + Sync),
+    ) -> Result<()> {
+        let chunk_len = chunk_len.max(1);
+        if self.threads() == 1 {
+            for (i, c) in out.chunks_mut(chunk_len).enumerate() {
+                f(i, c)?;
+            }
+            return Ok(());
+        }
+        let mut split = || split_chunks(out, chunk_len, 0, f);
+        // Inside `run` we are on one of the pool's threads already: split right here.
+        if self.pool.current_thread_index().is_some() {
+            split()
+        } else {
+            self.pool.install(split)
+        }
+    }
+}
+
 /// Runs the chunks of `out` (the first numbered `first`) by halves, one half possibly on another
 /// thread. A half that waits for the other, stolen, half spins and runs other pending jobs
 /// meanwhile, where rayon's own wait hands the CPU to the OS between looks (a system call each:
 /// 4-5% faster decoding and prefill on two threads without them).
-fn split_chunks(out: &mut [f32], chunk_len: usize, first: usize, f: &ChunkFn<'_>) -> Result<()> {
+fn split_chunks<T: Send>(
+    out: &mut [T],
+    chunk_len: usize,
+    first: usize,
+    f: &(dyn Fn(usize, &mut [T]) -> Result<()> + Sync),
+) -> Result<()> {
     let chunks = out.len().div_ceil(chunk_len);
     if chunks <= 1 {
         return if out.is_empty() {
@@ -151,7 +182,7 @@ mod tests {
     use sapient_core::Error;
 
     /// Every chunk once, with its index, inside `run` and outside it, for lengths that are not
-    /// multiples of the chunk length.
+    /// multiples of the chunk length: of floats and of bytes.
     #[test]
     fn every_chunk_runs_once_with_its_index() {
         for threads in [1, 2, 3, 4] {
@@ -169,6 +200,20 @@ mod tests {
                     .unwrap();
                     let want: Vec<f32> = (0..len).map(|j| (j / chunk_len + 1) as f32).collect();
                     assert_eq!(out, want, "{threads} threads, {len} by {chunk_len}");
+                    let mut bytes = vec![0u8; len];
+                    exec.for_each_byte_chunk(&mut bytes, chunk_len, &|i, c| {
+                        assert!(c.len() <= chunk_len && !c.is_empty());
+                        for v in c.iter_mut() {
+                            *v = v.wrapping_add(i as u8 + 1);
+                        }
+                        Ok(())
+                    })
+                    .unwrap();
+                    let want: Vec<u8> = want.iter().map(|&v| v as usize as u8).collect();
+                    assert_eq!(
+                        bytes, want,
+                        "bytes: {threads} threads, {len} by {chunk_len}"
+                    );
                 };
                 check(&pool);
                 pool.run(&mut || check(&pool));
