@@ -350,7 +350,7 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
         acc: &mut [f32],
     ) -> Result<()> {
         let exec = self.exec;
-        expect_output("residual add", n_tok * mat.rows, acc.len())?;
+        ops::same_len("residual add", n_tok * mat.rows, acc.len())?;
         let results = self.compute(x, n_tok, &[mat])?;
         let add = |t: usize, row: &mut [f32]| {
             results.token_runs(&[mat], t, |_, row0, run| {
@@ -385,7 +385,7 @@ impl<E: Exec + ?Sized> MatMul<'_, E> {
                 rhs: ("up rows", w_up.rows),
             });
         }
-        expect_output("SiLU(gate) · up", n_tok * w_gate.rows, gate.len())?;
+        ops::same_len("SiLU(gate) · up", n_tok * w_gate.rows, gate.len())?;
         let mats = [w_gate, w_up];
         let results = self.compute(x, n_tok, &mats)?;
         results.per_token(exec, gate, w_gate.rows, &|t, g| {
@@ -598,7 +598,7 @@ impl RowResults<'_> {
             });
         }
         for (m, o) in mats.iter().zip(outs.iter()) {
-            expect_output("mat-mul output", self.n_tok * m.rows, o.len())?;
+            ops::same_len("mat-mul output", self.n_tok * m.rows, o.len())?;
         }
         for (k, (m, out)) in mats.iter().zip(outs.iter_mut()).enumerate() {
             let copy = |t: usize, row: &mut [f32]| {
@@ -634,18 +634,6 @@ impl RowResults<'_> {
             exec.for_each_chunk(out, row_len, f)
         }
     }
-}
-
-/// An output of `expected` floats where `got` were lent: an error naming `what` otherwise.
-fn expect_output(what: &'static str, expected: usize, got: usize) -> Result<()> {
-    if expected != got {
-        return Err(Error::Length {
-            what,
-            expected,
-            got,
-        });
-    }
-    Ok(())
 }
 
 /// Calls `f(matrix, first row in it, rows)` for each piece of the rows `start .. start + len`

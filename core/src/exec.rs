@@ -36,10 +36,7 @@ pub trait Exec: Sync {
         chunk_len: usize,
         f: &ByteChunkFn<'_>,
     ) -> Result<()> {
-        for (i, c) in out.chunks_mut(chunk_len.max(1)).enumerate() {
-            f(i, c)?;
-        }
-        Ok(())
+        in_order(out, chunk_len, f)
     }
 
     /// Runs `f`, which will call `for_each_chunk` many times, where those calls are cheapest: a
@@ -60,9 +57,22 @@ impl Exec for Serial {
     }
 
     fn for_each_chunk(&self, out: &mut [f32], chunk_len: usize, f: &ChunkFn<'_>) -> Result<()> {
-        for (i, c) in out.chunks_mut(chunk_len.max(1)).enumerate() {
-            f(i, c)?;
-        }
-        Ok(())
+        in_order(out, chunk_len, f)
     }
+}
+
+/// `f(i, chunk)` for every `chunk_len`-long chunk of `out` (the last may be shorter), in order
+/// on the calling thread: `Serial`'s way, and an executor's with one thread.
+///
+/// # Errors
+/// The first error a call of `f` returned; the chunks after it do not run.
+pub fn in_order<T>(
+    out: &mut [T],
+    chunk_len: usize,
+    f: &(dyn Fn(usize, &mut [T]) -> Result<()> + Sync + '_),
+) -> Result<()> {
+    for (i, c) in out.chunks_mut(chunk_len.max(1)).enumerate() {
+        f(i, c)?;
+    }
+    Ok(())
 }

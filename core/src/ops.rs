@@ -35,7 +35,8 @@ pub fn exp(x: f32) -> f32 {
     e * scale_a * scale_b
 }
 
-fn same_len(what: &'static str, expected: usize, got: usize) -> Result<()> {
+/// `Ok` where `got` is the `expected` length, else an error naming `what`.
+pub(crate) fn same_len(what: &'static str, expected: usize, got: usize) -> Result<()> {
     if expected != got {
         return Err(Error::Length {
             what,

@@ -3,7 +3,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use sapient_core::exec::{ByteChunkFn, ChunkFn, Exec};
+use sapient_core::exec::{self, ByteChunkFn, ChunkFn, Exec};
 use sapient_core::Result;
 
 pub struct Rayon {
@@ -68,14 +68,10 @@ impl Rayon {
         chunk_len: usize,
         f: &(dyn Fn(usize, &mut [T]) -> Result<()> + Sync),
     ) -> Result<()> {
-        let chunk_len = chunk_len.max(1);
         if self.threads() == 1 {
-            for (i, c) in out.chunks_mut(chunk_len).enumerate() {
-                f(i, c)?;
-            }
-            return Ok(());
+            return exec::in_order(out, chunk_len, f);
         }
-        let mut split = || split_chunks(out, chunk_len, 0, f);
+        let mut split = || split_chunks(out, chunk_len.max(1), 0, f);
         // Inside `run` we are on one of the pool's threads already: split right here.
         if self.pool.current_thread_index().is_some() {
             split()

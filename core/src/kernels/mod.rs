@@ -10,6 +10,7 @@ use core::ops::Range;
 
 use crate::error::{Error, Result};
 use crate::matrix::Matrix;
+use crate::ops::same_len;
 use crate::quant::{self, q16, ActivationFormat, Format, QK};
 
 #[cfg(target_arch = "aarch64")]
@@ -382,7 +383,7 @@ impl Kernels {
             return Ok(None);
         }
         let row = q16::row_bytes(cols);
-        expect_len("Q16 activations", n_tok * row, q16.len())?;
+        same_len("Q16 activations", n_tok * row, q16.len())?;
         let tiles = panel::x8_tiles(n_tok);
         let tile_bytes = cols / QK * panel::X8_BLOCK_BYTES;
         let have = out.len();
@@ -434,7 +435,7 @@ impl Kernels {
             return Ok(None);
         }
         let row = quant::q8k::row_bytes(cols);
-        expect_len("Q8K activations", n_tok * row, q8k.len())?;
+        same_len("Q8K activations", n_tok * row, q8k.len())?;
         let ns = cols / quant::k_quants::QK_K;
         let tiles = k_panel::tiles(n_tok) * ns;
         let have = out.len();
@@ -496,7 +497,7 @@ impl Kernels {
     /// [`Error::NotBlockMultiple`] if `x` is not whole blocks, [`Error::Length`] if `out` is not
     /// their size.
     pub fn quantize_q8_0(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
-        expect_len("Q8_0 output", Format::Q8_0.row_bytes(x.len())?, out.len())?;
+        same_len("Q8_0 output", Format::Q8_0.row_bytes(x.len())?, out.len())?;
         (self.quantize_q8_0)(x, out);
         Ok(())
     }
@@ -508,7 +509,7 @@ impl Kernels {
     /// their size.
     pub fn quantize_q16(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
         Format::Q8_0.row_bytes(x.len())?;
-        expect_len("Q16 output", q16::row_bytes(x.len()), out.len())?;
+        same_len("Q16 output", q16::row_bytes(x.len()), out.len())?;
         (self.quantize_q16)(x, out);
         Ok(())
     }
@@ -520,7 +521,7 @@ impl Kernels {
     /// their size.
     pub fn quantize_q8k(&self, x: &[f32], out: &mut [u8]) -> Result<()> {
         Format::Q4K.row_bytes(x.len())?;
-        expect_len("Q8K output", quant::q8k::row_bytes(x.len()), out.len())?;
+        same_len("Q8K output", quant::q8k::row_bytes(x.len()), out.len())?;
         (self.quantize_q8k)(x, out);
         Ok(())
     }
@@ -551,7 +552,7 @@ impl Kernels {
         let dots = self.dots(format)?;
         let n = expect_quantized_row(format, w.len())?;
         let acts = activation_format(format)?;
-        expect_len(acts.name(), acts.row_bytes(n), x.len())?;
+        same_len(acts.name(), acts.row_bytes(n), x.len())?;
         Ok((dots.one)(w, x))
     }
 
@@ -584,7 +585,7 @@ impl Kernels {
             });
         }
         for row in rows {
-            expect_len("Q8_0 row", Format::Q8_0.row_bytes(n)?, row.len())?;
+            same_len("Q8_0 row", Format::Q8_0.row_bytes(n)?, row.len())?;
         }
         if !out.len().is_multiple_of(n) {
             return Err(Error::NotBlockMultiple {
@@ -609,7 +610,7 @@ impl Kernels {
     /// # Errors
     /// [`Error::Length`] if `w` is not `4 × x.len()` bytes.
     pub fn dot_f32_bytes(&self, w: &[u8], x: &[f32]) -> Result<f32> {
-        expect_len("f32 weight bytes", x.len() * 4, w.len())?;
+        same_len("f32 weight bytes", x.len() * 4, w.len())?;
         Ok((self.dot_f32)(w, x))
     }
 
@@ -618,7 +619,7 @@ impl Kernels {
     /// # Errors
     /// [`Error::Length`] if `w` is not `2 × x.len()` bytes.
     pub fn dot_bf16_bytes(&self, w: &[u8], x: &[f32]) -> Result<f32> {
-        expect_len("bf16 weight bytes", x.len() * 2, w.len())?;
+        same_len("bf16 weight bytes", x.len() * 2, w.len())?;
         Ok((self.dot_bf16)(w, x))
     }
 
@@ -627,7 +628,7 @@ impl Kernels {
     /// # Errors
     /// [`Error::Length`] if `w` is not `2 × x.len()` bytes.
     pub fn dot_f16_bytes(&self, w: &[u8], x: &[f32]) -> Result<f32> {
-        expect_len("f16 weight bytes", x.len() * 2, w.len())?;
+        same_len("f16 weight bytes", x.len() * 2, w.len())?;
         Ok((self.dot_f16)(w, x))
     }
 
@@ -757,7 +758,7 @@ impl Kernels {
                     format: w.format,
                 })?;
                 let xb = acts.row_bytes(x.cols);
-                expect_len(acts.name(), xb * x.n_tok, q.len())?;
+                same_len(acts.name(), xb * x.n_tok, q.len())?;
                 let x1 = |t: usize| &q[(toks.start + t) * xb..(toks.start + t + 1) * xb];
                 if let Some(kernels) = dots.k_panel.as_ref().filter(|k| x.n_tok >= k.from_tokens) {
                     let ns = x.cols / quant::k_quants::QK_K;
@@ -803,7 +804,7 @@ impl Kernels {
             }
             Format::F32 | Format::F16 | Format::BF16 => {
                 let xf = x.f32;
-                expect_len("f32 activations", x.cols * x.n_tok, xf.len())?;
+                same_len("f32 activations", x.cols * x.n_tok, xf.len())?;
                 let c = x.cols;
                 let x1 = |t: usize| &xf[(toks.start + t) * c..(toks.start + t + 1) * c];
                 let (one, four) = match w.format {
@@ -967,17 +968,6 @@ fn q8_0_blocks(rows: &[&[u8]]) -> usize {
         .map(|r| r.len() / quant::BlockQ8_0::BYTES)
         .min()
         .unwrap_or(0)
-}
-
-fn expect_len(what: &'static str, expected: usize, got: usize) -> Result<()> {
-    if expected != got {
-        return Err(Error::Length {
-            what,
-            expected,
-            got,
-        });
-    }
-    Ok(())
 }
 
 /// Checks that `bytes` is a whole row of a quantized format and returns its length in values.
