@@ -180,24 +180,20 @@ pub(super) fn panel<W: Unpack, const ISA: u8>(
                     panel_vnni::<W>(nb, packed, xs, acc, h);
                 }
             }
-            _ => {
-                for h in 0..PANEL / 8 {
-                    panel_avx2::<W>(nb, packed, xs, acc, h);
-                }
-            }
+            _ => panel_avx2::<W>(nb, packed, xs, acc),
         }
     }
 }
 
-/// The 256-bit panel kernel (see `super::panel`) on rows `8h .. 8h + 8` of the panel: per block,
-/// one integer sum per (row, token) in a lane of `isum[t]`, then `acc += Σ·(dw·dx)` and `m·s`
-/// for the eight rows at once.
+/// The AVX-VNNI panel kernel (see `super::panel`) on rows `8h .. 8h + 8` of the panel: per
+/// block, one integer sum per (row, token) in a lane of `isum[t]`, then `acc += Σ·(dw·dx)` and
+/// `m·s` for the eight rows at once.
 ///
 /// # Safety
-/// The CPU has AVX2, FMA and the features of `ISA`; `h < PANEL / 8`; `nb` whole packed blocks
-/// lie inside `packed` and `nb` Q16 blocks inside every `xs[t]`.
+/// The CPU has AVX2, FMA and AVX-VNNI; `h < PANEL / 8`; `nb` whole packed blocks lie inside
+/// `packed` and `nb` Q16 blocks inside every `xs[t]`.
 #[inline(always)]
-pub(super) unsafe fn panel_half<W: Unpack, const ISA: u8>(
+pub(super) unsafe fn panel_half<W: Unpack>(
     nb: usize,
     packed: &[u8],
     xs: [&[u8]; TILE],
@@ -205,7 +201,7 @@ pub(super) unsafe fn panel_half<W: Unpack, const ISA: u8>(
     h: usize,
 ) {
     // SAFETY: the caller guarantees `nb` whole blocks in `packed` and every `xs[t]`, h < 2,
-    // AVX2/FMA, and the features of `ISA`.
+    // AVX2, FMA and AVX-VNNI.
     unsafe {
         let mut facc = [_mm256_setzero_ps(); TILE];
         for t in 0..TILE {
@@ -228,11 +224,7 @@ pub(super) unsafe fn panel_half<W: Unpack, const ISA: u8>(
                     let wv = _mm256_loadu_si256(wp as *const __m256i);
                     for t in 0..TILE {
                         let pair = (xp[t].add(8 + 4 * p) as *const i32).read_unaligned();
-                        let xv = _mm256_set1_epi32(pair);
-                        sums[t] = match ISA {
-                            AVX_VNNI => dpwssd_vex(sums[t], wv, xv),
-                            _ => _mm256_add_epi32(sums[t], _mm256_madd_epi16(wv, xv)),
-                        };
+                        sums[t] = dpwssd_vex(sums[t], wv, _mm256_set1_epi32(pair));
                     }
                 }
             }
@@ -1182,18 +1174,58 @@ pub(super) unsafe fn rows_vnni<W: Unpack, const T: usize>(
     unsafe { rows_tile::<W, AVX_VNNI, T>(nb, w, xs, out) }
 }
 
+/// The AVX2 panel kernel: all sixteen rows at once, each token's broadcast pair shared by both
+/// halves' `vpmaddwd`s. Without VNNI a sum's chain is one `vpaddd` per pair (the multiply feeds
+/// it, not the sum), so eight sums cover the latency without `panel_half`'s split, and the
+/// float accumulators wait in `acc` between blocks: eight sums, two weight vectors and a
+/// broadcast fill the sixteen registers. Each lane's integer sum and float steps are
+/// `panel_half`'s, so the same bits. Against the half-panel kernel run twice (which broadcast
+/// every pair twice and spilled): see BENCHMARKS.md.
+///
 /// # Safety
-/// As for `panel_half`, with the features enabled here.
+/// The CPU has the features enabled here; `nb` whole packed blocks lie inside `packed` and
+/// `nb` Q16 blocks inside every `xs[t]`.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn panel_avx2<W: Unpack>(
     nb: usize,
     packed: &[u8],
     xs: [&[u8]; TILE],
     acc: &mut PanelAcc,
-    h: usize,
 ) {
-    // SAFETY: as the caller guarantees for this function.
-    unsafe { panel_half::<W, AVX2>(nb, packed, xs, acc, h) }
+    // SAFETY: the caller guarantees `nb` whole blocks in `packed` and every `xs[t]`, and the
+    // features enabled here; `acc[t]` holds `PANEL` floats, two vectors.
+    unsafe {
+        for b in 0..nb {
+            let pb = packed.as_ptr().add(b * PANEL_BLOCK_BYTES);
+            let mut xp = [pb; TILE];
+            for t in 0..TILE {
+                xp[t] = xs[t].as_ptr().add(b * BlockQ16::BYTES);
+            }
+            let mut sums = [[_mm256_setzero_si256(); 2]; TILE];
+            for p in 0..QK / 2 {
+                let wp = pb.add(PANEL_QUANTS + p * PANEL * 4) as *const __m256i;
+                let wv = [_mm256_loadu_si256(wp), _mm256_loadu_si256(wp.add(1))];
+                for t in 0..TILE {
+                    let pair = (xp[t].add(8 + 4 * p) as *const i32).read_unaligned();
+                    let xv = _mm256_set1_epi32(pair);
+                    for h in 0..2 {
+                        sums[t][h] = _mm256_add_epi32(sums[t][h], _mm256_madd_epi16(wv[h], xv));
+                    }
+                }
+            }
+            for h in 0..2 {
+                let dw = _mm256_loadu_ps(pb.add(h * 32) as *const f32);
+                let mw = _mm256_loadu_ps(pb.add(PANEL * 4 + h * 32) as *const f32);
+                for t in 0..TILE {
+                    let a = acc[t].as_mut_ptr().add(8 * h);
+                    let dx = _mm256_set1_ps((xp[t] as *const f32).read_unaligned());
+                    let s = _mm256_set1_ps((xp[t].add(4) as *const f32).read_unaligned());
+                    let f = add_block::<W>(_mm256_loadu_ps(a), sums[t][h], (dw, mw), dx, s);
+                    _mm256_storeu_ps(a, f);
+                }
+            }
+        }
+    }
 }
 
 /// # Safety
@@ -1207,7 +1239,7 @@ pub(super) unsafe fn panel_vnni<W: Unpack>(
     h: usize,
 ) {
     // SAFETY: as the caller guarantees for this function.
-    unsafe { panel_half::<W, AVX_VNNI>(nb, packed, xs, acc, h) }
+    unsafe { panel_half::<W>(nb, packed, xs, acc, h) }
 }
 
 /// The 512-bit panel kernel: as `panel_half`, all sixteen rows in one vector, four sums per
