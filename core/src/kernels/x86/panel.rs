@@ -1,6 +1,7 @@
 //! Panel packing and the panel kernels (see `kernels::panel`): the many-token mat-mul, and the
 //! decoding twin that gives the same bits on unpacked rows.
 use super::*;
+use core::mem::MaybeUninit;
 
 /// Packs blocks `b0 ..` of `PANEL` weight rows (see `super::panel`).
 pub(super) fn pack<W: Unpack>(rows: &PanelRows<'_>, b0: usize, out: &mut [u8]) {
@@ -319,8 +320,9 @@ pub(super) unsafe fn rows_tile<W: Unpack, const ISA: u8, const T: usize>(
 const RUN_BLOCKS: usize = 64;
 
 /// The rows' integer block sums of one run: `[row][group of eight blocks]`, a block per lane.
-#[repr(align(32))]
-struct RunSums([[__m256i; RUN_BLOCKS / 8]; PANEL]);
+/// Left uninitialized: a run writes the groups it reads, and zeroing all 4 KiB for each call
+/// (sixteen rows of SmolLM2's 18 blocks use three groups of eight) took 3% of its decoding.
+type RunSums = [[MaybeUninit<__m256i>; RUN_BLOCKS / 8]; PANEL];
 
 /// `rows_tile` for one token, reading each row's run of blocks in one pass, one row after
 /// another: one sequential stream, where the rows side by side are sixteen (an AMD AVX-512 host
@@ -343,10 +345,10 @@ unsafe fn rows_one<W: Unpack, const ISA: u8>(
     // features of `ISA`.
     unsafe {
         let mut facc = [_mm256_setzero_ps(); PANEL / 8];
-        let mut sums = RunSums([[_mm256_setzero_si256(); RUN_BLOCKS / 8]; PANEL]);
+        let mut sums: RunSums = [[MaybeUninit::uninit(); RUN_BLOCKS / 8]; PANEL];
         for c0 in (0..nb).step_by(RUN_BLOCKS) {
             let run = (nb - c0).min(RUN_BLOCKS);
-            for (r, row_sums) in sums.0.iter_mut().enumerate() {
+            for (r, row_sums) in sums.iter_mut().enumerate() {
                 let row = w[r].as_ptr();
                 for (g, group) in row_sums[..run.div_ceil(8)].iter_mut().enumerate() {
                     let mut v = [_mm256_setzero_si256(); 8];
@@ -361,16 +363,17 @@ unsafe fn rows_one<W: Unpack, const ISA: u8>(
                         let (lo, hi) = W::unpack(wp);
                         *v = block_dot::<ISA>(lo, hi, x0, x1);
                     }
-                    *group = sum_across8(v);
+                    group.write(sum_across8(v));
                 }
             }
             for g in 0..run.div_ceil(8) {
                 // `by_block[j][h]`: block `8g + j` of rows `8h .. 8h + 8`, a row per lane.
                 let mut by_block = [[_mm256_setzero_si256(); PANEL / 8]; 8];
-                for h in 0..PANEL / 8 {
+                for (h, eight) in sums.chunks_exact(8).enumerate() {
                     let mut rows = [_mm256_setzero_si256(); 8];
-                    for (i, v) in rows.iter_mut().enumerate() {
-                        *v = sums.0[8 * h + i][g];
+                    for (v, row_sums) in rows.iter_mut().zip(eight) {
+                        // SAFETY: this run wrote groups `..run.div_ceil(8)` of every row.
+                        *v = row_sums[g].assume_init();
                     }
                     for (block, v) in by_block.iter_mut().zip(transpose8(rows)) {
                         block[h] = v;
@@ -510,9 +513,8 @@ pub(super) fn rows_one_avx512<W: Unpack>(w: [&[u8]; PANEL], x: &[u8]) -> [f32; P
 }
 
 /// A row's block sums of one run of `rows_one_zmm`: `[row][group of sixteen blocks]`, a block
-/// per lane.
-#[repr(align(64))]
-struct RunSumsZmm([[__m512i; RUN_BLOCKS / 16]; PANEL]);
+/// per lane; uninitialized, as `RunSums`.
+type RunSumsZmm = [[MaybeUninit<__m512i>; RUN_BLOCKS / 16]; PANEL];
 
 /// `rows_one` on 512-bit vectors: each (row, block) is one `vpdpwssd` of the whole block (32
 /// quants) instead of two 256-bit products, and sixteen blocks' vectors are added across into
@@ -526,10 +528,10 @@ unsafe fn rows_one_zmm<W: Unpack>(nb: usize, w: [&[u8]; PANEL], x: &[u8], out: &
     // SAFETY: the caller guarantees `nb` whole blocks in every slice and the features.
     unsafe {
         let mut facc = _mm512_setzero_ps();
-        let mut sums = RunSumsZmm([[_mm512_setzero_si512(); RUN_BLOCKS / 16]; PANEL]);
+        let mut sums: RunSumsZmm = [[MaybeUninit::uninit(); RUN_BLOCKS / 16]; PANEL];
         for c0 in (0..nb).step_by(RUN_BLOCKS) {
             let run = (nb - c0).min(RUN_BLOCKS);
-            for (r, row_sums) in sums.0.iter_mut().enumerate() {
+            for (r, row_sums) in sums.iter_mut().enumerate() {
                 let row = w[r].as_ptr();
                 let ahead = PANEL * w[r].len();
                 // The block's 32 products in one vector's pairs.
@@ -548,13 +550,13 @@ unsafe fn rows_one_zmm<W: Unpack>(nb: usize, w: [&[u8]; PANEL], x: &[u8], out: &
                         for (j, v) in v.iter_mut().enumerate() {
                             *v = block_products(first + j);
                         }
-                        *group = sum_across16(v);
+                        group.write(sum_across16(v));
                         continue;
                     }
                     // A short last group: its blocks four at a time, each four's sums into
                     // their 128-bit lane (a whole group's sum across for two blocks would cost
                     // as much as for sixteen).
-                    *group = _mm512_setzero_si512();
+                    let mut short = _mm512_setzero_si512();
                     for f in 0..left.div_ceil(4) {
                         let mut v = [_mm512_setzero_si512(); 4];
                         for (j, v) in v.iter_mut().enumerate() {
@@ -563,14 +565,16 @@ unsafe fn rows_one_zmm<W: Unpack>(nb: usize, w: [&[u8]; PANEL], x: &[u8], out: &
                             }
                         }
                         let lane = 0xF << (4 * f);
-                        *group = _mm512_mask_broadcast_i32x4(*group, lane, sum_across4(v));
+                        short = _mm512_mask_broadcast_i32x4(short, lane, sum_across4(v));
                     }
+                    group.write(short);
                 }
             }
             for g in 0..run.div_ceil(16) {
                 let mut group = [_mm512_setzero_si512(); PANEL];
-                for (v, row_sums) in group.iter_mut().zip(&sums.0) {
-                    *v = row_sums[g];
+                for (v, row_sums) in group.iter_mut().zip(&sums) {
+                    // SAFETY: this run wrote groups `..run.div_ceil(16)` of every row.
+                    *v = row_sums[g].assume_init();
                 }
                 let by_block = transpose16(group);
                 for (j, isum) in by_block.iter().enumerate().take(run - 16 * g) {
@@ -1201,26 +1205,27 @@ pub(super) unsafe fn panel_avx2<W: Unpack>(
             for t in 0..TILE {
                 xp[t] = xs[t].as_ptr().add(b * BlockQ16::BYTES);
             }
-            let mut sums = [[_mm256_setzero_si256(); 2]; TILE];
+            // `sums[h][t]`: rows `8h .. 8h + 8` of token `t`.
+            let mut sums = [[_mm256_setzero_si256(); TILE]; 2];
             for p in 0..QK / 2 {
                 let wp = pb.add(PANEL_QUANTS + p * PANEL * 4) as *const __m256i;
                 let wv = [_mm256_loadu_si256(wp), _mm256_loadu_si256(wp.add(1))];
                 for t in 0..TILE {
                     let pair = (xp[t].add(8 + 4 * p) as *const i32).read_unaligned();
                     let xv = _mm256_set1_epi32(pair);
-                    for h in 0..2 {
-                        sums[t][h] = _mm256_add_epi32(sums[t][h], _mm256_madd_epi16(wv[h], xv));
+                    for (sums, wv) in sums.iter_mut().zip(wv) {
+                        sums[t] = _mm256_add_epi32(sums[t], _mm256_madd_epi16(wv, xv));
                     }
                 }
             }
-            for h in 0..2 {
+            for (h, sums) in sums.iter().enumerate() {
                 let dw = _mm256_loadu_ps(pb.add(h * 32) as *const f32);
                 let mw = _mm256_loadu_ps(pb.add(PANEL * 4 + h * 32) as *const f32);
                 for t in 0..TILE {
                     let a = acc[t].as_mut_ptr().add(8 * h);
                     let dx = _mm256_set1_ps((xp[t] as *const f32).read_unaligned());
                     let s = _mm256_set1_ps((xp[t].add(4) as *const f32).read_unaligned());
-                    let f = add_block::<W>(_mm256_loadu_ps(a), sums[t][h], (dw, mw), dx, s);
+                    let f = add_block::<W>(_mm256_loadu_ps(a), sums[t], (dw, mw), dx, s);
                     _mm256_storeu_ps(a, f);
                 }
             }
