@@ -21,6 +21,17 @@ pub(super) trait KBytes: KBlock {
     /// `BYTES` readable bytes at `p`, `j < 8`; AVX2.
     unsafe fn bytes(p: *const u8, j: usize) -> __m256i;
 
+    /// `WIDE` formats: block `j`'s signed values (`bytes` less `OFFSET`, 128: a flipped top
+    /// bit), which `vpmaddubsw` takes as magnitudes and signs.
+    ///
+    /// # Safety
+    /// As for `bytes`.
+    #[inline(always)]
+    unsafe fn signed_bytes(p: *const u8, j: usize) -> __m256i {
+        // SAFETY: as the caller guarantees.
+        unsafe { _mm256_xor_si256(Self::bytes(p, j), _mm256_set1_epi8(i8::MIN)) }
+    }
+
     /// The super-block's sixteen half scales and half minimums (zeros without), byte `k` for
     /// half `k`: `KBlock::ints`, read with vector operations where the format allows (the
     /// portable byte loops cost more than a super-block's dot).
@@ -155,22 +166,51 @@ static IQ4_STORED: [u8; 32] = {
     t
 };
 
+/// IQ4_XS's signed values by index, twice (`signed_bytes`: no flip of the stored quants).
+static IQ4_SIGNED: [i8; 32] = {
+    let mut t = [0i8; 32];
+    let mut i = 0;
+    while i < 32 {
+        t[i] = IQ4_VALUES[i % 16];
+        i += 1;
+    }
+    t
+};
+
+/// Block `j`'s sixteen bytes of IQ4_XS nibbles as 32 grid indices, values in order: the bytes
+/// loaded into both 128-bit lanes at once, the upper lane's shifted down a nibble (a 64-bit
+/// shift moves the next byte's bits into each byte's top, which the mask drops). Three
+/// instructions where two 128-bit masks and a lane insert took five.
+///
+/// # Safety
+/// `BYTES` readable bytes at `p` (an IQ4_XS super-block), `j < 8`; AVX2.
+#[inline(always)]
+unsafe fn iq4_indices(p: *const u8, j: usize) -> __m256i {
+    // SAFETY: block j's sixteen bytes of nibbles (at 8 + 16j) lie in the super-block.
+    unsafe {
+        let v = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.add(8 + 16 * j) as *const __m128i));
+        let v = _mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4));
+        _mm256_and_si256(v, _mm256_set1_epi8(0x0f))
+    }
+}
+
 /// `WIDE`: `vpmaddubsw`'s pair sums could saturate on the stored quants, so the kernels take
 /// the signed values' magnitudes and move their signs to the activations (`|v| <= 127`).
 impl KBytes for BlockIQ4XS {
     #[inline(always)]
     unsafe fn bytes(p: *const u8, j: usize) -> __m256i {
-        // SAFETY: block j's sixteen bytes of nibbles (at 8 + 16j) lie in the super-block; the
-        // table is 32 bytes.
+        // SAFETY: as the caller guarantees; the table is 32 bytes.
         unsafe {
-            let v = _mm_loadu_si128(p.add(8 + 16 * j) as *const __m128i);
-            let low4 = _mm_set1_epi8(0x0f);
-            let index = _mm256_set_m128i(
-                _mm_and_si128(_mm_srli_epi16(v, 4), low4),
-                _mm_and_si128(v, low4),
-            );
             let table = _mm256_loadu_si256(IQ4_STORED.as_ptr() as *const __m256i);
-            _mm256_shuffle_epi8(table, index)
+            _mm256_shuffle_epi8(table, iq4_indices(p, j))
+        }
+    }
+    #[inline(always)]
+    unsafe fn signed_bytes(p: *const u8, j: usize) -> __m256i {
+        // SAFETY: as the caller guarantees; the table is 32 bytes.
+        unsafe {
+            let table = _mm256_loadu_si256(IQ4_SIGNED.as_ptr() as *const __m256i);
+            _mm256_shuffle_epi8(table, iq4_indices(p, j))
         }
     }
     /// Each block's scale, twice.
@@ -911,11 +951,12 @@ impl<const R: usize, const N: usize> Step<R, N> {
                     let ahead = self.wp[r].wrapping_add(self.ahead + 64 * J);
                     _mm_prefetch::<_MM_HINT_T1>(ahead as *const i8);
                 }
-                q[r] = K::bytes(self.wp[r], J);
                 if K::WIDE {
                     // The signed values (see `KBlock::WIDE`).
-                    q[r] = _mm256_xor_si256(q[r], _mm256_set1_epi8(i8::MIN));
+                    q[r] = K::signed_bytes(self.wp[r], J);
                     magnitude[r] = _mm256_abs_epi8(q[r]);
+                } else {
+                    q[r] = K::bytes(self.wp[r], J);
                 }
                 sc[r] = block_scales(f[r].by_block, J);
             }
