@@ -186,6 +186,23 @@ pub(super) fn panel<W: Unpack, const ISA: u8>(
     }
 }
 
+/// Block `b` of the packed panel and of each token's activations.
+///
+/// # Safety
+/// Block `b` lies inside `packed` and inside every `xs[t]`.
+#[inline(always)]
+unsafe fn panel_block_at(
+    packed: &[u8],
+    xs: [&[u8]; TILE],
+    b: usize,
+) -> (*const u8, [*const u8; TILE]) {
+    // SAFETY: as the caller guarantees.
+    let pb = unsafe { packed.as_ptr().add(b * PANEL_BLOCK_BYTES) };
+    // SAFETY: as the caller guarantees.
+    let xp = core::array::from_fn(|t| unsafe { xs[t].as_ptr().add(b * BlockQ16::BYTES) });
+    (pb, xp)
+}
+
 /// The AVX-VNNI panel kernel (see `super::panel`) on rows `8h .. 8h + 8` of the panel: per
 /// block, one integer sum per (row, token) in a lane of `isum[t]`, then `acc += Σ·(dw·dx)` and
 /// `m·s` for the eight rows at once.
@@ -209,11 +226,7 @@ pub(super) unsafe fn panel_half<W: Unpack>(
             facc[t] = _mm256_loadu_ps(acc[t].as_ptr().add(8 * h));
         }
         for b in 0..nb {
-            let pb = packed.as_ptr().add(b * PANEL_BLOCK_BYTES);
-            let mut xp = [pb; TILE];
-            for t in 0..TILE {
-                xp[t] = xs[t].as_ptr().add(b * BlockQ16::BYTES);
-            }
+            let (pb, xp) = panel_block_at(packed, xs, b);
             // Two sums per token, one per half of the block (pairs 0..8 and 8..16) and taken in
             // turn, so that enough `vpdpwssd`s are in flight to cover its latency; integer
             // addition is exact, so the split changes no result.
@@ -1200,11 +1213,7 @@ pub(super) unsafe fn panel_avx2<W: Unpack>(
     // features enabled here; `acc[t]` holds `PANEL` floats, two vectors.
     unsafe {
         for b in 0..nb {
-            let pb = packed.as_ptr().add(b * PANEL_BLOCK_BYTES);
-            let mut xp = [pb; TILE];
-            for t in 0..TILE {
-                xp[t] = xs[t].as_ptr().add(b * BlockQ16::BYTES);
-            }
+            let (pb, xp) = panel_block_at(packed, xs, b);
             // `sums[h][t]`: rows `8h .. 8h + 8` of token `t`.
             let mut sums = [[_mm256_setzero_si256(); TILE]; 2];
             for p in 0..QK / 2 {
@@ -1269,11 +1278,7 @@ pub(super) unsafe fn panel_avx512<W: Unpack>(
             facc[t] = _mm512_loadu_ps(acc[t].as_ptr());
         }
         for b in 0..nb {
-            let pb = packed.as_ptr().add(b * PANEL_BLOCK_BYTES);
-            let mut xp = [pb; TILE];
-            for t in 0..TILE {
-                xp[t] = xs[t].as_ptr().add(b * BlockQ16::BYTES);
-            }
+            let (pb, xp) = panel_block_at(packed, xs, b);
             // Four sums per token, one per quarter of the block.
             let mut split = [[_mm512_setzero_si512(); TILE]; SPLIT];
             for p0 in 0..QK / 2 / SPLIT {
