@@ -1,7 +1,7 @@
 //! Output constrained to a language: one JSON object (`json_output.rs`), a value of a JSON
 //! schema (`json_schema.rs`) or a sentence of a GBNF grammar (`grammar.rs`), whole or after a
-//! trigger (tool calls). Every token sampled keeps the text a prefix of the language, and the
-//! stop tokens are allowed only once it is a whole sentence.
+//! trigger (tool calls, lazy grammars). Every token sampled keeps the text a prefix of the
+//! language, and the stop tokens are allowed only once it is a whole sentence.
 //!
 //! The check is a pushdown automaton over bytes. Sampling is lazy, as llama.cpp's grammar
 //! sampling is: the token drawn from the unconstrained logits is kept when the automaton
@@ -245,6 +245,50 @@ pub struct Trigger {
     pub at_start: bool,
 }
 
+/// What begins a lazy grammar (llama-server's `grammar_triggers`): the grammar then holds from
+/// the trigger to the end of the output, its text included.
+#[derive(Clone, Debug)]
+pub enum GrammarTrigger {
+    /// This token is drawn; the grammar starts with its bytes.
+    Token(u32),
+    /// These bytes appear anywhere in the output; the grammar starts with them.
+    Word(Vec<u8>),
+    /// The output so far matches this expression: the whole output where it is anchored at
+    /// both ends, anywhere otherwise. The grammar starts at its first capture group that
+    /// matched something, or else at the match.
+    Pattern(regex::bytes::Regex),
+}
+
+impl GrammarTrigger {
+    /// Where in `text` (the whole output, its last `new` bytes just drawn as `token`) the
+    /// grammar starts, if this trigger fires.
+    fn start(&self, text: &[u8], new: usize, token: u32) -> Option<usize> {
+        match self {
+            GrammarTrigger::Token(t) => (*t == token).then(|| text.len() - new),
+            GrammarTrigger::Word(word) => {
+                // Only a match that ends in the new bytes: an earlier one would have fired.
+                let from = (text.len() - new).saturating_sub(word.len().saturating_sub(1));
+                text[from..]
+                    .windows(word.len().max(1))
+                    .position(|w| w == word.as_slice())
+                    .map(|at| from + at)
+            }
+            GrammarTrigger::Pattern(regex) => {
+                let found = regex.captures(text)?;
+                let group = found.iter().skip(1).flatten().find(|g| !g.is_empty());
+                Some(group.unwrap_or(found.get(0)?).start())
+            }
+        }
+    }
+}
+
+/// A lazy grammar before its trigger: what fires it, and the output so far (its text from the
+/// trigger on is the grammar's first).
+struct PendingGrammar {
+    triggers: Arc<[GrammarTrigger]>,
+    text: Vec<u8>,
+}
+
 /// A lazy constraint between values: the reply's last bytes, to find a trigger in.
 struct Waiting {
     tail: Vec<u8>,
@@ -266,6 +310,8 @@ pub struct OutputConstraint {
     lazy: Vec<(Arc<Schema>, Vec<Trigger>)>,
     /// `Some` while a lazy constraint waits for a trigger.
     waiting: Option<Waiting>,
+    /// `Some` while a lazy grammar waits for its trigger.
+    pending: Option<PendingGrammar>,
 }
 
 impl OutputConstraint {
@@ -279,6 +325,7 @@ impl OutputConstraint {
             allowed: Vec::new(),
             lazy: Vec::new(),
             waiting: None,
+            pending: None,
         }
     }
 
@@ -372,6 +419,54 @@ impl OutputConstraint {
         }
     }
 
+    /// Output that is free text until one of `triggers` fires, then a sentence of `grammar`
+    /// from the trigger's text on to the end (llama.cpp's lazy grammars). `triggers` is not
+    /// empty.
+    pub fn lazy_grammar(
+        vocab: Arc<SortedVocab>,
+        tokenizer: Arc<Tokenizer>,
+        grammar: Arc<Grammar>,
+        triggers: Arc<[GrammarTrigger]>,
+    ) -> Self {
+        OutputConstraint {
+            pending: Some(PendingGrammar {
+                triggers,
+                text: Vec::new(),
+            }),
+            ..Self::with_grammar(vocab, tokenizer, grammar)
+        }
+    }
+
+    /// While a lazy grammar is pending: takes in drawn `token`, and once a trigger fires, feeds
+    /// the grammar the output from the trigger on.
+    ///
+    /// # Errors
+    /// When the grammar rejects that text (a grammar that cannot begin with its trigger).
+    fn await_trigger(&mut self, token: u32) -> Result<()> {
+        let Some(pending) = &mut self.pending else {
+            return Ok(());
+        };
+        let bytes = self.tokenizer.token_bytes(token);
+        pending.text.extend_from_slice(&bytes);
+        let text = &pending.text;
+        let Some(start) = pending
+            .triggers
+            .iter()
+            .find_map(|t| t.start(text, bytes.len(), token))
+        else {
+            return Ok(());
+        };
+        let Some(progress) = self.progress.feed(&text[start..]) else {
+            bail!(
+                "the grammar does not accept the text its trigger began: {:?}",
+                String::from_utf8_lossy(&text[start..])
+            );
+        };
+        self.progress = progress;
+        self.pending = None;
+        Ok(())
+    }
+
     /// Output that is one of `choice`'s openings, then a value of its schema.
     pub fn with_choice(
         vocab: Arc<SortedVocab>,
@@ -384,9 +479,10 @@ impl OutputConstraint {
         }
     }
 
-    /// Whether the text is whole (generation may only stop now).
+    /// Whether the text is whole (generation may only stop now): free text before a lazy
+    /// grammar's trigger is.
     pub fn is_complete(&self) -> bool {
-        self.progress.is_complete()
+        self.pending.is_some() || self.progress.is_complete()
     }
 
     /// The progress after `token`, if the text may continue with it; a stop token only once
@@ -436,6 +532,11 @@ impl OutputConstraint {
         if self.waiting.is_some() {
             let token = sampler.sample(logits, history)?;
             self.watch(&self.tokenizer.token_bytes(token));
+            return Ok(token);
+        }
+        if self.pending.is_some() {
+            let token = sampler.sample(logits, history)?;
+            self.await_trigger(token)?;
             return Ok(token);
         }
         self.saved.clear();

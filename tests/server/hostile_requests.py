@@ -113,7 +113,7 @@ FIELDS = ["model", "messages", "prompt", "input", "max_tokens", "max_completion_
           "with_pieces", "add_special", "input_prefix", "input_suffix", "input_extra", "n_predict", "n_probs",
           "system", "stop_sequences", "thinking", "output_config", "max_tokens", "instructions",
           "max_output_tokens", "text", "reasoning", "store", "previous_response_id", "background", "truncation",
-          "grammar", "json_schema", "top_n_sigma", "typical_p", "xtc_probability", "xtc_threshold",
+          "grammar", "grammar_lazy", "grammar_triggers", "json_schema", "top_n_sigma", "typical_p", "xtc_probability", "xtc_threshold",
           "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers",
           "include"]
 
@@ -130,6 +130,8 @@ def weird(rng, depth=0):
         {"type": "json_schema", "json_schema": {"schema": {"type": "object", "properties": {
             "e": {"enum": [1, "1", None, [], {}]}, "n": {"anyOf": [{"type": "integer"}, {"type": "number"}]}}}}},
         {"type": "json_schema", "json_schema": {"schema": {"type": "object", "required": ["x"]}}},
+        [{"type": 2, "value": "(a*)*$"}], [{"type": 3, "value": "x" * 5000}], [{"type": 0, "token": -1}],
+        [{"type": 1, "value": ""}], [{"type": 1}], 'root ::= "x"',
         [{"role": "user"}], [{"role": 1, "content": "x"}], [{"content": "x"}],
         [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}],
         [{"role": "user", "content": [{"type": "text", "text": 5}]}],

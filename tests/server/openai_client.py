@@ -432,9 +432,44 @@ try:
         ("a token reference", {"grammar": "root ::= <[1]>"}, "token references"),
         ("not a string", {"grammar": 5}, "grammar must be a string"),
         ("with response_format", {"grammar": yes_no, "response_format": {"type": "json_object"}}, "send one"),
+        ("lazy, not a boolean", {"grammar": yes_no, "grammar_lazy": "yes"}, "grammar_lazy must be a boolean"),
+        ("lazy without triggers", {"grammar": yes_no, "grammar_lazy": True}, "needs grammar_triggers"),
+        ("lazy without a grammar", {"grammar_lazy": True, "grammar_triggers": [{"type": 1, "value": "x"}]},
+         "needs a grammar"),
+        ("a trigger of no type", {"grammar": yes_no, "grammar_lazy": True,
+                                  "grammar_triggers": [{"type": 7, "value": "x"}]}, "type must be"),
+        ("a token trigger outside the vocabulary", {"grammar": yes_no, "grammar_lazy": True,
+                                                    "grammar_triggers": [{"type": 0, "token": 99999999}]}, "token"),
+        ("a pattern trigger that does not compile", {"grammar": yes_no, "grammar_lazy": True,
+                                                     "grammar_triggers": [{"type": 2, "value": "(x"}]}, "pattern"),
     ]:
         status, err, _ = raw(port, "/v1/completions", json.dumps({"model": NAME, "prompt": "x", **extra}).encode())
         check(status == 400 and word in err["error"]["message"], f"grammar, {what}: 400 naming it")
+
+    # grammar_lazy (llama-server's): free text, as without the grammar, until a trigger word;
+    # from the word on, a sentence of the grammar.
+    story = "Once upon a time"
+    plain = client.completions.create(model=NAME, prompt=story, max_tokens=40, temperature=0).choices[0].text
+    word = next(w for w in plain.split()[3:] if w.isalpha() and len(w) >= 4)
+    at = plain.find(word)
+    lazy = {"grammar": f'root ::= "{word}" [^.\\n]{{0,60}} "."', "grammar_lazy": True,
+            "grammar_triggers": [{"type": 1, "value": word}]}
+    c = client.completions.create(model=NAME, prompt=story, max_tokens=80, temperature=0,
+                                  extra_body=lazy).choices[0]
+    check(c.finish_reason == "stop" and c.text[:at] == plain[:at]
+          and re.fullmatch(re.escape(word) + r"[^.\n]{0,60}\.", c.text[at:]),
+          f"grammar_lazy, a word trigger ({word!r}): free text, then the grammar ({c.text!r})")
+    by_pattern = dict(lazy, grammar_triggers=[{"type": 2, "value": f"[\\s\\S]*?({word})"}])
+    c = client.completions.create(model=NAME, prompt=story, max_tokens=80, temperature=0,
+                                  extra_body=by_pattern).choices[0]
+    check(c.finish_reason == "stop" and c.text[:at] == plain[:at]
+          and re.fullmatch(re.escape(word) + r"[^.\n]{0,60}\.", c.text[at:]),
+          f"grammar_lazy, a pattern trigger: from its capture group on ({c.text!r})")
+    refused = {"grammar": 'root ::= "@@"', "grammar_lazy": True, "grammar_triggers": [{"type": 1, "value": word}]}
+    status, err, _ = raw(port, "/v1/completions", json.dumps({"model": NAME, "prompt": story, "max_tokens": 40,
+                                                              "temperature": 0, **refused}).encode())
+    check(status == 500 and "does not accept" in err["error"]["message"],
+          f"grammar_lazy, a trigger the grammar refuses: an error naming it ({status}, {err})")
 
     emb = client.embeddings.create(model=NAME, input=["Hello world", prompt])
     mine = cli("embed", "-p", prompt, "--normalize")["embedding"]

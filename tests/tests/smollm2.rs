@@ -488,6 +488,76 @@ fn each_lazy_schema_holds_after_its_own_trigger() {
     assert_eq!(drawn(free).0, free);
 }
 
+/// A lazy grammar (llama-server's `grammar_lazy`), driven by a scripted model as above: text
+/// before a trigger goes free, the grammar holds from the trigger's own text on (a word
+/// anywhere, a pattern's first capture group, a token) to the end, and a trigger whose text
+/// the grammar refuses is an error, not a silent pass.
+#[test]
+fn a_lazy_grammar_holds_from_its_trigger_on() {
+    use sapient::constraint::{GrammarTrigger, OutputConstraint, SortedVocab};
+    use sapient::grammar::Grammar;
+    use sapient_core::sample::{Sampler, SamplerConfig};
+    use std::sync::Arc;
+
+    let files = open();
+    let tok = Arc::new(Tokenizer::load(&files).unwrap());
+    let vocab = Arc::new(SortedVocab::new(&tok, files.config.vocab_size));
+    let grammar = Arc::new(Grammar::parse(r#"root ::= "<answer>" [0-9]+ "</answer>""#).unwrap());
+    let drawn = |trigger: GrammarTrigger, script: &str| {
+        let triggers: Arc<[GrammarTrigger]> = vec![trigger].into();
+        let output =
+            OutputConstraint::lazy_grammar(vocab.clone(), tok.clone(), grammar.clone(), triggers);
+        scripted(&files, &tok, output, script)
+    };
+    let word = || GrammarTrigger::Word(b"<answer>".to_vec());
+    let pattern = |p: &str| GrammarTrigger::Pattern(regex::bytes::Regex::new(p).unwrap());
+    let first_token = tok.encode("<answer>").unwrap()[0];
+
+    // A sentence of the grammar after free text passes as written, whatever fired it.
+    let script = "Let me count: 4x2. <answer>8</answer>";
+    for trigger in [
+        word(),
+        pattern(r"count: .*?(<answer>)"),
+        pattern(r"^[\s\S]*?(<answer>)$"),
+        GrammarTrigger::Token(first_token),
+    ] {
+        let (text, complete) = drawn(trigger.clone(), script);
+        assert_eq!(text, script, "{trigger:?}");
+        assert!(complete, "{trigger:?}: the grammar's sentence is whole");
+    }
+    // Before the trigger anything goes ('x' included); after it, a letter the grammar refuses
+    // is replaced, and nothing may follow the whole sentence but the end.
+    let (text, _) = drawn(word(), "Say x: <answer>4x</answer>");
+    let answer = text.strip_prefix("Say x: <answer>4").unwrap();
+    assert!(!answer.starts_with('x'), "{text:?}");
+    let (text, complete) = drawn(word(), "<answer>7</answer> and more");
+    assert!(text.starts_with("<answer>7</answer>") && !text.contains("more"));
+    assert!(complete, "{text:?}");
+    // No trigger: free text all through.
+    let free = "No answer tag here: 4x2.";
+    assert_eq!(drawn(word(), free).0, free);
+
+    // A trigger the grammar cannot begin with: the draw that fires it is an error.
+    let triggers: Arc<[GrammarTrigger]> = vec![GrammarTrigger::Word(b"Oh".to_vec())].into();
+    let mut output = OutputConstraint::lazy_grammar(vocab, tok.clone(), grammar, triggers);
+    let mut sampler = Sampler::new(SamplerConfig::greedy()).unwrap();
+    let mut out = Vec::new();
+    let mut failed = None;
+    for want in tok.encode("Oh, <answer>1</answer>").unwrap() {
+        let mut logits = vec![0.0f32; files.config.vocab_size];
+        logits[want as usize] = 100.0;
+        match output.sample(&mut sampler, &mut logits, &out, &files.eos_token_ids) {
+            Ok(got) => out.push(got),
+            Err(e) => {
+                failed = Some(format!("{e:#}"));
+                break;
+            }
+        }
+    }
+    let failed = failed.expect("the grammar refuses \"Oh\"");
+    assert!(failed.contains("does not accept"), "{failed}");
+}
+
 /// A forced call in Mistral's `[ARGS]` format, any of several tools: the reply names one of
 /// the tools, then keeps to that tool's arguments' schema, driven by a scripted model as above:
 /// a script that does so passes as written, and a token that would leave the tools' names or

@@ -23,7 +23,7 @@ use super::detokenize::{chat_logprobs, completion_logprobs, token_text, Detokeni
 use super::engine::{Event, Finish, Job, Request, TokenLogprobs};
 use super::metrics::Metrics;
 use crate::chat::{ChatTemplate, Message, RenderOptions};
-use crate::constraint::{Choice, OutputConstraint, SortedVocab, Trigger};
+use crate::constraint::{Choice, GrammarTrigger, OutputConstraint, SortedVocab, Trigger};
 use crate::dry::{sequence_breakers, DEFAULT_BREAKERS, MAX_BREAKERS};
 use crate::grammar::Grammar;
 use crate::infill::{Fim, FimRequest};
@@ -113,6 +113,12 @@ impl AppState {
             Constraint::Choice(choice) => {
                 OutputConstraint::with_choice(vocab, self.tokenizer.clone(), choice.clone())
             }
+            Constraint::LazyGrammar(grammar, triggers) => OutputConstraint::lazy_grammar(
+                vocab,
+                self.tokenizer.clone(),
+                grammar.clone(),
+                triggers.clone(),
+            ),
         }
     }
 }
@@ -322,11 +328,15 @@ enum Constraint {
     /// One of several openings, then a value of its schema (a forced call that names its tool
     /// before its JSON).
     Choice(Arc<Choice>),
+    /// `grammar` with `grammar_lazy`: free text until a trigger, then a sentence of the grammar
+    /// from the trigger on.
+    LazyGrammar(Arc<Grammar>, Arc<[GrammarTrigger]>),
 }
 
 /// `response_format` (text, `None`; one JSON object; a value of a JSON schema), or
-/// llama-server's `json_schema` (a schema) or `grammar` (GBNF text; empty is none).
-fn constraint(body: &Value) -> ApiResult<Option<Constraint>> {
+/// llama-server's `json_schema` (a schema) or `grammar` (GBNF text; empty is none; lazy, from a
+/// trigger on, with `grammar_lazy`).
+fn constraint(body: &Value, vocab_size: usize) -> ApiResult<Option<Constraint>> {
     let grammar = match body.get("grammar") {
         None | Some(Value::Null) => None,
         Some(Value::String(g)) if g.trim().is_empty() => None,
@@ -343,7 +353,22 @@ fn constraint(body: &Value) -> ApiResult<Option<Constraint>> {
                 .map_err(|e| ApiError::bad_request(format!("json_schema: {e:#}")))?,
         ))),
     };
-    let grammar = grammar.map(|g| Constraint::Grammar(Arc::new(g)));
+    let lazy = match body.get("grammar_lazy") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(ApiError::bad_request("grammar_lazy must be a boolean")),
+    };
+    let triggers = grammar_triggers(body, vocab_size)?;
+    let grammar = match (grammar, lazy) {
+        (None, true) => return Err(ApiError::bad_request("grammar_lazy needs a grammar")),
+        (Some(_), true) if triggers.is_empty() => {
+            return Err(ApiError::bad_request(
+                "grammar_lazy needs grammar_triggers (what begins the grammar)",
+            ))
+        }
+        (Some(g), true) => Some(Constraint::LazyGrammar(Arc::new(g), triggers.into())),
+        (g, false) => g.map(|g| Constraint::Grammar(Arc::new(g))),
+    };
     let mut asked = [response_format(body)?, schema, grammar]
         .into_iter()
         .flatten();
@@ -352,6 +377,70 @@ fn constraint(body: &Value) -> ApiResult<Option<Constraint>> {
             "response_format, json_schema and grammar each shape the output: send one",
         )),
         (one, _) => Ok(one),
+    }
+}
+
+/// At most this many `grammar_triggers`, each pattern compiled to at most `MAX_PATTERN_BYTES`.
+const MAX_GRAMMAR_TRIGGERS: usize = 64;
+const MAX_PATTERN_BYTES: usize = 1 << 20;
+
+/// llama-server's `grammar_triggers`: `{"type", "value", "token"}` objects, `type` as its
+/// `common_grammar_trigger_type` numbers them (0 a token, `token` its id; 1 a word; 2 a
+/// pattern found anywhere; 3 a pattern the whole output matches).
+fn grammar_triggers(body: &Value, vocab_size: usize) -> ApiResult<Vec<GrammarTrigger>> {
+    let list = match body.get("grammar_triggers") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(list)) if list.len() <= MAX_GRAMMAR_TRIGGERS => list,
+        Some(_) => {
+            return Err(ApiError::bad_request(format!(
+                "grammar_triggers must be an array of at most {MAX_GRAMMAR_TRIGGERS} objects"
+            )))
+        }
+    };
+    list.iter()
+        .map(|t| grammar_trigger(t, vocab_size))
+        .collect()
+}
+
+/// One of `grammar_triggers`.
+fn grammar_trigger(t: &Value, vocab_size: usize) -> ApiResult<GrammarTrigger> {
+    let bad = |what: &str| ApiError::bad_request(format!("grammar_triggers: {what}"));
+    let value = t.get("value").and_then(Value::as_str);
+    match t.get("type").and_then(Value::as_u64) {
+        Some(0) => match t.get("token").and_then(Value::as_u64) {
+            Some(id) if id < vocab_size as u64 => Ok(GrammarTrigger::Token(id as u32)),
+            _ => Err(bad(&format!(
+                "a token trigger (type 0) needs token, an id below the vocabulary's {vocab_size}"
+            ))),
+        },
+        Some(1) => match value {
+            Some(word) if !word.is_empty() => Ok(GrammarTrigger::Word(word.as_bytes().to_vec())),
+            _ => Err(bad(
+                "a word trigger (type 1) needs value, a non-empty string",
+            )),
+        },
+        Some(kind @ (2 | 3)) => {
+            let Some(pattern) = value else {
+                return Err(bad("a pattern trigger (type 2 or 3) needs value, a string"));
+            };
+            // Type 3 matches the whole output, as llama.cpp anchors it.
+            let pattern = match kind {
+                3 => format!(
+                    "{}{pattern}{}",
+                    if pattern.starts_with('^') { "" } else { "^" },
+                    if pattern.ends_with('$') { "" } else { "$" }
+                ),
+                _ => pattern.to_string(),
+            };
+            let regex = regex::bytes::RegexBuilder::new(&pattern)
+                .size_limit(MAX_PATTERN_BYTES)
+                .build()
+                .map_err(|e| bad(&format!("pattern {pattern:?}: {e}")))?;
+            Ok(GrammarTrigger::Pattern(regex))
+        }
+        _ => Err(bad(
+            "type must be 0 (token), 1 (word), 2 (pattern) or 3 (full pattern)",
+        )),
     }
 }
 
@@ -783,7 +872,7 @@ fn generation(body: &Value, kind: Kind, vocab_size: usize) -> ApiResult<Generati
         stream,
         include_usage,
         logprobs: logprobs(body, kind)?,
-        constraint: constraint(body)?,
+        constraint: constraint(body, vocab_size)?,
         echo,
         n,
         dry_breakers,

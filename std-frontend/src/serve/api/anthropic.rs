@@ -176,6 +176,8 @@ fn chat_request(body: &Value) -> ApiResult<Value> {
         "stream",
         "seed",
         "grammar",
+        "grammar_lazy",
+        "grammar_triggers",
         "presence_penalty",
         "frequency_penalty",
     ];

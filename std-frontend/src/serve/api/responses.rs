@@ -439,6 +439,8 @@ fn read_request(state: &AppState, body: &Value) -> ApiResult<ResponseRequest> {
         "frequency_penalty",
         "reasoning_format",
         "grammar",
+        "grammar_lazy",
+        "grammar_triggers",
     ];
     for key in same.into_iter().chain(LLAMA_SAMPLING) {
         if let Some(v) = body.get(key) {
