@@ -465,6 +465,12 @@ try:
     check(c.finish_reason == "stop" and c.text[:at] == plain[:at]
           and re.fullmatch(re.escape(word) + r"[^.\n]{0,60}\.", c.text[at:]),
           f"grammar_lazy, a pattern trigger: from its capture group on ({c.text!r})")
+    # A full pattern (type 3) must match the whole output, each of its alternatives too: the
+    # word alone never is the whole output here, so the text goes free all through.
+    full = dict(lazy, grammar_triggers=[{"type": 3, "value": f"@@|({word})"}])
+    c = client.completions.create(model=NAME, prompt=story, max_tokens=40, temperature=0,
+                                  extra_body=full).choices[0]
+    check(c.text == plain, f"grammar_lazy, a full pattern the output never is: free text ({c.text!r})")
     refused = {"grammar": 'root ::= "@@"', "grammar_lazy": True, "grammar_triggers": [{"type": 1, "value": word}]}
     status, err, _ = raw(port, "/v1/completions", json.dumps({"model": NAME, "prompt": story, "max_tokens": 40,
                                                               "temperature": 0, **refused}).encode())

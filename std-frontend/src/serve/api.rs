@@ -423,13 +423,9 @@ fn grammar_trigger(t: &Value, vocab_size: usize) -> ApiResult<GrammarTrigger> {
             let Some(pattern) = value else {
                 return Err(bad("a pattern trigger (type 2 or 3) needs value, a string"));
             };
-            // Type 3 matches the whole output, as llama.cpp anchors it.
+            // Type 3 matches the whole output (llama.cpp's `regex_match`), alternatives too.
             let pattern = match kind {
-                3 => format!(
-                    "{}{pattern}{}",
-                    if pattern.starts_with('^') { "" } else { "^" },
-                    if pattern.ends_with('$') { "" } else { "$" }
-                ),
+                3 => format!("^(?:{pattern})$"),
                 _ => pattern.to_string(),
             };
             let regex = regex::bytes::RegexBuilder::new(&pattern)
