@@ -454,17 +454,14 @@ try:
     at = plain.find(word)
     lazy = {"grammar": f'root ::= "{word}" [^.\\n]{{0,60}} "."', "grammar_lazy": True,
             "grammar_triggers": [{"type": 1, "value": word}]}
-    c = client.completions.create(model=NAME, prompt=story, max_tokens=80, temperature=0,
-                                  extra_body=lazy).choices[0]
-    check(c.finish_reason == "stop" and c.text[:at] == plain[:at]
-          and re.fullmatch(re.escape(word) + r"[^.\n]{0,60}\.", c.text[at:]),
-          f"grammar_lazy, a word trigger ({word!r}): free text, then the grammar ({c.text!r})")
-    by_pattern = dict(lazy, grammar_triggers=[{"type": 2, "value": f"[\\s\\S]*?({word})"}])
-    c = client.completions.create(model=NAME, prompt=story, max_tokens=80, temperature=0,
-                                  extra_body=by_pattern).choices[0]
-    check(c.finish_reason == "stop" and c.text[:at] == plain[:at]
-          and re.fullmatch(re.escape(word) + r"[^.\n]{0,60}\.", c.text[at:]),
-          f"grammar_lazy, a pattern trigger: from its capture group on ({c.text!r})")
+    for what, triggers in [(f"a word trigger ({word!r})", lazy["grammar_triggers"]),
+                           ("a pattern trigger, from its capture group",
+                            [{"type": 2, "value": f"[\\s\\S]*?({word})"}])]:
+        c = client.completions.create(model=NAME, prompt=story, max_tokens=80, temperature=0,
+                                      extra_body=dict(lazy, grammar_triggers=triggers)).choices[0]
+        check(c.finish_reason == "stop" and c.text[:at] == plain[:at]
+              and re.fullmatch(re.escape(word) + r"[^.\n]{0,60}\.", c.text[at:]),
+              f"grammar_lazy, {what}: free text, then the grammar ({c.text!r})")
     # A full pattern (type 3) must match the whole output, each of its alternatives too: the
     # word alone never is the whole output here, so the text goes free all through.
     full = dict(lazy, grammar_triggers=[{"type": 3, "value": f"@@|({word})"}])
