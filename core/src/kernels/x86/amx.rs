@@ -1,17 +1,21 @@
 //! AMX (Intel's tile matrix unit, from Sapphire Rapids on) for the transposed tiles of eight
-//! tokens: a decode step of several sequences against Q8_0 weights.
+//! tokens: a decode step of several sequences against Q8_0 weights, and against the other
+//! formats of 32-quant blocks (Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL), each block unpacked to bytes
+//! first.
 //!
 //! One `tdpbssd` multiplies a tile of 16 weight rows' block (16 × 32 i8, loaded straight from
-//! the rows) with the block of eight tokens into 16 × 16 i32 sums. The activations are Q16, so
-//! each token's i16 quants go in as two signed bytes, `q = 256·high + low` (`|q| <= 127·257`
-//! makes both fit `i8`), its high bytes in columns 0..8, its low ones in 8..16: one instruction
-//! for both halves. `256·high + low` of the sums is the block's exact integer sum, the same one
-//! the 256-bit kernels get, scaled in the same float steps: the same bits.
+//! Q8_0 rows, from the unpacked copy for the others) with the block of eight tokens into 16 × 16
+//! i32 sums. The activations are Q16, so each token's i16 quants go in as two signed bytes,
+//! `q = 256·high + low` (`|q| <= 127·257` makes both fit `i8`), its high bytes in columns 0..8,
+//! its low ones in 8..16: one instruction for both halves. `256·high + low` of the sums is the
+//! block's exact integer sum, the same one the 256-bit kernels get, scaled in the same float
+//! steps: the same bits.
 //!
 //! Linux hands AMX's 8 KiB of tile state to a process only on request (`arch_prctl`), so
 //! `available` asks once; the tile configuration is per thread, and each call loads it unless
 //! the thread already has it.
 use super::*;
+use core::marker::PhantomData;
 use core::mem::MaybeUninit;
 
 /// Bytes of a transposed block here: the tokens' scales and sums (f32, as `X8_QUANTS` lays them
@@ -186,9 +190,7 @@ pub(super) fn rows_x8_q8_0(
     xt: &[u8],
     acc: &mut [[f32; X8]; X8_ROWS],
 ) {
-    let nb = w.iter().fold(xt.len() / X8_BLOCK_BYTES, |n, w| {
-        n.min(blocks::<BlockQ8_0>(w.len()).saturating_sub(b0))
-    });
+    let nb = x8_row_blocks::<BlockQ8_0>(&w, b0, xt);
     // The rows of one matrix lie a fixed stride apart, and a tile loads them straight from
     // there; any others (the last rows repeated as padding) are copied block by block.
     let base = w[0].as_ptr();
@@ -207,6 +209,21 @@ pub(super) fn rows_x8_q8_0(
     unsafe { rows_x8_amx(nb, rows, b0, xt.as_ptr(), acc) }
 }
 
+/// `X8_ROWS` weight rows' blocks `b0 ..` of format `W` against a transposed tile of eight
+/// tokens, each block of the rows unpacked to bytes for the tile.
+pub(super) fn rows_x8<W: Unpack>(
+    w: [&[u8]; X8_ROWS],
+    b0: usize,
+    xt: &[u8],
+    acc: &mut [[f32; X8]; X8_ROWS],
+) {
+    let nb = x8_row_blocks::<W>(&w, b0, xt);
+    let rows = Unpacked::<W>(w.map(<[u8]>::as_ptr), w[0].len(), PhantomData);
+    // SAFETY: `available` before this table is handed out; blocks `b0 .. b0 + nb` lie inside
+    // every row, `nb` transposed blocks inside `xt`.
+    unsafe { rows_x8_amx(nb, rows, b0, xt.as_ptr(), acc) }
+}
+
 /// Where a call's rows are.
 #[derive(Clone, Copy)]
 enum Rows {
@@ -220,18 +237,37 @@ enum Rows {
 #[repr(C, align(64))]
 struct Gathered([[u8; 64]; X8_ROWS]);
 
-impl Rows {
-    /// Block `b` of the rows: the first row's block and the stride to the next, through `buf`
-    /// for rows apart.
+/// One block of 16 rows as the tile reads it: the quants (16 rows of 32 `i8`, `stride` bytes
+/// apart), the rows' scales and, for formats with one, minimums (f32, lane `i` row `i`).
+#[derive(Clone, Copy)]
+struct TileBlock {
+    quants: *const u8,
+    stride: usize,
+    dw: __m512,
+    mw: __m512,
+}
+
+/// Where a call's blocks come from.
+trait TileSource: Copy {
+    /// Whether the blocks have minimums, whose term `m·(dx·Σq)` is added.
+    const HAS_MIN: bool;
+
+    /// Block `b` of the rows, through `buf` where it must be copied or unpacked.
     ///
     /// # Safety
-    /// Block `b` lies inside every row.
+    /// Block `b` lies inside every row; AVX-512 F/BW/VL and F16C.
+    unsafe fn block(self, b: usize, buf: &mut MaybeUninit<Gathered>) -> TileBlock;
+}
+
+impl TileSource for Rows {
+    const HAS_MIN: bool = false;
+
     #[inline(always)]
-    unsafe fn block(self, b: usize, buf: &mut MaybeUninit<Gathered>) -> (*const u8, usize) {
+    unsafe fn block(self, b: usize, buf: &mut MaybeUninit<Gathered>) -> TileBlock {
         // SAFETY: block `b` lies inside every row, as the caller guarantees; `buf`'s rows hold
         // a block each.
         unsafe {
-            match self {
+            let (first, stride) = match self {
                 Rows::Strided(base, stride) => {
                     // As many bytes of the next call's rows (usually the rows right after
                     // these, one run of memory) as this block takes of these, in order: a tile
@@ -253,6 +289,64 @@ impl Rows {
                     }
                     (buf as *const u8, 64)
                 }
+            };
+            // The rows' f16 scales: the first two bytes of each block.
+            let rows_at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+            let offsets = _mm512_mullo_epi32(rows_at, _mm512_set1_epi32(stride as i32));
+            let scales = _mm512_i32gather_epi32::<1>(offsets, first as *const i32);
+            TileBlock {
+                quants: first.add(2),
+                stride,
+                dw: _mm512_cvtph_ps(_mm512_cvtepi32_epi16(scales)),
+                mw: _mm512_setzero_ps(),
+            }
+        }
+    }
+}
+
+/// Rows of format `W` (anywhere; the first's length aims the prefetches), each block unpacked.
+struct Unpacked<W>([*const u8; X8_ROWS], usize, PhantomData<W>);
+
+impl<W> Clone for Unpacked<W> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<W> Copy for Unpacked<W> {}
+
+impl<W: Unpack> TileSource for Unpacked<W> {
+    const HAS_MIN: bool = W::HAS_MIN;
+
+    #[inline(always)]
+    unsafe fn block(self, b: usize, buf: &mut MaybeUninit<Gathered>) -> TileBlock {
+        let Unpacked(rows, row_len, _) = self;
+        // SAFETY: block `b` lies inside every row, as the caller guarantees; each of `buf`'s
+        // rows takes 32 bytes.
+        unsafe {
+            let p = rows.map(|r| block_at::<W>(r, b));
+            let buf = buf.as_mut_ptr() as *mut u8;
+            for (i, p) in p.iter().enumerate() {
+                // The next call's rows (usually the sixteen after these), into L2 as for Q8_0.
+                _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(X8_ROWS * row_len) as *const i8);
+                let (lo, hi) = W::unpack(*p);
+                let both = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+                _mm256_store_si256(buf.add(64 * i) as *mut __m256i, _mm512_cvtepi16_epi8(both));
+            }
+            let halves = |s: [__m256; 2]| {
+                let low = _mm512_castps256_ps512(s[0]);
+                _mm512_castpd_ps(_mm512_insertf64x4::<1>(
+                    _mm512_castps_pd(low),
+                    _mm256_castps_pd(s[1]),
+                ))
+            };
+            let (d0, m0) = W::scales8(core::array::from_fn(|i| p[i]));
+            let (d1, m1) = W::scales8(core::array::from_fn(|i| p[8 + i]));
+            TileBlock {
+                quants: buf,
+                stride: 64,
+                dw: halves([d0, d1]),
+                mw: halves([m0, m1]),
             }
         }
     }
@@ -266,16 +360,15 @@ const AHEAD: usize = 2;
 #[repr(C, align(64))]
 struct Sums([[i32; 2 * X8]; X8_ROWS]);
 
-/// The tile work of one block: weights (16 rows `stride` apart from the block at `w`) times the
-/// tokens' bytes (the transposed block at `x`), in the even or the odd tiles. `store_sums`
-/// writes the result out.
+/// The tile work of one block: the weights' quants times the tokens' bytes (the transposed block
+/// at `x`), in the even or the odd tiles. `store_sums` writes the result out.
 ///
 /// # Safety
-/// AMX granted and configured with `TILES`; a whole Q8_0 block at `w + i·stride` for each row
+/// AMX granted and configured with `TILES`; 32 quants at `w.quants + i·w.stride` for each row
 /// `i`, a transposed block at `x`.
 #[inline(always)]
-unsafe fn multiply_block(w: *const u8, stride: usize, x: *const u8, odd: bool) {
-    let quants = w.wrapping_add(2);
+unsafe fn multiply_block(w: &TileBlock, x: *const u8, odd: bool) {
+    let (quants, stride) = (w.quants, w.stride);
     let bytes = x.wrapping_add(BYTES);
     // SAFETY: as the caller guarantees: the tiles read 16 rows of 32 quants at `quants` and
     // eight rows of 64 bytes at `bytes`.
@@ -322,16 +415,16 @@ unsafe fn store_sums(sums: *mut Sums, odd: bool) {
 }
 
 /// Per block: the tiles' integer sums (the next two blocks' multiplied while this one's are
-/// scaled), then for each pair of rows `acc += Σ·(dw·dx)` on the 16 lanes of (row, token), as
-/// the 256-bit kernels do on each lane.
+/// scaled), then for each pair of rows `acc += Σ·(dw·dx)` on the 16 lanes of (row, token), and
+/// with minimums `acc += mw·s` after, as the 256-bit kernels do on each lane.
 ///
 /// # Safety
 /// AMX granted (`available`), AVX-512 F/BW/VL; blocks `b0 .. b0 + nb` lie inside every row,
 /// `nb` transposed blocks at `xt`.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-unsafe fn rows_x8_amx(
+unsafe fn rows_x8_amx<S: TileSource>(
     nb: usize,
-    rows: Rows,
+    rows: S,
     b0: usize,
     xt: *const u8,
     acc: &mut [[f32; X8]; X8_ROWS],
@@ -353,25 +446,23 @@ unsafe fn rows_x8_amx(
             );
             _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b)
         });
-        // Where each row's block starts from the first's: every block of a call has the same
-        // stride (the rows', or the gathered copies' 64 bytes).
-        let stride = match rows {
-            Rows::Strided(_, stride) => stride,
-            Rows::Apart(_) => 64,
-        };
-        let rows_at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        let offsets = _mm512_mullo_epi32(rows_at, _mm512_set1_epi32(stride as i32));
-        // Written before they are read (the sums by the tile store, the gathered blocks by
-        // `block`), and not worth zeroing on every call.
+        // Written before they are read (the sums by the tile store, the gathered or unpacked
+        // blocks by `block`), and not worth zeroing on every call.
         let mut sums = MaybeUninit::<Sums>::uninit();
         let mut gathered = [const { MaybeUninit::<Gathered>::uninit() }; AHEAD + 1];
-        let mut at = [(xt, 0usize); AHEAD + 1];
+        let none = TileBlock {
+            quants: xt,
+            stride: 0,
+            dw: _mm512_setzero_ps(),
+            mw: _mm512_setzero_ps(),
+        };
+        let mut at = [none; AHEAD + 1];
         // Blocks `b + 1 ..= b + AHEAD` are being multiplied while block `b`'s sums are scaled,
         // and `b + 1`'s are stored only after them: a tile store holds back the loads behind it
         // until its product is done, so storing first would wait out the multiplication.
         for b in 0..nb.min(AHEAD) {
             at[b] = rows.block(b0 + b, &mut gathered[b]);
-            multiply_block(at[b].0, at[b].1, xt.add(b * X8_BLOCK_BYTES), b % 2 == 1);
+            multiply_block(&at[b], xt.add(b * X8_BLOCK_BYTES), b % 2 == 1);
         }
         if nb > 0 {
             store_sums(sums.as_mut_ptr(), false);
@@ -382,17 +473,18 @@ unsafe fn rows_x8_amx(
                 let slot = ahead % (AHEAD + 1);
                 at[slot] = rows.block(b0 + ahead, &mut gathered[slot]);
                 let x = xt.add(ahead * X8_BLOCK_BYTES);
-                multiply_block(at[slot].0, at[slot].1, x, ahead % 2 == 1);
+                multiply_block(&at[slot], x, ahead % 2 == 1);
             }
             let x = xt.add(b * X8_BLOCK_BYTES);
-            let dx = _mm256_loadu_ps(x as *const f32);
             // Both halves: AVX-512 F's 64-bit insert (the 32-bit one needs DQ).
-            let dx = _mm256_castps_pd(dx);
-            let dx = _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castpd256_pd512(dx), dx));
-            // The rows' f16 scales: the first two bytes of each block.
-            let (w, _) = at[b % (AHEAD + 1)];
-            let scales = _mm512_i32gather_epi32::<1>(offsets, w as *const i32);
-            let dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(scales));
+            let both = |v: __m256| {
+                let v = _mm256_castps_pd(v);
+                _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castpd256_pd512(v), v))
+            };
+            let dx = both(_mm256_loadu_ps(x as *const f32));
+            // The tokens' `dx·Σq`, for the minimums' term.
+            let sx = both(_mm256_loadu_ps((x as *const f32).add(X8)));
+            let TileBlock { dw, mw, .. } = at[b % (AHEAD + 1)];
             for (i, f) in facc.iter_mut().enumerate() {
                 let rows = &(*sums.as_ptr()).0;
                 let even = _mm512_load_si512(rows[2 * i].as_ptr() as *const __m512i);
@@ -403,6 +495,9 @@ unsafe fn rows_x8_amx(
                 let isum = _mm512_add_epi32(_mm512_slli_epi32::<8>(h), l);
                 let d = _mm512_permutexvar_ps(pair[i], dw);
                 *f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, dx), *f);
+                if S::HAS_MIN {
+                    *f = _mm512_fmadd_ps(_mm512_permutexvar_ps(pair[i], mw), sx, *f);
+                }
             }
             if b + 1 < nb {
                 store_sums(sums.as_mut_ptr(), (b + 1) % 2 == 1);

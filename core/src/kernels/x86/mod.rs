@@ -108,6 +108,13 @@ const fn amx_table() -> Kernels {
         p.transpose_x8 = amx::transpose_x8;
         p.rows_x8 = amx::rows_x8_q8_0;
     }
+    // The other formats of 32-quant blocks keep their panels from 16 tokens on; their decode
+    // steps of 8 to 15 sequences unpack each block to bytes for the tile unit.
+    unpacked_on_tiles::<BlockQ4_0>(&mut k.q4_0.panel);
+    unpacked_on_tiles::<BlockQ4_1>(&mut k.q4_1.panel);
+    unpacked_on_tiles::<BlockQ5_0>(&mut k.q5_0.panel);
+    unpacked_on_tiles::<BlockQ5_1>(&mut k.q5_1.panel);
+    unpacked_on_tiles::<BlockIQ4NL>(&mut k.iq4_nl.panel);
     // The k-quants' prefill: 512 tokens of TinyLlama-1.1B's shape, see BENCHMARKS.md.
     k.q2_k.k_panel = Some(kpanel_amx::k_panel::<BlockQ2K>());
     k.q3_k.k_panel = Some(kpanel_amx::k_panel::<BlockQ3K>());
@@ -125,6 +132,15 @@ const fn amx_table() -> Kernels {
     k.tq1_0.k_panel = Some(kpanel_amx::k_panel::<BlockTQ1_0>());
     k.tq2_0.k_panel = Some(kpanel_amx::k_panel::<BlockTQ2_0>());
     k
+}
+
+/// Transposed tiles of eight tokens on the tile unit for `W`'s panel kernels.
+const fn unpacked_on_tiles<W: Unpack>(panel: &mut Option<PanelDots>) {
+    if let Some(p) = panel {
+        p.x8_layout = X8Layout::Bytes;
+        p.transpose_x8 = amx::transpose_x8;
+        p.rows_x8 = amx::rows_x8::<W>;
+    }
 }
 
 /// The table for `ISA`: `vpdpwssd` in place of `vpmaddwd`+`vpaddd` with either VNNI, and 32

@@ -139,7 +139,7 @@ fn whole_blocks<W: Unpack>(w: &[&[u8]; PANEL], xs: &[&[u8]]) -> usize {
 }
 
 /// The blocks from `b0` on that every weight row of `w` holds and the transposed tile `xt` has.
-fn x8_row_blocks<W: Unpack>(w: &[&[u8]; X8_ROWS], b0: usize, xt: &[u8]) -> usize {
+pub(super) fn x8_row_blocks<W: Unpack>(w: &[&[u8]; X8_ROWS], b0: usize, xt: &[u8]) -> usize {
     w.iter().fold(xt.len() / X8_BLOCK_BYTES, |n, w| {
         n.min(blocks::<W>(w.len()).saturating_sub(b0))
     })
