@@ -233,7 +233,8 @@ enum Rows {
     Apart([*const u8; X8_ROWS]),
 }
 
-/// One block of 16 rows, each `stride` bytes after the last (a copy, for rows apart).
+/// One block of 16 rows, each 64 bytes after the last: Q8_0's copied blocks, for rows apart, or
+/// the other formats' unpacked quants.
 #[repr(C, align(64))]
 struct Gathered([[u8; 64]; X8_ROWS]);
 
