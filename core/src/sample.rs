@@ -905,6 +905,7 @@ mod tests {
 
     proptest! {
         #[test]
+        #[cfg_attr(miri, ignore = "too slow under Miri; run natively")]
         fn argmax_is_the_first_largest(
             l in proptest::collection::vec(
                 prop_oneof![
@@ -933,6 +934,7 @@ mod tests {
         }
 
         #[test]
+        #[cfg_attr(miri, ignore = "too slow under Miri; run natively")]
         fn argmax_finds_the_largest_anywhere(
             l in proptest::collection::vec(-1e4f32..1e4, 0..700)
         ) {
@@ -959,6 +961,7 @@ mod tests {
         }
 
         #[test]
+        #[cfg_attr(miri, ignore = "too slow under Miri; run natively")]
         fn same_seed_same_tokens(l in logits(), seed in any::<u64>()) {
             let c = SamplerConfig { seed, top_k: 0, ..SamplerConfig::default() };
             let (mut a, mut b) = (Sampler::new(c).unwrap(), Sampler::new(c).unwrap());
@@ -985,6 +988,7 @@ mod tests {
 
         /// The token is never less likely than min_p times the most likely one.
         #[test]
+        #[cfg_attr(miri, ignore = "too slow under Miri; run natively")]
         fn min_p_never_picks_an_unlikely_token(l in logits(), seed in any::<u64>(), m in 0.01f32..1.0) {
             let mut s = Sampler::new(SamplerConfig { temperature: 1.5, top_k: 0, top_p: 1.0, min_p: m, seed, ..SamplerConfig::default() }).unwrap();
             let pr = probs(&l);
@@ -1188,6 +1192,7 @@ mod tests {
     proptest! {
         /// Caller memory gives the same tokens as the sampler's own buffer.
         #[test]
+        #[cfg_attr(miri, ignore = "too slow under Miri; run natively")]
         fn caller_memory_samples_as_owned(l in logits(), seed in any::<u64>(), top_k in 0usize..50) {
             let c = SamplerConfig { seed, top_k, ..SamplerConfig::default() };
             let mut buf = vec![(0u32, 0f32); Sampler::candidates_needed(l.len())];
@@ -1441,6 +1446,7 @@ mod tests {
     /// A long run of one token: the penalty's exponent stops where the power would overflow,
     /// so the logit stays finite.
     #[test]
+    #[cfg_attr(miri, ignore = "too slow under Miri; run natively")]
     fn dry_penalties_stay_finite() {
         let history = vec![5u32; 2000];
         let c = SamplerConfig {
