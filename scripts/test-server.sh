@@ -6,7 +6,8 @@
 # (tests/server/hostile_requests.py), on loopback, with SmolLM2 Q4_1; llama-server's own
 # routes (tests/server/native_routes.py), fill in the middle on SmolLM2's weights with
 # StarCoder's vocabulary. The client lives in a virtual environment under ~/.cache/sapient
-# (made once). Part of scripts/test.sh.
+# (made once). Part of scripts/test.sh, which passes the binary `cargo test` built (SAPIENT_BIN);
+# alone, it builds the release one.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv="$HOME/.cache/sapient/venv-openai"
@@ -16,8 +17,11 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import openai, anthro
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check openai anthropic numpy pyyaml
 fi
 bash scripts/fetch-model.sh >/dev/null
-cargo build --release -q -p sapient
-bin="$(bash scripts/target-dir.sh)/release/sapient"
+bin="${SAPIENT_BIN:-}"
+if [ -z "$bin" ]; then
+    cargo build --release -q -p sapient
+    bin="$(bash scripts/target-dir.sh)/release/sapient"
+fi
 timeout 600 "$venv/bin/python" tests/server/openai_client.py "$bin" models/SmolLM2-135M-Instruct.Q4_1.gguf
 timeout 300 "$venv/bin/python" tests/server/tool_calls.py "$bin" models/SmolLM2-135M-Instruct.Q4_1.gguf
 timeout 300 "$venv/bin/python" tests/server/anthropic_client.py "$bin" models/SmolLM2-135M-Instruct.Q4_1.gguf

@@ -13,5 +13,9 @@ export SAPIENT_TEKKEN_VOCAB
 # The GPU backend's tests run on any adapter wgpu finds (lavapipe will do) and skip, saying so,
 # where there is none.
 cargo test --workspace --features sapient-tests/gpu "$@"
-# The HTTP server, through the official openai Python client.
+# The HTTP server, through the official openai Python client, on the `sapient` binary the tests
+# built (the test profile's: a release build took three minutes of a cold run, the slower binary
+# one more); where they built none, test-server.sh builds the release one.
+SAPIENT_BIN=$(bash scripts/test-bin.sh "$@")
+export SAPIENT_BIN
 bash scripts/test-server.sh
