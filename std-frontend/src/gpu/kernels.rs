@@ -1,6 +1,7 @@
 //! The compute pipelines: WGSL sources assembled with their constants, and the bind group
 //! layouts they share (explicit, so one bind group serves every variant of a kernel).
 use std::collections::HashMap;
+use std::sync::Mutex;
 
 use anyhow::{anyhow, Result};
 
@@ -118,6 +119,140 @@ pub struct Kernels {
     pub attention_reduce: wgpu::ComputePipeline,
     pub rms_norm: wgpu::ComputePipeline,
     pub argmax: wgpu::ComputePipeline,
+}
+
+/// What a device has compiled: the bind group layouts every kernel's variants share, and the
+/// pipelines by layout, source and entry point, so that the models on one device (a draft and
+/// its target; the tests' hundred) compile each variant once. Creating the Q16 tile's pipeline
+/// took 160 ms on lavapipe with Mesa's shader cache warm.
+pub struct Compiled {
+    device: wgpu::Device,
+    layouts: Layouts,
+    pipelines: Mutex<HashMap<(Layout, &'static str, String), wgpu::ComputePipeline>>,
+}
+
+/// The bind group layouts of the kernels (explicit, so one bind group serves every variant).
+#[derive(Clone)]
+struct Layouts {
+    matmul: wgpu::BindGroupLayout,
+    embed: wgpu::BindGroupLayout,
+    rope: wgpu::BindGroupLayout,
+    attention: wgpu::BindGroupLayout,
+    norm: wgpu::BindGroupLayout,
+    argmax: wgpu::BindGroupLayout,
+    quantize: wgpu::BindGroupLayout,
+    matmul_q16: wgpu::BindGroupLayout,
+}
+
+/// Which of `Layouts` a pipeline takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Layout {
+    MatMul,
+    Embed,
+    Rope,
+    Attention,
+    Norm,
+    Argmax,
+    Quantize,
+    MatMulQ16,
+}
+
+impl Compiled {
+    pub fn new(device: &wgpu::Device) -> Self {
+        use Binding::*;
+        let layout = |bindings: &[(u32, Binding)]| layout(device, bindings);
+        let layouts = Layouts {
+            matmul: layout(&[
+                (0, Uniform),
+                (1, Uniform),
+                (2, Read),
+                (3, Read),
+                (4, ReadWrite),
+                (5, Read),
+            ]),
+            embed: layout(&[
+                (0, Uniform),
+                (1, Uniform),
+                (2, Read),
+                (4, ReadWrite),
+                (6, Read),
+            ]),
+            rope: layout(&[
+                (0, Uniform),
+                (1, Uniform),
+                (2, ReadWrite),
+                (3, Read),
+                (4, ReadWrite),
+                (5, ReadWrite),
+                (6, Read),
+            ]),
+            attention: layout(&[
+                (0, Uniform),
+                (1, Uniform),
+                (2, Read),
+                (3, Read),
+                (4, Read),
+                (5, ReadWrite),
+                (6, ReadWrite),
+                (7, Read),
+            ]),
+            norm: layout(&[
+                (0, Uniform),
+                (1, Uniform),
+                (2, Read),
+                (3, Read),
+                (4, ReadWrite),
+            ]),
+            argmax: layout(&[(0, Uniform), (1, Uniform), (2, Read), (3, ReadWrite)]),
+            quantize: layout(&[
+                (0, Uniform),
+                (1, Uniform),
+                (3, Read),
+                (5, Read),
+                (7, ReadWrite),
+            ]),
+            matmul_q16: layout(&[
+                (0, Uniform),
+                (1, Uniform),
+                (2, Read),
+                (4, ReadWrite),
+                (5, Read),
+                (7, Read),
+            ]),
+        };
+        Compiled {
+            device: device.clone(),
+            layouts,
+            pipelines: Mutex::default(),
+        }
+    }
+
+    /// The pipeline of `entry` in `source` with `layout`, compiled on first use.
+    fn pipeline(
+        &self,
+        layout: Layout,
+        source: String,
+        entry: &'static str,
+    ) -> wgpu::ComputePipeline {
+        let mut pipelines = self.pipelines.lock().unwrap_or_else(|p| p.into_inner());
+        let l = &self.layouts;
+        let bind_group_layout = match layout {
+            Layout::MatMul => &l.matmul,
+            Layout::Embed => &l.embed,
+            Layout::Rope => &l.rope,
+            Layout::Attention => &l.attention,
+            Layout::Norm => &l.norm,
+            Layout::Argmax => &l.argmax,
+            Layout::Quantize => &l.quantize,
+            Layout::MatMulQ16 => &l.matmul_q16,
+        };
+        pipelines
+            .entry((layout, entry, source))
+            .or_insert_with_key(|(_, entry, source)| {
+                pipeline(&self.device, bind_group_layout, source, entry)
+            })
+            .clone()
+    }
 }
 
 fn layout(device: &wgpu::Device, bindings: &[(u32, Binding)]) -> wgpu::BindGroupLayout {
@@ -250,99 +385,17 @@ fn matmul_source(
 }
 
 impl Kernels {
-    /// Compiles the kernels for weights in `formats`; `bias` adds Q|K|V biases to that mat-mul;
-    /// `packed_dot` (WGSL has `dot4I8Packed`) adds the Q16 mat-muls for integer weights; RoPE's
-    /// store and attention keep the KV cache in `kv`.
+    /// The kernels for weights in `formats` (compiled on `compiled`'s device where it has not
+    /// yet); `bias` adds Q|K|V biases to that mat-mul; `packed_dot` (WGSL has `dot4I8Packed`) adds
+    /// the Q16 mat-muls for integer weights; RoPE's store and attention keep the KV cache in `kv`.
     pub fn new(
-        device: &wgpu::Device,
+        compiled: &Compiled,
         formats: &[GpuFormat],
         bias: bool,
         packed_dot: bool,
         kv: GpuKv,
     ) -> Result<Self> {
-        use Binding::*;
-        let matmul_layout = layout(
-            device,
-            &[
-                (0, Uniform),
-                (1, Uniform),
-                (2, Read),
-                (3, Read),
-                (4, ReadWrite),
-                (5, Read),
-            ],
-        );
-        let embed_layout = layout(
-            device,
-            &[
-                (0, Uniform),
-                (1, Uniform),
-                (2, Read),
-                (4, ReadWrite),
-                (6, Read),
-            ],
-        );
-        let rope_layout = layout(
-            device,
-            &[
-                (0, Uniform),
-                (1, Uniform),
-                (2, ReadWrite),
-                (3, Read),
-                (4, ReadWrite),
-                (5, ReadWrite),
-                (6, Read),
-            ],
-        );
-        let attention_layout = layout(
-            device,
-            &[
-                (0, Uniform),
-                (1, Uniform),
-                (2, Read),
-                (3, Read),
-                (4, Read),
-                (5, ReadWrite),
-                (6, ReadWrite),
-                (7, Read),
-            ],
-        );
-        let norm_layout = layout(
-            device,
-            &[
-                (0, Uniform),
-                (1, Uniform),
-                (2, Read),
-                (3, Read),
-                (4, ReadWrite),
-            ],
-        );
-        let argmax_layout = layout(
-            device,
-            &[(0, Uniform), (1, Uniform), (2, Read), (3, ReadWrite)],
-        );
-        let quantize_layout = layout(
-            device,
-            &[
-                (0, Uniform),
-                (1, Uniform),
-                (3, Read),
-                (5, Read),
-                (7, ReadWrite),
-            ],
-        );
-        let matmul_q16_layout = layout(
-            device,
-            &[
-                (0, Uniform),
-                (1, Uniform),
-                (2, Read),
-                (4, ReadWrite),
-                (5, Read),
-                (7, Read),
-            ],
-        );
-
+        let pipeline = |layout, source, entry| compiled.pipeline(layout, source, entry);
         let mut matmul = HashMap::new();
         let mut matmul_q16 = HashMap::new();
         let mut embed = HashMap::new();
@@ -351,53 +404,48 @@ impl Kernels {
                 for tile in [1, PREFILL_TILE] {
                     let shape = (tile, FLOAT_ROWS);
                     let source = matmul_source(format, fused, shape, bias, Inputs::Float);
-                    let p = pipeline(device, &matmul_layout, &source, "matmul");
+                    let p = pipeline(Layout::MatMul, source, "matmul");
                     matmul.insert((format, fused, tile), p);
                 }
                 if packed_dot && format.is_integer() {
                     let (rows, tile) = Q16_TILE;
                     let source = matmul_source(format, fused, (tile, rows), bias, Inputs::Q16);
-                    let p = pipeline(device, &matmul_q16_layout, &source, "matmul");
+                    let p = pipeline(Layout::MatMulQ16, source, "matmul");
                     matmul_q16.insert((format, fused, tile, rows), p);
                     for rows in Q16_VEC_ROWS {
                         let source = matmul_source(format, fused, (1, rows), bias, Inputs::Q16);
-                        let p = pipeline(device, &matmul_layout, &source, "matvec");
+                        let p = pipeline(Layout::MatMul, source, "matvec");
                         matmul_q16.insert((format, fused, 1, rows), p);
                     }
                 }
             }
             let source = matmul_source(format, Fused::Store, (1, FLOAT_ROWS), false, Inputs::Float);
-            embed.insert(format, pipeline(device, &embed_layout, &source, "embed"));
+            embed.insert(format, pipeline(Layout::Embed, source, "embed"));
         }
         let quantize = (!matmul_q16.is_empty()).then(|| {
             [Fused::Add, Fused::NormStore].map(|fused| {
                 let shape = (1, FLOAT_ROWS);
                 let source = matmul_source(GpuFormat::F32, fused, shape, false, Inputs::Float);
-                pipeline(device, &quantize_layout, &source, "quantize")
+                pipeline(Layout::Quantize, source, "quantize")
             })
         });
         let layer = |name: &str| format!("{}{}", header(LAYER), section(LAYER, name));
         let with_kv = |name: &str| format!("{}{}", kv_header(kv), layer(name));
-        let attention_source = with_kv("attention");
+        let l = compiled.layouts.clone();
         Ok(Kernels {
-            rope_store: pipeline(device, &rope_layout, &with_kv("rope_store"), "rope_store"),
-            attention: pipeline(device, &attention_layout, &attention_source, "attention"),
-            attention_reduce: pipeline(
-                device,
-                &attention_layout,
-                &attention_source,
-                "attention_reduce",
-            ),
-            rms_norm: pipeline(device, &norm_layout, &layer("rms_norm"), "rms_norm"),
-            argmax: pipeline(device, &argmax_layout, &layer("argmax"), "argmax"),
-            matmul_layout,
-            embed_layout,
-            rope_layout,
-            attention_layout,
-            norm_layout,
-            argmax_layout,
-            quantize_layout,
-            matmul_q16_layout,
+            rope_store: pipeline(Layout::Rope, with_kv("rope_store"), "rope_store"),
+            attention: pipeline(Layout::Attention, with_kv("attention"), "attention"),
+            attention_reduce: pipeline(Layout::Attention, with_kv("attention"), "attention_reduce"),
+            rms_norm: pipeline(Layout::Norm, layer("rms_norm"), "rms_norm"),
+            argmax: pipeline(Layout::Argmax, layer("argmax"), "argmax"),
+            matmul_layout: l.matmul,
+            embed_layout: l.embed,
+            rope_layout: l.rope,
+            attention_layout: l.attention,
+            norm_layout: l.norm,
+            argmax_layout: l.argmax,
+            quantize_layout: l.quantize,
+            matmul_q16_layout: l.matmul_q16,
             matmul,
             matmul_q16,
             quantize,

@@ -185,6 +185,8 @@ struct Device {
     shader_f16: bool,
     /// The first error the device reported outside an error scope.
     error: Arc<Mutex<Option<String>>>,
+    /// The kernels compiled on it so far.
+    compiled: Arc<kernels::Compiled>,
 }
 
 impl Device {
@@ -230,7 +232,6 @@ impl Device {
             slot.get_or_insert_with(|| e.to_string());
         }));
         Ok(Some(Device {
-            device,
             queue,
             info,
             limits,
@@ -238,6 +239,8 @@ impl Device {
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             shader_f16: features.contains(wgpu::Features::SHADER_F16),
             error,
+            compiled: Arc::new(kernels::Compiled::new(&device)),
+            device,
         }))
     }
 }
@@ -254,6 +257,7 @@ impl GpuModel {
             timestamps,
             shader_f16,
             error,
+            compiled,
         }) = Device::open(opts.allow_software)?
         else {
             return Ok(None);
@@ -313,7 +317,7 @@ impl GpuModel {
             .collect();
         layouts.sort_by_key(|f| f.name());
         layouts.dedup();
-        let kernels = kernels::Kernels::new(&device, &layouts, c.qkv_bias, packed_dot, opts.kv)?;
+        let kernels = kernels::Kernels::new(&compiled, &layouts, c.qkv_bias, packed_dot, opts.kv)?;
         if let Some(e) = pollster::block_on(scope.pop()) {
             bail!("GPU {}: {e}", info.name);
         }

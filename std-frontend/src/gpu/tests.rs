@@ -165,7 +165,7 @@ fn matmul_kernels_match_the_cpu() {
             &[false]
         };
         for (&packed_dot, bias) in packed.iter().flat_map(|p| [(p, false), (p, true)]) {
-            let k = Kernels::new(&d.device, &[gpu_format], bias, packed_dot, GpuKv::F32).unwrap();
+            let k = Kernels::new(&d.compiled, &[gpu_format], bias, packed_dot, GpuKv::F32).unwrap();
             for fused in [
                 Fused::NormStore,
                 Fused::Add,
@@ -292,7 +292,7 @@ fn q16_lone_token_matches_its_batch() {
         .flat_map(|f| [(f, 20, 67 * 32), (f, wide, 67 * 32), (f, 20, 18 * 32)]);
     for (format, rows_out, cols) in cases {
         let gpu_format = super::weights::GpuFormat::of(format);
-        let k = Kernels::new(&d.device, &[gpu_format], true, true, GpuKv::F32).unwrap();
+        let k = Kernels::new(&d.compiled, &[gpu_format], true, true, GpuKv::F32).unwrap();
         let values = random(&mut rng, rows_out * cols);
         let mat = Matrix::quantize(format, rows_out, cols, &values).unwrap();
         let m = GpuMatrix::upload(&d.device, "w", &[&mat], false, 4, u64::MAX).unwrap();
@@ -370,7 +370,7 @@ fn embedding_kernel_matches_the_cpu() {
         let (vocab, cols) = (77, 96.max(format.block_len()));
         let m = random_matrix(&mut rng, format, vocab, cols);
         let k = Kernels::new(
-            &d.device,
+            &d.compiled,
             &[super::weights::GpuFormat::of(format)],
             false,
             false,
@@ -471,7 +471,7 @@ fn kv_formats(d: &Device) -> Vec<GpuKv> {
 }
 
 fn rope_store_matches_the_cpu(d: &Device, kv: GpuKv) {
-    let k = Kernels::new(&d.device, &[], false, false, kv).unwrap();
+    let k = Kernels::new(&d.compiled, &[], false, false, kv).unwrap();
     let mut rng = Rng::new(3);
     for style in [RopeStyle::Halves, RopeStyle::Adjacent] {
         for (n_heads, n_kv, hd) in [(4, 2, 16), (7, 1, 48), (3, 3, 128)] {
@@ -573,7 +573,7 @@ fn attention_kernel_matches_the_cpu() {
 }
 
 fn attention_matches_the_cpu(d: &Device, kv: GpuKv) {
-    let k = Kernels::new(&d.device, &[], false, false, kv).unwrap();
+    let k = Kernels::new(&d.compiled, &[], false, false, kv).unwrap();
     let mut rng = Rng::new(5);
     let mut checked = 0;
     for (n_heads, n_kv, hd) in [(4, 4, 16), (6, 2, 48), (7, 1, 128)] {
@@ -684,7 +684,7 @@ fn attention_matches_the_cpu(d: &Device, kv: GpuKv) {
 #[test]
 fn norm_and_argmax_kernels_match_the_cpu() {
     let Some(d) = device() else { return };
-    let k = Kernels::new(&d.device, &[], false, false, GpuKv::F32).unwrap();
+    let k = Kernels::new(&d.compiled, &[], false, false, GpuKv::F32).unwrap();
     let mut rng = Rng::new(9);
     let (n, hidden, vocab) = (3, 200, 1001);
     let mut sh = shape(1, 1, 2, 0, RopeStyle::Halves);
@@ -746,7 +746,7 @@ fn kernel_timer_counts_each_dispatch_either_way() {
         eprintln!("SKIPPED: the adapter has no timestamp queries");
         return;
     }
-    let k = Kernels::new(&d.device, &[], false, false, GpuKv::F32).unwrap();
+    let k = Kernels::new(&d.compiled, &[], false, false, GpuKv::F32).unwrap();
     let mut rng = Rng::new(4);
     let (n, hidden) = (2, 96);
     let mut sh = shape(1, 1, 2, 0, RopeStyle::Halves);
