@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Result};
 
 use super::weights::GpuFormat;
 use super::GpuKv;
@@ -64,8 +64,9 @@ pub enum Fused {
     Store,
 }
 
+#[cfg(test)]
 impl Fused {
-    /// Every fusion, in the order the kernels are compiled.
+    /// Every fusion (the kernel tests compile each).
     pub const ALL: [Fused; 4] = [
         Fused::NormStore,
         Fused::Add,
@@ -81,19 +82,35 @@ pub enum Binding {
     ReadWrite,
 }
 
+/// A mat-mul the layer loop runs: its weights' layout, what surrounds it, and the rows of one
+/// of its parts (they pick the width of a lone token's Q16 mat-vec).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatMulUse {
+    pub format: GpuFormat,
+    pub fused: Fused,
+    pub rows: usize,
+}
+
+/// Whether a part of `rows` rows takes the wide Q16 mat-vec (`Q16_VEC_ROWS[1]`).
+fn wide_matvec(rows: usize) -> bool {
+    rows.div_ceil(Q16_VEC_ROWS[1]) >= WIDE_VEC_GROUPS
+}
+
 /// A mat-mul's pipelines over Q16 inputs.
 pub struct Q16Pipelines<'k> {
     pub quantize: &'k wgpu::ComputePipeline,
     pub matmul: &'k wgpu::ComputePipeline,
-    /// The narrow and the wide mat-vec (`Q16_VEC_ROWS`).
-    matvec: [&'k wgpu::ComputePipeline; 2],
+    /// The narrow and the wide mat-vec (`Q16_VEC_ROWS`), where a part of the model takes it.
+    matvec: [Option<&'k wgpu::ComputePipeline>; 2],
 }
 
 impl<'k> Q16Pipelines<'k> {
     /// The mat-vec for a part of `rows` rows, and the rows a workgroup of it takes.
-    pub fn matvec(&self, rows: usize) -> (&'k wgpu::ComputePipeline, usize) {
-        let wide = rows.div_ceil(Q16_VEC_ROWS[1]) >= WIDE_VEC_GROUPS;
-        (self.matvec[wide as usize], Q16_VEC_ROWS[wide as usize])
+    pub fn matvec(&self, rows: usize) -> Result<(&'k wgpu::ComputePipeline, usize)> {
+        let wide = wide_matvec(rows) as usize;
+        let pipeline = self.matvec[wide]
+            .ok_or_else(|| anyhow!("no mat-vec kernel for parts of {rows} rows was compiled"))?;
+        Ok((pipeline, Q16_VEC_ROWS[wide]))
     }
 }
 
@@ -113,7 +130,8 @@ pub struct Kernels {
     matmul_q16: HashMap<(GpuFormat, Fused, usize, usize), wgpu::ComputePipeline>,
     /// Activations to Q16 blocks: as they are, and RMSNorm'd.
     quantize: Option<[wgpu::ComputePipeline; 2]>,
-    embed: HashMap<GpuFormat, wgpu::ComputePipeline>,
+    /// The embedding's lookup, for its layout.
+    embed: Option<(GpuFormat, wgpu::ComputePipeline)>,
     pub rope_store: wgpu::ComputePipeline,
     pub attention: wgpu::ComputePipeline,
     pub attention_reduce: wgpu::ComputePipeline,
@@ -385,12 +403,16 @@ fn matmul_source(
 }
 
 impl Kernels {
-    /// The kernels for weights in `formats` (compiled on `compiled`'s device where it has not
-    /// yet); `bias` adds Q|K|V biases to that mat-mul; `packed_dot` (WGSL has `dot4I8Packed`) adds
-    /// the Q16 mat-muls for integer weights; RoPE's store and attention keep the KV cache in `kv`.
+    /// The kernels for `matmuls` and an embedding in `embed` (compiled on `compiled`'s device
+    /// where it has not yet): only the variants they run, since a model's load waits for each
+    /// (160 ms for a Q16 tile on lavapipe). `bias` adds Q|K|V biases to that mat-mul;
+    /// `packed_dot` (WGSL has `dot4I8Packed`) gives integer weights Q16 inputs (the tile for
+    /// batches and a lone token's mat-vec, in place of the f32 ones); RoPE's store and attention
+    /// keep the KV cache in `kv`.
     pub fn new(
         compiled: &Compiled,
-        formats: &[GpuFormat],
+        matmuls: &[MatMulUse],
+        embed: Option<GpuFormat>,
         bias: bool,
         packed_dot: bool,
         kv: GpuKv,
@@ -398,30 +420,43 @@ impl Kernels {
         let pipeline = |layout, source, entry| compiled.pipeline(layout, source, entry);
         let mut matmul = HashMap::new();
         let mut matmul_q16 = HashMap::new();
-        let mut embed = HashMap::new();
-        for &format in formats {
-            for fused in Fused::ALL {
+        for &MatMulUse {
+            format,
+            fused,
+            rows,
+        } in matmuls
+        {
+            if packed_dot && format.is_integer() {
+                let (tile_rows, tile) = Q16_TILE;
+                matmul_q16
+                    .entry((format, fused, tile, tile_rows))
+                    .or_insert_with(|| {
+                        let source =
+                            matmul_source(format, fused, (tile, tile_rows), bias, Inputs::Q16);
+                        pipeline(Layout::MatMulQ16, source, "matmul")
+                    });
+                let vec_rows = Q16_VEC_ROWS[wide_matvec(rows) as usize];
+                matmul_q16
+                    .entry((format, fused, 1, vec_rows))
+                    .or_insert_with(|| {
+                        let source = matmul_source(format, fused, (1, vec_rows), bias, Inputs::Q16);
+                        pipeline(Layout::MatMul, source, "matvec")
+                    });
+            } else {
                 for tile in [1, PREFILL_TILE] {
-                    let shape = (tile, FLOAT_ROWS);
-                    let source = matmul_source(format, fused, shape, bias, Inputs::Float);
-                    let p = pipeline(Layout::MatMul, source, "matmul");
-                    matmul.insert((format, fused, tile), p);
-                }
-                if packed_dot && format.is_integer() {
-                    let (rows, tile) = Q16_TILE;
-                    let source = matmul_source(format, fused, (tile, rows), bias, Inputs::Q16);
-                    let p = pipeline(Layout::MatMulQ16, source, "matmul");
-                    matmul_q16.insert((format, fused, tile, rows), p);
-                    for rows in Q16_VEC_ROWS {
-                        let source = matmul_source(format, fused, (1, rows), bias, Inputs::Q16);
-                        let p = pipeline(Layout::MatMul, source, "matvec");
-                        matmul_q16.insert((format, fused, 1, rows), p);
-                    }
+                    matmul.entry((format, fused, tile)).or_insert_with(|| {
+                        let shape = (tile, FLOAT_ROWS);
+                        let source = matmul_source(format, fused, shape, bias, Inputs::Float);
+                        pipeline(Layout::MatMul, source, "matmul")
+                    });
                 }
             }
-            let source = matmul_source(format, Fused::Store, (1, FLOAT_ROWS), false, Inputs::Float);
-            embed.insert(format, pipeline(Layout::Embed, source, "embed"));
         }
+        let embed = embed.map(|format| {
+            let shape = (1, FLOAT_ROWS);
+            let source = matmul_source(format, Fused::Store, shape, false, Inputs::Float);
+            (format, pipeline(Layout::Embed, source, "embed"))
+        });
         let quantize = (!matmul_q16.is_empty()).then(|| {
             [Fused::Add, Fused::NormStore].map(|fused| {
                 let shape = (1, FLOAT_ROWS);
@@ -476,7 +511,7 @@ impl Kernels {
         Some(Q16Pipelines {
             quantize,
             matmul: get(Q16_TILE.1, Q16_TILE.0)?,
-            matvec: [get(1, Q16_VEC_ROWS[0])?, get(1, Q16_VEC_ROWS[1])?],
+            matvec: Q16_VEC_ROWS.map(|rows| get(1, rows)),
         })
     }
 
@@ -486,9 +521,10 @@ impl Kernels {
     }
 
     pub fn embed(&self, format: GpuFormat) -> Result<&wgpu::ComputePipeline> {
-        self.embed
-            .get(&format)
-            .ok_or_else(|| anyhow!("no {} embedding kernel was compiled", format.name()))
+        match &self.embed {
+            Some((f, pipeline)) if *f == format => Ok(pipeline),
+            _ => bail!("no {} embedding kernel was compiled", format.name()),
+        }
     }
 }
 

@@ -16,6 +16,7 @@ use anyhow::{anyhow, bail, Result};
 use sapient_core::{Config, Model};
 use wgpu::util::DeviceExt;
 
+use kernels::{Fused, Kernels, MatMulUse};
 pub use session::GpuSession;
 use weights::{GpuFormat, GpuMatrix};
 
@@ -93,7 +94,7 @@ pub struct GpuModel {
     lm_head: Option<GpuMatrix>,
     layers: Vec<GpuLayer>,
     norm: wgpu::Buffer,
-    kernels: kernels::Kernels,
+    kernels: Kernels,
     weight_bytes: u64,
     /// The weights' device layouts (`GpuFormat::of`, or shared by a fused mat-mul's matrices).
     layouts: Vec<GpuFormat>,
@@ -317,7 +318,34 @@ impl GpuModel {
             .collect();
         layouts.sort_by_key(|f| f.name());
         layouts.dedup();
-        let kernels = kernels::Kernels::new(&compiled, &layouts, c.qkv_bias, packed_dot, opts.kv)?;
+        let output = lm_head.as_ref().unwrap_or(&embed);
+        let matmuls: Vec<_> = layers
+            .iter()
+            .flat_map(|l| {
+                [
+                    (&l.qkv, Fused::NormStore),
+                    (&l.wo, Fused::Add),
+                    (&l.gate_up, Fused::NormSwiglu),
+                    (&l.down, Fused::Add),
+                ]
+            })
+            .chain([(output, Fused::Store)])
+            .flat_map(|(m, fused)| {
+                m.parts.iter().map(move |p| MatMulUse {
+                    format: m.format,
+                    fused,
+                    rows: p.rows,
+                })
+            })
+            .collect();
+        let kernels = Kernels::new(
+            &compiled,
+            &matmuls,
+            Some(embed.format),
+            c.qkv_bias,
+            packed_dot,
+            opts.kv,
+        )?;
         if let Some(e) = pollster::block_on(scope.pop()) {
             bail!("GPU {}: {e}", info.name);
         }

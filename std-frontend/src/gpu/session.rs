@@ -371,7 +371,7 @@ impl Recorder {
             let (pipeline, (group_rows, tile)) = match (&q16, tiled) {
                 (_, Some((p, _))) => (p.matmul, Q16_TILE),
                 (Some(p), None) if count == 1 => {
-                    let (pipeline, group_rows) = p.matvec(*rows);
+                    let (pipeline, group_rows) = p.matvec(*rows)?;
                     (pipeline, (group_rows, 1))
                 }
                 _ => {

@@ -9,12 +9,12 @@ use sapient_core::sample::{argmax, Rng};
 use sapient_core::{ops, Matrix, RopeStyle, Serial};
 use wgpu::util::DeviceExt;
 
-use super::kernels::{Fused, Kernels, Q16_VEC_ROWS, Q16_WORDS, WIDE_VEC_GROUPS};
+use super::kernels::{Fused, Kernels, MatMulUse, Q16_VEC_ROWS, Q16_WORDS, WIDE_VEC_GROUPS};
 use super::profile::KernelTimer;
 use super::session::{
     bind_group, embed_groups, matmul_groups, uniform, Place, Recorder, Rows, Shape,
 };
-use super::weights::GpuMatrix;
+use super::weights::{GpuFormat, GpuMatrix};
 use super::{map_read, Device, GpuKv};
 
 fn device() -> Option<Device> {
@@ -27,6 +27,22 @@ fn device() -> Option<Device> {
         eprintln!("SKIPPED: no GPU adapter (install mesa-vulkan-drivers for lavapipe)");
     }
     d
+}
+
+/// Every mat-mul kernel of `format`: each fusion, a part narrow and one wide enough for the
+/// wide Q16 mat-vec.
+fn every_matmul(format: GpuFormat) -> Vec<MatMulUse> {
+    let wide = Q16_VEC_ROWS[1] * WIDE_VEC_GROUPS;
+    Fused::ALL
+        .into_iter()
+        .flat_map(|fused| {
+            [1, wide].map(|rows| MatMulUse {
+                format,
+                fused,
+                rows,
+            })
+        })
+        .collect()
 }
 
 fn random(rng: &mut Rng, n: usize) -> Vec<f32> {
@@ -158,14 +174,22 @@ fn matmul_kernels_match_the_cpu() {
             _ => 256,
         };
         let split = if cols == 256 { 4096 } else { 2048 };
-        let gpu_format = super::weights::GpuFormat::of(format);
+        let gpu_format = GpuFormat::of(format);
         let packed = if gpu_format.is_integer() {
             &[false, true][..]
         } else {
             &[false]
         };
         for (&packed_dot, bias) in packed.iter().flat_map(|p| [(p, false), (p, true)]) {
-            let k = Kernels::new(&d.compiled, &[gpu_format], bias, packed_dot, GpuKv::F32).unwrap();
+            let k = Kernels::new(
+                &d.compiled,
+                &every_matmul(gpu_format),
+                Some(gpu_format),
+                bias,
+                packed_dot,
+                GpuKv::F32,
+            )
+            .unwrap();
             for fused in [
                 Fused::NormStore,
                 Fused::Add,
@@ -291,8 +315,16 @@ fn q16_lone_token_matches_its_batch() {
         .into_iter()
         .flat_map(|f| [(f, 20, 67 * 32), (f, wide, 67 * 32), (f, 20, 18 * 32)]);
     for (format, rows_out, cols) in cases {
-        let gpu_format = super::weights::GpuFormat::of(format);
-        let k = Kernels::new(&d.compiled, &[gpu_format], true, true, GpuKv::F32).unwrap();
+        let gpu_format = GpuFormat::of(format);
+        let k = Kernels::new(
+            &d.compiled,
+            &every_matmul(gpu_format),
+            None,
+            true,
+            true,
+            GpuKv::F32,
+        )
+        .unwrap();
         let values = random(&mut rng, rows_out * cols);
         let mat = Matrix::quantize(format, rows_out, cols, &values).unwrap();
         let m = GpuMatrix::upload(&d.device, "w", &[&mat], false, 4, u64::MAX).unwrap();
@@ -300,7 +332,12 @@ fn q16_lone_token_matches_its_batch() {
         let mut aux = random(&mut rng, cols);
         aux.extend(random(&mut rng, rows_out));
         let auxb = buffer(&d, &aux);
-        let vec_rows = k.q16(gpu_format, Fused::Add).unwrap().matvec(rows_out).1;
+        let vec_rows = k
+            .q16(gpu_format, Fused::Add)
+            .unwrap()
+            .matvec(rows_out)
+            .unwrap()
+            .1;
         assert_eq!(vec_rows, Q16_VEC_ROWS[(rows_out == wide) as usize]);
         for fused in [Fused::NormStore, Fused::Add, Fused::NormSwiglu] {
             let out_cols = if fused == Fused::NormSwiglu {
@@ -371,7 +408,8 @@ fn embedding_kernel_matches_the_cpu() {
         let m = random_matrix(&mut rng, format, vocab, cols);
         let k = Kernels::new(
             &d.compiled,
-            &[super::weights::GpuFormat::of(format)],
+            &[],
+            Some(GpuFormat::of(format)),
             false,
             false,
             GpuKv::F32,
@@ -471,7 +509,7 @@ fn kv_formats(d: &Device) -> Vec<GpuKv> {
 }
 
 fn rope_store_matches_the_cpu(d: &Device, kv: GpuKv) {
-    let k = Kernels::new(&d.compiled, &[], false, false, kv).unwrap();
+    let k = Kernels::new(&d.compiled, &[], None, false, false, kv).unwrap();
     let mut rng = Rng::new(3);
     for style in [RopeStyle::Halves, RopeStyle::Adjacent] {
         for (n_heads, n_kv, hd) in [(4, 2, 16), (7, 1, 48), (3, 3, 128)] {
@@ -573,7 +611,7 @@ fn attention_kernel_matches_the_cpu() {
 }
 
 fn attention_matches_the_cpu(d: &Device, kv: GpuKv) {
-    let k = Kernels::new(&d.compiled, &[], false, false, kv).unwrap();
+    let k = Kernels::new(&d.compiled, &[], None, false, false, kv).unwrap();
     let mut rng = Rng::new(5);
     let mut checked = 0;
     for (n_heads, n_kv, hd) in [(4, 4, 16), (6, 2, 48), (7, 1, 128)] {
@@ -684,7 +722,7 @@ fn attention_matches_the_cpu(d: &Device, kv: GpuKv) {
 #[test]
 fn norm_and_argmax_kernels_match_the_cpu() {
     let Some(d) = device() else { return };
-    let k = Kernels::new(&d.compiled, &[], false, false, GpuKv::F32).unwrap();
+    let k = Kernels::new(&d.compiled, &[], None, false, false, GpuKv::F32).unwrap();
     let mut rng = Rng::new(9);
     let (n, hidden, vocab) = (3, 200, 1001);
     let mut sh = shape(1, 1, 2, 0, RopeStyle::Halves);
@@ -746,7 +784,7 @@ fn kernel_timer_counts_each_dispatch_either_way() {
         eprintln!("SKIPPED: the adapter has no timestamp queries");
         return;
     }
-    let k = Kernels::new(&d.compiled, &[], false, false, GpuKv::F32).unwrap();
+    let k = Kernels::new(&d.compiled, &[], None, false, false, GpuKv::F32).unwrap();
     let mut rng = Rng::new(4);
     let (n, hidden) = (2, 96);
     let mut sh = shape(1, 1, 2, 0, RopeStyle::Halves);
