@@ -91,9 +91,10 @@ pub struct MatMulUse {
     pub rows: usize,
 }
 
-/// Whether a part of `rows` rows takes the wide Q16 mat-vec (`Q16_VEC_ROWS[1]`).
-fn wide_matvec(rows: usize) -> bool {
-    rows.div_ceil(Q16_VEC_ROWS[1]) >= WIDE_VEC_GROUPS
+/// Whether a part of `rows` rows takes the wide Q16 mat-vec (`Q16_VEC_ROWS[1]`): where it fills
+/// `wide_vec_groups` of its workgroups.
+fn wide_matvec(rows: usize, wide_vec_groups: usize) -> bool {
+    rows.div_ceil(Q16_VEC_ROWS[1]) >= wide_vec_groups
 }
 
 /// A mat-mul's pipelines over Q16 inputs.
@@ -102,12 +103,13 @@ pub struct Q16Pipelines<'k> {
     pub matmul: &'k wgpu::ComputePipeline,
     /// The narrow and the wide mat-vec (`Q16_VEC_ROWS`), where a part of the model takes it.
     matvec: [Option<&'k wgpu::ComputePipeline>; 2],
+    wide_vec_groups: usize,
 }
 
 impl<'k> Q16Pipelines<'k> {
     /// The mat-vec for a part of `rows` rows, and the rows a workgroup of it takes.
     pub fn matvec(&self, rows: usize) -> Result<(&'k wgpu::ComputePipeline, usize)> {
-        let wide = wide_matvec(rows) as usize;
+        let wide = wide_matvec(rows, self.wide_vec_groups) as usize;
         let pipeline = self.matvec[wide]
             .ok_or_else(|| anyhow!("no mat-vec kernel for parts of {rows} rows was compiled"))?;
         Ok((pipeline, Q16_VEC_ROWS[wide]))
@@ -132,6 +134,8 @@ pub struct Kernels {
     quantize: Option<[wgpu::ComputePipeline; 2]>,
     /// The embedding's lookup, for its layout.
     embed: Option<(GpuFormat, wgpu::ComputePipeline)>,
+    /// Workgroups of the wide Q16 mat-vec a part must fill to take it.
+    wide_vec_groups: usize,
     pub rope_store: wgpu::ComputePipeline,
     pub attention: wgpu::ComputePipeline,
     pub attention_reduce: wgpu::ComputePipeline,
@@ -407,14 +411,16 @@ impl Kernels {
     /// where it has not yet): only the variants they run, since a model's load waits for each
     /// (160 ms for a Q16 tile on lavapipe). `bias` adds Q|K|V biases to that mat-mul;
     /// `packed_dot` (WGSL has `dot4I8Packed`) gives integer weights Q16 inputs (the tile for
-    /// batches and a lone token's mat-vec, in place of the f32 ones); RoPE's store and attention
-    /// keep the KV cache in `kv`.
+    /// batches and a lone token's mat-vec, in place of the f32 ones), the wide mat-vec for parts
+    /// that fill `wide_vec_groups` of its workgroups; RoPE's store and attention keep the KV
+    /// cache in `kv`.
     pub fn new(
         compiled: &Compiled,
         matmuls: &[MatMulUse],
         embed: Option<GpuFormat>,
         bias: bool,
         packed_dot: bool,
+        wide_vec_groups: usize,
         kv: GpuKv,
     ) -> Result<Self> {
         let pipeline = |layout, source, entry| compiled.pipeline(layout, source, entry);
@@ -435,7 +441,7 @@ impl Kernels {
                             matmul_source(format, fused, (tile, tile_rows), bias, Inputs::Q16);
                         pipeline(Layout::MatMulQ16, source, "matmul")
                     });
-                let vec_rows = Q16_VEC_ROWS[wide_matvec(rows) as usize];
+                let vec_rows = Q16_VEC_ROWS[wide_matvec(rows, wide_vec_groups) as usize];
                 matmul_q16
                     .entry((format, fused, 1, vec_rows))
                     .or_insert_with(|| {
@@ -485,6 +491,7 @@ impl Kernels {
             matmul_q16,
             quantize,
             embed,
+            wide_vec_groups,
         })
     }
 
@@ -512,6 +519,7 @@ impl Kernels {
             quantize,
             matmul: get(Q16_TILE.1, Q16_TILE.0)?,
             matvec: Q16_VEC_ROWS.map(|rows| get(1, rows)),
+            wide_vec_groups: self.wide_vec_groups,
         })
     }
 

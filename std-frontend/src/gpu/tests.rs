@@ -187,6 +187,7 @@ fn matmul_kernels_match_the_cpu() {
                 Some(gpu_format),
                 bias,
                 packed_dot,
+                WIDE_VEC_GROUPS,
                 GpuKv::F32,
             )
             .unwrap();
@@ -322,6 +323,7 @@ fn q16_lone_token_matches_its_batch() {
             None,
             true,
             true,
+            WIDE_VEC_GROUPS,
             GpuKv::F32,
         )
         .unwrap();
@@ -412,6 +414,7 @@ fn embedding_kernel_matches_the_cpu() {
             Some(GpuFormat::of(format)),
             false,
             false,
+            WIDE_VEC_GROUPS,
             GpuKv::F32,
         )
         .unwrap();
@@ -509,7 +512,7 @@ fn kv_formats(d: &Device) -> Vec<GpuKv> {
 }
 
 fn rope_store_matches_the_cpu(d: &Device, kv: GpuKv) {
-    let k = Kernels::new(&d.compiled, &[], None, false, false, kv).unwrap();
+    let k = Kernels::new(&d.compiled, &[], None, false, false, WIDE_VEC_GROUPS, kv).unwrap();
     let mut rng = Rng::new(3);
     for style in [RopeStyle::Halves, RopeStyle::Adjacent] {
         for (n_heads, n_kv, hd) in [(4, 2, 16), (7, 1, 48), (3, 3, 128)] {
@@ -611,7 +614,7 @@ fn attention_kernel_matches_the_cpu() {
 }
 
 fn attention_matches_the_cpu(d: &Device, kv: GpuKv) {
-    let k = Kernels::new(&d.compiled, &[], None, false, false, kv).unwrap();
+    let k = Kernels::new(&d.compiled, &[], None, false, false, WIDE_VEC_GROUPS, kv).unwrap();
     let mut rng = Rng::new(5);
     let mut checked = 0;
     for (n_heads, n_kv, hd) in [(4, 4, 16), (6, 2, 48), (7, 1, 128)] {
@@ -722,7 +725,16 @@ fn attention_matches_the_cpu(d: &Device, kv: GpuKv) {
 #[test]
 fn norm_and_argmax_kernels_match_the_cpu() {
     let Some(d) = device() else { return };
-    let k = Kernels::new(&d.compiled, &[], None, false, false, GpuKv::F32).unwrap();
+    let k = Kernels::new(
+        &d.compiled,
+        &[],
+        None,
+        false,
+        false,
+        WIDE_VEC_GROUPS,
+        GpuKv::F32,
+    )
+    .unwrap();
     let mut rng = Rng::new(9);
     let (n, hidden, vocab) = (3, 200, 1001);
     let mut sh = shape(1, 1, 2, 0, RopeStyle::Halves);
@@ -784,7 +796,16 @@ fn kernel_timer_counts_each_dispatch_either_way() {
         eprintln!("SKIPPED: the adapter has no timestamp queries");
         return;
     }
-    let k = Kernels::new(&d.compiled, &[], None, false, false, GpuKv::F32).unwrap();
+    let k = Kernels::new(
+        &d.compiled,
+        &[],
+        None,
+        false,
+        false,
+        WIDE_VEC_GROUPS,
+        GpuKv::F32,
+    )
+    .unwrap();
     let mut rng = Rng::new(4);
     let (n, hidden) = (2, 96);
     let mut sh = shape(1, 1, 2, 0, RopeStyle::Halves);
