@@ -117,15 +117,9 @@ impl<'k> Q16Pipelines<'k> {
 }
 
 pub struct Kernels {
-    pub matmul_layout: wgpu::BindGroupLayout,
-    pub embed_layout: wgpu::BindGroupLayout,
-    pub rope_layout: wgpu::BindGroupLayout,
-    pub attention_layout: wgpu::BindGroupLayout,
-    pub norm_layout: wgpu::BindGroupLayout,
-    pub argmax_layout: wgpu::BindGroupLayout,
-    pub quantize_layout: wgpu::BindGroupLayout,
+    /// The device's bind group layouts (`Compiled`'s).
+    pub layouts: Layouts,
     matmul: HashMap<(GpuFormat, Fused, usize), wgpu::ComputePipeline>,
-    pub matmul_q16_layout: wgpu::BindGroupLayout,
     /// For integer weights where WGSL has `dot4I8Packed`: mat-muls over Q16 inputs, a tile
     /// that `quantize` made, keyed by its tokens, and (tokens 1) a lone token's mat-vec that
     /// makes them itself, keyed by its rows.
@@ -155,15 +149,15 @@ pub struct Compiled {
 
 /// The bind group layouts of the kernels (explicit, so one bind group serves every variant).
 #[derive(Clone)]
-struct Layouts {
-    matmul: wgpu::BindGroupLayout,
-    embed: wgpu::BindGroupLayout,
-    rope: wgpu::BindGroupLayout,
-    attention: wgpu::BindGroupLayout,
-    norm: wgpu::BindGroupLayout,
-    argmax: wgpu::BindGroupLayout,
-    quantize: wgpu::BindGroupLayout,
-    matmul_q16: wgpu::BindGroupLayout,
+pub struct Layouts {
+    pub matmul: wgpu::BindGroupLayout,
+    pub embed: wgpu::BindGroupLayout,
+    pub rope: wgpu::BindGroupLayout,
+    pub attention: wgpu::BindGroupLayout,
+    pub norm: wgpu::BindGroupLayout,
+    pub argmax: wgpu::BindGroupLayout,
+    pub quantize: wgpu::BindGroupLayout,
+    pub matmul_q16: wgpu::BindGroupLayout,
 }
 
 /// Which of `Layouts` a pipeline takes.
@@ -472,21 +466,13 @@ impl Kernels {
         });
         let layer = |name: &str| format!("{}{}", header(LAYER), section(LAYER, name));
         let with_kv = |name: &str| format!("{}{}", kv_header(kv), layer(name));
-        let l = compiled.layouts.clone();
         Ok(Kernels {
             rope_store: pipeline(Layout::Rope, with_kv("rope_store"), "rope_store"),
             attention: pipeline(Layout::Attention, with_kv("attention"), "attention"),
             attention_reduce: pipeline(Layout::Attention, with_kv("attention"), "attention_reduce"),
             rms_norm: pipeline(Layout::Norm, layer("rms_norm"), "rms_norm"),
             argmax: pipeline(Layout::Argmax, layer("argmax"), "argmax"),
-            matmul_layout: l.matmul,
-            embed_layout: l.embed,
-            rope_layout: l.rope,
-            attention_layout: l.attention,
-            norm_layout: l.norm,
-            argmax_layout: l.argmax,
-            quantize_layout: l.quantize,
-            matmul_q16_layout: l.matmul_q16,
+            layouts: compiled.layouts.clone(),
             matmul,
             matmul_q16,
             quantize,

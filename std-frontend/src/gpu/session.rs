@@ -168,12 +168,12 @@ pub(super) fn matmul_groups(
         .map(|q| Q16MatMul {
             quantize: bind_group(
                 device,
-                &k.quantize_layout,
+                &k.layouts.quantize,
                 &[(0, rows), (1, &mats[0]), (3, x), (5, aux), (7, q)],
             ),
-            parts: groups(&k.matmul_q16_layout, (7, q)),
+            parts: groups(&k.layouts.matmul_q16, (7, q)),
         });
-    let parts = groups(&k.matmul_layout, (3, x));
+    let parts = groups(&k.layouts.matmul, (3, x));
     MatMul {
         parts,
         q16,
@@ -203,7 +203,7 @@ pub(super) fn embed_groups(
                 bytemuck::bytes_of(&Mat::new(m, p, 0, cols, 0.0)),
             );
             let entries = [(0, rows), (1, &mat), (2, &p.buffer), (4, y), (6, tokens)];
-            (bind_group(device, &k.embed_layout, &entries), p.rows)
+            (bind_group(device, &k.layouts.embed, &entries), p.rows)
         })
         .collect();
     MatMul {
@@ -579,7 +579,7 @@ impl<'m> GpuSession<'m> {
                     &l.qkv_aux,
                 ),
                 rope: group(
-                    &k.rope_layout,
+                    &k.layouts.rope,
                     &[
                         (0, &batch),
                         (1, &shape),
@@ -591,7 +591,7 @@ impl<'m> GpuSession<'m> {
                     ],
                 ),
                 attention: group(
-                    &k.attention_layout,
+                    &k.layouts.attention,
                     &[
                         (0, &batch),
                         (1, &shape),
@@ -617,7 +617,7 @@ impl<'m> GpuSession<'m> {
         }
         let embed = embed_groups(device, k, &model.embed, &batch, &tokens, &x, h);
         let norm = group(
-            &k.norm_layout,
+            &k.layouts.norm,
             &[
                 (0, &batch),
                 (1, &shape),
@@ -635,7 +635,7 @@ impl<'m> GpuSession<'m> {
             &dummy,
         );
         let argmax = group(
-            &k.argmax_layout,
+            &k.layouts.argmax,
             &[(0, &batch), (1, &shape), (2, &logits), (3, &best)],
         );
         model.check()?;

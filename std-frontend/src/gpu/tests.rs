@@ -546,7 +546,7 @@ fn rope_store_matches_the_cpu(d: &Device, kv: GpuKv) {
                 (5, &vc),
                 (6, &pb),
             ];
-            let group = bind_group(&d.device, &k.rope_layout, &entries);
+            let group = bind_group(&d.device, &k.layouts.rope, &entries);
             let threads = (n_heads + n_kv) * hd / 2 + kvd;
             let mut rec = Recorder::default();
             rec.dispatch(
@@ -654,7 +654,7 @@ fn attention_matches_the_cpu(d: &Device, kv: GpuKv) {
                     (6, &partial),
                     (7, &pb),
                 ];
-                let group = bind_group(&d.device, &k.attention_layout, &entries);
+                let group = bind_group(&d.device, &k.layouts.attention, &entries);
                 let mut rec = Recorder::default();
                 rec.dispatch(
                     &d.device,
@@ -750,7 +750,7 @@ fn norm_and_argmax_kernels_match_the_cpu() {
     );
     let group = bind_group(
         &d.device,
-        &k.norm_layout,
+        &k.layouts.norm,
         &[(0, &rb), (1, &sb), (2, &xb), (3, &gb), (4, &out)],
     );
     let mut rec = Recorder::default();
@@ -775,7 +775,7 @@ fn norm_and_argmax_kernels_match_the_cpu() {
         let id = buffer(&d, &[0.0]);
         let group = bind_group(
             &d.device,
-            &k.argmax_layout,
+            &k.layouts.argmax,
             &[(0, &rb), (1, &sb), (2, &lb), (3, &id)],
         );
         let mut rec = Recorder::default();
@@ -817,7 +817,7 @@ fn kernel_timer_counts_each_dispatch_either_way() {
     let outs = [0, 1].map(|_| buffer(&d, &vec![0f32; n * hidden]));
     let groups = outs.each_ref().map(|out| {
         let entries = [(0, &rb), (1, &sb), (2, &xb), (3, &gb), (4, out)];
-        bind_group(&d.device, &k.norm_layout, &entries)
+        bind_group(&d.device, &k.layouts.norm, &entries)
     });
     // A recorder dropped mid-pass (a forward pass that failed) leaves the device without error:
     // `run_and_read` below checks.
