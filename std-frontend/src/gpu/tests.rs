@@ -45,6 +45,11 @@ fn every_matmul(format: GpuFormat) -> Vec<MatMulUse> {
         .collect()
 }
 
+/// The kernels a layer runs besides its mat-muls (RoPE, attention, the norm, argmax).
+fn layer_kernels(d: &Device, kv: GpuKv) -> Kernels {
+    Kernels::new(&d.compiled, &[], None, false, false, WIDE_VEC_GROUPS, kv).unwrap()
+}
+
 fn random(rng: &mut Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.next_f32() * 2.0 - 1.0).collect()
 }
@@ -512,7 +517,7 @@ fn kv_formats(d: &Device) -> Vec<GpuKv> {
 }
 
 fn rope_store_matches_the_cpu(d: &Device, kv: GpuKv) {
-    let k = Kernels::new(&d.compiled, &[], None, false, false, WIDE_VEC_GROUPS, kv).unwrap();
+    let k = layer_kernels(d, kv);
     let mut rng = Rng::new(3);
     for style in [RopeStyle::Halves, RopeStyle::Adjacent] {
         for (n_heads, n_kv, hd) in [(4, 2, 16), (7, 1, 48), (3, 3, 128)] {
@@ -614,7 +619,7 @@ fn attention_kernel_matches_the_cpu() {
 }
 
 fn attention_matches_the_cpu(d: &Device, kv: GpuKv) {
-    let k = Kernels::new(&d.compiled, &[], None, false, false, WIDE_VEC_GROUPS, kv).unwrap();
+    let k = layer_kernels(d, kv);
     let mut rng = Rng::new(5);
     let mut checked = 0;
     for (n_heads, n_kv, hd) in [(4, 4, 16), (6, 2, 48), (7, 1, 128)] {
@@ -725,16 +730,7 @@ fn attention_matches_the_cpu(d: &Device, kv: GpuKv) {
 #[test]
 fn norm_and_argmax_kernels_match_the_cpu() {
     let Some(d) = device() else { return };
-    let k = Kernels::new(
-        &d.compiled,
-        &[],
-        None,
-        false,
-        false,
-        WIDE_VEC_GROUPS,
-        GpuKv::F32,
-    )
-    .unwrap();
+    let k = layer_kernels(&d, GpuKv::F32);
     let mut rng = Rng::new(9);
     let (n, hidden, vocab) = (3, 200, 1001);
     let mut sh = shape(1, 1, 2, 0, RopeStyle::Halves);
@@ -796,16 +792,7 @@ fn kernel_timer_counts_each_dispatch_either_way() {
         eprintln!("SKIPPED: the adapter has no timestamp queries");
         return;
     }
-    let k = Kernels::new(
-        &d.compiled,
-        &[],
-        None,
-        false,
-        false,
-        WIDE_VEC_GROUPS,
-        GpuKv::F32,
-    )
-    .unwrap();
+    let k = layer_kernels(&d, GpuKv::F32);
     let mut rng = Rng::new(4);
     let (n, hidden) = (2, 96);
     let mut sh = shape(1, 1, 2, 0, RopeStyle::Halves);
