@@ -56,7 +56,7 @@ pub trait Backend {
     /// The backend's own failures, and arguments that do not fit the batch.
     fn qkv(&mut self, layer: usize, n: usize) -> Result<()>;
     /// Rotates `Q` and `K` for each token's position, and stores `K` and `V` there in its
-    /// sequence's cache.
+    /// sequence's cache (where `qkv` did not already: the GPU's does it in its epilogue).
     ///
     /// # Errors
     /// The backend's own failures, and arguments that do not fit the batch.

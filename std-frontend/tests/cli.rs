@@ -478,7 +478,7 @@ fn gpu_backend_from_the_cli() {
     let plain = json(&bench("gpu", &[]));
     assert_eq!(plain["backend"], "gpu");
     let layers = 2; // the qwen2 fixture's
-    assert_eq!(plain["dispatches_per_token"], 6 * layers + 3);
+    assert_eq!(plain["dispatches_per_token"], 5 * layers + 3);
     // --profile: every kernel's time per token, on the GPU only.
     let timed = json(&bench("gpu", &["--profile"]));
     let decode = &timed["kernel_times"]["decode"];
@@ -487,7 +487,7 @@ fn gpu_backend_from_the_cli() {
         .iter()
         .map(|k| k["calls_per_token"].as_f64().unwrap())
         .sum();
-    assert_eq!(calls, (6 * layers + 3) as f64);
+    assert_eq!(calls, (5 * layers + 3) as f64);
     assert!(kernels.iter().any(|k| k["kernel"] == "attention"));
     assert!(decode["gpu_span_us_per_token"].as_f64().unwrap() > 0.0);
     assert!(decode["host_us_per_token"].as_f64().unwrap() > 0.0);

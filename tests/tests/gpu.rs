@@ -477,14 +477,7 @@ fn kernel_times_count_every_dispatch() {
             let k = decode.kernels.iter().find(|k| k.kernel == name);
             k.map_or(0, |k| k.calls)
         };
-        for step in [
-            "qkv",
-            "rope_store",
-            "attention",
-            "attn_out",
-            "gate_up",
-            "down",
-        ] {
+        for step in ["qkv", "attention", "attn_out", "gate_up", "down"] {
             assert_eq!(calls(step), layers * decoded, "{step}");
         }
         for step in ["embed", "final_norm", "logits"] {

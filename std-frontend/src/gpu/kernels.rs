@@ -54,8 +54,9 @@ pub const Q16_WORDS: usize = 19;
 /// What surrounds a mat-mul: the RMSNorm prologue, and what the epilogue does with a result.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Fused {
-    /// RMSNorm(X)·Wᵀ (+ bias): Q|K|V.
-    NormStore,
+    /// RMSNorm(X)·Wᵀ (+ bias), then RoPE on Q and K, Q stored and K and V put in the layer's KV
+    /// cache: Q|K|V, whose rows the upload ordered so that each RoPE pair is two neighbours.
+    NormRope,
     /// `y += x·Wᵀ`: the output and down projections into the residual stream.
     Add,
     /// SiLU(gate)·up of RMSNorm(X)·Wᵀ over interleaved gate/up rows.
@@ -67,12 +68,7 @@ pub enum Fused {
 #[cfg(test)]
 impl Fused {
     /// Every fusion (the kernel tests compile each).
-    pub const ALL: [Fused; 4] = [
-        Fused::NormStore,
-        Fused::Add,
-        Fused::NormSwiglu,
-        Fused::Store,
-    ];
+    pub const ALL: [Fused; 4] = [Fused::NormRope, Fused::Add, Fused::NormSwiglu, Fused::Store];
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,7 +126,6 @@ pub struct Kernels {
     embed: Option<(GpuFormat, wgpu::ComputePipeline)>,
     /// Workgroups of the wide Q16 mat-vec a part must fill to take it.
     wide_vec_groups: usize,
-    pub rope_store: wgpu::ComputePipeline,
     pub attention: wgpu::ComputePipeline,
     pub attention_reduce: wgpu::ComputePipeline,
     pub rms_norm: wgpu::ComputePipeline,
@@ -152,12 +147,15 @@ pub struct Compiled {
 pub struct Layouts {
     pub matmul: wgpu::BindGroupLayout,
     pub embed: wgpu::BindGroupLayout,
-    pub rope: wgpu::BindGroupLayout,
     pub attention: wgpu::BindGroupLayout,
     pub norm: wgpu::BindGroupLayout,
     pub argmax: wgpu::BindGroupLayout,
     pub quantize: wgpu::BindGroupLayout,
     pub matmul_q16: wgpu::BindGroupLayout,
+    /// `matmul` and `matmul_q16` with what Q|K|V's epilogue writes (`Fused::NormRope`): RoPE's
+    /// angles, the layer's K and V caches, and the places of the batch's rows.
+    pub matmul_rope: wgpu::BindGroupLayout,
+    pub matmul_q16_rope: wgpu::BindGroupLayout,
 }
 
 /// Which of `Layouts` a pipeline takes.
@@ -165,41 +163,56 @@ pub struct Layouts {
 enum Layout {
     MatMul,
     Embed,
-    Rope,
     Attention,
     Norm,
     Argmax,
     Quantize,
     MatMulQ16,
+    MatMulRope,
+    MatMulQ16Rope,
+}
+
+impl Layout {
+    /// A mat-mul's layout: over f32 inputs or Q16 ones a lone token's mat-vec makes (`MatMul`)
+    /// or a tile's `quantize` made (`MatMulQ16`), with the RoPE epilogue's buffers for `fused`.
+    fn matmul(fused: Fused, q16_tile: bool) -> Self {
+        match (fused == Fused::NormRope, q16_tile) {
+            (false, false) => Layout::MatMul,
+            (false, true) => Layout::MatMulQ16,
+            (true, false) => Layout::MatMulRope,
+            (true, true) => Layout::MatMulQ16Rope,
+        }
+    }
 }
 
 impl Compiled {
     pub fn new(device: &wgpu::Device) -> Self {
         use Binding::*;
         let layout = |bindings: &[(u32, Binding)]| layout(device, bindings);
+        let matmul = [
+            (0, Uniform),
+            (1, Uniform),
+            (2, Read),
+            (3, Read),
+            (4, ReadWrite),
+            (5, Read),
+        ];
+        let matmul_q16 = [
+            (0, Uniform),
+            (1, Uniform),
+            (2, Read),
+            (4, ReadWrite),
+            (5, Read),
+            (7, Read),
+        ];
+        let rope = [(8, Read), (9, ReadWrite), (10, ReadWrite), (11, Read)];
         let layouts = Layouts {
-            matmul: layout(&[
-                (0, Uniform),
-                (1, Uniform),
-                (2, Read),
-                (3, Read),
-                (4, ReadWrite),
-                (5, Read),
-            ]),
+            matmul: layout(&matmul),
             embed: layout(&[
                 (0, Uniform),
                 (1, Uniform),
                 (2, Read),
                 (4, ReadWrite),
-                (6, Read),
-            ]),
-            rope: layout(&[
-                (0, Uniform),
-                (1, Uniform),
-                (2, ReadWrite),
-                (3, Read),
-                (4, ReadWrite),
-                (5, ReadWrite),
                 (6, Read),
             ]),
             attention: layout(&[
@@ -227,14 +240,9 @@ impl Compiled {
                 (5, Read),
                 (7, ReadWrite),
             ]),
-            matmul_q16: layout(&[
-                (0, Uniform),
-                (1, Uniform),
-                (2, Read),
-                (4, ReadWrite),
-                (5, Read),
-                (7, Read),
-            ]),
+            matmul_q16: layout(&matmul_q16),
+            matmul_rope: layout(&[&matmul[..], &rope].concat()),
+            matmul_q16_rope: layout(&[&matmul_q16[..], &rope].concat()),
         };
         Compiled {
             device: device.clone(),
@@ -255,12 +263,13 @@ impl Compiled {
         let bind_group_layout = match layout {
             Layout::MatMul => &l.matmul,
             Layout::Embed => &l.embed,
-            Layout::Rope => &l.rope,
             Layout::Attention => &l.attention,
             Layout::Norm => &l.norm,
             Layout::Argmax => &l.argmax,
             Layout::Quantize => &l.quantize,
             Layout::MatMulQ16 => &l.matmul_q16,
+            Layout::MatMulRope => &l.matmul_rope,
+            Layout::MatMulQ16Rope => &l.matmul_q16_rope,
         };
         pipelines
             .entry((layout, entry, source))
@@ -337,7 +346,7 @@ fn header(source: &str) -> &str {
     &source[..source.find("\n//#").map_or(source.len(), |i| i + 1)]
 }
 
-/// The lines that give layer.wgsl's modules which touch the KV cache its value type, `Kv`.
+/// The lines that give the modules which touch the KV cache its value type, `Kv`.
 fn kv_header(kv: GpuKv) -> &'static str {
     match kv {
         GpuKv::F32 => "alias Kv = f32;\n",
@@ -352,22 +361,28 @@ enum Inputs {
     Q16,
 }
 
-/// The source of a mat-mul of `tile` tokens, `rows` to a workgroup.
+/// The source of a mat-mul of `tile` tokens, `rows` to a workgroup (Q|K|V's with a KV cache in
+/// `kv`).
 fn matmul_source(
     format: GpuFormat,
     fused: Fused,
     (tile, rows): (usize, usize),
     bias: bool,
     inputs: Inputs,
+    kv: GpuKv,
 ) -> String {
     let (norm, epi) = match fused {
-        Fused::NormStore => (true, 0),
+        Fused::NormRope => (true, 3),
         Fused::Add => (false, 1),
         Fused::NormSwiglu => (true, 2),
         Fused::Store => (false, 0),
     };
     let norm_after = norm && inputs == Inputs::Float;
-    let bias = bias && fused == Fused::NormStore;
+    let bias = bias && fused == Fused::NormRope;
+    let (kv_header, rope) = match fused {
+        Fused::NormRope => (kv_header(kv), section(MATMUL, "rope")),
+        _ => ("", section(MATMUL, "no_rope")),
+    };
     let quants = match format {
         GpuFormat::Q8_0 | GpuFormat::Q8Halves => section(FORMATS, "bytes"),
         GpuFormat::Q4_0 | GpuFormat::Q4_1 => section(FORMATS, "nibbles"),
@@ -389,12 +404,12 @@ fn matmul_source(
         }
     };
     format!(
-        "const ROWS: u32 = {rows}u;\nconst LANES: u32 = {LANES}u;\nconst TOK: u32 = {tile}u;\n\
+        "{kv_header}const ROWS: u32 = {rows}u;\nconst LANES: u32 = {LANES}u;\nconst TOK: u32 = {tile}u;\n\
          const THREADS: u32 = {threads}u;\nconst RED_LEN: u32 = {red_len}u;\n\
          const RED_STRIDE: u32 = {red_stride}u;\nconst NT: u32 = {Q16_THREAD_TOKENS}u;\n\
          const NORM: bool = {norm};\nconst NORM_AFTER: bool = {norm_after};\n\
          const BIAS: bool = {bias};\nconst EPI: u32 = {epi}u;\n{}\n\
-         {quants}\n{}{inputs}",
+         {quants}\n{}{inputs}{rope}",
         section(FORMATS, format.name()),
         header(MATMUL),
     )
@@ -406,7 +421,7 @@ impl Kernels {
     /// (160 ms for a Q16 tile on lavapipe). `bias` adds Q|K|V biases to that mat-mul;
     /// `packed_dot` (WGSL has `dot4I8Packed`) gives integer weights Q16 inputs (the tile for
     /// batches and a lone token's mat-vec, in place of the f32 ones), the wide mat-vec for parts
-    /// that fill `wide_vec_groups` of its workgroups; RoPE's store and attention keep the KV
+    /// that fill `wide_vec_groups` of its workgroups; Q|K|V's epilogue and attention keep the KV
     /// cache in `kv`.
     pub fn new(
         compiled: &Compiled,
@@ -431,43 +446,44 @@ impl Kernels {
                 matmul_q16
                     .entry((format, fused, tile, tile_rows))
                     .or_insert_with(|| {
-                        let source =
-                            matmul_source(format, fused, (tile, tile_rows), bias, Inputs::Q16);
-                        pipeline(Layout::MatMulQ16, source, "matmul")
+                        let shape = (tile, tile_rows);
+                        let source = matmul_source(format, fused, shape, bias, Inputs::Q16, kv);
+                        pipeline(Layout::matmul(fused, true), source, "matmul")
                     });
                 let vec_rows = Q16_VEC_ROWS[wide_matvec(rows, wide_vec_groups) as usize];
                 matmul_q16
                     .entry((format, fused, 1, vec_rows))
                     .or_insert_with(|| {
-                        let source = matmul_source(format, fused, (1, vec_rows), bias, Inputs::Q16);
-                        pipeline(Layout::MatMul, source, "matvec")
+                        let shape = (1, vec_rows);
+                        let source = matmul_source(format, fused, shape, bias, Inputs::Q16, kv);
+                        pipeline(Layout::matmul(fused, false), source, "matvec")
                     });
             } else {
                 for tile in [1, PREFILL_TILE] {
                     matmul.entry((format, fused, tile)).or_insert_with(|| {
                         let shape = (tile, FLOAT_ROWS);
-                        let source = matmul_source(format, fused, shape, bias, Inputs::Float);
-                        pipeline(Layout::MatMul, source, "matmul")
+                        let source = matmul_source(format, fused, shape, bias, Inputs::Float, kv);
+                        pipeline(Layout::matmul(fused, false), source, "matmul")
                     });
                 }
             }
         }
         let embed = embed.map(|format| {
             let shape = (1, FLOAT_ROWS);
-            let source = matmul_source(format, Fused::Store, shape, false, Inputs::Float);
+            let source = matmul_source(format, Fused::Store, shape, false, Inputs::Float, kv);
             (format, pipeline(Layout::Embed, source, "embed"))
         });
+        // Without the norm, and with it (a fusion with the norm and no RoPE picks the prologue).
         let quantize = (!matmul_q16.is_empty()).then(|| {
-            [Fused::Add, Fused::NormStore].map(|fused| {
+            [Fused::Add, Fused::NormSwiglu].map(|fused| {
                 let shape = (1, FLOAT_ROWS);
-                let source = matmul_source(GpuFormat::F32, fused, shape, false, Inputs::Float);
+                let source = matmul_source(GpuFormat::F32, fused, shape, false, Inputs::Float, kv);
                 pipeline(Layout::Quantize, source, "quantize")
             })
         });
         let layer = |name: &str| format!("{}{}", header(LAYER), section(LAYER, name));
         let with_kv = |name: &str| format!("{}{}", kv_header(kv), layer(name));
         Ok(Kernels {
-            rope_store: pipeline(Layout::Rope, with_kv("rope_store"), "rope_store"),
             attention: pipeline(Layout::Attention, with_kv("attention"), "attention"),
             attention_reduce: pipeline(Layout::Attention, with_kv("attention"), "attention_reduce"),
             rms_norm: pipeline(Layout::Norm, layer("rms_norm"), "rms_norm"),
@@ -497,7 +513,7 @@ impl Kernels {
     pub fn q16(&self, format: GpuFormat, fused: Fused) -> Option<Q16Pipelines<'_>> {
         let [plain, norm] = self.quantize.as_ref()?;
         let quantize = match fused {
-            Fused::NormStore | Fused::NormSwiglu => norm,
+            Fused::NormRope | Fused::NormSwiglu => norm,
             Fused::Add | Fused::Store => plain,
         };
         let get = |tile, rows| self.matmul_q16.get(&(format, fused, tile, rows));
@@ -529,36 +545,48 @@ mod tests {
     /// Every module `Kernels::new` can compile, with its entry point.
     fn modules() -> Vec<(String, &'static str)> {
         let mut out = Vec::new();
+        // Q|K|V's epilogue with either KV cache; the other fusions touch none.
+        let fusions = Fused::ALL.into_iter().flat_map(|fused| match fused {
+            Fused::NormRope => vec![(fused, GpuKv::F32), (fused, GpuKv::F16)],
+            _ => vec![(fused, GpuKv::F32)],
+        });
         for format in GpuFormat::ALL {
-            for fused in Fused::ALL {
+            for (fused, kv) in fusions.clone() {
                 for bias in [false, true] {
+                    let source =
+                        |shape, inputs| matmul_source(format, fused, shape, bias, inputs, kv);
                     for tile in [1, PREFILL_TILE] {
-                        let shape = (tile, FLOAT_ROWS);
-                        out.push((
-                            matmul_source(format, fused, shape, bias, Inputs::Float),
-                            "matmul",
-                        ));
+                        out.push((source((tile, FLOAT_ROWS), Inputs::Float), "matmul"));
                     }
                     if format.is_integer() {
-                        let shape = (Q16_TILE.1, Q16_TILE.0);
-                        let tile = matmul_source(format, fused, shape, bias, Inputs::Q16);
-                        out.push((tile, "matmul"));
+                        out.push((source((Q16_TILE.1, Q16_TILE.0), Inputs::Q16), "matmul"));
                         for rows in Q16_VEC_ROWS {
-                            let source = matmul_source(format, fused, (1, rows), bias, Inputs::Q16);
-                            out.push((source, "matvec"));
+                            out.push((source((1, rows), Inputs::Q16), "matvec"));
                         }
                     }
                 }
             }
             let shape = (1, FLOAT_ROWS);
-            out.push((
-                matmul_source(format, Fused::Store, shape, false, Inputs::Float),
-                "embed",
-            ));
+            let source = matmul_source(
+                format,
+                Fused::Store,
+                shape,
+                false,
+                Inputs::Float,
+                GpuKv::F32,
+            );
+            out.push((source, "embed"));
         }
-        for fused in [Fused::Add, Fused::NormStore] {
+        for fused in [Fused::Add, Fused::NormSwiglu] {
             let shape = (1, FLOAT_ROWS);
-            let source = matmul_source(GpuFormat::F32, fused, shape, false, Inputs::Float);
+            let source = matmul_source(
+                GpuFormat::F32,
+                fused,
+                shape,
+                false,
+                Inputs::Float,
+                GpuKv::F32,
+            );
             out.push((source, "quantize"));
         }
         let layer = |name: &str| format!("{}{}", header(LAYER), section(LAYER, name));
@@ -567,7 +595,6 @@ mod tests {
         }
         for kv in [GpuKv::F32, GpuKv::F16] {
             let with_kv = |name: &str| format!("{}{}", kv_header(kv), layer(name));
-            out.push((with_kv("rope_store"), "rope_store"));
             out.push((with_kv("attention"), "attention"));
             out.push((with_kv("attention"), "attention_reduce"));
         }
@@ -604,7 +631,7 @@ mod tests {
         }
         assert_eq!(
             translated,
-            6 * 4 * 2 * 2 + 4 * 4 * 2 * 3 + 6 + 2 + 2 + 2 * 3
+            6 * 5 * 2 * 2 + 4 * 5 * 2 * 3 + 6 + 2 + 2 + 2 * 2
         );
     }
 }

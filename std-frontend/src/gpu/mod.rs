@@ -18,12 +18,12 @@ use wgpu::util::DeviceExt;
 
 use kernels::{Fused, Kernels, MatMulUse, WIDE_VEC_GROUPS};
 pub use session::GpuSession;
-use weights::{GpuFormat, GpuMatrix};
+use weights::{GpuFormat, GpuMatrix, RowOrder};
 
 use crate::run::{Runner, Session};
 
-/// Parts of a matrix hold whole multiples of this many rows: whole gate/up pairs, and whole
-/// groups of the 4 rows a thread of the Q16 tile takes (a part's last workgroup may still be
+/// Parts of a matrix hold whole multiples of this many rows: whole gate/up and RoPE pairs, and
+/// whole groups of the 4 rows a thread of the Q16 tile takes (a part's last workgroup may still be
 /// partial: the kernels check their rows).
 const PART_ROWS: usize = 4;
 
@@ -66,9 +66,10 @@ pub struct GpuOptions {
 
 /// One transformer block on the device.
 struct GpuLayer {
-    /// Q|K|V rows.
+    /// Q|K|V rows, in `RowOrder::qkv`'s order.
     qkv: GpuMatrix,
-    /// The attention norm's weights, then the Q|K|V biases where the model has them.
+    /// The attention norm's weights, then the Q|K|V biases (in the rows' order) where the model
+    /// has them.
     qkv_aux: wgpu::Buffer,
     wo: GpuMatrix,
     /// Gate and up rows interleaved.
@@ -278,8 +279,8 @@ impl GpuModel {
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let c = &model.config;
         let w = &model.weights;
-        let upload = |name: &str, mats: &[&sapient_core::Matrix<'_>], interleave: bool| {
-            GpuMatrix::upload(&device, name, mats, interleave, PART_ROWS, max_binding)
+        let upload = |name: &str, mats: &[&sapient_core::Matrix<'_>], order| {
+            GpuMatrix::upload(&device, name, mats, order, PART_ROWS, max_binding)
         };
         let floats = |name: &str, values: &[f32]| {
             device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
@@ -288,24 +289,28 @@ impl GpuModel {
                 usage: wgpu::BufferUsages::STORAGE,
             })
         };
+        let qkv_order = RowOrder::qkv(c.rope_style, c.head_dim, c.q_dim() + c.kv_dim());
         let mut layers = Vec::with_capacity(c.n_layers);
         for l in w.layers.iter() {
             let mut aux = l.attn_norm.to_vec();
-            for b in [&l.bq, &l.bk, &l.bv].into_iter().flatten() {
-                aux.extend_from_slice(b);
-            }
+            let bias: Vec<f32> = [&l.bq, &l.bk, &l.bv]
+                .into_iter()
+                .flatten()
+                .flat_map(|b| b.iter().copied())
+                .collect();
+            aux.extend((0..bias.len()).map(|r| bias[qkv_order.stacked_row(r)]));
             layers.push(GpuLayer {
-                qkv: upload("qkv", &[&l.wq, &l.wk, &l.wv], false)?,
+                qkv: upload("qkv", &[&l.wq, &l.wk, &l.wv], qkv_order)?,
                 qkv_aux: floats("attn_norm", &aux),
-                wo: upload("o_proj", &[&l.wo], false)?,
-                gate_up: upload("gate_up", &[&l.w_gate, &l.w_up], true)?,
+                wo: upload("o_proj", &[&l.wo], RowOrder::Stacked)?,
+                gate_up: upload("gate_up", &[&l.w_gate, &l.w_up], RowOrder::Interleaved)?,
                 ffn_norm: floats("ffn_norm", &l.ffn_norm),
-                down: upload("down_proj", &[&l.w_down], false)?,
+                down: upload("down_proj", &[&l.w_down], RowOrder::Stacked)?,
             });
         }
-        let embed = upload("embed_tokens", &[&w.embed], false)?;
+        let embed = upload("embed_tokens", &[&w.embed], RowOrder::Stacked)?;
         let lm_head = match &w.lm_head {
-            Some(m) => Some(upload("lm_head", &[m], false)?),
+            Some(m) => Some(upload("lm_head", &[m], RowOrder::Stacked)?),
             None => None,
         };
         let norm = floats("norm", &w.norm);
@@ -323,7 +328,7 @@ impl GpuModel {
             .iter()
             .flat_map(|l| {
                 [
-                    (&l.qkv, Fused::NormStore),
+                    (&l.qkv, Fused::NormRope),
                     (&l.wo, Fused::Add),
                     (&l.gate_up, Fused::NormSwiglu),
                     (&l.down, Fused::Add),

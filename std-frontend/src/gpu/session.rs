@@ -9,7 +9,7 @@
 
 use anyhow::{bail, Result};
 use sapient_core::model::layer_loop;
-use sapient_core::{ops, Backend, Config, Segment, Want};
+use sapient_core::{ops, Backend, Config, RopeStyle, Segment, Want};
 use wgpu::util::DeviceExt;
 
 use super::kernels::{Fused, Kernels, FLOAT_ROWS, PREFILL_TILE, Q16_TILE, Q16_WORDS};
@@ -69,19 +69,29 @@ pub(super) struct Mat {
     bias_off: u32,
     eps: f32,
     nb: u32,
+    head_dim: u32,
+    q_dim: u32,
+    kv_dim: u32,
+    rope_adjacent: u32,
     pad: [u32; 2],
 }
 
 impl Mat {
     /// The numbers of part `p` of `m`, reading rows of `x_stride` inputs and writing rows of
-    /// `out_stride` outputs (the bias, where there is one, follows the norm's `cols` weights).
+    /// `out_stride` outputs (the bias, where there is one, follows the norm's `cols` weights),
+    /// with Q|K|V's shape for its RoPE epilogue.
     pub(super) fn new(
         m: &GpuMatrix,
         p: &Part,
         x_stride: usize,
         out_stride: usize,
         eps: f32,
+        rope: Option<&RopeStore<'_>>,
     ) -> Self {
+        let shape = rope.map_or([0; 4], |r| {
+            let (hd, qd, kvd) = (r.head_dim as u32, r.q_dim as u32, r.kv_dim as u32);
+            [hd, qd, kvd, (r.style == RopeStyle::Adjacent) as u32]
+        });
         Mat {
             rows: p.rows as u32,
             cols: m.cols as u32,
@@ -93,9 +103,26 @@ impl Mat {
             bias_off: m.cols as u32,
             eps,
             nb: m.blocks as u32,
+            head_dim: shape[0],
+            q_dim: shape[1],
+            kv_dim: shape[2],
+            rope_adjacent: shape[3],
             pad: [0; 2],
         }
     }
+}
+
+/// What Q|K|V's epilogue (`Fused::NormRope`) needs besides its mat-mul: the heads' shape,
+/// RoPE's pairs, and the buffers of the angles, the layer's caches and the batch rows' places.
+pub(super) struct RopeStore<'b> {
+    pub(super) head_dim: usize,
+    pub(super) q_dim: usize,
+    pub(super) kv_dim: usize,
+    pub(super) style: RopeStyle,
+    pub(super) angles: &'b wgpu::Buffer,
+    pub(super) k_cache: &'b wgpu::Buffer,
+    pub(super) v_cache: &'b wgpu::Buffer,
+    pub(super) places: &'b wgpu::Buffer,
 }
 
 /// A uniform buffer holding `bytes` (rewritable, for the numbers a forward pass sets).
@@ -128,9 +155,10 @@ pub(super) fn bind_group(
 }
 
 /// A mat-mul's bind groups: one per part of `m`, each with its numbers in a uniform. It reads
-/// rows of `x` (`x.1` floats apart) and writes rows of `y` (`y.1` apart). Given a `q16` buffer,
-/// integer weights also get the bind groups that quantize `x` into it and read it (for batches
-/// of more than one token).
+/// rows of `x` (`x.1` floats apart) and writes rows of `y` (`y.1` apart); Q|K|V's (`rope`, for
+/// `Fused::NormRope`) writes Q there and K and V in the cache. Given a `q16` buffer, integer
+/// weights also get the bind groups that quantize `x` into it and read it (for batches of more
+/// than one token).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn matmul_groups(
     device: &wgpu::Device,
@@ -143,22 +171,38 @@ pub(super) fn matmul_groups(
     aux: &wgpu::Buffer,
     q16: Option<&wgpu::Buffer>,
     eps: f32,
+    rope: Option<&RopeStore<'_>>,
 ) -> MatMul {
+    debug_assert_eq!(rope.is_some(), fused == Fused::NormRope);
     let mats: Vec<_> = m
         .parts
         .iter()
         .map(|p| {
-            let mat = Mat::new(m, p, x_stride, out_stride, eps);
+            let mat = Mat::new(m, p, x_stride, out_stride, eps, rope);
             uniform(device, "mat", bytemuck::bytes_of(&mat))
         })
         .collect();
+    let l = &k.layouts;
+    let (layout, layout_q16) = match rope {
+        Some(_) => (&l.matmul_rope, &l.matmul_q16_rope),
+        None => (&l.matmul, &l.matmul_q16),
+    };
     // Bind groups of every part, reading the inputs that `input` binds.
     let groups = |layout: &wgpu::BindGroupLayout, input: (u32, &wgpu::Buffer)| -> Vec<_> {
         m.parts
             .iter()
             .zip(&mats)
             .map(|(p, mat)| {
-                let entries = [(0, rows), (1, mat), (2, &p.buffer), input, (4, y), (5, aux)];
+                let mut entries =
+                    vec![(0, rows), (1, mat), (2, &p.buffer), input, (4, y), (5, aux)];
+                if let Some(r) = rope {
+                    entries.extend([
+                        (8, r.angles),
+                        (9, r.k_cache),
+                        (10, r.v_cache),
+                        (11, r.places),
+                    ]);
+                }
                 (bind_group(device, layout, &entries), p.rows)
             })
             .collect()
@@ -171,9 +215,9 @@ pub(super) fn matmul_groups(
                 &k.layouts.quantize,
                 &[(0, rows), (1, &mats[0]), (3, x), (5, aux), (7, q)],
             ),
-            parts: groups(&k.layouts.matmul_q16, (7, q)),
+            parts: groups(layout_q16, (7, q)),
         });
-    let parts = groups(&k.layouts.matmul, (3, x));
+    let parts = groups(layout, (3, x));
     MatMul {
         parts,
         q16,
@@ -200,7 +244,7 @@ pub(super) fn embed_groups(
             let mat = uniform(
                 device,
                 "embed",
-                bytemuck::bytes_of(&Mat::new(m, p, 0, cols, 0.0)),
+                bytemuck::bytes_of(&Mat::new(m, p, 0, cols, 0.0, None)),
             );
             let entries = [(0, rows), (1, &mat), (2, &p.buffer), (4, y), (6, tokens)];
             (bind_group(device, &k.layouts.embed, &entries), p.rows)
@@ -222,14 +266,13 @@ pub(super) struct Shape {
     pub(super) n_kv_heads: u32,
     pub(super) head_dim: u32,
     pub(super) window: u32,
-    pub(super) qkv_stride: u32,
     pub(super) q_dim: u32,
     pub(super) kv_dim: u32,
-    pub(super) rope_adjacent: u32,
     pub(super) scale: f32,
     pub(super) hidden: u32,
     pub(super) eps: f32,
     pub(super) vocab: u32,
+    pub(super) pad: [u32; 2],
 }
 
 impl Shape {
@@ -240,14 +283,13 @@ impl Shape {
             n_kv_heads: c.n_kv_heads as u32,
             head_dim: c.head_dim as u32,
             window: c.sliding_window.unwrap_or(0) as u32,
-            qkv_stride: (qd + 2 * kvd) as u32,
             q_dim: qd as u32,
             kv_dim: kvd as u32,
-            rope_adjacent: (c.rope_style == sapient_core::RopeStyle::Adjacent) as u32,
             scale: 1.0 / (c.head_dim as f32).sqrt(),
             hidden: c.hidden_size as u32,
             eps: c.rms_norm_eps,
             vocab: c.vocab_size as u32,
+            pad: [0; 2],
         }
     }
 }
@@ -268,7 +310,6 @@ struct Q16MatMul {
 
 struct LayerGroups {
     qkv: MatMul,
-    rope: wgpu::BindGroup,
     attention: wgpu::BindGroup,
     wo: MatMul,
     gate_up: MatMul,
@@ -473,7 +514,6 @@ impl<'m> GpuSession<'m> {
             .checked_mul(kvd * model.kv.bytes())
             .ok_or_else(|| anyhow::anyhow!("GPU: a KV cache of {cache_rows} rows overflows"))?
             .div_ceil(4);
-        let qkv_stride = qd + 2 * kvd;
         let limit = model
             .limits
             .max_storage_buffer_binding_size
@@ -500,7 +540,7 @@ impl<'m> GpuSession<'m> {
         let copy_dst = wgpu::BufferUsages::COPY_DST;
         let x = storage("x", max_batch * h, none)?;
         let out = storage("final norm", max_batch * h, copy_src)?;
-        let qkv = storage("qkv", max_batch * qkv_stride, none)?;
+        let q = storage("q", max_batch * qd, none)?;
         let att = storage("attention", max_batch * qd, none)?;
         let hidden = storage("swiglu", max_batch * ff, none)?;
         let logits = storage("logits", LOGIT_ROWS * c.vocab_size, copy_src)?;
@@ -563,39 +603,42 @@ impl<'m> GpuSession<'m> {
         let eps = c.rms_norm_eps;
         let q16 = q16.as_ref();
         let matmul = |m, fused, rows, x, y, aux| {
-            matmul_groups(device, k, m, fused, rows, x, y, aux, q16, eps)
+            matmul_groups(device, k, m, fused, rows, x, y, aux, q16, eps, None)
         };
         let mut layers = Vec::with_capacity(c.n_layers);
         for l in &model.layers {
             let k_cache = storage("k cache", cache_words, none)?;
             let v_cache = storage("v cache", cache_words, none)?;
+            let rope = RopeStore {
+                head_dim: c.head_dim,
+                q_dim: qd,
+                kv_dim: kvd,
+                style: c.rope_style,
+                angles: &angles,
+                k_cache: &k_cache,
+                v_cache: &v_cache,
+                places: &places,
+            };
             layers.push(LayerGroups {
-                qkv: matmul(
+                qkv: matmul_groups(
+                    device,
+                    k,
                     &l.qkv,
-                    Fused::NormStore,
+                    Fused::NormRope,
                     &batch,
                     (&x, h),
-                    (&qkv, qkv_stride),
+                    (&q, qd),
                     &l.qkv_aux,
-                ),
-                rope: group(
-                    &k.layouts.rope,
-                    &[
-                        (0, &batch),
-                        (1, &shape),
-                        (2, &qkv),
-                        (3, &angles),
-                        (4, &k_cache),
-                        (5, &v_cache),
-                        (6, &places),
-                    ],
+                    q16,
+                    eps,
+                    Some(&rope),
                 ),
                 attention: group(
                     &k.layouts.attention,
                     &[
                         (0, &batch),
                         (1, &shape),
-                        (2, &qkv),
+                        (2, &q),
                         (3, &k_cache),
                         (4, &v_cache),
                         (5, &att),
@@ -808,18 +851,9 @@ impl Backend for GpuSession<'_> {
         result.map_err(|e| self.fail(e))
     }
 
-    fn rope_store(&mut self, layer: usize, _segments: &[Segment]) -> sapient_core::Result<()> {
-        let (c, n) = (&self.model.config, self.n);
-        let threads = (c.n_heads + c.n_kv_heads) * c.head_dim / 2 + c.kv_dim();
-        let (model, group) = (self.model, &self.layers[layer].rope);
-        let size = [threads.div_ceil(64), n, 1];
-        self.rec.dispatch(
-            &model.device,
-            "rope_store",
-            &model.kernels.rope_store,
-            group,
-            size,
-        );
+    fn rope_store(&mut self, _layer: usize, _segments: &[Segment]) -> sapient_core::Result<()> {
+        // Q|K|V's epilogue rotated Q and K and stored K and V (`Fused::NormRope`): one dispatch
+        // a layer fewer.
         Ok(())
     }
 

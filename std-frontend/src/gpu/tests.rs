@@ -12,9 +12,9 @@ use wgpu::util::DeviceExt;
 use super::kernels::{Fused, Kernels, MatMulUse, Q16_VEC_ROWS, Q16_WORDS, WIDE_VEC_GROUPS};
 use super::profile::KernelTimer;
 use super::session::{
-    bind_group, embed_groups, matmul_groups, uniform, Place, Recorder, Rows, Shape,
+    bind_group, embed_groups, matmul_groups, uniform, Place, Recorder, RopeStore, Rows, Shape,
 };
-use super::weights::{GpuFormat, GpuMatrix};
+use super::weights::{GpuFormat, GpuMatrix, RowOrder};
 use super::{map_read, Device, GpuKv};
 
 fn device() -> Option<Device> {
@@ -158,7 +158,7 @@ fn silu(v: f64) -> f64 {
     v / (1.0 + (-v).exp())
 }
 
-/// Every mat-mul variant (each fusion, bias or not, one token and tiles of 2 with a partial
+/// Every mat-mul variant but Q|K|V's (each other fusion, one token and tiles of 2 with a partial
 /// last tile, logits from a row offset) in every format, on 37 rows (not a multiple of the 4 a
 /// workgroup takes) of 96 columns (k-quants 256, floats 70), whole and split into parts of at
 /// most 2 KiB (k-quants 4 KiB); integer formats with f32 activations and with Q16 ones (packed
@@ -185,23 +185,18 @@ fn matmul_kernels_match_the_cpu() {
         } else {
             &[false]
         };
-        for (&packed_dot, bias) in packed.iter().flat_map(|p| [(p, false), (p, true)]) {
+        for &packed_dot in packed {
             let k = Kernels::new(
                 &d.compiled,
                 &every_matmul(gpu_format),
                 Some(gpu_format),
-                bias,
+                false,
                 packed_dot,
                 WIDE_VEC_GROUPS,
                 GpuKv::F32,
             )
             .unwrap();
-            for fused in [
-                Fused::NormStore,
-                Fused::Add,
-                Fused::NormSwiglu,
-                Fused::Store,
-            ] {
+            for fused in [Fused::Add, Fused::NormSwiglu, Fused::Store] {
                 let pairs = fused == Fused::NormSwiglu;
                 let rows_each = if pairs { 19 } else { 37 };
                 let mats: Vec<Matrix<'_>> = (0..if pairs { 2 } else { 1 })
@@ -209,8 +204,13 @@ fn matmul_kernels_match_the_cpu() {
                     .collect();
                 let refs: Vec<&Matrix<'_>> = mats.iter().collect();
                 for max_binding in [u64::MAX, split] {
+                    let order = if pairs {
+                        RowOrder::Interleaved
+                    } else {
+                        RowOrder::Stacked
+                    };
                     let m =
-                        GpuMatrix::upload(&d.device, "w", &refs, pairs, 4, max_binding).unwrap();
+                        GpuMatrix::upload(&d.device, "w", &refs, order, 4, max_binding).unwrap();
                     assert_eq!(m.parts.len() > 1, max_binding == split, "{format:?}");
                     for (n, first) in [(1, 0), (11, 0), (11, 3)] {
                         if first > 0 && fused != Fused::Store {
@@ -219,11 +219,8 @@ fn matmul_kernels_match_the_cpu() {
                         let out_cols = rows_each;
                         let x = random(&mut rng, n * cols);
                         let gain = random(&mut rng, cols);
-                        let b = random(&mut rng, rows_each);
-                        let mut aux = gain.clone();
-                        aux.extend_from_slice(&b);
                         let y0 = random(&mut rng, n * out_cols);
-                        let (xb, yb, auxb) = (buffer(&d, &x), buffer(&d, &y0), buffer(&d, &aux));
+                        let (xb, yb, auxb) = (buffer(&d, &x), buffer(&d, &y0), buffer(&d, &gain));
                         let q16 = buffer(&d, &vec![0f32; n * cols.div_ceil(32) * Q16_WORDS]);
                         let count = n - first;
                         let rb = uniform(
@@ -242,6 +239,7 @@ fn matmul_kernels_match_the_cpu() {
                             &auxb,
                             Some(&q16),
                             eps,
+                            None,
                         );
                         let mut rec = Recorder::default();
                         rec.matmul(&d.device, "test", &k, &mm, count).unwrap();
@@ -251,13 +249,12 @@ fn matmul_kernels_match_the_cpu() {
                         for t in first..n {
                             let xt = &x[t * cols..(t + 1) * cols];
                             let mut xn = vec![0f32; cols];
-                            let norm = matches!(fused, Fused::NormStore | Fused::NormSwiglu);
-                            if norm {
+                            if fused == Fused::NormSwiglu {
                                 ops::rms_norm(xt, &gain, eps, &mut xn).unwrap();
                             } else {
                                 xn.copy_from_slice(xt);
                             }
-                            for (r, bias_r) in b.iter().enumerate() {
+                            for r in 0..rows_each {
                                 let o = (t - first) * out_cols + r;
                                 let (want, tol) = match fused {
                                     Fused::NormSwiglu => {
@@ -275,7 +272,6 @@ fn matmul_kernels_match_the_cpu() {
                                         let (v, s) = dot(&mats[0], r, &xn);
                                         let v = match fused {
                                             Fused::Add => v + y0[o] as f64,
-                                            Fused::NormStore if bias => v + *bias_r as f64,
                                             _ => v,
                                         };
                                         (v, 2e-5 * (1.0 + s))
@@ -284,7 +280,7 @@ fn matmul_kernels_match_the_cpu() {
                                 let e = (got[o] as f64 - want).abs();
                                 assert!(
                                     e <= tol,
-                                    "{format:?} {fused:?} packed {packed_dot} bias {bias} n {n} \
+                                    "{format:?} {fused:?} packed {packed_dot} n {n} \
                                      first {first} binding {max_binding}: token {t} row {r}: \
                                      {} vs {want}",
                                     got[o]
@@ -299,7 +295,7 @@ fn matmul_kernels_match_the_cpu() {
     }
     // The float formats once, the quantized ones with and without packed dot products.
     let layouts = 3 + 2 * QUANTIZED.len();
-    assert_eq!(checked, layouts * 2 * 2 * (3 * 2 + 3));
+    assert_eq!(checked, layouts * 2 * (2 * 2 + 3));
 }
 
 /// With integer weights, a token's result is the same bits alone (the mat-vec quantizes its
@@ -334,11 +330,9 @@ fn q16_lone_token_matches_its_batch() {
         .unwrap();
         let values = random(&mut rng, rows_out * cols);
         let mat = Matrix::quantize(format, rows_out, cols, &values).unwrap();
-        let m = GpuMatrix::upload(&d.device, "w", &[&mat], false, 4, u64::MAX).unwrap();
+        let m = GpuMatrix::upload(&d.device, "w", &[&mat], RowOrder::Stacked, 4, u64::MAX).unwrap();
         let x = random(&mut rng, n * cols);
-        let mut aux = random(&mut rng, cols);
-        aux.extend(random(&mut rng, rows_out));
-        let auxb = buffer(&d, &aux);
+        let auxb = buffer(&d, &random(&mut rng, cols));
         let vec_rows = k
             .q16(gpu_format, Fused::Add)
             .unwrap()
@@ -346,7 +340,7 @@ fn q16_lone_token_matches_its_batch() {
             .unwrap()
             .1;
         assert_eq!(vec_rows, Q16_VEC_ROWS[(rows_out == wide) as usize]);
-        for fused in [Fused::NormStore, Fused::Add, Fused::NormSwiglu] {
+        for fused in [Fused::Add, Fused::NormSwiglu] {
             let out_cols = if fused == Fused::NormSwiglu {
                 rows_out / 2
             } else {
@@ -368,6 +362,7 @@ fn q16_lone_token_matches_its_batch() {
                     &auxb,
                     Some(&q16),
                     1e-5,
+                    None,
                 );
                 let mut rec = Recorder::default();
                 rec.matmul(&d.device, "test", &k, &mm, count).unwrap();
@@ -423,7 +418,7 @@ fn embedding_kernel_matches_the_cpu() {
             GpuKv::F32,
         )
         .unwrap();
-        let g = GpuMatrix::upload(&d.device, "embed", &[&m], false, 4, 2048).unwrap();
+        let g = GpuMatrix::upload(&d.device, "embed", &[&m], RowOrder::Stacked, 4, 2048).unwrap();
         assert!(g.parts.len() > 1);
         let tokens: Vec<u32> = vec![0, 76, 40, 3, 40, 63];
         let n = tokens.len();
@@ -453,21 +448,19 @@ fn embedding_kernel_matches_the_cpu() {
     }
 }
 
-fn shape(n_heads: usize, n_kv_heads: usize, hd: usize, window: usize, style: RopeStyle) -> Shape {
-    let (qd, kvd) = (n_heads * hd, n_kv_heads * hd);
+fn shape(n_heads: usize, n_kv_heads: usize, hd: usize, window: usize) -> Shape {
     Shape {
         n_heads: n_heads as u32,
         n_kv_heads: n_kv_heads as u32,
         head_dim: hd as u32,
         window: window as u32,
-        qkv_stride: (qd + 2 * kvd) as u32,
-        q_dim: qd as u32,
-        kv_dim: kvd as u32,
-        rope_adjacent: (style == RopeStyle::Adjacent) as u32,
+        q_dim: (n_heads * hd) as u32,
+        kv_dim: (n_kv_heads * hd) as u32,
         scale: 1.0 / (hd as f32).sqrt(),
         hidden: 0,
         eps: 0.0,
         vocab: 0,
+        pad: [0; 2],
     }
 }
 
@@ -495,14 +488,16 @@ fn read_kv(d: &Device, rec: &mut Recorder, src: &wgpu::Buffer, n: usize, kv: Gpu
     }
 }
 
-/// RoPE (both pair styles) rotates Q in place and K into the cache, and V is copied, as the CPU's
-/// `ops::rope` does; the rows land in their KV slot (the second of two here). In an f16 cache
-/// too: there each value is within one f16 step of the CPU's, rounded.
+/// Q|K|V's epilogue (`Fused::NormRope`) against the CPU: the RMSNorm'd mat-mul plus its biases,
+/// then RoPE (both pair styles) as `ops::rope` does, Q into its rows and K and V into the KV slot
+/// of each row (the second of two here); in an f16 cache too, each value within an f16 rounding
+/// of the CPU's. Weights in Q8_0 (with f32 inputs and with Q16 ones) and F16, whole and split
+/// into parts of at most 2 KiB; and a token gets the same bits alone as in its batch.
 #[test]
-fn rope_store_kernel_matches_the_cpu() {
+fn qkv_rope_kernels_match_the_cpu() {
     let Some(d) = device() else { return };
     for kv in kv_formats(&d) {
-        rope_store_matches_the_cpu(&d, kv);
+        qkv_rope_matches_the_cpu(&d, kv);
     }
 }
 
@@ -516,95 +511,171 @@ fn kv_formats(d: &Device) -> Vec<GpuKv> {
     }
 }
 
-fn rope_store_matches_the_cpu(d: &Device, kv: GpuKv) {
-    let k = layer_kernels(d, kv);
+/// What Q|K|V's epilogue wrote for a batch: Q's rows, and each cache.
+struct QkvOut {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+}
+
+fn qkv_rope_matches_the_cpu(d: &Device, kv: GpuKv) {
     let mut rng = Rng::new(3);
-    for style in [RopeStyle::Halves, RopeStyle::Adjacent] {
-        for (n_heads, n_kv, hd) in [(4, 2, 16), (7, 1, 48), (3, 3, 128)] {
-            let (n, pos0, max_seq) = (5, 9, 20);
-            let sh = shape(n_heads, n_kv, hd, 0, style);
-            let (qd, kvd) = (n_heads * hd, n_kv * hd);
-            let stride = qd + 2 * kvd;
-            let qkv = random(&mut rng, n * stride);
-            let inv_freq: Vec<f32> = (0..hd / 2)
-                .map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / hd as f32))
-                .collect();
-            let mut angles = vec![0f32; max_seq * hd];
-            for (pos, a) in angles.chunks_exact_mut(hd).enumerate() {
-                let (c, s) = a.split_at_mut(hd / 2);
-                ops::rope_angles(pos, &inv_freq, 1.0, c, s);
-            }
-            let (qb, ab) = (buffer(d, &qkv), buffer(d, &angles));
-            let (kc, vc) = (
-                buffer(d, &vec![0f32; 2 * max_seq * kvd]),
-                buffer(d, &vec![0f32; 2 * max_seq * kvd]),
-            );
-            let rb = uniform(&d.device, "rows", bytemuck::bytes_of(&rows(0, n, 1)));
-            let sb = uniform(&d.device, "shape", bytemuck::bytes_of(&sh));
-            let pb = places(d, max_seq, pos0, n);
-            let entries = [
-                (0, &rb),
-                (1, &sb),
-                (2, &qb),
-                (3, &ab),
-                (4, &kc),
-                (5, &vc),
-                (6, &pb),
-            ];
-            let group = bind_group(&d.device, &k.layouts.rope, &entries);
-            let threads = (n_heads + n_kv) * hd / 2 + kvd;
-            let mut rec = Recorder::default();
-            rec.dispatch(
-                &d.device,
-                "test",
-                &k.rope_store,
-                &group,
-                [threads.div_ceil(64), n, 1],
-            );
-            let got_q = run_and_read(d, &mut rec, &qb, n * stride);
-            let got_k = read_kv(d, &mut rec, &kc, 2 * max_seq * kvd, kv);
-            let got_v = read_kv(d, &mut rec, &vc, 2 * max_seq * kvd, kv);
-            assert!(
-                got_k[..max_seq * kvd].iter().all(|v| *v == 0.0),
-                "the first slot is untouched"
-            );
-            for t in 0..n {
-                let a = &angles[(pos0 + t) * hd..][..hd];
-                let row = &qkv[t * stride..(t + 1) * stride];
-                let mut q = row[..qd].to_vec();
-                let mut kk = row[qd..qd + kvd].to_vec();
-                ops::rope(&mut q, &a[..hd / 2], &a[hd / 2..], style).unwrap();
-                ops::rope(&mut kk, &a[..hd / 2], &a[hd / 2..], style).unwrap();
-                let close = |x: &[f32], y: &[f32], tol: f32| {
-                    x.iter().zip(y).all(|(a, b)| (a - b).abs() < tol)
-                };
-                assert!(
-                    close(&got_q[t * stride..][..qd], &q, 1e-5),
-                    "{style:?} hd {hd} q t{t}"
-                );
-                let p = (max_seq + pos0 + t) * kvd;
-                let (v, cached) = (&row[qd + kvd..], &got_v[p..p + kvd]);
-                match kv {
-                    GpuKv::F32 => {
-                        assert!(
-                            close(&got_k[p..p + kvd], &kk, 1e-5),
-                            "{style:?} hd {hd} k t{t}"
+    let (cols, eps, max_seq, pos0) = (96, 1e-5, 20, 6);
+    let mut checked = 0;
+    let weights = [
+        (Format::Q8_0, false),
+        (Format::Q8_0, true),
+        (Format::F16, false),
+    ];
+    for (format, packed_dot) in weights.into_iter().filter(|w| !w.1 || d.packed_dot) {
+        let gpu_format = GpuFormat::of(format);
+        let k = Kernels::new(
+            &d.compiled,
+            &every_matmul(gpu_format),
+            None,
+            true,
+            packed_dot,
+            WIDE_VEC_GROUPS,
+            kv,
+        )
+        .unwrap();
+        for style in [RopeStyle::Halves, RopeStyle::Adjacent] {
+            for (n_heads, n_kv, hd) in [(4, 2, 16), (3, 1, 6)] {
+                let (qd, kvd) = (n_heads * hd, n_kv * hd);
+                let mats = [qd, kvd, kvd].map(|rows| random_matrix(&mut rng, format, rows, cols));
+                let order = RowOrder::qkv(style, hd, qd + kvd);
+                let gain = random(&mut rng, cols);
+                let bias = random(&mut rng, qd + 2 * kvd);
+                let mut aux = gain.clone();
+                aux.extend((0..bias.len()).map(|r| bias[order.stacked_row(r)]));
+                let inv_freq: Vec<f32> = (0..hd / 2)
+                    .map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / hd as f32))
+                    .collect();
+                let mut angles = vec![0f32; max_seq * hd];
+                for (pos, a) in angles.chunks_exact_mut(hd).enumerate() {
+                    let (c, s) = a.split_at_mut(hd / 2);
+                    ops::rope_angles(pos, &inv_freq, 1.0, c, s);
+                }
+                let (auxb, ab) = (buffer(d, &aux), buffer(d, &angles));
+                let n = 11;
+                let x = random(&mut rng, n * cols);
+                for max_binding in [u64::MAX, 2048] {
+                    let refs = [&mats[0], &mats[1], &mats[2]];
+                    let m =
+                        GpuMatrix::upload(&d.device, "qkv", &refs, order, 4, max_binding).unwrap();
+                    assert_eq!(m.parts.len() > 1, max_binding == 2048);
+                    // Rows from `x` at positions from `pos` of the second slot.
+                    let run = |x: &[f32], pos: usize| -> QkvOut {
+                        let count = x.len() / cols;
+                        let qb = buffer(d, &vec![0f32; count * qd]);
+                        let cache = 2 * max_seq * kvd;
+                        let (kc, vc) = (
+                            bytes_buffer(d, &vec![0; cache * kv.bytes()]),
+                            bytes_buffer(d, &vec![0; cache * kv.bytes()]),
                         );
-                        assert_eq!(cached, v, "v t{t}");
-                    }
-                    GpuKv::F16 => {
-                        // Values below 2 in size: an f16 step is at most 2^-10.
-                        let f16 = |x: &[f32]| -> Vec<f32> {
-                            x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
+                        let pb = places(d, max_seq, pos, count);
+                        let rope = RopeStore {
+                            head_dim: hd,
+                            q_dim: qd,
+                            kv_dim: kvd,
+                            style,
+                            angles: &ab,
+                            k_cache: &kc,
+                            v_cache: &vc,
+                            places: &pb,
                         };
-                        let step = 1.0 / 1024.0 + 1e-6;
-                        assert!(close(&got_k[p..p + kvd], &f16(&kk), step), "f16 k t{t}");
-                        assert!(close(cached, &f16(v), step), "f16 v t{t}");
+                        let xb = buffer(d, x);
+                        let q16 = buffer(d, &vec![0f32; count * cols.div_ceil(32) * Q16_WORDS]);
+                        let rb = uniform(&d.device, "rows", bytemuck::bytes_of(&rows(0, count, 1)));
+                        let mm = matmul_groups(
+                            &d.device,
+                            &k,
+                            &m,
+                            Fused::NormRope,
+                            &rb,
+                            (&xb, cols),
+                            (&qb, qd),
+                            &auxb,
+                            Some(&q16),
+                            eps,
+                            Some(&rope),
+                        );
+                        let mut rec = Recorder::default();
+                        rec.matmul(&d.device, "test", &k, &mm, count).unwrap();
+                        QkvOut {
+                            q: run_and_read(d, &mut rec, &qb, count * qd),
+                            k: read_kv(d, &mut rec, &kc, cache, kv),
+                            v: read_kv(d, &mut rec, &vc, cache, kv),
+                        }
+                    };
+                    let got = run(&x, pos0);
+                    assert!(
+                        got.k[..max_seq * kvd].iter().all(|v| *v == 0.0),
+                        "the first slot is untouched"
+                    );
+                    for t in 0..n {
+                        let mut xn = vec![0f32; cols];
+                        ops::rms_norm(&x[t * cols..(t + 1) * cols], &gain, eps, &mut xn).unwrap();
+                        // Each row's value and the scale of its rounding error, stacked Q|K|V.
+                        let (values, scales): (Vec<f64>, Vec<f64>) = mats
+                            .iter()
+                            .flat_map(|m| (0..m.rows).map(|r| dot(m, r, &xn)))
+                            .zip(&bias)
+                            .map(|((v, s), b)| (v + *b as f64, s))
+                            .unzip();
+                        let a = &angles[(pos0 + t) * hd..][..hd];
+                        let rotated = |range: std::ops::Range<usize>| {
+                            let mut r: Vec<f32> = values[range].iter().map(|&v| v as f32).collect();
+                            ops::rope(&mut r, &a[..hd / 2], &a[hd / 2..], style).unwrap();
+                            r
+                        };
+                        let (want_q, want_k) = (rotated(0..qd), rotated(qd..qd + kvd));
+                        // A rotated value mixes two: its error, at most their scales' sum (the
+                        // largest of its head's, twice).
+                        let tol = |row: usize| {
+                            let head = row - row % hd;
+                            let s = scales[head..head + hd].iter().fold(0f64, |a, &b| a.max(b));
+                            (2e-5 * (1.0 + 2.0 * s)) as f32
+                        };
+                        let rounding = |w: f32| match kv {
+                            GpuKv::F32 => 0.0,
+                            GpuKv::F16 => w.abs() / 1024.0,
+                        };
+                        let cached = (max_seq + pos0 + t) * kvd;
+                        let case = format!(
+                            "{format:?} packed {packed_dot} {kv:?} {style:?} {n_heads}/{n_kv} \
+                             hd {hd} binding {max_binding}: token {t}"
+                        );
+                        for (i, &w) in want_q.iter().enumerate() {
+                            let g = got.q[t * qd + i];
+                            assert!((g - w).abs() <= tol(i), "{case}: q[{i}] {g} vs {w}");
+                        }
+                        for (i, &w) in want_k.iter().enumerate() {
+                            let g = got.k[cached + i];
+                            let e = tol(qd + i) + rounding(w);
+                            assert!((g - w).abs() <= e, "{case}: k[{i}] {g} vs {w}");
+                        }
+                        for i in 0..kvd {
+                            let (g, w) = (got.v[cached + i], values[qd + kvd + i] as f32);
+                            let e = (2e-5 * (1.0 + scales[qd + kvd + i])) as f32 + rounding(w);
+                            assert!((g - w).abs() <= e, "{case}: v[{i}] {g} vs {w}");
+                        }
                     }
+                    for t in [0, 7, n - 1] {
+                        let alone = run(&x[t * cols..(t + 1) * cols], pos0 + t);
+                        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                        let cached = (max_seq + pos0 + t) * kvd..(max_seq + pos0 + t + 1) * kvd;
+                        assert_eq!(bits(&alone.q), bits(&got.q[t * qd..(t + 1) * qd]), "q {t}");
+                        assert_eq!(bits(&alone.k[cached.clone()]), bits(&got.k[cached.clone()]));
+                        assert_eq!(bits(&alone.v[cached.clone()]), bits(&got.v[cached]));
+                    }
+                    checked += 1;
                 }
             }
         }
     }
+    let weights = if d.packed_dot { 3 } else { 2 };
+    assert_eq!(checked, weights * 2 * 2 * 2);
 }
 
 /// Attention against the CPU's on f32 and f16 caches: head sizes 16 to 128, one to seven query
@@ -625,11 +696,10 @@ fn attention_matches_the_cpu(d: &Device, kv: GpuKv) {
     for (n_heads, n_kv, hd) in [(4, 4, 16), (6, 2, 48), (7, 1, 128)] {
         for window in [0, 20] {
             for (n, pos0, splits) in [(1, 0, 1), (1, 299, 2), (1, 700, 5), (5, 30, 1), (3, 90, 1)] {
-                let sh = shape(n_heads, n_kv, hd, window, RopeStyle::Halves);
+                let sh = shape(n_heads, n_kv, hd, window);
                 let (qd, kvd) = (n_heads * hd, n_kv * hd);
-                let stride = qd + 2 * kvd;
                 let ctx = pos0 + n;
-                let qkv = random(&mut rng, n * stride);
+                let q = random(&mut rng, n * qd);
                 let (kv_k, kv_v) = (random(&mut rng, ctx * kvd), random(&mut rng, ctx * kvd));
                 // The sequence's slot starts after another's rows, which it must not see.
                 let other = 7;
@@ -643,7 +713,7 @@ fn attention_matches_the_cpu(d: &Device, kv: GpuKv) {
                     bytes_buffer(d, &kv_bytes(&slot_k, kv)),
                     bytes_buffer(d, &kv_bytes(&slot_v, kv)),
                 );
-                let qb = buffer(d, &qkv);
+                let qb = buffer(d, &q);
                 let att = buffer(d, &vec![0f32; n * qd]);
                 let partial = buffer(d, &vec![0f32; n_heads * splits * (hd + 2)]);
                 let rb = uniform(&d.device, "rows", bytemuck::bytes_of(&rows(0, n, splits)));
@@ -679,10 +749,6 @@ fn attention_matches_the_cpu(d: &Device, kv: GpuKv) {
                 }
                 let got = run_and_read(d, &mut rec, &att, n * qd);
 
-                let q: Vec<f32> = qkv
-                    .chunks_exact(stride)
-                    .flat_map(|r| r[..qd].to_vec())
-                    .collect();
                 let (kbytes, vbytes) = (kv_bytes(&kv_k, kv), kv_bytes(&kv_v, kv));
                 let cpu_kv = LayerKv {
                     k: &kbytes,
@@ -733,7 +799,7 @@ fn norm_and_argmax_kernels_match_the_cpu() {
     let k = layer_kernels(&d, GpuKv::F32);
     let mut rng = Rng::new(9);
     let (n, hidden, vocab) = (3, 200, 1001);
-    let mut sh = shape(1, 1, 2, 0, RopeStyle::Halves);
+    let mut sh = shape(1, 1, 2, 0);
     (sh.hidden, sh.eps, sh.vocab) = (hidden as u32, 1e-6, vocab as u32);
     let sb = uniform(&d.device, "shape", bytemuck::bytes_of(&sh));
     let rb = uniform(&d.device, "rows", bytemuck::bytes_of(&rows(0, n, 1)));
@@ -795,7 +861,7 @@ fn kernel_timer_counts_each_dispatch_either_way() {
     let k = layer_kernels(&d, GpuKv::F32);
     let mut rng = Rng::new(4);
     let (n, hidden) = (2, 96);
-    let mut sh = shape(1, 1, 2, 0, RopeStyle::Halves);
+    let mut sh = shape(1, 1, 2, 0);
     (sh.hidden, sh.eps) = (hidden as u32, 1e-6);
     let sb = uniform(&d.device, "shape", bytemuck::bytes_of(&sh));
     let rb = uniform(&d.device, "rows", bytemuck::bytes_of(&rows(0, n, 1)));

@@ -10,7 +10,7 @@ use sapient_core::quant::{
     BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, BlockTQ1_0, BlockTQ2_0, Format, KBlock,
     QK,
 };
-use sapient_core::Matrix;
+use sapient_core::{Matrix, RopeStyle};
 use wgpu::util::DeviceExt;
 
 /// How a matrix's words are laid out on the device; one `deq` in formats.wgsl each.
@@ -135,6 +135,41 @@ impl GpuFormat {
     }
 }
 
+/// The order of an uploaded matrix's rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowOrder {
+    /// The matrices' rows one after another.
+    Stacked,
+    /// Row by row in turn (gate, up, gate, up, ...: the SwiGLU epilogue reads them in pairs).
+    Interleaved,
+    /// Stacked, with the dimensions of each head in the first `rotated` rows (Q|K) ordered j,
+    /// j + head_dim/2, j + 1, ...: the pairs that RoPE rotates by halves become neighbours, as
+    /// the Q|K|V epilogue takes them (the pairs of adjacent RoPE are neighbours when stacked).
+    RopePairs { head_dim: usize, rotated: usize },
+}
+
+impl RowOrder {
+    /// Q|K|V's order, its first `rotated` rows (Q|K) in heads of `head_dim` that RoPE rotates in
+    /// `style`'s pairs: each pair neighbours, as the Q|K|V epilogue takes them.
+    pub fn qkv(style: RopeStyle, head_dim: usize, rotated: usize) -> Self {
+        match style {
+            RopeStyle::Adjacent => RowOrder::Stacked,
+            RopeStyle::Halves => RowOrder::RopePairs { head_dim, rotated },
+        }
+    }
+
+    /// The row of the stacked matrices that row `r` of the upload holds (not `Interleaved`).
+    pub fn stacked_row(self, r: usize) -> usize {
+        match self {
+            RowOrder::RopePairs { head_dim, rotated } if r < rotated => {
+                let u = r % head_dim;
+                r - u + u / 2 + (u % 2) * (head_dim / 2)
+            }
+            _ => r,
+        }
+    }
+}
+
 /// Rows `row0 .. row0 + rows` of a matrix, in one storage buffer.
 pub struct Part {
     pub buffer: wgpu::Buffer,
@@ -154,15 +189,14 @@ pub struct GpuMatrix {
 }
 
 impl GpuMatrix {
-    /// Uploads the rows of `mats` one after another as one matrix (Q|K|V), or interleaved row by
-    /// row when `interleave` (gate, up, gate, up, ...: the SwiGLU epilogue reads them in pairs).
-    /// Matrices of different formats are widened to f32 together. Parts hold whole multiples of
+    /// Uploads the rows of `mats` as one matrix (Q|K|V; gate|up), in `order`. Matrices of
+    /// different formats are widened to f32 together. Parts hold whole multiples of
     /// `row_multiple` rows, at most `max_binding` bytes each.
     pub fn upload(
         device: &wgpu::Device,
         name: &str,
         mats: &[&Matrix<'_>],
-        interleave: bool,
+        order: RowOrder,
         row_multiple: usize,
         max_binding: u64,
     ) -> Result<Self> {
@@ -170,6 +204,7 @@ impl GpuMatrix {
         if mats.iter().any(|m| m.cols != cols) {
             bail!("{name}: matrices of different widths cannot share a mat-mul");
         }
+        let interleave = order == RowOrder::Interleaved;
         if interleave && mats.iter().any(|m| m.rows != mats[0].rows) {
             bail!("{name}: interleaved matrices need the same number of rows");
         }
@@ -184,7 +219,7 @@ impl GpuMatrix {
             if interleave {
                 (mats[r % mats.len()], r / mats.len())
             } else {
-                let mut r = r;
+                let mut r = order.stacked_row(r);
                 for m in mats {
                     if r < m.rows {
                         return (m, r);
@@ -518,6 +553,31 @@ mod tests {
                         .all(|b| b.q.iter().all(|&q| (0..16).contains(&q))));
                 }
             }
+        }
+    }
+
+    /// Q|K|V's rows for RoPE by halves: each head's pairs (j, j + head_dim/2) neighbours, every
+    /// row once, V's rows where they were.
+    #[test]
+    fn rope_pairs_are_neighbours() {
+        for hd in [2, 6, 64] {
+            let (rotated, rows) = (3 * hd, 5 * hd);
+            let order = RowOrder::qkv(RopeStyle::Halves, hd, rotated);
+            let stacked: Vec<usize> = (0..rows).map(|r| order.stacked_row(r)).collect();
+            let mut seen = stacked.clone();
+            seen.sort_unstable();
+            assert_eq!(seen, (0..rows).collect::<Vec<_>>(), "hd {hd}");
+            for r in (0..rotated).step_by(2) {
+                let (a, b) = (stacked[r], stacked[r + 1]);
+                assert_eq!(
+                    (a / hd, b - a, a % hd),
+                    (r / hd, hd / 2, r % hd / 2),
+                    "hd {hd}"
+                );
+            }
+            assert!((rotated..rows).all(|r| stacked[r] == r));
+            let adjacent = RowOrder::qkv(RopeStyle::Adjacent, hd, rotated);
+            assert!((0..rows).all(|r| adjacent.stacked_row(r) == r));
         }
     }
 

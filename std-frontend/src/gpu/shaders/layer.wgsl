@@ -1,16 +1,17 @@
-// The layer loop's steps that are not mat-muls: RoPE and the KV store, attention (one query head
-// of one token per workgroup, an online softmax over the cached keys, optionally split over the
-// context and combined by `attention_reduce`), the final RMSNorm, and greedy argmax. Each
-// `//#name` section is compiled with the lines above the first section, as its own module;
-// those that touch the KV cache get the type of its values, `Kv` (f32 or f16), first.
+// The layer loop's steps that are not mat-muls (RoPE and the KV store are Q|K|V's epilogue, in
+// matmul.wgsl): attention (one query head of one token per workgroup, an online softmax over the
+// cached keys, optionally split over the context and combined by `attention_reduce`), the final
+// RMSNorm, and greedy argmax. Each `//#name` section is compiled with the lines above the first
+// section, as its own module; those that touch the KV cache get the type of its values, `Kv`
+// (f32 or f16), first.
 
 struct Rows { first: u32, count: u32, splits: u32, pad: u32 }
 // Where a row of the batch sits: the first cache row of its sequence's KV slot, and its position.
 struct Place { kv_row0: u32, pos: u32 }
 struct Shape {
     n_heads: u32, n_kv_heads: u32, head_dim: u32, window: u32,
-    qkv_stride: u32, q_dim: u32, kv_dim: u32, rope_adjacent: u32,
-    scale: f32, hidden: u32, eps: f32, vocab: u32,
+    q_dim: u32, kv_dim: u32, scale: f32, hidden: u32,
+    eps: f32, vocab: u32, pad0: u32, pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> batch: Rows;
@@ -18,58 +19,6 @@ struct Shape {
 
 // Below every score: a maximum that has seen nothing yet.
 const NEG: f32 = -3.0e38;
-
-//#rope_store
-// RoPE on Q and K (in place in the QKV rows), K and V into the layer's cache.
-@group(0) @binding(2) var<storage, read_write> qkv: array<f32>;
-@group(0) @binding(3) var<storage, read> angles: array<f32>;
-@group(0) @binding(4) var<storage, read_write> k_cache: array<Kv>;
-@group(0) @binding(5) var<storage, read_write> v_cache: array<Kv>;
-@group(0) @binding(6) var<storage, read> places: array<Place>;
-
-@compute @workgroup_size(64)
-fn rope_store(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x;
-    let t = gid.y;
-    if (t >= batch.count) {
-        return;
-    }
-    let half = sh.head_dim / 2u;
-    let q_pairs = sh.n_heads * half;
-    let k_pairs = sh.n_kv_heads * half;
-    let pos = places[t].pos;
-    let cached = (places[t].kv_row0 + pos) * sh.kv_dim;
-    let row = t * sh.qkv_stride;
-    if (i < q_pairs + k_pairs) {
-        let head = i / half;
-        let j = i % half;
-        var a = head * sh.head_dim + j;
-        var b = a + half;
-        if (sh.rope_adjacent != 0u) {
-            a = head * sh.head_dim + 2u * j;
-            b = a + 1u;
-        }
-        let c = angles[pos * sh.head_dim + j];
-        let s = angles[pos * sh.head_dim + half + j];
-        let x0 = qkv[row + a];
-        let x1 = qkv[row + b];
-        let r0 = x0 * c - x1 * s;
-        let r1 = x1 * c + x0 * s;
-        if (i < q_pairs) {
-            qkv[row + a] = r0;
-            qkv[row + b] = r1;
-        } else {
-            // K heads follow the Q heads in the row; in the cache they start at 0.
-            let ka = a - sh.q_dim;
-            let kb = b - sh.q_dim;
-            k_cache[cached + ka] = Kv(r0);
-            k_cache[cached + kb] = Kv(r1);
-        }
-    } else if (i < q_pairs + k_pairs + sh.kv_dim) {
-        let e = i - q_pairs - k_pairs;
-        v_cache[cached + e] = Kv(qkv[row + sh.q_dim + sh.kv_dim + e]);
-    }
-}
 
 //#attention
 // Attention.
@@ -107,7 +56,7 @@ fn attention(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) w
     let b = min(a + per, hi);
 
     for (var d = lid; d < hd; d += KEYS) {
-        q_s[d] = q_rows[t * sh.qkv_stride + h * hd + d];
+        q_s[d] = q_rows[t * sh.q_dim + h * hd + d];
     }
     workgroupBarrier();
 

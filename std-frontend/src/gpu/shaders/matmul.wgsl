@@ -1,10 +1,12 @@
 // Mat-vec and tiled mat-mat over one part of a weight matrix, with the layer loop's fusions:
 // an RMSNorm of the inputs (NORM), and an epilogue that stores (plus a bias), adds into the
-// residual stream, or multiplies SiLU(gate) by up for interleaved gate/up rows (EPI). The Rust
-// side prepends the constants ROWS, LANES, TOK, THREADS, RED_LEN, RED_STRIDE, NORM, NORM_AFTER,
-// BIAS, EPI and the format's functions, and compiles the lines above the first section with one
+// residual stream, multiplies SiLU(gate) by up for interleaved gate/up rows, or (Q|K|V, plus a
+// bias) rotates Q and K by RoPE and stores K and V in the layer's KV cache (EPI). The Rust side
+// prepends the constants ROWS, LANES, TOK, THREADS, RED_LEN, RED_STRIDE, NORM, NORM_AFTER, BIAS,
+// EPI and the format's functions, and compiles the lines above the first section with one
 // section: `float` (f32 inputs; `quantize` too) or, for integer weights where WGSL has
-// `dot4I8Packed`, `q16`.
+// `dot4I8Packed`, `q16`; and with `rope` (after the KV cache's value type, `Kv`) for Q|K|V's
+// epilogue or `no_rope` for the others.
 //
 // A workgroup computes ROWS rows for TOK tokens. A row's sum over its 32-value blocks has one
 // order everywhere: LANES running sums, the l-th over blocks l, l + LANES, ... in turn, then
@@ -23,7 +25,8 @@ struct Rows { first: u32, count: u32, splits: u32, pad: u32 }
 struct Mat {
     rows: u32, cols: u32, out_row0: u32, x_stride: u32,
     out_stride: u32, d_off: u32, m_off: u32, bias_off: u32,
-    eps: f32, nb: u32, pad0: u32, pad1: u32,
+    eps: f32, nb: u32, head_dim: u32, q_dim: u32,
+    kv_dim: u32, rope_adjacent: u32, pad0: u32, pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> batch: Rows;
@@ -36,6 +39,7 @@ struct Mat {
 const EPI_STORE: u32 = 0u;
 const EPI_ADD: u32 = 1u;
 const EPI_SWIGLU: u32 = 2u;
+const EPI_ROPE: u32 = 3u;
 // Words of a Q16 block: each quant is 256·hi + lo with both halves in i8, so that two packed
 // 8-bit dot products take it; 8 words of `hi` bytes, 8 of `lo` bytes, then d and the sums of
 // the quants of values 0..16 and 16..32 (i32; a format with a minimum per half needs both).
@@ -185,6 +189,23 @@ fn result(rr: u32, t: u32) -> f32 {
     return red[rr * RED_STRIDE + t];
 }
 
+// Row `rr`'s sum for token `t` of the tile, times 1/RMS where the norm comes after the sum.
+fn normed(rr: u32, t: u32) -> f32 {
+    var v = result(rr, t);
+    if (NORM_AFTER) {
+        v *= inv_rms[t];
+    }
+    return v;
+}
+
+// `v` plus the bias of row `row` of the matrix, where it has biases.
+fn biased(v: f32, row: u32) -> f32 {
+    if (BIAS) {
+        return v + aux[p.bias_off + row];
+    }
+    return v;
+}
+
 // The epilogue, for the sum `result(rr, t)` of each row and token of the tile.
 fn epilogue(lid: u32, row_base: u32, tok_base: u32, tok_end: u32) {
     for (var i = lid; i < ROWS * TOK; i += THREADS) {
@@ -193,25 +214,22 @@ fn epilogue(lid: u32, row_base: u32, tok_base: u32, tok_end: u32) {
         let out_row = row_base + rr;
         let tok = tok_base + t;
         if (out_row < p.rows && tok < tok_end) {
-            var v = result(rr, t);
-            if (NORM_AFTER) {
-                v *= inv_rms[t];
-            }
+            let v = normed(rr, t);
             let o = (tok - batch.first) * p.out_stride;
+            let row = p.out_row0 + out_row;
             if (EPI == EPI_STORE) {
-                if (BIAS) {
-                    v += aux[p.bias_off + p.out_row0 + out_row];
-                }
-                y[o + p.out_row0 + out_row] = v;
+                y[o + row] = biased(v, row);
             } else if (EPI == EPI_ADD) {
-                y[o + p.out_row0 + out_row] += v;
+                y[o + row] += v;
             } else if (rr % 2u == 0u) {
-                // Rows come as (gate, up) pairs.
-                var u = result(rr + 1u, t);
-                if (NORM_AFTER) {
-                    u *= inv_rms[t];
+                // Rows come in pairs: (gate, up), or the two values RoPE rotates together (parts
+                // and workgroups hold whole pairs).
+                let u = normed(rr + 1u, t);
+                if (EPI == EPI_SWIGLU) {
+                    y[o + row / 2u] = silu(v) * u;
+                } else {
+                    rope_store(row, tok, o, biased(v, row), biased(u, row + 1u));
                 }
-                y[o + (p.out_row0 + out_row) / 2u] = silu(v) * u;
             }
         }
     }
@@ -484,3 +502,52 @@ fn matvec(
     add_lanes(lid, acc);
     epilogue(lid, row_base, tok, tok + 1u);
 }
+
+//#rope
+// Q|K|V's epilogue: RoPE on Q (stored in the Q|K|V rows) and K, then K and V into the layer's
+// cache, at the place of the batch's row.
+struct Place { kv_row0: u32, pos: u32 }
+
+@group(0) @binding(8) var<storage, read> angles: array<f32>;
+@group(0) @binding(9) var<storage, read_write> k_cache: array<Kv>;
+@group(0) @binding(10) var<storage, read_write> v_cache: array<Kv>;
+@group(0) @binding(11) var<storage, read> places: array<Place>;
+
+// Rows `row` and `row + 1` of Q|K|V (`row` even), values `v0` and `v1`, of the batch's row `tok`
+// (its outputs from `o`). The upload made each RoPE pair two neighbouring rows: dimensions
+// (2j, 2j + 1) of a head as they are, or (j, j + head_dim / 2) where RoPE rotates halves.
+fn rope_store(row: u32, tok: u32, o: u32, v0: f32, v1: f32) {
+    let hd = p.head_dim;
+    let pos = places[tok].pos;
+    let cached = (places[tok].kv_row0 + pos) * p.kv_dim;
+    if (row >= p.q_dim + p.kv_dim) {
+        let e = row - p.q_dim - p.kv_dim;
+        v_cache[cached + e] = Kv(v0);
+        v_cache[cached + e + 1u] = Kv(v1);
+        return;
+    }
+    let half = hd / 2u;
+    let j = (row % hd) / 2u;
+    var a = row;
+    var b = row + 1u;
+    if (p.rope_adjacent == 0u) {
+        a = row - row % hd + j;
+        b = a + half;
+    }
+    let c = angles[pos * hd + j];
+    let s = angles[pos * hd + half + j];
+    let r0 = v0 * c - v1 * s;
+    let r1 = v1 * c + v0 * s;
+    if (row < p.q_dim) {
+        y[o + a] = r0;
+        y[o + b] = r1;
+    } else {
+        // K heads follow the Q heads in the rows; in the cache they start at 0.
+        k_cache[cached + a - p.q_dim] = Kv(r0);
+        k_cache[cached + b - p.q_dim] = Kv(r1);
+    }
+}
+
+//#no_rope
+// The other mat-muls' epilogues never call it.
+fn rope_store(row: u32, tok: u32, o: u32, v0: f32, v1: f32) {}
