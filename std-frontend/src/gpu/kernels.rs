@@ -383,11 +383,9 @@ fn matmul_source(
         Fused::NormRope => (kv_header(kv), section(MATMUL, "rope")),
         _ => ("", section(MATMUL, "no_rope")),
     };
-    let quants = match format {
-        GpuFormat::Q8_0 | GpuFormat::Q8Halves => section(FORMATS, "bytes"),
-        GpuFormat::Q4_0 | GpuFormat::Q4_1 => section(FORMATS, "nibbles"),
-        GpuFormat::F16 | GpuFormat::F32 => "",
-    };
+    let quants = format
+        .quants_section()
+        .map_or("", |name| section(FORMATS, name));
     // The Q16 tile gives its threads eight of LANES running sums; every other kernel has LANES
     // threads, each with one sum of every row and token (and its RMSNorm prologue sums over them).
     let q16_tile = inputs == Inputs::Q16 && tile > 1;
@@ -410,7 +408,7 @@ fn matmul_source(
          const NORM: bool = {norm};\nconst NORM_AFTER: bool = {norm_after};\n\
          const BIAS: bool = {bias};\nconst EPI: u32 = {epi}u;\n{}\n\
          {quants}\n{}{inputs}{rope}",
-        section(FORMATS, format.name()),
+        section(FORMATS, format.scales_section()),
         header(MATMUL),
     )
 }
@@ -631,7 +629,7 @@ mod tests {
         }
         assert_eq!(
             translated,
-            6 * 5 * 2 * 2 + 4 * 5 * 2 * 3 + 6 + 2 + 2 + 2 * 2
+            8 * 5 * 2 * 2 + 6 * 5 * 2 * 3 + 8 + 2 + 2 + 2 * 2
         );
     }
 }

@@ -19,6 +19,12 @@ pub enum GpuFormat {
     Q8_0,
     Q4_0,
     Q4_1,
+    /// Q4_1 with 5-bit quants: 4 words of low nibbles and one of high bits a block (7 words with
+    /// the scale and minimum, where Q8_HALVES takes 12).
+    Q5,
+    /// 6-bit quants less 32 (4 words of low nibbles, 2 of high bits) with an f32 scale per 16
+    /// values: 8 words a block.
+    Q6Halves,
     /// 8-bit quants with an f32 scale and minimum per 16 values: every integer format's values
     /// exactly (the k-quants' halves, `k_quants::KBlock`).
     Q8Halves,
@@ -29,26 +35,27 @@ pub enum GpuFormat {
 impl GpuFormat {
     /// Every layout (the shader tests compile each).
     #[cfg(test)]
-    pub const ALL: [GpuFormat; 6] = [
+    pub const ALL: [GpuFormat; 8] = [
         GpuFormat::Q8_0,
         GpuFormat::Q4_0,
         GpuFormat::Q4_1,
+        GpuFormat::Q5,
+        GpuFormat::Q6Halves,
         GpuFormat::Q8Halves,
         GpuFormat::F16,
         GpuFormat::F32,
     ];
 
-    /// The device layout for a core format, each value exact: Q5_0's quants less 16 are 8-bit
-    /// ones, and so are the i-quants' grid values whose blocks have one scale (IQ4_XS's block
-    /// scale `d·(ls − 32)`, IQ3_S's `d·(1 + 2s)`, IQ1_S's values `8g ± 1` under `d/8·(2s + 1)`,
-    /// an f32; TQ1_0's and TQ2_0's ternary values under `d`); Q4_K's blocks are Q4_1's (scale `d·scale`, minimum `-dmin·min`); Q5_1, the other
-    /// k-quants and the i-quants with a scale per half (IQ2_XS, IQ2_S, IQ1_M) take the halves
-    /// layout;
-    /// BF16 widens to F32.
+    /// The device layout for a core format, each value exact: the i-quants' grid values whose
+    /// blocks have one scale are 8-bit quants (IQ4_XS's block scale `d·(ls − 32)`, IQ3_S's
+    /// `d·(1 + 2s)`, IQ1_S's values `8g ± 1` under `d/8·(2s + 1)`, an f32; TQ1_0's and TQ2_0's
+    /// ternary values under `d`); Q4_K's blocks are Q4_1's (scale `d·scale`, minimum
+    /// `-dmin·min`), Q5_0's, Q5_1's and Q5_K's Q5's (Q5_0's minimum `-16·d`); Q6_K's and Q3_K's
+    /// quants less their offset take the 6-bit halves; Q2_K and the i-quants with a scale per
+    /// half (IQ2_XS, IQ2_S, IQ1_M) the 8-bit halves; BF16 widens to F32.
     pub fn of(format: Format) -> Self {
         match format {
             Format::Q8_0
-            | Format::Q5_0
             | Format::IQ4NL
             | Format::IQ4XS
             | Format::IQ3S
@@ -59,40 +66,55 @@ impl GpuFormat {
             | Format::TQ2_0 => GpuFormat::Q8_0,
             Format::Q4_0 => GpuFormat::Q4_0,
             Format::Q4_1 | Format::Q4K => GpuFormat::Q4_1,
-            Format::Q5_1
-            | Format::Q2K
-            | Format::Q3K
-            | Format::Q5K
-            | Format::Q6K
-            | Format::IQ2XS
-            | Format::IQ2S
-            | Format::IQ1M => GpuFormat::Q8Halves,
+            Format::Q5_0 | Format::Q5_1 | Format::Q5K => GpuFormat::Q5,
+            Format::Q6K | Format::Q3K => GpuFormat::Q6Halves,
+            Format::Q2K | Format::IQ2XS | Format::IQ2S | Format::IQ1M => GpuFormat::Q8Halves,
             Format::F16 => GpuFormat::F16,
             Format::F32 | Format::BF16 => GpuFormat::F32,
         }
     }
 
     /// The layout of matrices sharing one mat-mul (Q|K|V, gate|up): their own where they
-    /// agree; the halves layout, which holds any integer format, where they are all integer;
-    /// f32 otherwise.
-    pub fn common(formats: impl IntoIterator<Item = Format>) -> Self {
-        let mut layouts = formats.into_iter().map(GpuFormat::of);
-        let Some(first) = layouts.next() else {
-            return GpuFormat::F32;
-        };
-        layouts.fold(first, |a, b| match (a, b) {
-            (a, b) if a == b => a,
-            (a, b) if a.is_integer() && b.is_integer() => GpuFormat::Q8Halves,
-            _ => GpuFormat::F32,
-        })
+    /// agree; else the smallest integer layout that holds them all (Q8_HALVES holds any), or
+    /// f32.
+    pub fn common(formats: impl IntoIterator<Item = Format> + Clone) -> Self {
+        let mut layouts = formats.clone().into_iter().map(GpuFormat::of);
+        let first = layouts.next().unwrap_or(GpuFormat::F32);
+        if layouts.all(|l| l == first) {
+            return first;
+        }
+        [
+            GpuFormat::Q5,
+            GpuFormat::Q6Halves,
+            GpuFormat::Q8_0,
+            GpuFormat::Q8Halves,
+        ]
+        .into_iter()
+        .find(|l| formats.clone().into_iter().all(|f| l.holds(f)))
+        .unwrap_or(GpuFormat::F32)
+    }
+
+    /// Whether `write_blocks` can write `format`'s blocks in this layout, each value exact.
+    fn holds(self, format: Format) -> bool {
+        let own = GpuFormat::of(format);
+        match self {
+            // Q4_0's and Q5_0's quants less their offset are 8-bit, 6-bit (one scale, no
+            // minimum) and, plus 16 under the minimum -16·d, 5-bit ones.
+            GpuFormat::Q8_0 | GpuFormat::Q6Halves => {
+                own == self || matches!(format, Format::Q4_0 | Format::Q5_0)
+            }
+            GpuFormat::Q5 => {
+                matches!(own, GpuFormat::Q5 | GpuFormat::Q4_1) || format == Format::Q4_0
+            }
+            GpuFormat::Q8Halves => own.is_integer(),
+            GpuFormat::Q4_0 | GpuFormat::Q4_1 | GpuFormat::F16 => own == self,
+            GpuFormat::F32 => true,
+        }
     }
 
     /// Whether the quants are integers that packed 8-bit dot products can take.
     pub fn is_integer(self) -> bool {
-        matches!(
-            self,
-            GpuFormat::Q8_0 | GpuFormat::Q4_0 | GpuFormat::Q4_1 | GpuFormat::Q8Halves
-        )
+        !matches!(self, GpuFormat::F16 | GpuFormat::F32)
     }
 
     pub fn name(self) -> &'static str {
@@ -100,9 +122,30 @@ impl GpuFormat {
             GpuFormat::Q8_0 => "Q8_0",
             GpuFormat::Q4_0 => "Q4_0",
             GpuFormat::Q4_1 => "Q4_1",
+            GpuFormat::Q5 => "Q5",
+            GpuFormat::Q6Halves => "Q6_HALVES",
             GpuFormat::Q8Halves => "Q8_HALVES",
             GpuFormat::F16 => "F16",
             GpuFormat::F32 => "F32",
+        }
+    }
+
+    /// The section of formats.wgsl with its `deq` and `qdot` (Q5 shares Q4_1's scales).
+    pub fn scales_section(self) -> &'static str {
+        match self {
+            GpuFormat::Q5 => GpuFormat::Q4_1.name(),
+            _ => self.name(),
+        }
+    }
+
+    /// The section of formats.wgsl with its `qword`, if it has quants.
+    pub fn quants_section(self) -> Option<&'static str> {
+        match self {
+            GpuFormat::Q8_0 | GpuFormat::Q8Halves => Some("bytes"),
+            GpuFormat::Q4_0 | GpuFormat::Q4_1 => Some("nibbles"),
+            GpuFormat::Q5 => Some("nibbles_bit"),
+            GpuFormat::Q6Halves => Some("nibbles_2bits"),
+            GpuFormat::F16 | GpuFormat::F32 => None,
         }
     }
 
@@ -111,6 +154,8 @@ impl GpuFormat {
         match self {
             GpuFormat::Q8_0 | GpuFormat::Q8Halves => 8,
             GpuFormat::Q4_0 | GpuFormat::Q4_1 => 4,
+            GpuFormat::Q5 => 5,
+            GpuFormat::Q6Halves => 6,
             GpuFormat::F16 => 16,
             GpuFormat::F32 => 32,
         }
@@ -119,14 +164,14 @@ impl GpuFormat {
     /// Scales per block (as many minimums follow where `has_min`).
     fn scales(self) -> usize {
         match self {
-            GpuFormat::Q8_0 | GpuFormat::Q4_0 | GpuFormat::Q4_1 => 1,
-            GpuFormat::Q8Halves => 2,
+            GpuFormat::Q8_0 | GpuFormat::Q4_0 | GpuFormat::Q4_1 | GpuFormat::Q5 => 1,
+            GpuFormat::Q6Halves | GpuFormat::Q8Halves => 2,
             GpuFormat::F16 | GpuFormat::F32 => 0,
         }
     }
 
     fn has_min(self) -> bool {
-        matches!(self, GpuFormat::Q4_1 | GpuFormat::Q8Halves)
+        matches!(self, GpuFormat::Q4_1 | GpuFormat::Q5 | GpuFormat::Q8Halves)
     }
 
     /// Words per block: quants, scales and minimums.
@@ -347,7 +392,7 @@ fn repack_row(format: GpuFormat, bytes: &[u8], q: &mut [u32], d: &mut [u32], m: 
                 q[i] = lo | hi << 16;
             }
         }
-        GpuFormat::Q8Halves | GpuFormat::F32 => {
+        GpuFormat::Q5 | GpuFormat::Q6Halves | GpuFormat::Q8Halves | GpuFormat::F32 => {
             unreachable!("{format:?} rows are transcoded or widened, never repacked")
         }
     }
@@ -435,6 +480,17 @@ fn int_blocks(format: Format, bytes: &[u8], out: &mut Vec<IntBlock>) {
     }
 }
 
+/// The low nibbles of a block's 32 quants as Q4_1's words: value k's the low one of byte k for
+/// k < 16, else the high one of byte k - 16.
+fn nibble_words(u: &[u8; QK]) -> [u32; 4] {
+    core::array::from_fn(|j| {
+        (0..4).fold(0, |w, i| {
+            let (lo, hi) = (u[4 * j + i] as u32 & 15, u[16 + 4 * j + i] as u32 & 15);
+            w | (lo | hi << 4) << (8 * i)
+        })
+    })
+}
+
 /// Q4_0's and Q4_1's 32 nibbles in value order (low nibbles first, then high ones).
 fn nibbles(qs: &[u8; QK / 2]) -> [u8; QK] {
     core::array::from_fn(|k| {
@@ -471,8 +527,9 @@ fn k_blocks<K: KBlock>(bytes: &[u8], out: &mut Vec<IntBlock>) {
     }
 }
 
-/// Blocks into an integer layout's quant words `q`, scales `d` and minimums `m`. The Q8_0 and
-/// Q4_1 layouts take blocks whose halves agree (and, Q8_0, no minimum; Q4_1, quants 0..15).
+/// Blocks into an integer layout's quant words `q`, scales `d` and minimums `m`. The Q8_0, Q4_1
+/// and Q5 layouts take blocks whose halves agree (and, Q8_0, no minimum; Q4_1, quants 0..15; Q5,
+/// quants 0..31, or -16..15 and no minimum); Q6_HALVES quants -32..31 and no minimum.
 fn write_blocks(
     format: GpuFormat,
     blocks: &[IntBlock],
@@ -494,12 +551,32 @@ fn write_blocks(
                 debug_assert!(blk.scale[0] == blk.scale[1] && blk.min[0] == blk.min[1]);
                 d[b] = blk.scale[0].to_bits();
                 m[b] = blk.min[0].to_bits();
-                // Value k's nibble: the low one of byte k for k < 16, else the high one of byte k - 16.
-                for j in 0..4 {
-                    q[b * 4 + j] = (0..4).fold(0, |w, i| {
-                        let (lo, hi) = (blk.q[4 * j + i] as u32, blk.q[16 + 4 * j + i] as u32);
-                        w | (lo | hi << 4) << (8 * i)
-                    });
+                let u = blk.q.map(|v| v as u8);
+                q[b * 4..][..4].copy_from_slice(&nibble_words(&u));
+            }
+            GpuFormat::Q5 => {
+                debug_assert!(blk.scale[0] == blk.scale[1] && blk.min[0] == blk.min[1]);
+                // Q5_0's quants -16..15 as 0..31 under the minimum -16·d (exact: a power of two).
+                let offset = if blk.q.iter().any(|&v| v < 0) { 16 } else { 0 };
+                debug_assert!(offset == 0 || blk.min[0] == 0.0);
+                d[b] = blk.scale[0].to_bits();
+                m[b] = (blk.min[0] - offset as f32 * blk.scale[0]).to_bits();
+                let u = blk.q.map(|v| (v as i32 + offset) as u8);
+                q[b * 5..][..4].copy_from_slice(&nibble_words(&u));
+                q[b * 5 + 4] = (0..QK).fold(0, |w, k| w | ((u[k] as u32 >> 4) & 1) << k);
+            }
+            GpuFormat::Q6Halves => {
+                debug_assert!(blk.min == [0.0; 2]);
+                for h in 0..2 {
+                    d[2 * b + h] = blk.scale[h].to_bits();
+                }
+                let u = blk.q.map(|v| (v as i32 + 32) as u8);
+                q[b * 6..][..4].copy_from_slice(&nibble_words(&u));
+                for (i, half) in u.chunks_exact(16).enumerate() {
+                    q[b * 6 + 4 + i] = half
+                        .iter()
+                        .enumerate()
+                        .fold(0, |w, (k, &v)| w | ((v as u32 >> 4) & 3) << (2 * k));
                 }
             }
             GpuFormat::Q8Halves => {
@@ -541,16 +618,25 @@ mod tests {
                     .collect();
                 // Equal as numbers (a zero may differ in sign: `q·d + 0` against `q·d`).
                 assert_eq!(got, want, "{format:?} row {r}");
+                // What each layout's `write_blocks` takes.
                 let layout = GpuFormat::of(format);
-                if matches!(layout, GpuFormat::Q8_0 | GpuFormat::Q4_1) {
+                if matches!(layout, GpuFormat::Q8_0 | GpuFormat::Q4_1 | GpuFormat::Q5) {
                     assert!(blocks
                         .iter()
                         .all(|b| b.scale[0] == b.scale[1] && b.min[0] == b.min[1]));
                 }
-                if layout == GpuFormat::Q4_1 {
-                    assert!(blocks
-                        .iter()
-                        .all(|b| b.q.iter().all(|&q| (0..16).contains(&q))));
+                let quants_in = |range: std::ops::Range<i8>| {
+                    blocks.iter().all(|b| b.q.iter().all(|q| range.contains(q)))
+                };
+                let no_min = blocks.iter().all(|b| b.min == [0.0; 2]);
+                match layout {
+                    GpuFormat::Q4_1 => assert!(quants_in(0..16), "{format:?}"),
+                    GpuFormat::Q5 => assert!(
+                        quants_in(0..32) || (quants_in(-16..16) && no_min),
+                        "{format:?}"
+                    ),
+                    GpuFormat::Q6Halves => assert!(quants_in(-32..32) && no_min, "{format:?}"),
+                    _ => {}
                 }
             }
         }
@@ -591,7 +677,11 @@ mod tests {
             common(&[Format::Q4K, Format::Q4K, Format::Q6K]),
             G::Q8Halves
         );
-        assert_eq!(common(&[Format::Q4_0, Format::Q4_1]), G::Q8Halves);
+        assert_eq!(common(&[Format::Q4_0, Format::Q4_1]), G::Q5);
+        assert_eq!(common(&[Format::Q4K, Format::Q5K]), G::Q5);
+        assert_eq!(common(&[Format::Q6K, Format::Q5_0]), G::Q6Halves);
+        assert_eq!(common(&[Format::Q8_0, Format::Q4_0]), G::Q8_0);
+        assert_eq!(common(&[Format::Q2K, Format::Q4_0]), G::Q8Halves);
         assert_eq!(common(&[Format::Q8_0, Format::F16]), G::F32);
         assert_eq!(common(&[Format::F16, Format::F16]), G::F16);
         assert_eq!(common(&[Format::BF16, Format::F32]), G::F32);

@@ -1,10 +1,11 @@
-// Per weight format (with the shared section its quants need, `bytes` or `nibbles`), `deq`:
-// values 4j .. 4j+3 of block `b` (32 values) of row `row` of the part, scaled; and for the
-// integer formats, `qword`: their quants as four i8 in a word, and `qdot`: a block's dot product
-// with Q16 activations (scale `xd`, sums of the quants of each 16-value half `xsum`) from the
-// quants' integer dot products over each half, `dot`. Layouts (written by gpu/weights.rs):
-// quants first, row-major by block; then, at word `d_off`, the f32 scales (one per block, two
-// for Q8_HALVES) and at `m_off` as many f32 minimums (Q4_1, Q8_HALVES).
+// Per weight layout's scales (with the section its quants need: `bytes`, `nibbles`,
+// `nibbles_bit` or `nibbles_2bits`), `deq`: values 4j .. 4j+3 of block `b` (32 values) of row
+// `row` of the part, scaled; and for the integer layouts, `qword`: their quants as four i8 in a
+// word, and `qdot`: a block's dot product with Q16 activations (scale `xd`, sums of the quants of
+// each 16-value half `xsum`) from the quants' integer dot products over each half, `dot`. Layouts
+// (written by gpu/weights.rs): quants first, row-major by block; then, at word `d_off`, the f32
+// scales (one per block, two for Q8_HALVES and Q6_HALVES) and at `m_off` as many f32 minimums
+// (Q4_1 and Q5, whose quants are 5-bit and which takes Q4_1's section; Q8_HALVES).
 
 //#Q8_0
 fn deq(row: u32, b: u32, j: u32) -> vec4<f32> {
@@ -67,6 +68,24 @@ fn qdot(row: u32, b: u32, dot: vec2<i32>, xd: f32, xsum: vec2<i32>) -> f32 {
     return xd * (halves.x + halves.y);
 }
 
+//#Q6_HALVES
+// 6-bit quants u = q + 32 with an f32 scale per 16-value half h of block `blk` at word
+// `d_off + 2·blk + h`: values s_h·(u − 32).
+fn deq(row: u32, b: u32, j: u32) -> vec4<f32> {
+    let s = bitcast<f32>(w[p.d_off + (row * p.nb + b) * 2u + j / 4u]);
+    let q = qword(row, b, j);
+    let u = vec4<u32>(q & 0xffu, (q >> 8u) & 0xffu, (q >> 16u) & 0xffu, q >> 24u);
+    return (vec4<f32>(u) - 32.0) * s;
+}
+
+// Σ_h Σ s_h·(u − 32)·xd·q = xd·Σ_h s_h·(Σuq − 32·Σq).
+fn qdot(row: u32, b: u32, dot: vec2<i32>, xd: f32, xsum: vec2<i32>) -> f32 {
+    let h = (row * p.nb + b) * 2u;
+    let s = vec2<f32>(bitcast<f32>(w[p.d_off + h]), bitcast<f32>(w[p.d_off + h + 1u]));
+    let halves = s * vec2<f32>(dot - 32i * xsum);
+    return xd * (halves.x + halves.y);
+}
+
 //#bytes
 // Q8_0's and Q8_HALVES' quants: word j of a block holds values 4j .. 4j+3, one signed byte each.
 fn qword(row: u32, b: u32, j: u32) -> u32 {
@@ -82,6 +101,29 @@ fn bytes4(q: u32) -> vec4<i32> {
 // nibbles, word j - 4 values 4j .. 4j+3 in its high ones.
 fn qword(row: u32, b: u32, j: u32) -> u32 {
     return (w[(row * p.nb + b) * 4u + (j & 3u)] >> select(0u, 4u, j >= 4u)) & 0x0f0f0f0fu;
+}
+
+//#nibbles_bit
+// Q5's quants, 0..31: five words a block, the first four its low nibbles as Q4_1's, the fifth
+// the high bits (value k's in bit k).
+fn qword(row: u32, b: u32, j: u32) -> u32 {
+    let base = (row * p.nb + b) * 5u;
+    let lo = (w[base + (j & 3u)] >> select(0u, 4u, j >= 4u)) & 0x0f0f0f0fu;
+    let bits = (w[base + 4u] >> (4u * j)) & 0xfu;
+    let hi = (bits & 1u) | ((bits & 2u) << 7u) | ((bits & 4u) << 14u) | ((bits & 8u) << 21u);
+    return lo | (hi << 4u);
+}
+
+//#nibbles_2bits
+// Q6_HALVES' quants, 0..63: six words a block, the first four its low nibbles as Q4_1's, the last
+// two the high bits (value k's two in bits 2k, 2k + 1 of the 64).
+fn qword(row: u32, b: u32, j: u32) -> u32 {
+    let base = (row * p.nb + b) * 6u;
+    let lo = (w[base + (j & 3u)] >> select(0u, 4u, j >= 4u)) & 0x0f0f0f0fu;
+    let bits = (w[base + 4u + j / 4u] >> (8u * (j % 4u))) & 0xffu;
+    let hi = (bits & 3u) | ((bits & 0xcu) << 6u) | ((bits & 0x30u) << 12u)
+        | ((bits & 0xc0u) << 18u);
+    return lo | (hi << 4u);
 }
 
 //#F16
