@@ -45,6 +45,21 @@ fn every_matmul(format: GpuFormat) -> Vec<MatMulUse> {
         .collect()
 }
 
+/// Every mat-mul kernel of `format` (Q|K|V's with biases), over Q16 inputs where `packed_dot`.
+fn matmul_kernels(d: &Device, format: GpuFormat, packed_dot: bool, kv: GpuKv) -> Kernels {
+    let matmuls = every_matmul(format);
+    Kernels::new(
+        &d.compiled,
+        &matmuls,
+        None,
+        true,
+        packed_dot,
+        WIDE_VEC_GROUPS,
+        kv,
+    )
+    .unwrap()
+}
+
 /// The kernels a layer runs besides its mat-muls (RoPE, attention, the norm, argmax).
 fn layer_kernels(d: &Device, kv: GpuKv) -> Kernels {
     Kernels::new(&d.compiled, &[], None, false, false, WIDE_VEC_GROUPS, kv).unwrap()
@@ -318,16 +333,7 @@ fn q16_lone_token_matches_its_batch() {
         .flat_map(|f| [(f, 20, 67 * 32), (f, wide, 67 * 32), (f, 20, 18 * 32)]);
     for (format, rows_out, cols) in cases {
         let gpu_format = GpuFormat::of(format);
-        let k = Kernels::new(
-            &d.compiled,
-            &every_matmul(gpu_format),
-            None,
-            true,
-            true,
-            WIDE_VEC_GROUPS,
-            GpuKv::F32,
-        )
-        .unwrap();
+        let k = matmul_kernels(&d, gpu_format, true, GpuKv::F32);
         let values = random(&mut rng, rows_out * cols);
         let mat = Matrix::quantize(format, rows_out, cols, &values).unwrap();
         let m = GpuMatrix::upload(&d.device, "w", &[&mat], RowOrder::Stacked, 4, u64::MAX).unwrap();
@@ -529,16 +535,7 @@ fn qkv_rope_matches_the_cpu(d: &Device, kv: GpuKv) {
     ];
     for (format, packed_dot) in weights.into_iter().filter(|w| !w.1 || d.packed_dot) {
         let gpu_format = GpuFormat::of(format);
-        let k = Kernels::new(
-            &d.compiled,
-            &every_matmul(gpu_format),
-            None,
-            true,
-            packed_dot,
-            WIDE_VEC_GROUPS,
-            kv,
-        )
-        .unwrap();
+        let k = matmul_kernels(d, gpu_format, packed_dot, kv);
         for style in [RopeStyle::Halves, RopeStyle::Adjacent] {
             for (n_heads, n_kv, hd) in [(4, 2, 16), (3, 1, 6)] {
                 let (qd, kvd) = (n_heads * hd, n_kv * hd);
