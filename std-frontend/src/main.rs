@@ -194,7 +194,7 @@ struct ModelArgs {
     #[arg(long, value_enum, default_value_t = QuantizeArg::Auto)]
     quantize: QuantizeArg,
     /// KV cache format (default: q8_0 when head_dim is a multiple of 32, f32 otherwise; on the
-    /// GPU f32, or f16 when asked; `--backend auto` with q8_0 runs on the CPU).
+    /// GPU f32).
     #[arg(long, value_enum)]
     kv: Option<KvArg>,
     /// Worker threads (default: one per physical core).
@@ -623,15 +623,11 @@ impl Loaded {
         #[cfg(feature = "gpu")]
         {
             use sapient::gpu::{GpuKv, GpuModel, GpuOptions};
-            // The GPU keeps its KV cache in f32 unless asked for f16; a Q8_0 cache keeps `auto`
-            // on the CPU, and `gpu` refuses it rather than ignore it.
-            let kv = match (self.kv, self.backend) {
-                (None | Some(KvArg::F32), _) => GpuKv::F32,
-                (Some(KvArg::F16), _) => GpuKv::F16,
-                (Some(KvArg::Q8_0), BackendArg::Gpu) => bail!(
-                    "--kv q8_0: the GPU backend keeps its KV cache in f32 or f16 (--kv f32|f16, or --backend cpu)"
-                ),
-                (Some(KvArg::Q8_0), _) => return Ok(cpu()),
+            // The GPU keeps its KV cache in f32 unless `--kv` asks for another.
+            let kv = match self.kv {
+                None | Some(KvArg::F32) => GpuKv::F32,
+                Some(KvArg::F16) => GpuKv::F16,
+                Some(KvArg::Q8_0) => GpuKv::Q8_0,
             };
             let software = match self.backend {
                 BackendArg::Cpu => return Ok(cpu()),

@@ -411,9 +411,10 @@ fn no_gpu() -> bool {
     true
 }
 
-/// `--backend gpu` (any adapter, lavapipe included) gives the CPU's greedy tokens, and `bench`
-/// reports its dispatches per decoded token (six per layer and three more), times each kernel
-/// (`--profile`, which the CPU refuses) and decodes several sequences together.
+/// `--backend gpu` (any adapter, lavapipe included) gives the CPU's greedy tokens with each KV
+/// cache format, and `bench` reports its dispatches per decoded token (five per layer and three
+/// more; six per layer with a Q8_0 cache), times each kernel (`--profile`, which the CPU refuses)
+/// and decodes several sequences together.
 #[cfg(feature = "gpu")]
 #[test]
 fn gpu_backend_from_the_cli() {
@@ -443,17 +444,20 @@ fn gpu_backend_from_the_cli() {
     };
     assert_eq!(generate("gpu", "f32"), generate("cpu", "f32"));
     assert_eq!(generate("gpu", "f16"), generate("cpu", "f16"));
-    let two_tokens = |kv: &str| {
-        let args = ["generate", "-m", &m, "--prompt-ids", "1,5", "-n", "2"];
+    assert_eq!(generate("gpu", "q8_0"), generate("cpu", "q8_0"));
+    let two_tokens = |model: &str, kv: &str| {
+        let args = ["generate", "-m", model, "--prompt-ids", "1,5", "-n", "2"];
         sapient(&[&args[..], &["--kv", kv, "--backend", "gpu"]].concat())
     };
-    assert!(String::from_utf8_lossy(&two_tokens("f32").stderr).contains("GPU: "));
-    // The GPU's KV cache is f32 or f16: Q8_0 is refused, not ignored.
-    let out = two_tokens("q8_0");
+    let out = two_tokens(&m, "q8_0");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("GPU: "));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("q8_0 KV cache"));
+    // Q8_0 blocks of 32 need heads of a multiple of 32 values (the llama fixture's have 16).
+    let out = two_tokens(&fixture("llama"), "q8_0");
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("--kv q8_0: the GPU backend keeps its KV cache in f32 or f16"),
+        err.contains("--kv q8_0 needs heads of a multiple of 32 values; this model's have 16"),
         "{err}"
     );
     let bench = |backend: &str, extra: &[&str]| {
@@ -479,6 +483,9 @@ fn gpu_backend_from_the_cli() {
     assert_eq!(plain["backend"], "gpu");
     let layers = 2; // the qwen2 fixture's
     assert_eq!(plain["dispatches_per_token"], 5 * layers + 3);
+    // A Q8_0 cache's new rows are quantized in a dispatch of their own.
+    let q8_0 = json(&bench("gpu", &["--kv", "q8_0"]));
+    assert_eq!(q8_0["dispatches_per_token"], 6 * layers + 3);
     // --profile: every kernel's time per token, on the GPU only.
     let timed = json(&bench("gpu", &["--profile"]));
     let decode = &timed["kernel_times"]["decode"];

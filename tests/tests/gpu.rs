@@ -31,6 +31,11 @@ const MAX_NMSE_Q16_INPUTS: f64 = 1e-5;
 /// a value near the middle of two f16 steps to the other step, ~1e-3 of it. Measured on
 /// lavapipe: at most 2.8e-8 (an f16 cache against an f32 one on the same backend: ~4.6e-7).
 const MAX_NMSE_F16_KV: f64 = 1e-6;
+/// The same with Q8_0 KV caches on both, f32 weights: both quantize keys and values as ggml does,
+/// but a last-bit difference before quantizing moves a value near the middle of two steps by a
+/// whole step (1/127 of its block's largest), and the CPU multiplies the keys by Q16 queries
+/// where the GPU takes f32 ones. Measured on lavapipe: at most 5.7e-6.
+const MAX_NMSE_Q8_0_KV: f64 = 5e-5;
 
 fn gpu(model: &Model<'_>, max_binding_bytes: Option<u64>) -> Option<GpuModel> {
     gpu_with(
@@ -228,6 +233,32 @@ fn f16_kv_cache_matches_the_cpu() {
     assert!(compared >= 8, "compared {compared} fixtures");
 }
 
+/// A Q8_0 KV cache on the GPU against the CPU's Q8_0 cache, every fixture whose heads are whole
+/// blocks of 32, with f32 weights.
+#[test]
+fn q8_0_kv_cache_matches_the_cpu() {
+    let mut compared = 0;
+    for name in tiny_names() {
+        let files = load(&name);
+        let model = files.model(Quantize::None).unwrap();
+        if !model.config.head_dim.is_multiple_of(32) {
+            continue;
+        }
+        let q8_0 = GpuOptions {
+            kv: GpuKv::Q8_0,
+            ..GpuOptions::default()
+        };
+        let Some(g) = gpu_with(&model, q8_0) else {
+            return;
+        };
+        let seqs = fixture_seqs(&name);
+        let worst = compare_kv(&name, &model, &g, &seqs, MAX_NMSE_Q8_0_KV, KvFormat::Q8_0);
+        eprintln!("{name}, Q8_0 KV: worst NMSE {worst:.2e}");
+        compared += 1;
+    }
+    assert!(compared >= 6, "compared {compared} fixtures");
+}
+
 /// Linear and YaRN RoPE scaling (YaRN's attention factor scales the angles the GPU reads), and
 /// shapes the tiny fixtures lack (heads of 8, 24, 80 and 128, a feed-forward width of 200, a
 /// window of 7), agree with the CPU, which agrees with transformers (`rope_scaling.rs`,
@@ -349,9 +380,16 @@ fn q4_k_m_mixes_match_the_cpu() {
 /// A GPU session of several KV slots, driven as `sapient serve` drives it: sequences join at
 /// different steps, prefill chunks and single decode tokens share forward passes, slots are used
 /// out of order, and a slot cut back (a cached prompt start) continues. Every sequence gets the
-/// logits (within the float tolerance) and the greedy tokens it gets alone.
+/// logits (within the float tolerance) and the greedy tokens it gets alone, with f32 and with
+/// Q8_0 KV caches.
 #[test]
 fn slots_share_forward_passes_as_each_sequence_alone() {
+    for kv in [GpuKv::F32, GpuKv::Q8_0] {
+        slots_as_alone(kv);
+    }
+}
+
+fn slots_as_alone(kv: GpuKv) {
     use sapient::gpu::GpuSession;
     use sapient::run::Runner;
     use sapient_core::sample::argmax;
@@ -359,7 +397,13 @@ fn slots_share_forward_passes_as_each_sequence_alone() {
 
     let files = load("qwen2");
     let model = files.model(Quantize::Auto).unwrap();
-    let Some(g) = gpu(&model, None) else { return };
+    let opts = GpuOptions {
+        kv,
+        ..GpuOptions::default()
+    };
+    let Some(g) = gpu_with(&model, opts) else {
+        return;
+    };
     let vocab = model.config.vocab_size;
     let seqs = fixture_seqs("qwen2");
     let prompts = [&seqs[0][..5], &seqs[1][..9], &seqs[0][2..5]];
@@ -415,12 +459,15 @@ fn slots_share_forward_passes_as_each_sequence_alone() {
             fed[s].extend_from_slice(input);
             let k = got[s].len();
             let e = nmse(&logits[s], &alone[s].1[k]);
-            assert!(e < MAX_NMSE_FLOAT, "sequence {s} token {k}: NMSE {e:.2e}");
+            assert!(
+                e < MAX_NMSE_FLOAT,
+                "{kv:?}: sequence {s} token {k}: NMSE {e:.2e}"
+            );
             got[s].push(argmax(&logits[s]));
         }
     }
     for s in 0..3 {
-        assert_eq!(got[s], alone[s].0, "sequence {s}: greedy tokens");
+        assert_eq!(got[s], alone[s].0, "{kv:?}: sequence {s}: greedy tokens");
         assert_eq!(session.slot_len(slot_of[s]), fed[s].len());
     }
     // A prompt that starts as sequence 0 did: its slot cut back, only the rest run.

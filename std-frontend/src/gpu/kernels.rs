@@ -128,6 +128,8 @@ pub struct Kernels {
     wide_vec_groups: usize,
     pub attention: wgpu::ComputePipeline,
     pub attention_reduce: wgpu::ComputePipeline,
+    /// A Q8_0 cache's quantizer of the rows Q|K|V's epilogue staged.
+    pub kv_store: Option<wgpu::ComputePipeline>,
     pub rms_norm: wgpu::ComputePipeline,
     pub argmax: wgpu::ComputePipeline,
 }
@@ -148,6 +150,7 @@ pub struct Layouts {
     pub matmul: wgpu::BindGroupLayout,
     pub embed: wgpu::BindGroupLayout,
     pub attention: wgpu::BindGroupLayout,
+    pub kv_store: wgpu::BindGroupLayout,
     pub norm: wgpu::BindGroupLayout,
     pub argmax: wgpu::BindGroupLayout,
     pub quantize: wgpu::BindGroupLayout,
@@ -164,6 +167,7 @@ enum Layout {
     MatMul,
     Embed,
     Attention,
+    KvStore,
     Norm,
     Argmax,
     Quantize,
@@ -225,6 +229,15 @@ impl Compiled {
                 (6, ReadWrite),
                 (7, Read),
             ]),
+            kv_store: layout(&[
+                (0, Uniform),
+                (1, Uniform),
+                (2, Read),
+                (3, Read),
+                (4, ReadWrite),
+                (5, ReadWrite),
+                (7, Read),
+            ]),
             norm: layout(&[
                 (0, Uniform),
                 (1, Uniform),
@@ -264,6 +277,7 @@ impl Compiled {
             Layout::MatMul => &l.matmul,
             Layout::Embed => &l.embed,
             Layout::Attention => &l.attention,
+            Layout::KvStore => &l.kv_store,
             Layout::Norm => &l.norm,
             Layout::Argmax => &l.argmax,
             Layout::Quantize => &l.quantize,
@@ -346,12 +360,37 @@ fn header(source: &str) -> &str {
     &source[..source.find("\n//#").map_or(source.len(), |i| i + 1)]
 }
 
-/// The lines that give the modules which touch the KV cache its value type, `Kv`.
+/// The lines that give the layer modules which touch the KV cache the type of its elements, `Kv`.
 fn kv_header(kv: GpuKv) -> &'static str {
     match kv {
         GpuKv::F32 => "alias Kv = f32;\n",
         GpuKv::F16 => "enable f16;\nalias Kv = f16;\n",
+        GpuKv::Q8_0 => "alias Kv = u32;\n",
     }
+}
+
+/// The lines that give Q|K|V's epilogue the type it writes K and V in, `Kv`, and KV_STAGED:
+/// whether they go to f32 rows for `kv_store` to quantize into a Q8_0 cache.
+fn kv_written(kv: GpuKv) -> String {
+    let staged = kv == GpuKv::Q8_0;
+    let written = if staged { GpuKv::F32 } else { kv };
+    format!("{}const KV_STAGED: bool = {staged};\n", kv_header(written))
+}
+
+/// The source of the layer module `name`, with the KV cache's element type (and, for attention,
+/// the functions that read its values).
+fn layer_source(name: &str, kv: GpuKv) -> String {
+    let reads = match (name, kv) {
+        ("attention", GpuKv::Q8_0) => section(LAYER, "kv_q8_0"),
+        ("attention", _) => section(LAYER, "kv_float"),
+        _ => "",
+    };
+    format!(
+        "{}{}{}{reads}",
+        kv_header(kv),
+        header(LAYER),
+        section(LAYER, name)
+    )
 }
 
 /// A mat-mul module's section of matmul.wgsl: f32 inputs, or (integer weights) Q16 ones.
@@ -380,8 +419,8 @@ fn matmul_source(
     let norm_after = norm && inputs == Inputs::Float;
     let bias = bias && fused == Fused::NormRope;
     let (kv_header, rope) = match fused {
-        Fused::NormRope => (kv_header(kv), section(MATMUL, "rope")),
-        _ => ("", section(MATMUL, "no_rope")),
+        Fused::NormRope => (kv_written(kv), section(MATMUL, "rope")),
+        _ => (String::new(), section(MATMUL, "no_rope")),
     };
     let quants = format
         .quants_section()
@@ -479,11 +518,12 @@ impl Kernels {
                 pipeline(Layout::Quantize, source, "quantize")
             })
         });
-        let layer = |name: &str| format!("{}{}", header(LAYER), section(LAYER, name));
-        let with_kv = |name: &str| format!("{}{}", kv_header(kv), layer(name));
+        let layer = |name: &str| layer_source(name, kv);
         Ok(Kernels {
-            attention: pipeline(Layout::Attention, with_kv("attention"), "attention"),
-            attention_reduce: pipeline(Layout::Attention, with_kv("attention"), "attention_reduce"),
+            attention: pipeline(Layout::Attention, layer("attention"), "attention"),
+            attention_reduce: pipeline(Layout::Attention, layer("attention"), "attention_reduce"),
+            kv_store: (kv == GpuKv::Q8_0)
+                .then(|| pipeline(Layout::KvStore, layer("kv_store"), "kv_store")),
             rms_norm: pipeline(Layout::Norm, layer("rms_norm"), "rms_norm"),
             argmax: pipeline(Layout::Argmax, layer("argmax"), "argmax"),
             layouts: compiled.layouts.clone(),
@@ -543,9 +583,9 @@ mod tests {
     /// Every module `Kernels::new` can compile, with its entry point.
     fn modules() -> Vec<(String, &'static str)> {
         let mut out = Vec::new();
-        // Q|K|V's epilogue with either KV cache; the other fusions touch none.
+        // Q|K|V's epilogue with each KV cache; the other fusions touch none.
         let fusions = Fused::ALL.into_iter().flat_map(|fused| match fused {
-            Fused::NormRope => vec![(fused, GpuKv::F32), (fused, GpuKv::F16)],
+            Fused::NormRope => GpuKv::ALL.map(|kv| (fused, kv)).to_vec(),
             _ => vec![(fused, GpuKv::F32)],
         });
         for format in GpuFormat::ALL {
@@ -587,15 +627,14 @@ mod tests {
             );
             out.push((source, "quantize"));
         }
-        let layer = |name: &str| format!("{}{}", header(LAYER), section(LAYER, name));
         for entry in ["rms_norm", "argmax"] {
-            out.push((layer(entry), entry));
+            out.push((layer_source(entry, GpuKv::F32), entry));
         }
-        for kv in [GpuKv::F32, GpuKv::F16] {
-            let with_kv = |name: &str| format!("{}{}", kv_header(kv), layer(name));
-            out.push((with_kv("attention"), "attention"));
-            out.push((with_kv("attention"), "attention_reduce"));
+        for kv in GpuKv::ALL {
+            out.push((layer_source("attention", kv), "attention"));
+            out.push((layer_source("attention", kv), "attention_reduce"));
         }
+        out.push((layer_source("kv_store", GpuKv::Q8_0), "kv_store"));
         out
     }
 
@@ -629,7 +668,7 @@ mod tests {
         }
         assert_eq!(
             translated,
-            8 * 5 * 2 * 2 + 6 * 5 * 2 * 3 + 8 + 2 + 2 + 2 * 2
+            8 * 6 * 2 * 2 + 6 * 6 * 2 * 3 + 8 + 2 + 2 + 3 * 2 + 1
         );
     }
 }

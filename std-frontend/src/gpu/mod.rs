@@ -34,14 +34,23 @@ pub enum GpuKv {
     F32,
     /// Half the memory; needs f16 in shaders (wgpu's `SHADER_F16`).
     F16,
+    /// Blocks of 32 values as ggml's Q8_0 quantizes them (3.6x less memory than f32): 8 words of
+    /// 8-bit quants, then a word holding the scale's f16 bits (36 bytes where the file format
+    /// packs 34, so that every word is aligned). Needs `head_dim` a multiple of 32.
+    Q8_0,
 }
 
 impl GpuKv {
-    /// Bytes a cached value takes.
-    pub fn bytes(self) -> usize {
+    /// Every format (the kernel tests compile each).
+    #[cfg(test)]
+    pub const ALL: [GpuKv; 3] = [GpuKv::F32, GpuKv::F16, GpuKv::Q8_0];
+
+    /// Bytes a cached row of `values` values takes (whole blocks for Q8_0).
+    pub fn row_bytes(self, values: usize) -> usize {
         match self {
-            GpuKv::F32 => 4,
-            GpuKv::F16 => 2,
+            GpuKv::F32 => 4 * values,
+            GpuKv::F16 => 2 * values,
+            GpuKv::Q8_0 => values.div_ceil(sapient_core::quant::QK) * Q8_0_KV_BLOCK_BYTES,
         }
     }
 
@@ -50,9 +59,13 @@ impl GpuKv {
         match self {
             GpuKv::F32 => "f32",
             GpuKv::F16 => "f16",
+            GpuKv::Q8_0 => "q8_0",
         }
     }
 }
+
+/// Bytes of a Q8_0 block in a GPU KV cache (`GpuKv::Q8_0`).
+const Q8_0_KV_BLOCK_BYTES: usize = 36;
 
 #[derive(Debug, Clone, Default)]
 pub struct GpuOptions {
@@ -268,6 +281,18 @@ impl GpuModel {
             bail!(
                 "GPU {}: no f16 in its shaders, so no f16 KV cache (--kv f32)",
                 info.name
+            );
+        }
+        if opts.kv == GpuKv::Q8_0
+            && !model
+                .config
+                .head_dim
+                .is_multiple_of(sapient_core::quant::QK)
+        {
+            bail!(
+                "--kv q8_0 needs heads of a multiple of {} values; this model's have {} (--kv f32)",
+                sapient_core::quant::QK,
+                model.config.head_dim
             );
         }
         let max_binding = opts

@@ -15,7 +15,7 @@ use wgpu::util::DeviceExt;
 use super::kernels::{Fused, Kernels, FLOAT_ROWS, PREFILL_TILE, Q16_TILE, Q16_WORDS};
 use super::profile::KernelTimer;
 use super::weights::{GpuFormat, GpuMatrix, Part};
-use super::{map_read, GpuModel};
+use super::{map_read, GpuKv, GpuModel};
 use crate::run::{KernelTimes, Session};
 
 /// Logit rows computed and read back per submission.
@@ -113,7 +113,8 @@ impl Mat {
 }
 
 /// What Q|K|V's epilogue (`Fused::NormRope`) needs besides its mat-mul: the heads' shape,
-/// RoPE's pairs, and the buffers of the angles, the layer's caches and the batch rows' places.
+/// RoPE's pairs, and the buffers of the angles, the layer's caches (for a Q8_0 cache, the f32
+/// rows that `kv_store` quantizes into it) and the batch rows' places.
 pub(super) struct RopeStore<'b> {
     pub(super) head_dim: usize,
     pub(super) q_dim: usize,
@@ -310,6 +311,8 @@ struct Q16MatMul {
 
 struct LayerGroups {
     qkv: MatMul,
+    /// A Q8_0 cache's: the quantizer of the rows Q|K|V's epilogue staged.
+    kv_store: Option<wgpu::BindGroup>,
     attention: wgpu::BindGroup,
     wo: MatMul,
     gate_up: MatMul,
@@ -511,7 +514,7 @@ impl<'m> GpuSession<'m> {
         let (h, qd, kvd, ff) = (c.hidden_size, c.q_dim(), c.kv_dim(), c.intermediate_size);
         // Each layer's keys (and values) in 4-byte words.
         let cache_words = cache_rows
-            .checked_mul(kvd * model.kv.bytes())
+            .checked_mul(model.kv.row_bytes(kvd))
             .ok_or_else(|| anyhow::anyhow!("GPU: a KV cache of {cache_rows} rows overflows"))?
             .div_ceil(4);
         let limit = model
@@ -553,6 +556,14 @@ impl<'m> GpuSession<'m> {
         let tokens = storage("tokens", max_batch, copy_dst)?;
         let places = storage("places", 2 * max_batch, copy_dst)?;
         let dummy = storage("unused", 1, none)?;
+        // A Q8_0 cache's new keys and values in f32, a row per batch row, for `kv_store`.
+        let staged = match model.kv {
+            GpuKv::Q8_0 => Some((
+                storage("staged keys", max_batch * kvd, none)?,
+                storage("staged values", max_batch * kvd, none)?,
+            )),
+            GpuKv::F32 | GpuKv::F16 => None,
+        };
         // Q16 activations of the widest input, for batches of several tokens.
         let q16 = if model.kernels.has_q16() && max_batch > 1 {
             let blocks = h.max(qd).max(ff).div_ceil(sapient_core::quant::QK);
@@ -609,16 +620,33 @@ impl<'m> GpuSession<'m> {
         for l in &model.layers {
             let k_cache = storage("k cache", cache_words, none)?;
             let v_cache = storage("v cache", cache_words, none)?;
+            let (k_written, v_written) = staged
+                .as_ref()
+                .map_or((&k_cache, &v_cache), |s| (&s.0, &s.1));
             let rope = RopeStore {
                 head_dim: c.head_dim,
                 q_dim: qd,
                 kv_dim: kvd,
                 style: c.rope_style,
                 angles: &angles,
-                k_cache: &k_cache,
-                v_cache: &v_cache,
+                k_cache: k_written,
+                v_cache: v_written,
                 places: &places,
             };
+            let kv_store = staged.as_ref().map(|(k_new, v_new)| {
+                group(
+                    &k.layouts.kv_store,
+                    &[
+                        (0, &batch),
+                        (1, &shape),
+                        (2, k_new),
+                        (3, v_new),
+                        (4, &k_cache),
+                        (5, &v_cache),
+                        (7, &places),
+                    ],
+                )
+            });
             layers.push(LayerGroups {
                 qkv: matmul_groups(
                     device,
@@ -633,6 +661,7 @@ impl<'m> GpuSession<'m> {
                     eps,
                     Some(&rope),
                 ),
+                kv_store,
                 attention: group(
                     &k.layouts.attention,
                     &[
@@ -851,9 +880,25 @@ impl Backend for GpuSession<'_> {
         result.map_err(|e| self.fail(e))
     }
 
-    fn rope_store(&mut self, _layer: usize, _segments: &[Segment]) -> sapient_core::Result<()> {
-        // Q|K|V's epilogue rotated Q and K and stored K and V (`Fused::NormRope`): one dispatch
-        // a layer fewer.
+    fn rope_store(&mut self, layer: usize, _segments: &[Segment]) -> sapient_core::Result<()> {
+        // Q|K|V's epilogue rotated Q and K and stored K and V (`Fused::NormRope`), in an f32 or
+        // f16 cache itself; a Q8_0 cache's blocks span rows of several workgroups, so they are
+        // quantized here, from the f32 rows it staged.
+        let Some(group) = &self.layers[layer].kv_store else {
+            return Ok(());
+        };
+        let (model, n) = (self.model, self.n);
+        let Some(pipeline) = &model.kernels.kv_store else {
+            return Err(self.fail(anyhow::anyhow!("no kv_store kernel was compiled")));
+        };
+        let blocks = 2 * model.config.kv_dim() / sapient_core::quant::QK;
+        self.rec.dispatch(
+            &model.device,
+            "kv_store",
+            pipeline,
+            group,
+            [blocks.div_ceil(64), n, 1],
+        );
         Ok(())
     }
 

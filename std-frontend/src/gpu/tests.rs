@@ -470,26 +470,58 @@ fn shape(n_heads: usize, n_kv_heads: usize, hd: usize, window: usize) -> Shape {
     }
 }
 
-/// `values` as a KV cache in `kv` holds them (f16 rounded to nearest even, as the CPU's is).
-fn kv_bytes(values: &[f32], kv: GpuKv) -> Vec<u8> {
+/// The CPU's block format of a KV cache in `kv`.
+fn cpu_format(kv: GpuKv) -> Format {
     match kv {
-        GpuKv::F32 => bytemuck::cast_slice(values).to_vec(),
-        GpuKv::F16 => values
-            .iter()
-            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+        GpuKv::F32 => Format::F32,
+        GpuKv::F16 => Format::F16,
+        GpuKv::Q8_0 => Format::Q8_0,
+    }
+}
+
+/// `values` (whole rows of heads) as the CPU's KV cache in `kv` holds them.
+fn cpu_kv_bytes(values: &[f32], kv: GpuKv) -> Vec<u8> {
+    let format = cpu_format(kv);
+    let mut out = vec![0u8; format.row_bytes(values.len()).unwrap()];
+    sapient_core::quant::quantize_row(format, values, &mut out).unwrap();
+    out
+}
+
+/// The CPU's cache bytes `cpu` as the GPU's cache in `kv` holds them: the same, but for Q8_0's
+/// blocks, whose scale follows the quants and is padded to a word.
+fn gpu_kv_bytes(cpu: &[u8], kv: GpuKv) -> Vec<u8> {
+    match kv {
+        GpuKv::F32 | GpuKv::F16 => cpu.to_vec(),
+        GpuKv::Q8_0 => cpu
+            .chunks_exact(34)
+            .flat_map(|b| [&b[2..], &b[..2], &[0, 0]].concat())
             .collect(),
     }
 }
 
+/// `values` as the GPU's KV cache in `kv` holds them.
+fn kv_bytes(values: &[f32], kv: GpuKv) -> Vec<u8> {
+    gpu_kv_bytes(&cpu_kv_bytes(values, kv), kv)
+}
+
 /// Reads the first `n` values of a KV cache in `kv` back, as f32.
 fn read_kv(d: &Device, rec: &mut Recorder, src: &wgpu::Buffer, n: usize, kv: GpuKv) -> Vec<f32> {
-    let words = run_and_read(d, rec, src, (n * kv.bytes()).div_ceil(4));
+    let words = run_and_read(d, rec, src, kv.row_bytes(n).div_ceil(4));
+    let bytes = bytemuck::cast_slice::<f32, u8>(&words);
     match kv {
         GpuKv::F32 => words,
-        GpuKv::F16 => bytemuck::cast_slice::<f32, u8>(&words)
+        GpuKv::F16 => bytes
             .chunks_exact(2)
             .take(n)
             .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        GpuKv::Q8_0 => bytes
+            .chunks_exact(36)
+            .flat_map(|b| {
+                let d = half::f16::from_le_bytes([b[32], b[33]]).to_f32();
+                b[..32].iter().map(move |&q| q as i8 as f32 * d)
+            })
+            .take(n)
             .collect(),
     }
 }
@@ -510,10 +542,10 @@ fn qkv_rope_kernels_match_the_cpu() {
 /// The KV cache formats the adapter can hold.
 fn kv_formats(d: &Device) -> Vec<GpuKv> {
     if d.shader_f16 {
-        vec![GpuKv::F32, GpuKv::F16]
+        vec![GpuKv::F32, GpuKv::F16, GpuKv::Q8_0]
     } else {
         eprintln!("SKIPPED: an f16 KV cache (the adapter has no f16 in shaders)");
-        vec![GpuKv::F32]
+        vec![GpuKv::F32, GpuKv::Q8_0]
     }
 }
 
@@ -525,6 +557,11 @@ struct QkvOut {
 }
 
 fn qkv_rope_matches_the_cpu(d: &Device, kv: GpuKv) {
+    // A Q8_0 cache's K and V rows are staged in f32, one per batch row, for `kv_store`.
+    let staged = kv == GpuKv::Q8_0;
+    let written = if staged { GpuKv::F32 } else { kv };
+    // Where the epilogue puts token t of a batch at position `pos`, in the second slot.
+    let kv_row = |t: usize, pos: usize, max_seq: usize| if staged { t } else { max_seq + pos };
     let mut rng = Rng::new(3);
     let (cols, eps, max_seq, pos0) = (96, 1e-5, 20, 6);
     let mut checked = 0;
@@ -567,8 +604,8 @@ fn qkv_rope_matches_the_cpu(d: &Device, kv: GpuKv) {
                         let qb = buffer(d, &vec![0f32; count * qd]);
                         let cache = 2 * max_seq * kvd;
                         let (kc, vc) = (
-                            bytes_buffer(d, &vec![0; cache * kv.bytes()]),
-                            bytes_buffer(d, &vec![0; cache * kv.bytes()]),
+                            bytes_buffer(d, &vec![0; written.row_bytes(cache)]),
+                            bytes_buffer(d, &vec![0; written.row_bytes(cache)]),
                         );
                         let pb = places(d, max_seq, pos, count);
                         let rope = RopeStore {
@@ -601,14 +638,17 @@ fn qkv_rope_matches_the_cpu(d: &Device, kv: GpuKv) {
                         rec.matmul(&d.device, "test", &k, &mm, count).unwrap();
                         QkvOut {
                             q: run_and_read(d, &mut rec, &qb, count * qd),
-                            k: read_kv(d, &mut rec, &kc, cache, kv),
-                            v: read_kv(d, &mut rec, &vc, cache, kv),
+                            k: read_kv(d, &mut rec, &kc, cache, written),
+                            v: read_kv(d, &mut rec, &vc, cache, written),
                         }
                     };
                     let got = run(&x, pos0);
+                    let untouched = if staged { n..2 * max_seq } else { 0..max_seq };
                     assert!(
-                        got.k[..max_seq * kvd].iter().all(|v| *v == 0.0),
-                        "the first slot is untouched"
+                        got.k[untouched.start * kvd..untouched.end * kvd]
+                            .iter()
+                            .all(|v| *v == 0.0),
+                        "rows {untouched:?} are untouched"
                     );
                     for t in 0..n {
                         let mut xn = vec![0f32; cols];
@@ -634,11 +674,11 @@ fn qkv_rope_matches_the_cpu(d: &Device, kv: GpuKv) {
                             let s = scales[head..head + hd].iter().fold(0f64, |a, &b| a.max(b));
                             (2e-5 * (1.0 + 2.0 * s)) as f32
                         };
-                        let rounding = |w: f32| match kv {
-                            GpuKv::F32 => 0.0,
+                        let rounding = |w: f32| match written {
                             GpuKv::F16 => w.abs() / 1024.0,
+                            GpuKv::F32 | GpuKv::Q8_0 => 0.0,
                         };
-                        let cached = (max_seq + pos0 + t) * kvd;
+                        let cached = kv_row(t, pos0 + t, max_seq) * kvd;
                         let case = format!(
                             "{format:?} packed {packed_dot} {kv:?} {style:?} {n_heads}/{n_kv} \
                              hd {hd} binding {max_binding}: token {t}"
@@ -661,10 +701,15 @@ fn qkv_rope_matches_the_cpu(d: &Device, kv: GpuKv) {
                     for t in [0, 7, n - 1] {
                         let alone = run(&x[t * cols..(t + 1) * cols], pos0 + t);
                         let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                        let cached = (max_seq + pos0 + t) * kvd..(max_seq + pos0 + t + 1) * kvd;
+                        // The token's K and V alone (the batch's row 0) and in the batch.
+                        let row = |r: usize| {
+                            let at = kv_row(r, pos0 + t, max_seq) * kvd;
+                            at..at + kvd
+                        };
+                        let (one, all) = (row(0), row(t));
                         assert_eq!(bits(&alone.q), bits(&got.q[t * qd..(t + 1) * qd]), "q {t}");
-                        assert_eq!(bits(&alone.k[cached.clone()]), bits(&got.k[cached.clone()]));
-                        assert_eq!(bits(&alone.v[cached.clone()]), bits(&got.v[cached]));
+                        assert_eq!(bits(&alone.k[one.clone()]), bits(&got.k[all.clone()]));
+                        assert_eq!(bits(&alone.v[one]), bits(&got.v[all]));
                     }
                     checked += 1;
                 }
@@ -675,9 +720,10 @@ fn qkv_rope_matches_the_cpu(d: &Device, kv: GpuKv) {
     assert_eq!(checked, weights * 2 * 2 * 2);
 }
 
-/// Attention against the CPU's on f32 and f16 caches: head sizes 16 to 128, one to seven query
-/// heads per KV head, sliding windows, prefill blocks, and decoding split into 1, 2 and 5 pieces
-/// over up to 700 positions; the sequence's KV slot starts after another's rows.
+/// Attention against the CPU's on f32, f16 and Q8_0 caches: head sizes 16 to 128 (32 to 128 in
+/// Q8_0), one to seven query heads per KV head, sliding windows, prefill blocks, and decoding
+/// split into 1, 2 and 5 pieces over up to 700 positions; the sequence's KV slot starts after
+/// another's rows.
 #[test]
 fn attention_kernel_matches_the_cpu() {
     let Some(d) = device() else { return };
@@ -690,7 +736,12 @@ fn attention_matches_the_cpu(d: &Device, kv: GpuKv) {
     let k = layer_kernels(d, kv);
     let mut rng = Rng::new(5);
     let mut checked = 0;
-    for (n_heads, n_kv, hd) in [(4, 4, 16), (6, 2, 48), (7, 1, 128)] {
+    // Q8_0 blocks need heads of a multiple of 32 values.
+    let shapes = match kv {
+        GpuKv::Q8_0 => [(4, 4, 32), (6, 2, 64), (7, 1, 128)],
+        GpuKv::F32 | GpuKv::F16 => [(4, 4, 16), (6, 2, 48), (7, 1, 128)],
+    };
+    for (n_heads, n_kv, hd) in shapes {
         for window in [0, 20] {
             for (n, pos0, splits) in [(1, 0, 1), (1, 299, 2), (1, 700, 5), (5, 30, 1), (3, 90, 1)] {
                 let sh = shape(n_heads, n_kv, hd, window);
@@ -746,15 +797,12 @@ fn attention_matches_the_cpu(d: &Device, kv: GpuKv) {
                 }
                 let got = run_and_read(d, &mut rec, &att, n * qd);
 
-                let (kbytes, vbytes) = (kv_bytes(&kv_k, kv), kv_bytes(&kv_v, kv));
+                let (kbytes, vbytes) = (cpu_kv_bytes(&kv_k, kv), cpu_kv_bytes(&kv_v, kv));
                 let cpu_kv = LayerKv {
                     k: &kbytes,
                     v: &vbytes,
-                    format: match kv {
-                        GpuKv::F32 => Format::F32,
-                        GpuKv::F16 => Format::F16,
-                    },
-                    row_bytes: hd * kv.bytes(),
+                    format: cpu_format(kv),
+                    row_bytes: cpu_format(kv).row_bytes(hd).unwrap(),
                     n_kv_heads: n_kv,
                 };
                 let cpu_shape = AttentionShape {
@@ -786,6 +834,102 @@ fn attention_matches_the_cpu(d: &Device, kv: GpuKv) {
         }
     }
     assert_eq!(checked, 3 * 2 * 5);
+}
+
+/// `kv_store` against the CPU's Q8_0 cache: each batch row's staged K and V quantized into its
+/// place in the second slot, and nothing else written. A block of halves (amax 127: a scale of
+/// exactly 1) must round them away from zero as C's `roundf` does, bit for bit; elsewhere a
+/// scale may differ from the CPU's by one f16 step and a quant by one (a GPU may round its
+/// divisions' last bit otherwise; lavapipe does not).
+#[test]
+fn kv_store_kernel_quantizes_as_the_cpu() {
+    let Some(d) = device() else { return };
+    let k = layer_kernels(&d, GpuKv::Q8_0);
+    let pipeline = k.kv_store.as_ref().expect("a Q8_0 cache's kv_store");
+    let q8 = GpuKv::Q8_0;
+    let mut rng = Rng::new(11);
+    let (max_seq, pos0) = (12, 3);
+    let mut exact = 0;
+    for (n_kv, hd, n) in [(2, 32, 1), (1, 64, 5), (3, 128, 9)] {
+        let kvd = n_kv * hd;
+        // Blocks of magnitudes from 1e-3 to 1e3; the first block of K all zero, V's all halves.
+        let mut staged = |first: &[f32]| {
+            let mut x = random(&mut rng, n * kvd);
+            for b in x.chunks_exact_mut(32) {
+                let scale = 10f32.powi((rng.next_u64() % 7) as i32 - 3);
+                b.iter_mut().for_each(|v| *v *= scale);
+            }
+            x[..32].copy_from_slice(first);
+            x
+        };
+        let halves: Vec<f32> = (0..32)
+            .map(|i| {
+                if i == 0 {
+                    127.0
+                } else {
+                    (i as f32 - 16.0) + 0.5
+                }
+            })
+            .collect();
+        let (kn, vn) = (staged(&[0.0; 32]), staged(&halves));
+        let cache = 2 * max_seq * kvd;
+        let (kc, vc) = (
+            bytes_buffer(&d, &vec![0; q8.row_bytes(cache)]),
+            bytes_buffer(&d, &vec![0; q8.row_bytes(cache)]),
+        );
+        let (kb, vb) = (buffer(&d, &kn), buffer(&d, &vn));
+        let rb = uniform(&d.device, "rows", bytemuck::bytes_of(&rows(0, n, 1)));
+        let sb = uniform(
+            &d.device,
+            "shape",
+            bytemuck::bytes_of(&shape(n_kv, n_kv, hd, 0)),
+        );
+        let pb = places(&d, max_seq, pos0, n);
+        let entries = [
+            (0, &rb),
+            (1, &sb),
+            (2, &kb),
+            (3, &vb),
+            (4, &kc),
+            (5, &vc),
+            (7, &pb),
+        ];
+        let group = bind_group(&d.device, &k.layouts.kv_store, &entries);
+        let mut rec = Recorder::default();
+        let size = [(2 * kvd / 32).div_ceil(64), n, 1];
+        rec.dispatch(&d.device, "test", pipeline, &group, size);
+        for (cache_buffer, values) in [(&kc, &kn), (&vc, &vn)] {
+            let words = run_and_read(&d, &mut rec, cache_buffer, q8.row_bytes(cache) / 4);
+            let got: &[u8] = bytemuck::cast_slice(&words);
+            let want = kv_bytes(values, q8);
+            let at = q8.row_bytes((max_seq + pos0) * kvd);
+            let case = format!("{n_kv} heads of {hd}, {n} rows");
+            assert!(got[..at].iter().all(|b| *b == 0), "{case}: rows before");
+            assert!(
+                got[at + want.len()..].iter().all(|b| *b == 0),
+                "{case}: rows after"
+            );
+            for (i, (g, w)) in got[at..].chunks(36).zip(want.chunks(36)).enumerate() {
+                if i == 0 {
+                    assert_eq!(g, w, "{case}: the first block");
+                }
+                let scale = |b: &[u8]| half::f16::from_le_bytes([b[32], b[33]]).to_bits() as i32;
+                assert!(
+                    (scale(g) - scale(w)).abs() <= 1,
+                    "{case}: block {i}'s scale"
+                );
+                assert_eq!(&g[34..], &[0, 0], "{case}: block {i}'s padding");
+                for (a, b) in g[..32].iter().zip(&w[..32]) {
+                    assert!(
+                        (*a as i8 as i32 - *b as i8 as i32).abs() <= 1,
+                        "{case}: block {i}"
+                    );
+                }
+                exact += (g == w) as usize;
+            }
+        }
+    }
+    eprintln!("kv_store: {exact} blocks the same bytes as the CPU's");
 }
 
 /// The final RMSNorm and greedy argmax (ties go to the first index, as the CPU's) on sizes that

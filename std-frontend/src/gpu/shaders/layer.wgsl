@@ -1,9 +1,10 @@
 // The layer loop's steps that are not mat-muls (RoPE and the KV store are Q|K|V's epilogue, in
 // matmul.wgsl): attention (one query head of one token per workgroup, an online softmax over the
-// cached keys, optionally split over the context and combined by `attention_reduce`), the final
-// RMSNorm, and greedy argmax. Each `//#name` section is compiled with the lines above the first
-// section, as its own module; those that touch the KV cache get the type of its values, `Kv`
-// (f32 or f16), first.
+// cached keys, optionally split over the context and combined by `attention_reduce`), the
+// quantizer of a Q8_0 cache's new rows, the final RMSNorm, and greedy argmax. Each `//#name`
+// section is compiled with the lines above the first section, as its own module; those that
+// touch the KV cache get the type of its elements, `Kv` (f32, f16, or u32 words of Q8_0 blocks),
+// first, and attention the section that reads its values (`kv_float` or `kv_q8_0`) after.
 
 struct Rows { first: u32, count: u32, splits: u32, pad: u32 }
 // Where a row of the batch sits: the first cache row of its sequence's KV slot, and its position.
@@ -19,6 +20,9 @@ struct Shape {
 
 // Below every score: a maximum that has seen nothing yet.
 const NEG: f32 = -3.0e38;
+// Words of a Q8_0 block in a KV cache: 8 of quants (four to a word, the first lowest), then the
+// scale's f16 bits.
+const Q8_WORDS: u32 = 9u;
 
 //#attention
 // Attention.
@@ -73,16 +77,14 @@ fn attention(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) w
             var s = 0.0;
             var d = 0u;
             for (; d + 4u <= hd; d += 4u) {
-                let kd = vec4<f32>(vec4<Kv>(
-                    k_read[k + d], k_read[k + d + 1u], k_read[k + d + 2u], k_read[k + d + 3u]
-                ));
+                let kd = key4(k + d);
                 s += q_s[d] * kd.x;
                 s += q_s[d + 1u] * kd.y;
                 s += q_s[d + 2u] * kd.z;
                 s += q_s[d + 3u] * kd.w;
             }
             for (; d < hd; d++) {
-                s += q_s[d] * f32(k_read[k + d]);
+                s += q_s[d] * key(k + d);
             }
             score = s * sh.scale;
         }
@@ -112,17 +114,17 @@ fn attention(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) w
                 var jj = 0u;
                 for (; jj + 4u <= keys; jj += 4u) {
                     let v = v0 + jj * sh.kv_dim + d;
-                    let vs = vec4<f32>(vec4<Kv>(
-                        v_read[v], v_read[v + sh.kv_dim], v_read[v + 2u * sh.kv_dim],
-                        v_read[v + 3u * sh.kv_dim]
-                    ));
+                    let vs = vec4<f32>(
+                        value(v), value(v + sh.kv_dim), value(v + 2u * sh.kv_dim),
+                        value(v + 3u * sh.kv_dim)
+                    );
                     a += p_s[jj] * vs.x;
                     a += p_s[jj + 1u] * vs.y;
                     a += p_s[jj + 2u] * vs.z;
                     a += p_s[jj + 3u] * vs.w;
                 }
                 for (; jj < keys; jj++) {
-                    a += p_s[jj] * f32(v_read[v0 + jj * sh.kv_dim + d]);
+                    a += p_s[jj] * value(v0 + jj * sh.kv_dim + d);
                 }
                 acc[i] = a;
             }
@@ -181,6 +183,107 @@ fn attention_reduce(@builtin(local_invocation_index) lid: u32, @builtin(workgrou
         }
         att[h * hd + d] = v * inv;
     }
+}
+
+//#kv_float
+// Attention's reads of an f32 or f16 cache: element i as it is.
+fn key(i: u32) -> f32 {
+    return f32(k_read[i]);
+}
+
+// Elements i .. i + 3.
+fn key4(i: u32) -> vec4<f32> {
+    return vec4<f32>(vec4<Kv>(k_read[i], k_read[i + 1u], k_read[i + 2u], k_read[i + 3u]));
+}
+
+fn value(i: u32) -> f32 {
+    return f32(v_read[i]);
+}
+
+//#kv_q8_0
+// Attention's reads of a Q8_0 cache: element i is quant i % 32 of block i / 32 times its scale.
+// (Sign-extending bit fields, not `unpack4xI8`: WGSL has that only with `dot4I8Packed`.)
+fn quant8(word: u32, k: u32) -> f32 {
+    return f32(extractBits(bitcast<i32>(word), 8u * k, 8u));
+}
+
+fn key(i: u32) -> f32 {
+    let o = i / 32u * Q8_WORDS;
+    let d = unpack2x16float(k_read[o + 8u]).x;
+    return quant8(k_read[o + i % 32u / 4u], i % 4u) * d;
+}
+
+// Elements i .. i + 3 (i a multiple of 4: one word of quants).
+fn key4(i: u32) -> vec4<f32> {
+    let o = i / 32u * Q8_WORDS;
+    let d = unpack2x16float(k_read[o + 8u]).x;
+    let w = k_read[o + i % 32u / 4u];
+    return vec4<f32>(quant8(w, 0u), quant8(w, 1u), quant8(w, 2u), quant8(w, 3u)) * d;
+}
+
+fn value(i: u32) -> f32 {
+    let o = i / 32u * Q8_WORDS;
+    let d = unpack2x16float(v_read[o + 8u]).x;
+    return quant8(v_read[o + i % 32u / 4u], i % 4u) * d;
+}
+
+//#kv_store
+// A Q8_0 cache's new rows: the batch rows' K and V that Q|K|V's epilogue staged in f32 (a row
+// each), quantized as ggml's `quantize_row_q8_0_ref` does (so the CPU's cache holds the same
+// quants), into their places. One thread per block of 32 values.
+@group(0) @binding(2) var<storage, read> k_new: array<f32>;
+@group(0) @binding(3) var<storage, read> v_new: array<f32>;
+@group(0) @binding(4) var<storage, read_write> k_cache: array<u32>;
+@group(0) @binding(5) var<storage, read_write> v_cache: array<u32>;
+@group(0) @binding(7) var<storage, read> places: array<Place>;
+
+fn staged(is_v: bool, i: u32) -> f32 {
+    if (is_v) {
+        return v_new[i];
+    }
+    return k_new[i];
+}
+
+fn store_word(is_v: bool, i: u32, word: u32) {
+    if (is_v) {
+        v_cache[i] = word;
+    } else {
+        k_cache[i] = word;
+    }
+}
+
+// C's `roundf`: halves away from zero (WGSL's `round` takes them to even).
+fn round_away(x: f32) -> f32 {
+    let t = trunc(x);
+    return t + select(0.0, sign(x), abs(x - t) >= 0.5);
+}
+
+@compute @workgroup_size(64)
+fn kv_store(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let blocks = sh.kv_dim / 32u;
+    let t = gid.y;
+    if (gid.x >= 2u * blocks || t >= batch.count) {
+        return;
+    }
+    let is_v = gid.x >= blocks;
+    let b = gid.x % blocks;
+    let src = t * sh.kv_dim + b * 32u;
+    var amax = 0.0;
+    for (var i = 0u; i < 32u; i++) {
+        amax = max(amax, abs(staged(is_v, src + i)));
+    }
+    let d = amax / 127.0;
+    let id = select(0.0, 1.0 / d, d != 0.0);
+    let o = ((places[t].kv_row0 + places[t].pos) * blocks + b) * Q8_WORDS;
+    for (var w = 0u; w < 8u; w++) {
+        var word = 0u;
+        for (var k = 0u; k < 4u; k++) {
+            let q = clamp(round_away(staged(is_v, src + 4u * w + k) * id), -127.0, 127.0);
+            word |= (bitcast<u32>(i32(q)) & 0xffu) << (8u * k);
+        }
+        store_word(is_v, o + w, word);
+    }
+    store_word(is_v, o + 8u, pack2x16float(vec2<f32>(d, 0.0)));
 }
 
 //#rms_norm

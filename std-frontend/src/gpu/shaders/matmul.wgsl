@@ -5,8 +5,8 @@
 // prepends the constants ROWS, LANES, TOK, THREADS, RED_LEN, RED_STRIDE, NORM, NORM_AFTER, BIAS,
 // EPI and the format's functions, and compiles the lines above the first section with one
 // section: `float` (f32 inputs; `quantize` too) or, for integer weights where WGSL has
-// `dot4I8Packed`, `q16`; and with `rope` (after the KV cache's value type, `Kv`) for Q|K|V's
-// epilogue or `no_rope` for the others.
+// `dot4I8Packed`, `q16`; and with `rope` (after the type it writes K and V in, `Kv`, and
+// KV_STAGED) for Q|K|V's epilogue or `no_rope` for the others.
 //
 // A workgroup computes ROWS rows for TOK tokens. A row's sum over its 32-value blocks has one
 // order everywhere: LANES running sums, the l-th over blocks l, l + LANES, ... in turn, then
@@ -504,8 +504,8 @@ fn matvec(
 }
 
 //#rope
-// Q|K|V's epilogue: RoPE on Q (stored in the Q|K|V rows) and K, then K and V into the layer's
-// cache, at the place of the batch's row.
+// Q|K|V's epilogue: RoPE on Q (stored in its own rows) and K, then K and V into the layer's
+// cache, at the place of the batch's row (or, KV_STAGED, into f32 rows for `kv_store`).
 struct Place { kv_row0: u32, pos: u32 }
 
 @group(0) @binding(8) var<storage, read> angles: array<f32>;
@@ -519,7 +519,11 @@ struct Place { kv_row0: u32, pos: u32 }
 fn rope_store(row: u32, tok: u32, o: u32, v0: f32, v1: f32) {
     let hd = p.head_dim;
     let pos = places[tok].pos;
-    let cached = (places[tok].kv_row0 + pos) * p.kv_dim;
+    // A Q8_0 cache's K and V go to rows of f32, one per batch row, that `kv_store` quantizes.
+    var cached = (places[tok].kv_row0 + pos) * p.kv_dim;
+    if (KV_STAGED) {
+        cached = tok * p.kv_dim;
+    }
     if (row >= p.q_dim + p.kv_dim) {
         let e = row - p.q_dim - p.kv_dim;
         v_cache[cached + e] = Kv(v0);
