@@ -4,7 +4,7 @@
 # run of its own, `--profile`), on models of real shapes with random weights, so that it runs
 # where no model file can be fetched; then eight sequences decoding together (`--parallel 8`, as
 # `sapient serve` runs them) on each backend; then the GPU decoding at a long context with its KV
-# cache in f32 and in f16.
+# cache in f32, f16 and Q8_0.
 #
 #   scripts/gpu-bench.sh [sapient binary built with --features gpu] [reps]
 #
@@ -38,7 +38,7 @@ for backend in gpu cpu; do
         -r "$reps" --format json 2>&1 | grep -E '^\{|^error' | tr '\n' ' '
     echo
 done
-for kv in f32 f16; do
+for kv in f32 f16 q8_0; do
     printf 'random:smollm2-135m:q8_0 gpu -d 2048 --kv %s: ' "$kv"
     "$sapient" bench -m random:smollm2-135m:q8_0 --backend gpu -p 0 -n 64 -d 2048 \
         --kv "$kv" -r "$reps" --profile --format json 2>&1 | grep -E '^\{|^error' | tr '\n' ' '
