@@ -342,8 +342,8 @@ fn smollm2_greedy_matches_the_cpu() {
     }
 }
 
-/// A Q4_K_M mix, as people download them, stays in its blocks on the GPU (Q5_0 as Q5, Q4_K as
-/// Q4_1, Q6_K in the 6-bit halves; Q|K|V of mixed formats share one) and agrees with the CPU:
+/// A Q4_K_M mix, as people download them, stays in its blocks on the GPU (Q5_0 as Q5, Q4_K and
+/// Q6_K in their super-blocks; Q|K|V of mixed formats share one) and agrees with the CPU:
 /// every fixture (rows too short for k-quants: Q5_0 and Q8_0) and SmolLM2-135M (Q4_K and Q6_K
 /// down projections; its logits and greedy tokens for two reference prompts against the CPU on
 /// the same values in f32).
@@ -361,7 +361,7 @@ fn q4_k_m_mixes_match_the_cpu() {
     let Some(g) = gpu(&model, None) else { return };
     assert!(
         g.summary()
-            .contains("MiB of weights (Q4_1, Q5, Q6_HALVES, Q8_0)"),
+            .contains("MiB of weights (Q4_K, Q5, Q6_K, Q8_0)"),
         "{}",
         g.summary()
     );

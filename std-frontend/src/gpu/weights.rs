@@ -1,6 +1,7 @@
 //! Weights as the shaders read them: each matrix repacked once at upload into words the GPU can
-//! index (quants, then one f32 scale per block, and a minimum for Q4_1), split into parts by rows
-//! wherever one would exceed a storage binding.
+//! index (quants, then f32 scales and minimums per block or half, or for the k-quants their
+//! super-blocks' f32 scales and each block's 8-bit multipliers), split into parts by rows wherever
+//! one would exceed a storage binding.
 use anyhow::{bail, Result};
 use half::{bf16, f16};
 use sapient_core::quant::k_quants::BLOCKS_PER_SUPER;
@@ -28,6 +29,14 @@ pub enum GpuFormat {
     /// 8-bit quants with an f32 scale and minimum per 16 values: every integer format's values
     /// exactly (the k-quants' halves, `k_quants::KBlock`).
     Q8Halves,
+    /// Q4_K's super-blocks: Q4_1's nibbles; per 8 blocks an f32 `d` and `-dmin`, per block an
+    /// 8-bit scale and minimum (4.75 bits a value, where the file takes 4.5).
+    Q4K,
+    /// Q5_K's (and Q4_K's): Q5's quants under Q4_K's scales (5.75 bits a value, the file 5.5).
+    Q5K,
+    /// Q6_K's and Q3_K's: Q6_HALVES' quants; per 8 blocks an f32 `d`, per half an 8-bit signed
+    /// scale (6.625 bits a value, Q6_K's file 6.5625).
+    Q6K,
     F16,
     F32,
 }
@@ -35,13 +44,16 @@ pub enum GpuFormat {
 impl GpuFormat {
     /// Every layout (the shader tests compile each).
     #[cfg(test)]
-    pub const ALL: [GpuFormat; 8] = [
+    pub const ALL: [GpuFormat; 11] = [
         GpuFormat::Q8_0,
         GpuFormat::Q4_0,
         GpuFormat::Q4_1,
         GpuFormat::Q5,
         GpuFormat::Q6Halves,
         GpuFormat::Q8Halves,
+        GpuFormat::Q4K,
+        GpuFormat::Q5K,
+        GpuFormat::Q6K,
         GpuFormat::F16,
         GpuFormat::F32,
     ];
@@ -49,10 +61,11 @@ impl GpuFormat {
     /// The device layout for a core format, each value exact: the i-quants' grid values whose
     /// blocks have one scale are 8-bit quants (IQ4_XS's block scale `d·(ls − 32)`, IQ3_S's
     /// `d·(1 + 2s)`, IQ1_S's values `8g ± 1` under `d/8·(2s + 1)`, an f32; TQ1_0's and TQ2_0's
-    /// ternary values under `d`); Q4_K's blocks are Q4_1's (scale `d·scale`, minimum
-    /// `-dmin·min`), Q5_0's, Q5_1's and Q5_K's Q5's (Q5_0's minimum `-16·d`); Q6_K's and Q3_K's
-    /// quants less their offset take the 6-bit halves; Q2_K and the i-quants with a scale per
-    /// half (IQ2_XS, IQ2_S, IQ1_M) the 8-bit halves; BF16 widens to F32.
+    /// ternary values under `d`); Q4_K, Q5_K, Q6_K and Q3_K keep their super-blocks' scales
+    /// (each block's `d·scale` and `-dmin·min` products of an f16 and an 8-bit integer, exact
+    /// in f32); Q5_0's and Q5_1's blocks are Q5's (Q5_0's minimum `-16·d`); Q2_K and the
+    /// i-quants with a scale per half (IQ2_XS, IQ2_S, IQ1_M) the 8-bit halves; BF16 widens to
+    /// F32.
     pub fn of(format: Format) -> Self {
         match format {
             Format::Q8_0
@@ -65,9 +78,11 @@ impl GpuFormat {
             | Format::TQ1_0
             | Format::TQ2_0 => GpuFormat::Q8_0,
             Format::Q4_0 => GpuFormat::Q4_0,
-            Format::Q4_1 | Format::Q4K => GpuFormat::Q4_1,
-            Format::Q5_0 | Format::Q5_1 | Format::Q5K => GpuFormat::Q5,
-            Format::Q6K | Format::Q3K => GpuFormat::Q6Halves,
+            Format::Q4_1 => GpuFormat::Q4_1,
+            Format::Q4K => GpuFormat::Q4K,
+            Format::Q5K => GpuFormat::Q5K,
+            Format::Q5_0 | Format::Q5_1 => GpuFormat::Q5,
+            Format::Q6K | Format::Q3K => GpuFormat::Q6K,
             Format::Q2K | Format::IQ2XS | Format::IQ2S | Format::IQ1M => GpuFormat::Q8Halves,
             Format::F16 => GpuFormat::F16,
             Format::F32 | Format::BF16 => GpuFormat::F32,
@@ -84,6 +99,9 @@ impl GpuFormat {
             return first;
         }
         [
+            GpuFormat::Q4K,
+            GpuFormat::Q5K,
+            GpuFormat::Q6K,
             GpuFormat::Q5,
             GpuFormat::Q6Halves,
             GpuFormat::Q8_0,
@@ -99,15 +117,24 @@ impl GpuFormat {
         let own = GpuFormat::of(format);
         match self {
             // Q4_0's and Q5_0's quants less their offset are 8-bit, 6-bit (one scale, no
-            // minimum) and, plus 16 under the minimum -16·d, 5-bit ones.
-            GpuFormat::Q8_0 | GpuFormat::Q6Halves => {
-                own == self || matches!(format, Format::Q4_0 | Format::Q5_0)
-            }
+            // minimum) and, plus 16 under the minimum -16·d, 5-bit ones; Q6_K's and Q3_K's 6-bit
+            // under a scale per half; Q4_K's and Q5_K's 5-bit under one per block.
+            GpuFormat::Q8_0 => own == self || matches!(format, Format::Q4_0 | Format::Q5_0),
+            GpuFormat::Q6Halves => matches!(
+                format,
+                Format::Q4_0 | Format::Q5_0 | Format::Q6K | Format::Q3K
+            ),
             GpuFormat::Q5 => {
-                matches!(own, GpuFormat::Q5 | GpuFormat::Q4_1) || format == Format::Q4_0
+                matches!(own, GpuFormat::Q5 | GpuFormat::Q4_1)
+                    || matches!(format, Format::Q4_0 | Format::Q4K | Format::Q5K)
             }
+            GpuFormat::Q5K => matches!(format, Format::Q4K | Format::Q5K),
             GpuFormat::Q8Halves => own.is_integer(),
-            GpuFormat::Q4_0 | GpuFormat::Q4_1 | GpuFormat::F16 => own == self,
+            GpuFormat::Q4_0
+            | GpuFormat::Q4_1
+            | GpuFormat::Q4K
+            | GpuFormat::Q6K
+            | GpuFormat::F16 => own == self,
             GpuFormat::F32 => true,
         }
     }
@@ -125,15 +152,20 @@ impl GpuFormat {
             GpuFormat::Q5 => "Q5",
             GpuFormat::Q6Halves => "Q6_HALVES",
             GpuFormat::Q8Halves => "Q8_HALVES",
+            GpuFormat::Q4K => "Q4_K",
+            GpuFormat::Q5K => "Q5_K",
+            GpuFormat::Q6K => "Q6_K",
             GpuFormat::F16 => "F16",
             GpuFormat::F32 => "F32",
         }
     }
 
-    /// The section of formats.wgsl with its `deq` and `qdot` (Q5 shares Q4_1's scales).
+    /// The section of formats.wgsl with its `deq` and `qdot` (Q5 shares Q4_1's scales, Q5_K
+    /// Q4_K's).
     pub fn scales_section(self) -> &'static str {
         match self {
             GpuFormat::Q5 => GpuFormat::Q4_1.name(),
+            GpuFormat::Q5K => GpuFormat::Q4K.name(),
             _ => self.name(),
         }
     }
@@ -142,9 +174,9 @@ impl GpuFormat {
     pub fn quants_section(self) -> Option<&'static str> {
         match self {
             GpuFormat::Q8_0 | GpuFormat::Q8Halves => Some("bytes"),
-            GpuFormat::Q4_0 | GpuFormat::Q4_1 => Some("nibbles"),
-            GpuFormat::Q5 => Some("nibbles_bit"),
-            GpuFormat::Q6Halves => Some("nibbles_2bits"),
+            GpuFormat::Q4_0 | GpuFormat::Q4_1 | GpuFormat::Q4K => Some("nibbles"),
+            GpuFormat::Q5 | GpuFormat::Q5K => Some("nibbles_bit"),
+            GpuFormat::Q6Halves | GpuFormat::Q6K => Some("nibbles_2bits"),
             GpuFormat::F16 | GpuFormat::F32 => None,
         }
     }
@@ -153,30 +185,44 @@ impl GpuFormat {
     fn block_words(self) -> usize {
         match self {
             GpuFormat::Q8_0 | GpuFormat::Q8Halves => 8,
-            GpuFormat::Q4_0 | GpuFormat::Q4_1 => 4,
-            GpuFormat::Q5 => 5,
-            GpuFormat::Q6Halves => 6,
+            GpuFormat::Q4_0 | GpuFormat::Q4_1 | GpuFormat::Q4K => 4,
+            GpuFormat::Q5 | GpuFormat::Q5K => 5,
+            GpuFormat::Q6Halves | GpuFormat::Q6K => 6,
             GpuFormat::F16 => 16,
             GpuFormat::F32 => 32,
         }
     }
 
-    /// Scales per block (as many minimums follow where `has_min`).
-    fn scales(self) -> usize {
+    /// Whether the layout keeps the k-quants' super-block scales (`write_super_blocks`).
+    fn is_super(self) -> bool {
+        matches!(self, GpuFormat::Q4K | GpuFormat::Q5K | GpuFormat::Q6K)
+    }
+
+    /// Words of scales of a row of `blocks` blocks (the word at `d_off`): an f32 per block or
+    /// half, or per super-block of 8 blocks `d` (and `-dmin`).
+    fn scale_words(self, blocks: usize) -> usize {
         match self {
-            GpuFormat::Q8_0 | GpuFormat::Q4_0 | GpuFormat::Q4_1 | GpuFormat::Q5 => 1,
-            GpuFormat::Q6Halves | GpuFormat::Q8Halves => 2,
+            GpuFormat::Q8_0 | GpuFormat::Q4_0 | GpuFormat::Q4_1 | GpuFormat::Q5 => blocks,
+            GpuFormat::Q6Halves | GpuFormat::Q8Halves => 2 * blocks,
+            GpuFormat::Q4K | GpuFormat::Q5K => 2 * blocks / BLOCKS_PER_SUPER,
+            GpuFormat::Q6K => blocks / BLOCKS_PER_SUPER,
             GpuFormat::F16 | GpuFormat::F32 => 0,
         }
     }
 
-    fn has_min(self) -> bool {
-        matches!(self, GpuFormat::Q4_1 | GpuFormat::Q5 | GpuFormat::Q8Halves)
-    }
-
-    /// Words per block: quants, scales and minimums.
-    fn words(self) -> usize {
-        self.block_words() + self.scales() * (1 + self.has_min() as usize)
+    /// Words after the scales (at `m_off`): an f32 minimum per block or half, or for the
+    /// super-block layouts each block's two 8-bit multipliers, two blocks to a word.
+    fn min_words(self, blocks: usize) -> usize {
+        match self {
+            GpuFormat::Q4_1 | GpuFormat::Q5 => blocks,
+            GpuFormat::Q8Halves => 2 * blocks,
+            GpuFormat::Q4K | GpuFormat::Q5K | GpuFormat::Q6K => blocks / 2,
+            GpuFormat::Q8_0
+            | GpuFormat::Q4_0
+            | GpuFormat::Q6Halves
+            | GpuFormat::F16
+            | GpuFormat::F32 => 0,
+        }
     }
 }
 
@@ -274,7 +320,12 @@ impl GpuMatrix {
                 unreachable!("row index checked against the sum of rows")
             }
         };
-        let row_words = blocks * format.words();
+        let (qw, sw, mw) = (
+            blocks * format.block_words(),
+            format.scale_words(blocks),
+            format.min_words(blocks),
+        );
+        let row_words = qw + sw + mw;
         let max_rows = (max_binding as usize / (row_words * 4)) / row_multiple * row_multiple;
         if max_rows == 0 {
             bail!(
@@ -288,7 +339,6 @@ impl GpuMatrix {
         let mut ints = Vec::with_capacity(blocks);
         while row0 < rows {
             let n = (rows - row0).min(max_rows);
-            let (qw, sw) = (blocks * format.block_words(), blocks * format.scales());
             let mut words = vec![0u32; n * row_words];
             let (qs, scales) = words.split_at_mut(n * qw);
             let (ds, ms) = scales.split_at_mut(n * sw);
@@ -297,11 +347,7 @@ impl GpuMatrix {
                 let bytes = m.row(r);
                 let q = &mut qs[i * qw..][..qw];
                 let d = &mut ds[i * sw..][..sw];
-                let mins = if format.has_min() {
-                    &mut ms[i * sw..][..sw]
-                } else {
-                    &mut []
-                };
+                let mins = &mut ms[i * mw..][..mw];
                 if format == GpuFormat::F32 {
                     if matches!(m.format, Format::F32 | Format::BF16) {
                         widen_row(bytes, cols, q);
@@ -318,6 +364,8 @@ impl GpuMatrix {
                     )
                 {
                     repack_row(format, bytes, q, d, mins);
+                } else if format.is_super() {
+                    write_super_blocks(format, m.format, bytes, q, d, mins);
                 } else {
                     int_blocks(m.format, bytes, &mut ints);
                     write_blocks(format, &ints, q, d, mins);
@@ -392,7 +440,13 @@ fn repack_row(format: GpuFormat, bytes: &[u8], q: &mut [u32], d: &mut [u32], m: 
                 q[i] = lo | hi << 16;
             }
         }
-        GpuFormat::Q5 | GpuFormat::Q6Halves | GpuFormat::Q8Halves | GpuFormat::F32 => {
+        GpuFormat::Q5
+        | GpuFormat::Q6Halves
+        | GpuFormat::Q8Halves
+        | GpuFormat::Q4K
+        | GpuFormat::Q5K
+        | GpuFormat::Q6K
+        | GpuFormat::F32 => {
             unreachable!("{format:?} rows are transcoded or widened, never repacked")
         }
     }
@@ -491,6 +545,87 @@ fn nibble_words(u: &[u8; QK]) -> [u32; 4] {
     })
 }
 
+/// A block's 5-bit quants 0..31 as Q5's words: `nibble_words`, then the high bits (value k's in
+/// bit k).
+fn q5_words(u: &[u8; QK]) -> [u32; 5] {
+    let [a, b, c, d] = nibble_words(u);
+    let high = (0..QK).fold(0, |w, k| w | ((u[k] as u32 >> 4) & 1) << k);
+    [a, b, c, d, high]
+}
+
+/// A block's 6-bit quants 0..63 as Q6_HALVES' words: `nibble_words`, then each half's high bits
+/// (value k's two in bits 2k and 2k + 1 of the half's word).
+fn q6_words(u: &[u8; QK]) -> [u32; 6] {
+    let [a, b, c, d] = nibble_words(u);
+    let high = |half: &[u8]| {
+        half.iter()
+            .enumerate()
+            .fold(0, |w, (k, &v)| w | ((v as u32 >> 4) & 3) << (2 * k))
+    };
+    [a, b, c, d, high(&u[..16]), high(&u[16..])]
+}
+
+/// One row of `source` (Q4_K, Q5_K, Q6_K or Q3_K) in its super-block layout `format` (`holds`
+/// says which): quant words `q`; per super-block `d` (and `-dmin`) in f32 into `d`; per block
+/// its two 8-bit multipliers (its scale and minimum, or its halves' signed scales) into 16 bits
+/// of `ints`, the first block of a pair low.
+fn write_super_blocks(
+    format: GpuFormat,
+    source: Format,
+    bytes: &[u8],
+    q: &mut [u32],
+    d: &mut [u32],
+    ints: &mut [u32],
+) {
+    match source {
+        Format::Q4K => super_blocks::<BlockQ4K>(format, bytes, q, d, ints),
+        Format::Q5K => super_blocks::<BlockQ5K>(format, bytes, q, d, ints),
+        Format::Q6K => super_blocks::<BlockQ6K>(format, bytes, q, d, ints),
+        Format::Q3K => super_blocks::<BlockQ3K>(format, bytes, q, d, ints),
+        _ => unreachable!("{source:?} has no super-block layout"),
+    }
+}
+
+fn super_blocks<K: KBlock>(
+    format: GpuFormat,
+    bytes: &[u8],
+    q: &mut [u32],
+    d: &mut [u32],
+    ints: &mut [u32],
+) {
+    debug_assert_eq!(K::HAS_MIN, format != GpuFormat::Q6K);
+    for (s, sb) in bytes.chunks_exact(K::BYTES).enumerate() {
+        let (scale, dmin) = K::d_dmin(sb);
+        let k = K::ints(sb);
+        if K::HAS_MIN {
+            d[2 * s] = scale.to_bits();
+            d[2 * s + 1] = (-dmin).to_bits();
+        } else {
+            d[s] = scale.to_bits();
+        }
+        for j in 0..BLOCKS_PER_SUPER {
+            let b = s * BLOCKS_PER_SUPER + j;
+            let pair = if K::HAS_MIN {
+                debug_assert!(k.scales[2 * j] == k.scales[2 * j + 1]);
+                [k.scales[2 * j], k.mins[2 * j]]
+            } else {
+                [k.scales[2 * j], k.scales[2 * j + 1]]
+            };
+            let bits = pair[0] as u8 as u32 | (pair[1] as u8 as u32) << 8;
+            ints[b / 2] |= bits << (16 * (b % 2));
+            let stored = K::quants(sb, j);
+            match format {
+                GpuFormat::Q4K => q[b * 4..][..4].copy_from_slice(&nibble_words(&stored)),
+                GpuFormat::Q5K => q[b * 5..][..5].copy_from_slice(&q5_words(&stored)),
+                _ => {
+                    let u = stored.map(|v| (v as i32 - K::OFFSET + 32) as u8);
+                    q[b * 6..][..6].copy_from_slice(&q6_words(&u));
+                }
+            }
+        }
+    }
+}
+
 /// Q4_0's and Q4_1's 32 nibbles in value order (low nibbles first, then high ones).
 fn nibbles(qs: &[u8; QK / 2]) -> [u8; QK] {
     core::array::from_fn(|k| {
@@ -562,8 +697,7 @@ fn write_blocks(
                 d[b] = blk.scale[0].to_bits();
                 m[b] = (blk.min[0] - offset as f32 * blk.scale[0]).to_bits();
                 let u = blk.q.map(|v| (v as i32 + offset) as u8);
-                q[b * 5..][..4].copy_from_slice(&nibble_words(&u));
-                q[b * 5 + 4] = (0..QK).fold(0, |w, k| w | ((u[k] as u32 >> 4) & 1) << k);
+                q[b * 5..][..5].copy_from_slice(&q5_words(&u));
             }
             GpuFormat::Q6Halves => {
                 debug_assert!(blk.min == [0.0; 2]);
@@ -571,13 +705,7 @@ fn write_blocks(
                     d[2 * b + h] = blk.scale[h].to_bits();
                 }
                 let u = blk.q.map(|v| (v as i32 + 32) as u8);
-                q[b * 6..][..4].copy_from_slice(&nibble_words(&u));
-                for (i, half) in u.chunks_exact(16).enumerate() {
-                    q[b * 6 + 4 + i] = half
-                        .iter()
-                        .enumerate()
-                        .fold(0, |w, (k, &v)| w | ((v as u32 >> 4) & 3) << (2 * k));
-                }
+                q[b * 6..][..6].copy_from_slice(&q6_words(&u));
             }
             GpuFormat::Q8Halves => {
                 for h in 0..2 {
@@ -588,8 +716,13 @@ fn write_blocks(
                     q[b * 8 + j] = bytes(v);
                 }
             }
-            GpuFormat::Q4_0 | GpuFormat::F16 | GpuFormat::F32 => {
-                unreachable!("{format:?} rows are repacked or widened, never transcoded")
+            GpuFormat::Q4_0
+            | GpuFormat::Q4K
+            | GpuFormat::Q5K
+            | GpuFormat::Q6K
+            | GpuFormat::F16
+            | GpuFormat::F32 => {
+                unreachable!("{format:?} rows are repacked, widened or kept in super-blocks")
             }
         }
     }
@@ -642,6 +775,59 @@ mod tests {
         }
     }
 
+    /// The k-quants in their super-block layouts (Q4_K also in Q5_K's) hold the core's values
+    /// bit for bit, read as formats.wgsl reads them.
+    #[test]
+    fn super_blocks_are_the_cores_values() {
+        let (rows, cols) = (3, 768);
+        let mut rng = sapient_core::sample::Rng::new(7);
+        let cases = [
+            (Format::Q4K, GpuFormat::Q4K),
+            (Format::Q4K, GpuFormat::Q5K),
+            (Format::Q5K, GpuFormat::Q5K),
+            (Format::Q6K, GpuFormat::Q6K),
+            (Format::Q3K, GpuFormat::Q6K),
+        ];
+        for (format, layout) in cases {
+            assert!(layout.holds(format));
+            let m = crate::gpu::tests::random_matrix(&mut rng, format, rows, cols);
+            let blocks = cols / QK;
+            let bw = layout.block_words();
+            for r in 0..rows {
+                let mut q = vec![0u32; blocks * bw];
+                let mut d = vec![0u32; layout.scale_words(blocks)];
+                let mut ints = vec![0u32; layout.min_words(blocks)];
+                write_super_blocks(layout, format, m.row(r), &mut q, &mut d, &mut ints);
+                let got: Vec<f32> = (0..cols)
+                    .map(|i| {
+                        let (b, k) = (i / QK, i % QK);
+                        let word = q[b * bw + (k % 16) / 4];
+                        let mut n = (word >> (8 * (k % 4) + 4 * (k / 16))) & 15;
+                        if layout == GpuFormat::Q5K {
+                            n |= ((q[b * 5 + 4] >> k) & 1) << 4;
+                        } else if layout == GpuFormat::Q6K {
+                            n |= ((q[b * 6 + 4 + k / 16] >> (2 * (k % 16))) & 3) << 4;
+                        }
+                        let bits = ints[b / 2] >> (16 * (b % 2));
+                        let s = b / BLOCKS_PER_SUPER;
+                        let f = |w: u32| f32::from_bits(w);
+                        if layout == GpuFormat::Q6K {
+                            let scale = (bits >> (8 * (k / 16))) as u8 as i8;
+                            (n as f32 - 32.0) * (f(d[s]) * scale as f32)
+                        } else {
+                            let scale = f(d[2 * s]) * (bits & 0xff) as f32;
+                            let min = f(d[2 * s + 1]) * ((bits >> 8) & 0xff) as f32;
+                            n as f32 * scale + min
+                        }
+                    })
+                    .collect();
+                let mut want = vec![0f32; cols];
+                m.dequantize_row(r, &mut want).unwrap();
+                assert_eq!(got, want, "{format:?} in {layout:?}, row {r}");
+            }
+        }
+    }
+
     /// Q|K|V's rows for RoPE by halves: each head's pairs (j, j + head_dim/2) neighbours, every
     /// row once, V's rows where they were.
     #[test]
@@ -671,14 +857,17 @@ mod tests {
     fn matrices_of_a_mat_mul_share_a_layout() {
         use GpuFormat as G;
         let common = |f: &[Format]| GpuFormat::common(f.iter().copied());
-        assert_eq!(common(&[Format::Q4K, Format::Q4K]), G::Q4_1);
+        assert_eq!(common(&[Format::Q4K, Format::Q4K]), G::Q4K);
+        assert_eq!(common(&[Format::Q6K, Format::Q3K]), G::Q6K);
+        assert_eq!(common(&[Format::Q5K, Format::Q5_0]), G::Q5);
+        assert_eq!(common(&[Format::Q6K, Format::Q4_0]), G::Q6Halves);
         assert_eq!(common(&[Format::Q5_0, Format::Q5_0, Format::Q8_0]), G::Q8_0);
         assert_eq!(
             common(&[Format::Q4K, Format::Q4K, Format::Q6K]),
             G::Q8Halves
         );
         assert_eq!(common(&[Format::Q4_0, Format::Q4_1]), G::Q5);
-        assert_eq!(common(&[Format::Q4K, Format::Q5K]), G::Q5);
+        assert_eq!(common(&[Format::Q4K, Format::Q5K]), G::Q5K);
         assert_eq!(common(&[Format::Q6K, Format::Q5_0]), G::Q6Halves);
         assert_eq!(common(&[Format::Q8_0, Format::Q4_0]), G::Q8_0);
         assert_eq!(common(&[Format::Q2K, Format::Q4_0]), G::Q8Halves);
