@@ -214,22 +214,10 @@ fn every_fixture_in_every_format_matches_the_cpu() {
 /// An f16 KV cache on the GPU against the CPU's f16 cache, every fixture with f32 weights.
 #[test]
 fn f16_kv_cache_matches_the_cpu() {
-    let mut compared = 0;
-    for name in tiny_names() {
-        let files = load(&name);
-        let model = files.model(Quantize::None).unwrap();
-        let f16 = GpuOptions {
-            kv: GpuKv::F16,
-            ..GpuOptions::default()
-        };
-        let Some(g) = gpu_with(&model, f16) else {
-            return;
-        };
-        let seqs = fixture_seqs(&name);
-        let worst = compare_kv(&name, &model, &g, &seqs, MAX_NMSE_F16_KV, KvFormat::F16);
-        eprintln!("{name}, f16 KV: worst NMSE {worst:.2e}");
-        compared += 1;
-    }
+    let Some(compared) = kv_cache_matches_the_cpu(GpuKv::F16, KvFormat::F16, MAX_NMSE_F16_KV)
+    else {
+        return;
+    };
     assert!(compared >= 8, "compared {compared} fixtures");
 }
 
@@ -237,26 +225,34 @@ fn f16_kv_cache_matches_the_cpu() {
 /// blocks of 32, with f32 weights.
 #[test]
 fn q8_0_kv_cache_matches_the_cpu() {
+    let Some(compared) = kv_cache_matches_the_cpu(GpuKv::Q8_0, KvFormat::Q8_0, MAX_NMSE_Q8_0_KV)
+    else {
+        return;
+    };
+    assert!(compared >= 6, "compared {compared} fixtures");
+}
+
+/// Every fixture whose heads `cpu`'s blocks fit, with f32 weights, the GPU's cache in `kv`
+/// against the CPU's in `cpu`: the fixtures compared (`None` without an adapter).
+fn kv_cache_matches_the_cpu(kv: GpuKv, cpu: KvFormat, max_nmse: f64) -> Option<usize> {
     let mut compared = 0;
     for name in tiny_names() {
         let files = load(&name);
         let model = files.model(Quantize::None).unwrap();
-        if !model.config.head_dim.is_multiple_of(32) {
+        if cpu.format().row_bytes(model.config.head_dim).is_err() {
             continue;
         }
-        let q8_0 = GpuOptions {
-            kv: GpuKv::Q8_0,
+        let opts = GpuOptions {
+            kv,
             ..GpuOptions::default()
         };
-        let Some(g) = gpu_with(&model, q8_0) else {
-            return;
-        };
+        let g = gpu_with(&model, opts)?;
         let seqs = fixture_seqs(&name);
-        let worst = compare_kv(&name, &model, &g, &seqs, MAX_NMSE_Q8_0_KV, KvFormat::Q8_0);
-        eprintln!("{name}, Q8_0 KV: worst NMSE {worst:.2e}");
+        let worst = compare_kv(&name, &model, &g, &seqs, max_nmse, cpu);
+        eprintln!("{name}, {kv:?} KV: worst NMSE {worst:.2e}");
         compared += 1;
     }
-    assert!(compared >= 6, "compared {compared} fixtures");
+    Some(compared)
 }
 
 /// Linear and YaRN RoPE scaling (YaRN's attention factor scales the angles the GPU reads), and
